@@ -1,0 +1,226 @@
+//! The conformance suite: every backend runs every case (contract C1 to C12).
+//!
+//! Each case is a plain async function taking a [`Harness`]; the
+//! [`conformance_tests!`](crate::conformance_tests) macro turns them all into
+//! one `#[tokio::test]` per case for a given harness. A backend crate (or the
+//! facade's `tests/`) implements [`Harness`] once and calls the macro:
+//!
+//! ```ignore
+//! mcp_event_store_core::conformance_tests!(MyHarness::new(), persistent);
+//! ```
+//!
+//! The calling crate needs `tokio` with the `macros` and `rt-multi-thread`
+//! features among its dev-dependencies.
+
+mod cases;
+
+pub use cases::*;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures_util::TryStreamExt;
+
+use crate::{
+    Error, EventId, EventStore, ManualClock, NewEvent, Result, Retention, SessionStore,
+    StoreOptions, StoredEvent,
+};
+
+/// What a backend provides so the suite can run against it.
+///
+/// A harness owns one isolated piece of storage (a temporary directory, a
+/// schema, a key prefix); every [`open`](Harness::open) gives a new handle on
+/// that same storage, so the suite can check sharing (C11) and reopening (C10).
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// The store under test.
+    type Store: EventStore + SessionStore;
+
+    /// Opens a handle on this harness's storage with these options.
+    async fn open(&self, options: StoreOptions) -> Self::Store;
+
+    /// Closes a handle, releasing what it holds (by default, drops it).
+    async fn close(&self, store: Self::Store) {
+        drop(store);
+    }
+
+    /// Removes the storage after the case (by default, nothing to do).
+    async fn teardown(self)
+    where
+        Self: Sized,
+    {
+    }
+}
+
+/// The harness for [`MemoryStore`](crate::MemoryStore): every `open` hands
+/// out a new handle on one shared set of data.
+#[derive(Debug, Default)]
+pub struct MemoryHarness {
+    store: std::sync::Mutex<Option<crate::MemoryStore>>,
+}
+
+impl MemoryHarness {
+    /// A harness with no store yet, as an async constructor for the macro.
+    pub async fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl Harness for MemoryHarness {
+    type Store = crate::MemoryStore;
+
+    async fn open(&self, options: StoreOptions) -> crate::MemoryStore {
+        let mut shared = self
+            .store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*shared {
+            Some(store) => store
+                .share_with_options(options)
+                .expect("valid test options"),
+            None => shared
+                .insert(crate::MemoryStore::with_options(options))
+                .clone(),
+        }
+    }
+}
+
+/// Generates one `#[tokio::test]` per conformance case for a harness.
+///
+/// `$harness` is an expression evaluating to a future of the harness (an
+/// `async` constructor call), evaluated afresh for each case. Add
+/// `persistent` for stores that survive a reopen, to run those cases too.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::__conformance_cases!($harness;
+            round_trip, replay_preserves_order, replay_is_strictly_after,
+            replay_after_the_newest_event_is_empty, priming_event_keeps_its_retry_hint,
+            retry_hint_round_trips_with_data, streams_are_isolated,
+            ids_are_unique_across_streams, ids_are_sse_safe_and_bounded,
+            ids_increase_within_a_stream, unknown_well_formed_id_is_refused,
+            position_never_issued_is_refused, truncated_ids_never_reach_another_stream,
+            extended_ids_never_reach_another_stream, ids_from_another_store_are_refused,
+            ids_forged_from_another_streams_id_are_refused, garbage_ids_are_refused,
+            lookup_finds_the_stream, hostile_stream_ids_are_data,
+            like_wildcards_match_nothing_else, stream_id_of_1024_bytes_is_accepted,
+            stream_id_of_1025_bytes_is_refused, empty_stream_id_is_refused,
+            empty_payload_round_trips, megabyte_payload_round_trips,
+            payload_over_the_limit_is_refused, binary_payloads_round_trip,
+            many_streams_stay_separate, concurrent_appends_to_one_stream_never_open_a_gap,
+            concurrent_appends_to_many_streams, retention_by_age,
+            stream_expires_entirely_by_age, retention_by_count, retention_by_bytes,
+            newest_event_survives_the_byte_limit, delete_stream_removes_only_that_stream,
+            delete_unknown_stream_removes_nothing, purge_with_nothing_expired_removes_nothing,
+            replay_pages_through_long_streams, session_round_trip, session_expires,
+            session_ids_are_data, two_handles_share_events
+        );
+    };
+    ($harness:expr, persistent) => {
+        $crate::conformance_tests!($harness);
+        $crate::__conformance_cases!($harness;
+            reopen_replays_everything_acknowledged, reopen_continues_each_stream,
+            reopen_keeps_sessions
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ($harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $harness.await;
+                $crate::conformance::$case(&harness).await;
+                $crate::conformance::Harness::teardown(harness).await;
+            }
+        )*
+    };
+}
+
+/// The options most cases use: no retention, a clock under test control.
+pub fn test_options(clock: &Arc<ManualClock>) -> StoreOptions {
+    StoreOptions::default()
+        .retention(Retention::unbounded())
+        .clock(clock.clone())
+}
+
+/// A manual clock set to the real current time, so stored timestamps are
+/// plausible for backends that also look at real time.
+pub fn test_clock() -> Arc<ManualClock> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    Arc::new(ManualClock::new(now))
+}
+
+/// Opens a store with [`test_options`] and returns it with its clock.
+pub async fn open_default<H: Harness>(harness: &H) -> (H::Store, Arc<ManualClock>) {
+    let clock = test_clock();
+    (harness.open(test_options(&clock)).await, clock)
+}
+
+/// Appends and unwraps, with a message naming the stream.
+pub async fn append<S: EventStore + ?Sized>(store: &S, stream_id: &str, data: &[u8]) -> EventId {
+    store
+        .store_event(stream_id, NewEvent::new(data))
+        .await
+        .unwrap_or_else(|e| panic!("store_event({stream_id:?}) failed: {e}"))
+}
+
+/// Replays after `id` and collects everything, or the first error.
+pub async fn replay_all<S: EventStore + ?Sized>(
+    store: &S,
+    id: &str,
+) -> Result<(String, Vec<StoredEvent>)> {
+    let replay = store.replay_events_after(id).await?;
+    let events = replay.events.try_collect().await?;
+    Ok((replay.stream_id, events))
+}
+
+/// Replays after `id`, expecting success, and returns the payloads.
+pub async fn replay_data<S: EventStore + ?Sized>(store: &S, id: &EventId) -> Vec<Vec<u8>> {
+    let (_, events) = replay_all(store, &id.to_string())
+        .await
+        .unwrap_or_else(|e| panic!("replay after {id} failed: {e}"));
+    events.into_iter().map(|e| e.data.to_vec()).collect()
+}
+
+/// Asserts that replay after `id` fails as unknown and lookup gives `None`.
+pub async fn assert_unknown<S: EventStore + ?Sized>(store: &S, id: &str) {
+    match replay_all(store, id).await {
+        Err(Error::UnknownEventId { .. }) => {}
+        Err(other) => panic!("replay after {id:?}: expected UnknownEventId, got {other}"),
+        Ok((stream, events)) => panic!(
+            "replay after {id:?}: expected UnknownEventId, got {} events of {stream:?}",
+            events.len()
+        ),
+    }
+    let found = store
+        .get_stream_id_for_event_id(id)
+        .await
+        .unwrap_or_else(|e| panic!("lookup of {id:?} failed: {e}"));
+    assert_eq!(found, None, "lookup of {id:?} should find nothing");
+}
+
+/// Asserts that replay after `id` fails with `EventsPurged`.
+pub async fn assert_purged<S: EventStore + ?Sized>(store: &S, id: &EventId) {
+    match replay_all(store, &id.to_string()).await {
+        Err(Error::EventsPurged { .. }) => {}
+        Err(other) => panic!("replay after {id}: expected EventsPurged, got {other}"),
+        Ok((_, events)) => panic!(
+            "replay after {id}: expected EventsPurged, got a partial replay of {} events",
+            events.len()
+        ),
+    }
+}
+
+/// A short pause for cases that poll.
+pub(crate) async fn tick() {
+    tokio::time::sleep(Duration::from_millis(1)).await;
+}

@@ -1,0 +1,46 @@
+//! The core of **mcp-event-store**: the contract every backend meets.
+//!
+//! MCP's Streamable HTTP transport lets a client that lost its SSE connection
+//! reconnect with `Last-Event-ID` and receive what it missed. That only works
+//! if the server kept the events. This crate defines how they are kept:
+//!
+//! * [`EventStore`] and [`SessionStore`], the traits every backend implements
+//!   (dyn-compatible: hold them as `Arc<dyn EventStore>`);
+//! * [`EventId`], the one id scheme all backends share: self-locating,
+//!   SSE-safe and unguessable across streams;
+//! * [`Error`], one error enum named by meaning;
+//! * [`Retention`], [`PurgeReport`] and [`PurgeTask`], so nothing grows
+//!   without bound;
+//! * [`MemoryStore`], a complete in-memory backend;
+//! * with the `conformance` feature, the shared test suite
+//!   ([`conformance`]) that every backend passes.
+//!
+//! Most users want the `mcp-event-store` facade crate, which re-exports all
+//! of this beside the backends.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod error;
+mod event;
+mod id;
+mod maintenance;
+mod memory;
+mod options;
+mod store;
+
+pub mod dense;
+pub mod observe;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use error::{BoxError, Error, Result};
+pub use event::{NewEvent, StoredEvent, retry_from_millis, retry_to_millis};
+pub use id::{EventId, MAX_EVENT_ID_LEN, Position, STREAM_KEY_LEN, StreamKey, StreamToken};
+pub use maintenance::PurgeTask;
+pub use memory::MemoryStore;
+pub use options::{
+    Clock, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, MAX_STREAM_ID_LEN, ManualClock,
+    PurgeReport, Retention, StoreOptions, SystemClock, validate_session_id, validate_stream_id,
+};
+pub use store::{EventStore, Page, Replay, SessionStore, Store, paged_replay};

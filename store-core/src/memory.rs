@@ -1,0 +1,346 @@
+//! An in-memory store: the whole contract except persistence.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::dense::{self, DenseStream};
+use crate::error::{Error, Result};
+use crate::event::{NewEvent, StoredEvent};
+use crate::id::{EventId, Position, StreamKey, StreamToken};
+use crate::observe;
+use crate::options::{PurgeReport, StoreOptions};
+use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
+
+const BACKEND: &str = "memory";
+
+/// An [`EventStore`] and [`SessionStore`] kept in process memory.
+///
+/// Useful for tests and for single-process servers that accept losing
+/// resumability on restart. It is bounded by its [`Retention`](crate::Retention)
+/// like every other store, and a replay costs O(k) for k events (a stream's
+/// events sit in a ring buffer indexed by sequence number), however many
+/// other events the store holds.
+///
+/// Clones share the same data, like two handles on one database.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> mcp_event_store_core::Result<()> {
+/// use mcp_event_store_core::{EventStore, MemoryStore, NewEvent};
+///
+/// let store = MemoryStore::new();
+/// let id = store.store_event("stream", NewEvent::new(b"hello")).await?;
+/// assert_eq!(store.get_stream_id_for_event_id(&id.to_string()).await?.as_deref(), Some("stream"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    key: StreamKey,
+    options: StoreOptions,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    streams: HashMap<StreamToken, Stream>,
+    sessions: HashMap<String, Session>,
+}
+
+#[derive(Debug)]
+struct Stream {
+    stream_id: String,
+    last_seq: u64,
+    bytes: u64,
+    /// Dense: `events[i].seq == events[0].seq + i`.
+    events: VecDeque<Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    seq: u64,
+    stored_at: i64,
+    data: Bytes,
+    retry: Option<Duration>,
+}
+
+#[derive(Debug)]
+struct Session {
+    state: Bytes,
+    expires_at: i64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with default options.
+    pub fn new() -> Self {
+        Self::with_options(StoreOptions::default())
+    }
+
+    /// A store with these options.
+    ///
+    /// # Panics
+    ///
+    /// If the options are invalid (see [`StoreOptions::validate`]) or the
+    /// operating system has no randomness to key stream tokens with; use
+    /// [`MemoryStore::try_with_options`] to get an error instead.
+    pub fn with_options(options: StoreOptions) -> Self {
+        Self::try_with_options(options).expect("valid memory store options")
+    }
+
+    /// A store with these options, or an error if they are invalid.
+    pub fn try_with_options(options: StoreOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                key: StreamKey::generate()?,
+                options,
+                state: Arc::default(),
+            }),
+        })
+    }
+
+    /// Another handle on the same data, with different options (as two
+    /// processes may open one database with different settings).
+    pub fn share_with_options(&self, options: StoreOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                key: self.inner.key.clone(),
+                options,
+                state: self.inner.state.clone(),
+            }),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied change
+        // behind (every mutation completes before the guard drops), so a
+        // poisoned lock is safe to keep using.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now(&self) -> i64 {
+        self.inner.options.clock.now_millis()
+    }
+
+    fn append(&self, stream_id: &str, event: NewEvent<'_>) -> EventId {
+        let token = self.inner.key.token(stream_id);
+        let retention = self.inner.options.retention;
+        let now = self.now();
+        let mut state = self.state();
+        let stream = state.streams.entry(token).or_insert_with(|| Stream {
+            stream_id: stream_id.to_owned(),
+            last_seq: 0,
+            bytes: 0,
+            events: VecDeque::new(),
+        });
+        stream.last_seq += 1;
+        stream.bytes += event.data.len() as u64;
+        stream.events.push_back(Entry {
+            seq: stream.last_seq,
+            stored_at: now,
+            data: Bytes::copy_from_slice(event.data),
+            retry: event.retry,
+        });
+        let max_events = retention.max_events_per_stream.unwrap_or(u64::MAX);
+        let max_bytes = retention.max_bytes_per_stream.unwrap_or(u64::MAX);
+        while stream.events.len() > 1
+            && (stream.events.len() as u64 > max_events || stream.bytes > max_bytes)
+        {
+            let dropped = stream.events.pop_front().expect("len > 1");
+            stream.bytes -= dropped.data.len() as u64;
+        }
+        EventId::new(token, Position::seq(stream.last_seq))
+    }
+
+    fn page(&self, raw: &str, token: StreamToken, after: u64) -> Result<Page> {
+        let limit = self.inner.options.page_size;
+        let state = self.state();
+        let Some(stream) = state.streams.get(&token) else {
+            return Err(Error::events_purged(raw));
+        };
+        let first_retained = stream.events.front().map(|e| e.seq);
+        let skip = first_retained.map_or(0, |first| (after + 1).saturating_sub(first));
+        let events: Vec<StoredEvent> = stream
+            .events
+            .range(
+                usize::try_from(skip)
+                    .unwrap_or(usize::MAX)
+                    .min(stream.events.len())..,
+            )
+            .take(limit)
+            .map(|entry| StoredEvent {
+                id: EventId::new(token, Position::seq(entry.seq)),
+                data: entry.data.clone(),
+                retry: entry.retry,
+            })
+            .collect();
+        dense::check_page(
+            raw,
+            after,
+            events.first().map(|e| e.id.position.major),
+            Some(stream.last_seq),
+        )?;
+        Ok(Page {
+            last: events.len() < limit,
+            events,
+        })
+    }
+}
+
+#[async_trait]
+impl EventStore for MemoryStore {
+    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        observe::append(BACKEND, stream_id, event.data.len(), async {
+            self.inner
+                .options
+                .check_append(stream_id, event.data.len())?;
+            Ok(self.append(stream_id, event))
+        })
+        .await
+    }
+
+    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
+        observe::replay(BACKEND, last_event_id, async {
+            let cursor: EventId = last_event_id.parse()?;
+            let (stream_id, after) = {
+                let state = self.state();
+                let stream = state
+                    .streams
+                    .get(&cursor.token)
+                    .ok_or_else(|| Error::unknown_event_id(last_event_id))?;
+                let after = dense::check_cursor(
+                    last_event_id,
+                    &cursor,
+                    DenseStream {
+                        last_seq: stream.last_seq,
+                        first_retained: stream.events.front().map(|e| e.seq),
+                    },
+                )?;
+                (stream.stream_id.clone(), after)
+            };
+            let store = self.clone();
+            let raw = last_event_id.to_owned();
+            let token = cursor.token;
+            let events = paged_replay(Position::seq(after), move |after| {
+                let page = store.page(&raw, token, after.major);
+                async move { page }
+            });
+            Ok(Replay { stream_id, events })
+        })
+        .await
+    }
+
+    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
+        let Some(id) = EventId::parse(event_id) else {
+            return Ok(None);
+        };
+        if id.position.minor != 0 {
+            return Ok(None);
+        }
+        let state = self.state();
+        let Some(stream) = state.streams.get(&id.token) else {
+            return Ok(None);
+        };
+        let retained = stream
+            .events
+            .front()
+            .is_some_and(|first| (first.seq..=stream.last_seq).contains(&id.position.major));
+        Ok(retained.then(|| stream.stream_id.clone()))
+    }
+
+    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
+        crate::options::validate_stream_id(stream_id)?;
+        let token = self.inner.key.token(stream_id);
+        let removed = self.state().streams.remove(&token);
+        Ok(removed.map_or(0, |s| s.events.len() as u64))
+    }
+
+    async fn purge_expired(&self) -> Result<PurgeReport> {
+        observe::purge(BACKEND, async {
+            let now = self.now();
+            let mut report = PurgeReport::default();
+            let mut state = self.state();
+            if let Some(cutoff) = self.inner.options.retention.expiry_cutoff_millis(now) {
+                state.streams.retain(|_, stream| {
+                    while stream.events.front().is_some_and(|e| e.stored_at < cutoff) {
+                        let dropped = stream.events.pop_front().expect("front exists");
+                        stream.bytes -= dropped.data.len() as u64;
+                        report.events += 1;
+                    }
+                    let keep = !stream.events.is_empty();
+                    if !keep {
+                        report.streams += 1;
+                    }
+                    keep
+                });
+            }
+            state.sessions.retain(|_, session| {
+                let keep = session.expires_at > now;
+                if !keep {
+                    report.sessions += 1;
+                }
+                keep
+            });
+            Ok(report)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl SessionStore for MemoryStore {
+    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
+        crate::options::validate_session_id(session_id)?;
+        if state.len() > self.inner.options.max_payload_bytes {
+            return Err(Error::PayloadTooLarge {
+                size: state.len(),
+                max: self.inner.options.max_payload_bytes,
+            });
+        }
+        let expires_at = self
+            .now()
+            .saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
+        self.state().sessions.insert(
+            session_id.to_owned(),
+            Session {
+                state: Bytes::copy_from_slice(state),
+                expires_at,
+            },
+        );
+        Ok(())
+    }
+
+    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
+        let now = self.now();
+        let state = self.state();
+        Ok(state
+            .sessions
+            .get(session_id)
+            .filter(|s| s.expires_at > now)
+            .map(|s| s.state.clone()))
+    }
+
+    async fn delete_session(&self, session_id: &str) -> Result<bool> {
+        let now = self.now();
+        let removed = self.state().sessions.remove(session_id);
+        Ok(removed.is_some_and(|s| s.expires_at > now))
+    }
+}

@@ -1,0 +1,218 @@
+//! The two traits every backend implements, and the replay result.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_core::stream::BoxStream;
+use futures_util::StreamExt;
+
+use crate::error::Result;
+use crate::event::{NewEvent, StoredEvent};
+use crate::id::{EventId, Position};
+use crate::options::PurgeReport;
+
+/// A durable, shared log of SSE events, one ordered stream per stream id.
+///
+/// Every method is cancel-safe in the sense a database user expects: a call
+/// dropped before it returns may or may not have taken effect, but never
+/// leaves the store inconsistent. The trait is object safe: hold stores as
+/// `Arc<dyn EventStore>`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> mcp_event_store_core::Result<()> {
+/// use futures_util::TryStreamExt;
+/// use mcp_event_store_core::{EventStore, MemoryStore, NewEvent};
+///
+/// let store = MemoryStore::new();
+/// let first = store.store_event("stream-a", NewEvent::new(b"one")).await?;
+/// store.store_event("stream-a", NewEvent::new(b"two")).await?;
+///
+/// let replay = store.replay_events_after(&first.to_string()).await?;
+/// assert_eq!(replay.stream_id, "stream-a");
+/// let missed: Vec<_> = replay.events.try_collect().await?;
+/// assert_eq!(missed.len(), 1);
+/// assert_eq!(&missed[0].data[..], b"two");
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait EventStore: Send + Sync + 'static {
+    /// Appends an event to `stream_id` and returns its id once the event is
+    /// durable under the store's durability setting (C1).
+    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId>;
+
+    /// Everything stored on `last_event_id`'s stream after it, in order (C3).
+    ///
+    /// Fails with [`Error::UnknownEventId`](crate::Error::UnknownEventId) for
+    /// ids this store never issued and [`Error::EventsPurged`](crate::Error::EventsPurged)
+    /// when retention removed part of what follows (C5). The event stream
+    /// itself reads the backend page by page and ends at the newest event it
+    /// finds; it yields `EventsPurged` if a purge races it and would open a gap.
+    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay>;
+
+    /// The stream of a retained event, or `None` for unknown, expired or
+    /// malformed ids (C4).
+    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>>;
+
+    /// Removes a stream and all its events; returns how many events went.
+    async fn delete_stream(&self, stream_id: &str) -> Result<u64>;
+
+    /// Applies the retention limits now (C8), and removes expired sessions.
+    async fn purge_expired(&self) -> Result<PurgeReport>;
+}
+
+/// Opaque session state with a time to live, keyed by session id.
+///
+/// MCP servers use it to restore a session on another instance behind a load
+/// balancer.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> mcp_event_store_core::Result<()> {
+/// use std::time::Duration;
+/// use mcp_event_store_core::{MemoryStore, SessionStore};
+///
+/// let store = MemoryStore::new();
+/// store.put_session("session-1", b"state", Duration::from_secs(60)).await?;
+/// assert_eq!(store.get_session("session-1").await?.as_deref(), Some(&b"state"[..]));
+/// assert!(store.delete_session("session-1").await?);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait SessionStore: Send + Sync + 'static {
+    /// Stores (or replaces) a session's state, to expire after `ttl`.
+    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()>;
+
+    /// The session's state, or `None` if it is unknown or expired.
+    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>>;
+
+    /// Removes a session; `true` if it existed and had not expired.
+    async fn delete_session(&self, session_id: &str) -> Result<bool>;
+}
+
+/// A store that is both an [`EventStore`] and a [`SessionStore`]; what
+/// `connect` hands out.
+pub trait Store: EventStore + SessionStore {}
+
+impl<T: EventStore + SessionStore> Store for T {}
+
+/// The result of [`EventStore::replay_events_after`]: which stream, and its
+/// events after the cursor.
+pub struct Replay {
+    /// The stream the cursor belongs to.
+    pub stream_id: String,
+    /// The events, read lazily from the backend a page at a time.
+    pub events: BoxStream<'static, Result<StoredEvent>>,
+}
+
+impl fmt::Debug for Replay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replay")
+            .field("stream_id", &self.stream_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One page read from a backend during replay.
+#[derive(Debug, Default)]
+pub struct Page {
+    /// The events, in order, all after the position asked for.
+    pub events: Vec<StoredEvent>,
+    /// `true` when the backend has nothing more after these events.
+    pub last: bool,
+}
+
+/// Builds a replay stream from a function that reads one page after a
+/// position. The function is called again after each page until it reports
+/// the last one, so at most one page is held in memory at a time (C3).
+///
+/// Backends put their gap checks inside `fetch_page`.
+pub fn paged_replay<F, Fut>(
+    after: Position,
+    fetch_page: F,
+) -> BoxStream<'static, Result<StoredEvent>>
+where
+    F: FnMut(Position) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Page>> + Send + 'static,
+{
+    struct State<F> {
+        after: Position,
+        fetch_page: F,
+        done: bool,
+    }
+    let state = State {
+        after,
+        fetch_page,
+        done: false,
+    };
+    futures_util::stream::try_unfold(state, |mut state| async move {
+        if state.done {
+            return Ok(None);
+        }
+        let page = (state.fetch_page)(state.after).await?;
+        state.done = page.last || page.events.is_empty();
+        if let Some(last) = page.events.last() {
+            state.after = last.id.position;
+        }
+        Ok(Some((
+            futures_util::stream::iter(page.events.into_iter().map(Ok)),
+            state,
+        )))
+    })
+    .map(|page: Result<_>| match page {
+        Ok(events) => events.left_stream(),
+        Err(e) => futures_util::stream::once(async { Err(e) }).right_stream(),
+    })
+    .flatten()
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::StreamKey;
+    use futures_util::TryStreamExt;
+
+    #[tokio::test]
+    async fn paged_replay_reads_page_by_page_until_the_last() {
+        let token = StreamKey::generate().unwrap().token("s");
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = calls.clone();
+        let events = paged_replay(Position::seq(0), move |after| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let events: Vec<_> = (after.major + 1..=(after.major + 3).min(7))
+                    .map(|seq| StoredEvent {
+                        id: EventId::new(token, Position::seq(seq)),
+                        data: Bytes::new(),
+                        retry: None,
+                    })
+                    .collect();
+                Ok(Page {
+                    last: events.len() < 3,
+                    events,
+                })
+            }
+        });
+        let got: Vec<u64> = events
+            .map_ok(|e| e.id.position.major)
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(got, (1..=7).collect::<Vec<_>>());
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn paged_replay_surfaces_an_error_and_stops() {
+        let events = paged_replay(Position::seq(0), |_| async {
+            Err::<Page, _>(crate::Error::events_purged("x"))
+        });
+        let got: Vec<_> = events.collect().await;
+        assert_eq!(got.len(), 1);
+        assert!(matches!(got[0], Err(crate::Error::EventsPurged { .. })));
+    }
+}
