@@ -5,3 +5,10 @@ mod memory {
 
     mcp_event_store_core::conformance_tests!(MemoryHarness::new());
 }
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use mcp_event_store_sqlite::testing::SqliteHarness;
+
+    mcp_event_store_core::conformance_tests!(SqliteHarness::new(), persistent);
+}

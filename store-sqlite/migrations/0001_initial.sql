@@ -1,0 +1,44 @@
+-- mcp-event-store SQLite format, version 1.
+-- Every table carries the `mes_` prefix so the store can share a database
+-- file with an application's own tables.
+
+CREATE TABLE mes_meta (
+    key   TEXT PRIMARY KEY NOT NULL,
+    value BLOB NOT NULL
+) WITHOUT ROWID;
+
+INSERT INTO mes_meta (key, value) VALUES ('format_version', 1);
+
+-- One row per stream: the token derived from the stream id (the event ids'
+-- locator), the newest sequence number handed out, and the payload bytes
+-- currently retained (for the byte limit).
+CREATE TABLE mes_streams (
+    token      BLOB PRIMARY KEY NOT NULL,
+    stream_id  TEXT NOT NULL,
+    last_seq   INTEGER NOT NULL,
+    bytes      INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- Events live in a rowid table (payloads can be megabytes, which suits
+-- rowid tables better than WITHOUT ROWID ones); the unique index on
+-- (token, seq) serves replay as one seek plus a range read.
+CREATE TABLE mes_events (
+    token     BLOB NOT NULL,
+    seq       INTEGER NOT NULL,
+    stored_at INTEGER NOT NULL,
+    retry_ms  INTEGER,
+    payload   BLOB NOT NULL,
+    UNIQUE (token, seq)
+);
+
+-- Age-based retention walks this index oldest first.
+CREATE INDEX mes_events_stored_at ON mes_events (stored_at);
+
+CREATE TABLE mes_sessions (
+    session_id TEXT PRIMARY KEY NOT NULL,
+    state      BLOB NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+
+CREATE INDEX mes_sessions_expires_at ON mes_sessions (expires_at);

@@ -1,0 +1,150 @@
+//! How a SQLite store is opened: file, durability, connections.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mcp_event_store_core::{Error, Result, StoreOptions};
+
+/// What a returned `store_event` survives.
+///
+/// Both modes use SQLite's write-ahead log; they differ in when SQLite calls
+/// `fsync`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous = NORMAL`: a committed event survives the process being
+    /// killed (even with `SIGKILL`), because it is in the WAL file the
+    /// operating system holds. A power loss or kernel crash can lose the last
+    /// commits before the next checkpoint. The default: it is what a server
+    /// restart, a crash or a deploy needs, at about twice the append rate.
+    #[default]
+    Process,
+    /// `synchronous = FULL`: the WAL is fsynced at every commit, so a
+    /// committed event also survives power loss. Group commit shares each
+    /// fsync among all appends waiting at that moment.
+    PowerLoss,
+}
+
+impl Durability {
+    pub(crate) fn synchronous(self) -> sqlx::sqlite::SqliteSynchronous {
+        match self {
+            Durability::Process => sqlx::sqlite::SqliteSynchronous::Normal,
+            Durability::PowerLoss => sqlx::sqlite::SqliteSynchronous::Full,
+        }
+    }
+}
+
+/// Everything [`SqliteStore::open_with`](crate::SqliteStore::open_with) takes.
+///
+/// ```
+/// use mcp_event_store_sqlite::{Durability, SqliteOptions};
+///
+/// let options = SqliteOptions::new("events.db").durability(Durability::PowerLoss);
+/// assert_eq!(options.path().to_str(), Some("events.db"));
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    pub(crate) path: PathBuf,
+    /// Options every backend shares (retention, payload limit, page size, clock).
+    pub store: StoreOptions,
+    /// When `store_event` may return; see [`Durability`].
+    pub durability: Durability,
+    /// How long a write waits for another process holding the write lock.
+    /// Default 5 s.
+    pub busy_timeout: Duration,
+    /// Connections in the read pool (replay, lookups). Default 4.
+    pub read_connections: u32,
+    /// Most appends committed in one transaction. Default 512.
+    pub max_batch: usize,
+}
+
+impl SqliteOptions {
+    /// Options for the database file at `path` (created if missing).
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            store: StoreOptions::default(),
+            durability: Durability::default(),
+            busy_timeout: Duration::from_secs(5),
+            read_connections: 4,
+            max_batch: 512,
+        }
+    }
+
+    /// Parses a `sqlite://` URL: `sqlite://events.db` (relative),
+    /// `sqlite:///var/lib/app/events.db` (absolute), with an optional
+    /// `?durability=process|power_loss`.
+    ///
+    /// ```
+    /// use mcp_event_store_sqlite::{Durability, SqliteOptions};
+    ///
+    /// let options = SqliteOptions::from_url("sqlite:///tmp/e.db?durability=power_loss").unwrap();
+    /// assert_eq!(options.path().to_str(), Some("/tmp/e.db"));
+    /// assert_eq!(options.durability, Durability::PowerLoss);
+    /// assert!(SqliteOptions::from_url("sqlite://").is_err());
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let rest = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .ok_or_else(|| Error::Config(format!("not a sqlite:// URL: {url:?}")))?;
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if path.is_empty() {
+            return Err(Error::Config(
+                "sqlite:// URL has no file path (try sqlite://events.db)".into(),
+            ));
+        }
+        let mut options = Self::new(path);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("durability", "process")) => options.durability = Durability::Process,
+                Some(("durability", "power_loss")) => options.durability = Durability::PowerLoss,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "unknown sqlite URL parameter {pair:?} (known: durability=process|power_loss)"
+                    )));
+                }
+            }
+        }
+        Ok(options)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sets the shared store options.
+    pub fn store_options(mut self, store: StoreOptions) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Sets the durability mode.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets the busy timeout.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Sets the number of read connections.
+    pub fn read_connections(mut self, connections: u32) -> Self {
+        self.read_connections = connections;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        self.store.validate()?;
+        if self.read_connections == 0 {
+            return Err(Error::Config("read_connections must be at least 1".into()));
+        }
+        if self.max_batch == 0 {
+            return Err(Error::Config("max_batch must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
