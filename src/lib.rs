@@ -1,1 +1,107 @@
-//! placeholder
+//! **mcp-event-store**: durable event stores for resumable Server-Sent-Event
+//! streams, built for MCP (Model Context Protocol) Streamable HTTP servers.
+//!
+//! When an MCP client loses its SSE connection, it reconnects with
+//! `Last-Event-ID` and must receive every message it missed on that stream,
+//! and nothing from any other stream, even if the server restarted or the
+//! reconnect landed on another instance. This crate keeps those events.
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> mcp_event_store::Result<()> {
+//! use futures_util::TryStreamExt;
+//! use mcp_event_store::{EventStore, NewEvent};
+//!
+//! let store = mcp_event_store::connect("sqlite://events.db").await?;
+//! let first = store.store_event("request-1", NewEvent::new(br#"{"jsonrpc":"2.0"}"#)).await?;
+//! store.store_event("request-1", NewEvent::new(b"...")).await?;
+//!
+//! // The client reconnects with `Last-Event-ID: <first>`:
+//! let replay = store.replay_events_after(&first.to_string()).await?;
+//! let missed: Vec<_> = replay.events.try_collect().await?;
+//! assert_eq!(missed.len(), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! # Backends and features
+//!
+//! | feature | backend | URL |
+//! |---|---|---|
+//! | (always) | [`MemoryStore`] | `memory://` |
+//! | `sqlite` (default) | [`sqlite::SqliteStore`] | `sqlite://events.db`, `sqlite:///abs/path.db` |
+//! | `full` | every backend above | |
+//!
+//! Every backend implements [`EventStore`] and [`SessionStore`] and passes
+//! the same conformance suite.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+pub use mcp_event_store_core::*;
+
+/// The SQLite backend (feature `sqlite`).
+#[cfg(feature = "sqlite")]
+pub mod sqlite {
+    pub use mcp_event_store_sqlite::{Durability, FORMAT_VERSION, SqliteOptions, SqliteStore};
+}
+
+/// A store of any backend, as [`connect`] returns it.
+pub type DynStore = Arc<dyn Store>;
+
+/// Opens the store a URL names, with default options, so the backend can be
+/// chosen in configuration.
+///
+/// * `memory://`: a fresh [`MemoryStore`] (nothing survives the process).
+/// * `sqlite://path` or `sqlite:///absolute/path` (feature `sqlite`), with
+///   an optional `?durability=process|power_loss`.
+///
+/// A URL whose backend is not compiled in is [`Error::BackendNotEnabled`],
+/// naming the cargo feature to enable.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = mcp_event_store::connect("memory://").await.unwrap();
+/// # let _ = store;
+/// let err = mcp_event_store::connect("nosuch://x").await.unwrap_err();
+/// assert!(err.to_string().contains("nosuch"));
+/// # }
+/// ```
+pub async fn connect(url: &str) -> Result<DynStore> {
+    connect_with(url, StoreOptions::default()).await
+}
+
+/// Like [`connect`], with the options every backend shares (retention,
+/// payload limit, page size, clock).
+pub async fn connect_with(url: &str, options: StoreOptions) -> Result<DynStore> {
+    let scheme = url
+        .split_once(':')
+        .map(|(scheme, _)| scheme.to_ascii_lowercase())
+        .ok_or_else(|| Error::Config(format!("not a store URL (no scheme): {url:?}")))?;
+    match scheme.as_str() {
+        "memory" => Ok(Arc::new(MemoryStore::try_with_options(options)?)),
+        "sqlite" => open_sqlite(url, options).await,
+        "postgres" | "postgresql" => Err(not_enabled(scheme, "postgres")),
+        "redis" | "rediss" | "redis+cluster" => Err(not_enabled(scheme, "redis")),
+        "sled" => Err(not_enabled(scheme, "sled")),
+        _ => Err(Error::Config(format!(
+            "unknown store URL scheme {scheme:?} (known: memory, sqlite, postgres, redis, sled)"
+        ))),
+    }
+}
+
+fn not_enabled(scheme: String, feature: &'static str) -> Error {
+    Error::BackendNotEnabled { scheme, feature }
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite(url: &str, options: StoreOptions) -> Result<DynStore> {
+    let sqlite = sqlite::SqliteOptions::from_url(url)?.store_options(options);
+    Ok(Arc::new(sqlite::SqliteStore::open_with(sqlite).await?))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open_sqlite(_url: &str, _options: StoreOptions) -> Result<DynStore> {
+    Err(not_enabled("sqlite".into(), "sqlite"))
+}

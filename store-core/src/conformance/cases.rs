@@ -406,6 +406,27 @@ pub async fn hostile_stream_ids_are_data<H: Harness>(h: &H) {
     h.close(store).await;
 }
 
+/// C9: a NUL byte in a stream id is either kept as data or refused with
+/// `InvalidStreamId`; it never truncates the id onto another stream.
+pub async fn nul_in_a_stream_id_is_data_or_refused<H: Harness>(h: &H) {
+    let (store, _) = open_default(h).await;
+    let plain = append(&store, "a", b"plain-0").await;
+    append(&store, "a", b"plain-1").await;
+    match store.store_event("a\0b", NewEvent::new(b"nul-0")).await {
+        Err(Error::InvalidStreamId { .. }) => {}
+        Err(other) => panic!("NUL stream id: expected InvalidStreamId, got {other}"),
+        Ok(first) => {
+            append(&store, "a\0b", b"nul-1").await;
+            let (stream, events) = replay_all(&store, &text(&first)).await.unwrap();
+            assert_eq!(stream, "a\0b");
+            assert_eq!(events.len(), 1);
+            assert_eq!(&events[0].data[..], b"nul-1");
+        }
+    }
+    assert_eq!(replay_data(&store, &plain).await, vec![b"plain-1".to_vec()]);
+    h.close(store).await;
+}
+
 /// C9: deleting `a%` or `a_c` leaves `abc` alone (no LIKE matching).
 pub async fn like_wildcards_match_nothing_else<H: Harness>(h: &H) {
     let (store, _) = open_default(h).await;
