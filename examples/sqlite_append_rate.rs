@@ -20,9 +20,10 @@ const PAYLOAD: &[u8] = br#"{"jsonrpc":"2.0","method":"notifications/progress","p
 
 async fn store_rate(durability: Durability, writers: usize, per_writer: usize) -> f64 {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open_with(SqliteOptions::new(dir.path().join("e.db")).durability(durability))
-        .await
-        .unwrap();
+    let store =
+        SqliteStore::open_with(SqliteOptions::new(dir.path().join("e.db")).durability(durability))
+            .await
+            .unwrap();
     let start = Instant::now();
     let tasks: Vec<_> = (0..writers)
         .map(|w| {
@@ -30,7 +31,10 @@ async fn store_rate(durability: Durability, writers: usize, per_writer: usize) -
             tokio::spawn(async move {
                 let stream = format!("stream-{w}");
                 for _ in 0..per_writer {
-                    store.store_event(&stream, NewEvent::new(PAYLOAD)).await.unwrap();
+                    store
+                        .store_event(&stream, NewEvent::new(PAYLOAD))
+                        .await
+                        .unwrap();
                 }
             })
         })
@@ -60,10 +64,12 @@ async fn raw_rate(durability: Durability, writers: usize, per_writer: usize) -> 
         .connect_with(options)
         .await
         .unwrap();
-    sqlx::query("CREATE TABLE events (stream TEXT NOT NULL, seq INTEGER NOT NULL, payload BLOB NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "CREATE TABLE events (stream TEXT NOT NULL, seq INTEGER NOT NULL, payload BLOB NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let pool = Arc::new(pool);
     let start = Instant::now();
     let tasks: Vec<_> = (0..writers)
