@@ -328,7 +328,7 @@ impl Writer {
             self.retention,
         )
         .await?;
-        Ok(u64::try_from(seq).map_err(|_| Error::Corrupt(format!("negative sequence {seq}")))?)
+        u64::try_from(seq).map_err(|_| Error::Corrupt(format!("negative sequence {seq}")))
     }
 
     async fn delete_stream(&mut self, token: StreamToken) -> Result<u64> {
