@@ -64,7 +64,9 @@ pub type DynStore = Arc<dyn Store>;
 /// # async fn main() {
 /// let store = mcp_event_store::connect("memory://").await.unwrap();
 /// # let _ = store;
-/// let err = mcp_event_store::connect("nosuch://x").await.unwrap_err();
+/// let Err(err) = mcp_event_store::connect("nosuch://x").await else {
+///     panic!("no such backend");
+/// };
 /// assert!(err.to_string().contains("nosuch"));
 /// # }
 /// ```
