@@ -35,6 +35,20 @@ CREATE TABLE mes_events (
 -- Age-based retention walks this index oldest first.
 CREATE INDEX mes_events_stored_at ON mes_events (stored_at);
 
+-- The stream row follows its events inside SQLite, so an append is a single
+-- statement: the sequence number and byte count never need a round trip.
+CREATE TRIGGER mes_events_inserted AFTER INSERT ON mes_events BEGIN
+    UPDATE mes_streams
+    SET last_seq = NEW.seq,
+        bytes = bytes + length(NEW.payload),
+        updated_at = NEW.stored_at
+    WHERE token = NEW.token;
+END;
+
+CREATE TRIGGER mes_events_deleted AFTER DELETE ON mes_events BEGIN
+    UPDATE mes_streams SET bytes = bytes - length(OLD.payload) WHERE token = OLD.token;
+END;
+
 CREATE TABLE mes_sessions (
     session_id TEXT PRIMARY KEY NOT NULL,
     state      BLOB NOT NULL,

@@ -71,7 +71,7 @@ use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot};
 
 pub use options::{Durability, SqliteOptions};
-use writer::{Command, Writer, db_error};
+use writer::{Command, Reply, Write, Writer, db_error};
 
 const BACKEND: &str = "sqlite";
 /// The storage format this release reads and writes.
@@ -163,14 +163,17 @@ impl SqliteStore {
         self.inner.readers.close().await;
     }
 
+    /// Queues a write for the writer task and waits for its answer, which
+    /// comes only after the write is committed.
     async fn write<T>(
         &self,
-        command: impl FnOnce(oneshot::Sender<Result<T>>) -> Command,
+        reply: impl FnOnce(oneshot::Sender<Result<T>>) -> Reply,
+        write: Write,
     ) -> Result<T> {
-        let (reply, answer) = oneshot::channel();
+        let (sender, answer) = oneshot::channel();
         self.inner
             .writer
-            .send(command(reply))
+            .send(Command::Write(write, reply(sender)))
             .await
             .map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
@@ -329,14 +332,16 @@ impl EventStore for SqliteStore {
                 .check_append(stream_id, event.data.len())?;
             let token = self.inner.key.token(stream_id);
             let seq = self
-                .write(|reply| Command::Append {
-                    token,
-                    stream_id: stream_id.to_owned(),
-                    data: event.data.to_vec(),
-                    retry_ms: retry_to_millis(event.retry),
-                    now: self.now(),
-                    reply,
-                })
+                .write(
+                    Reply::Count,
+                    Write::Append {
+                        token,
+                        stream_id: stream_id.to_owned(),
+                        data: event.data.to_vec(),
+                        retry_ms: retry_to_millis(event.retry),
+                        now: self.now(),
+                    },
+                )
                 .await?;
             Ok(EventId::new(token, Position::seq(seq)))
         })
@@ -385,14 +390,20 @@ impl EventStore for SqliteStore {
     async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
         validate_stream_id(stream_id)?;
         let token = self.inner.key.token(stream_id);
-        self.write(|reply| Command::DeleteStream { token, reply })
+        self.write(Reply::Count, Write::DeleteStream { token })
             .await
     }
 
     async fn purge_expired(&self) -> Result<PurgeReport> {
         observe::purge(BACKEND, async {
             let now = self.now();
-            self.write(|reply| Command::Purge { now, reply }).await
+            let (reply, answer) = oneshot::channel();
+            self.inner
+                .writer
+                .send(Command::Purge { now, reply })
+                .await
+                .map_err(|_| Error::Closed)?;
+            answer.await.map_err(|_| Error::Closed)?
         })
         .await
     }
@@ -411,12 +422,14 @@ impl SessionStore for SqliteStore {
         }
         let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         let expires_at = self.now().saturating_add(ttl);
-        self.write(|reply| Command::PutSession {
-            session_id: session_id.to_owned(),
-            state: state.to_vec(),
-            expires_at,
-            reply,
-        })
+        self.write(
+            Reply::Unit,
+            Write::PutSession {
+                session_id: session_id.to_owned(),
+                state: state.to_vec(),
+                expires_at,
+            },
+        )
         .await
     }
 
@@ -434,11 +447,13 @@ impl SessionStore for SqliteStore {
 
     async fn delete_session(&self, session_id: &str) -> Result<bool> {
         let now = self.now();
-        self.write(|reply| Command::DeleteSession {
-            session_id: session_id.to_owned(),
-            now,
-            reply,
-        })
+        self.write(
+            Reply::Flag,
+            Write::DeleteSession {
+                session_id: session_id.to_owned(),
+                now,
+            },
+        )
         .await
     }
 }

@@ -11,7 +11,7 @@
 //! Purges run here too, in small transactions interleaved with append
 //! groups, so retention never stalls appends for long.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use mcp_event_store_core::{Error, PurgeReport, Result, Retention, StreamToken};
@@ -30,31 +30,9 @@ pub(crate) fn db_error(e: sqlx::Error) -> Error {
     Error::backend(BACKEND, e)
 }
 
-/// A write for the writer task.
+/// A write for the writer task, and where its answer goes.
 pub(crate) enum Command {
-    Append {
-        token: StreamToken,
-        stream_id: String,
-        data: Vec<u8>,
-        retry_ms: Option<i64>,
-        now: i64,
-        reply: oneshot::Sender<Result<u64>>,
-    },
-    DeleteStream {
-        token: StreamToken,
-        reply: oneshot::Sender<Result<u64>>,
-    },
-    PutSession {
-        session_id: String,
-        state: Vec<u8>,
-        expires_at: i64,
-        reply: oneshot::Sender<Result<()>>,
-    },
-    DeleteSession {
-        session_id: String,
-        now: i64,
-        reply: oneshot::Sender<Result<bool>>,
-    },
+    Write(Write, Reply),
     Purge {
         now: i64,
         reply: oneshot::Sender<Result<PurgeReport>>,
@@ -64,27 +42,60 @@ pub(crate) enum Command {
     },
 }
 
-/// A command's result, held until its transaction commits.
-enum Outcome {
-    Count(oneshot::Sender<Result<u64>>, Result<u64>),
-    Unit(oneshot::Sender<Result<()>>, Result<()>),
-    Flag(oneshot::Sender<Result<bool>>, Result<bool>),
+/// The data of a write; kept until the answer is sent, so a group that
+/// failed can be replayed one write at a time.
+pub(crate) enum Write {
+    Append {
+        token: StreamToken,
+        stream_id: String,
+        data: Vec<u8>,
+        retry_ms: Option<i64>,
+        now: i64,
+    },
+    DeleteStream {
+        token: StreamToken,
+    },
+    PutSession {
+        session_id: String,
+        state: Vec<u8>,
+        expires_at: i64,
+    },
+    DeleteSession {
+        session_id: String,
+        now: i64,
+    },
 }
 
-impl Outcome {
-    /// Answers the caller; a failed commit turns every success into that
-    /// failure, since nothing of the group was written.
-    fn finish(self, commit: &Result<(), Arc<sqlx::Error>>) {
-        fn settle<T>(result: Result<T>, commit: &Result<(), Arc<sqlx::Error>>) -> Result<T> {
-            match (result, commit) {
-                (Ok(_), Err(e)) => Err(Error::backend(BACKEND, e.clone())),
-                (result, _) => result,
-            }
+/// The caller waiting for a write.
+pub(crate) enum Reply {
+    Count(oneshot::Sender<Result<u64>>),
+    Unit(oneshot::Sender<Result<()>>),
+    Flag(oneshot::Sender<Result<bool>>),
+}
+
+/// What a write produced.
+enum Answer {
+    Count(u64),
+    Unit,
+    Flag(bool),
+}
+
+impl Reply {
+    fn send(self, answer: Result<Answer>) {
+        match (self, answer) {
+            (Reply::Count(tx), Ok(Answer::Count(n))) => drop(tx.send(Ok(n))),
+            (Reply::Unit(tx), Ok(Answer::Unit)) => drop(tx.send(Ok(()))),
+            (Reply::Flag(tx), Ok(Answer::Flag(flag))) => drop(tx.send(Ok(flag))),
+            (reply, Ok(_)) => reply.fail(Error::Corrupt("writer answered the wrong kind".into())),
+            (reply, Err(e)) => reply.fail(e),
         }
+    }
+
+    fn fail(self, e: Error) {
         match self {
-            Outcome::Count(reply, r) => drop(reply.send(settle(r, commit))),
-            Outcome::Unit(reply, r) => drop(reply.send(settle(r, commit))),
-            Outcome::Flag(reply, r) => drop(reply.send(settle(r, commit))),
+            Reply::Count(tx) => drop(tx.send(Err(e))),
+            Reply::Unit(tx) => drop(tx.send(Err(e))),
+            Reply::Flag(tx) => drop(tx.send(Err(e))),
         }
     }
 }
@@ -103,11 +114,17 @@ struct PurgeJob {
     replies: Vec<oneshot::Sender<Result<PurgeReport>>>,
 }
 
+/// Streams this writer has already matched to their stream id, with the
+/// byte count it last saw. The count is only a hint for when to look at the
+/// real one: another process may have written since.
+const KNOWN_STREAMS_LIMIT: usize = 65_536;
+
 pub(crate) struct Writer {
     conn: SqliteConnection,
     retention: Retention,
     max_batch: usize,
     purge: Option<PurgeJob>,
+    known: HashMap<StreamToken, i64>,
 }
 
 impl Writer {
@@ -117,6 +134,7 @@ impl Writer {
             retention,
             max_batch,
             purge: None,
+            known: HashMap::new(),
         }
     }
 
@@ -140,6 +158,7 @@ impl Writer {
             let mut group = Vec::with_capacity(batch.len());
             for command in batch {
                 match command {
+                    Command::Write(write, reply) => group.push((write, reply)),
                     Command::Purge { now, reply } => match &mut self.purge {
                         Some(job) => job.replies.push(reply),
                         None => {
@@ -152,7 +171,6 @@ impl Writer {
                         }
                     },
                     Command::Close { reply } => closing = Some(reply),
-                    other => group.push(other),
                 }
             }
             self.commit_group(group).await;
@@ -189,95 +207,120 @@ impl Writer {
         }
     }
 
-    /// Runs a group of commands in one transaction and answers them after
-    /// the commit.
-    async fn commit_group(&mut self, group: Vec<Command>) {
-        if group.is_empty() {
-            return;
+    /// Runs a group of writes in one transaction and answers them after the
+    /// commit. A lone write runs without an explicit transaction (its main
+    /// statement commits by itself). If the database fails part-way, the
+    /// group is rolled back and each write retried alone, so one bad write
+    /// cannot sink its neighbours.
+    async fn commit_group(&mut self, group: Vec<(Write, Reply)>) {
+        match group.len() {
+            0 => return,
+            1 => {
+                let (write, reply) = group.into_iter().next().expect("one write");
+                let answer = self.apply(&write, false).await;
+                reply.send(answer);
+                return;
+            }
+            _ => {}
         }
         if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut self.conn).await {
             let e = Arc::new(e);
-            for command in group {
-                fail(command, &e);
+            for (_, reply) in group {
+                reply.fail(Error::backend(BACKEND, e.clone()));
             }
             return;
         }
-        let mut outcomes = Vec::with_capacity(group.len());
-        for command in group {
-            outcomes.push(self.apply_in_savepoint(command).await);
-        }
-        let commit = match sqlx::query("COMMIT").execute(&mut self.conn).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let _ = sqlx::query("ROLLBACK").execute(&mut self.conn).await;
-                Err(Arc::new(e))
+        let mut answers = Vec::with_capacity(group.len());
+        let mut broken = false;
+        for (write, _) in &group {
+            let answer = self.apply(write, true).await;
+            if matches!(answer, Err(Error::Backend { .. })) {
+                broken = true;
+                break;
             }
-        };
-        for outcome in outcomes {
-            outcome.finish(&commit);
+            answers.push(answer);
+        }
+        if !broken {
+            match sqlx::query("COMMIT").execute(&mut self.conn).await {
+                Ok(_) => {
+                    for ((_, reply), answer) in group.into_iter().zip(answers) {
+                        reply.send(answer);
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "group commit failed; retrying writes one by one")
+                }
+            }
+        }
+        let _ = sqlx::query("ROLLBACK").execute(&mut self.conn).await;
+        // Byte hints may count rolled-back appends.
+        self.known.clear();
+        for (write, reply) in group {
+            let answer = self.apply(&write, false).await;
+            reply.send(answer);
         }
     }
 
-    async fn apply_in_savepoint(&mut self, command: Command) -> Outcome {
-        if let Err(e) = sqlx::query("SAVEPOINT item").execute(&mut self.conn).await {
-            let e = db_error(e);
-            return match command {
-                Command::Append { reply, .. } | Command::DeleteStream { reply, .. } => {
-                    Outcome::Count(reply, Err(e))
-                }
-                Command::PutSession { reply, .. } => Outcome::Unit(reply, Err(e)),
-                Command::DeleteSession { reply, .. } => Outcome::Flag(reply, Err(e)),
-                Command::Purge { .. } | Command::Close { .. } => {
-                    unreachable!("purge and close never join a group")
-                }
-            };
-        }
-        let outcome = match command {
-            Command::Append {
+    async fn apply(&mut self, write: &Write, in_transaction: bool) -> Result<Answer> {
+        match write {
+            Write::Append {
                 token,
                 stream_id,
                 data,
                 retry_ms,
                 now,
-                reply,
-            } => Outcome::Count(
-                reply,
-                self.append(token, &stream_id, &data, retry_ms, now).await,
-            ),
-            Command::DeleteStream { token, reply } => {
-                Outcome::Count(reply, self.delete_stream(token).await)
-            }
-            Command::PutSession {
+            } => self
+                .append(*token, stream_id, data, *retry_ms, *now, in_transaction)
+                .await
+                .map(Answer::Count),
+            Write::DeleteStream { token } => self.delete_stream(*token).await.map(Answer::Count),
+            Write::PutSession {
                 session_id,
                 state,
                 expires_at,
-                reply,
-            } => Outcome::Unit(
-                reply,
-                self.put_session(&session_id, &state, expires_at).await,
-            ),
-            Command::DeleteSession {
-                session_id,
-                now,
-                reply,
-            } => Outcome::Flag(reply, self.delete_session(&session_id, now).await),
-            Command::Purge { .. } | Command::Close { .. } => {
-                unreachable!("purge and close never join a group")
-            }
-        };
-        let failed = matches!(
-            &outcome,
-            Outcome::Count(_, Err(_)) | Outcome::Unit(_, Err(_)) | Outcome::Flag(_, Err(_))
-        );
-        if failed {
-            let _ = sqlx::query("ROLLBACK TO item")
-                .execute(&mut self.conn)
-                .await;
+            } => self
+                .put_session(session_id, state, *expires_at)
+                .await
+                .map(|()| Answer::Unit),
+            Write::DeleteSession { session_id, now } => self
+                .delete_session(session_id, *now)
+                .await
+                .map(Answer::Flag),
         }
-        let _ = sqlx::query("RELEASE item").execute(&mut self.conn).await;
-        outcome
     }
 
+    /// Makes sure the stream's row exists and belongs to `stream_id`.
+    async fn ensure_stream(&mut self, token: StreamToken, stream_id: &str, now: i64) -> Result<()> {
+        let row = sqlx::query(
+            "INSERT INTO mes_streams (token, stream_id, last_seq, bytes, updated_at) \
+             VALUES (?1, ?2, 0, 0, ?3) \
+             ON CONFLICT (token) DO UPDATE SET token = excluded.token \
+             RETURNING stream_id, bytes",
+        )
+        .bind(&token.as_bytes()[..])
+        .bind(stream_id)
+        .bind(now)
+        .fetch_one(&mut self.conn)
+        .await
+        .map_err(db_error)?;
+        let stored_stream: &str = row.try_get(0).map_err(db_error)?;
+        if stored_stream != stream_id {
+            return Err(Error::Corrupt(format!(
+                "stream token collision between {stored_stream:?} and {stream_id:?}"
+            )));
+        }
+        let bytes: i64 = row.try_get(1).map_err(db_error)?;
+        if self.known.len() >= KNOWN_STREAMS_LIMIT {
+            self.known.clear();
+        }
+        self.known.insert(token, bytes);
+        Ok(())
+    }
+
+    /// Appends one event. In the steady state this is one statement: the
+    /// sequence number comes from the stream row, and a trigger moves the
+    /// row along.
     async fn append(
         &mut self,
         token: StreamToken,
@@ -285,64 +328,80 @@ impl Writer {
         data: &[u8],
         retry_ms: Option<i64>,
         now: i64,
+        in_transaction: bool,
     ) -> Result<u64> {
-        let row = sqlx::query(
-            "INSERT INTO mes_streams (token, stream_id, last_seq, bytes, updated_at) \
-             VALUES (?1, ?2, 1, ?3, ?4) \
-             ON CONFLICT (token) DO UPDATE SET last_seq = last_seq + 1, \
-                 bytes = bytes + excluded.bytes, updated_at = excluded.updated_at \
-             RETURNING last_seq, stream_id, bytes",
-        )
-        .bind(&token.as_bytes()[..])
-        .bind(stream_id)
-        .bind(data.len() as i64)
-        .bind(now)
-        .fetch_one(&mut self.conn)
-        .await
-        .map_err(db_error)?;
-        let seq: i64 = row.try_get(0).map_err(db_error)?;
-        let stored_stream: &str = row.try_get(1).map_err(db_error)?;
-        if stored_stream != stream_id {
-            return Err(Error::Corrupt(format!(
-                "stream token collision between {stored_stream:?} and {stream_id:?}"
-            )));
+        if !self.known.contains_key(&token) {
+            self.ensure_stream(token, stream_id, now).await?;
         }
-        let bytes: i64 = row.try_get(2).map_err(db_error)?;
-        sqlx::query(
-            "INSERT INTO mes_events (token, seq, stored_at, retry_ms, payload) \
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-        )
-        .bind(&token.as_bytes()[..])
-        .bind(seq)
-        .bind(now)
-        .bind(retry_ms)
-        .bind(data)
-        .execute(&mut self.conn)
-        .await
-        .map_err(db_error)?;
-        trim_stream(
+        let mut seq = self.insert_event(token, data, retry_ms, now).await?;
+        if seq.is_none() {
+            // The row went away (deleted or expired, perhaps by another
+            // process) since this writer last saw it.
+            self.known.remove(&token);
+            self.ensure_stream(token, stream_id, now).await?;
+            seq = self.insert_event(token, data, retry_ms, now).await?;
+        }
+        let seq =
+            seq.ok_or_else(|| Error::Corrupt("stream row vanished during an append".into()))?;
+        let hint = self.known.entry(token).or_default();
+        *hint += data.len() as i64;
+        let hint = *hint;
+        match trim_stream(
             &mut self.conn,
             &token.as_bytes()[..],
             seq,
-            bytes,
+            hint,
             self.retention,
         )
-        .await?;
+        .await
+        {
+            Ok((_, Some(bytes))) => {
+                self.known.insert(token, bytes);
+            }
+            Ok((_, None)) => {}
+            Err(e) if in_transaction => return Err(e),
+            // The event is committed; trimming is retried by the next
+            // append or purge.
+            Err(e) => tracing::warn!(error = %e, "trimming a stream after an append failed"),
+        }
         u64::try_from(seq).map_err(|_| Error::Corrupt(format!("negative sequence {seq}")))
     }
 
+    async fn insert_event(
+        &mut self,
+        token: StreamToken,
+        data: &[u8],
+        retry_ms: Option<i64>,
+        now: i64,
+    ) -> Result<Option<i64>> {
+        sqlx::query_scalar(
+            "INSERT INTO mes_events (token, seq, stored_at, retry_ms, payload) \
+             SELECT token, last_seq + 1, ?2, ?3, ?4 FROM mes_streams WHERE token = ?1 \
+             RETURNING seq",
+        )
+        .bind(&token.as_bytes()[..])
+        .bind(now)
+        .bind(retry_ms)
+        .bind(data)
+        .fetch_optional(&mut self.conn)
+        .await
+        .map_err(db_error)
+    }
+
     async fn delete_stream(&mut self, token: StreamToken) -> Result<u64> {
+        self.known.remove(&token);
+        // The row first, so the delete trigger has no counters to update.
+        sqlx::query("DELETE FROM mes_streams WHERE token = ?1")
+            .bind(&token.as_bytes()[..])
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_error)?;
         let deleted = sqlx::query("DELETE FROM mes_events WHERE token = ?1")
             .bind(&token.as_bytes()[..])
             .execute(&mut self.conn)
             .await
             .map_err(db_error)?
             .rows_affected();
-        sqlx::query("DELETE FROM mes_streams WHERE token = ?1")
-            .bind(&token.as_bytes()[..])
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_error)?;
         Ok(deleted)
     }
 
@@ -374,6 +433,8 @@ impl Writer {
 
     /// One bounded transaction of purge work; `true` when the purge is done.
     async fn purge_step(&mut self, job: &mut PurgeJob) -> Result<bool> {
+        // Purging changes byte counts behind the hints' back.
+        self.known.clear();
         let mut tx = self
             .conn
             .begin_with("BEGIN IMMEDIATE")
@@ -429,54 +490,23 @@ impl Writer {
     }
 }
 
-fn fail(command: Command, e: &Arc<sqlx::Error>) {
-    let err = || Error::backend(BACKEND, e.clone());
-    match command {
-        Command::Append { reply, .. } | Command::DeleteStream { reply, .. } => {
-            let _ = reply.send(Err(err()));
-        }
-        Command::PutSession { reply, .. } => {
-            let _ = reply.send(Err(err()));
-        }
-        Command::DeleteSession { reply, .. } => {
-            let _ = reply.send(Err(err()));
-        }
-        Command::Purge { reply, .. } => {
-            let _ = reply.send(Err(err()));
-        }
-        Command::Close { reply } => {
-            let _ = reply.send(());
-        }
-    }
-}
-
-/// Deletes up to one batch of events older than `cutoff`, keeps the byte
-/// counters right, and removes streams left with no events.
+/// Deletes up to one batch of events older than `cutoff` (the delete trigger
+/// keeps byte counts right) and removes streams left with no events.
 async fn purge_aged_events(conn: &mut SqliteConnection, cutoff: i64) -> Result<(u64, u64)> {
-    let rows = sqlx::query(
+    let tokens: Vec<Vec<u8>> = sqlx::query_scalar(
         "DELETE FROM mes_events WHERE rowid IN \
          (SELECT rowid FROM mes_events WHERE stored_at < ?1 ORDER BY stored_at LIMIT ?2) \
-         RETURNING token, length(payload)",
+         RETURNING token",
     )
     .bind(cutoff)
     .bind(PURGE_BATCH)
     .fetch_all(&mut *conn)
     .await
     .map_err(db_error)?;
-    let mut freed: HashMap<Vec<u8>, i64> = HashMap::new();
-    for row in &rows {
-        let token: Vec<u8> = row.try_get(0).map_err(db_error)?;
-        let len: i64 = row.try_get(1).map_err(db_error)?;
-        *freed.entry(token).or_default() += len;
-    }
+    let events = tokens.len() as u64;
+    let touched: HashSet<Vec<u8>> = tokens.into_iter().collect();
     let mut streams = 0;
-    for (token, bytes) in freed {
-        sqlx::query("UPDATE mes_streams SET bytes = bytes - ?2 WHERE token = ?1")
-            .bind(&token)
-            .bind(bytes)
-            .execute(&mut *conn)
-            .await
-            .map_err(db_error)?;
+    for token in touched {
         streams += sqlx::query(
             "DELETE FROM mes_streams WHERE token = ?1 \
              AND NOT EXISTS (SELECT 1 FROM mes_events WHERE token = ?1)",
@@ -487,7 +517,7 @@ async fn purge_aged_events(conn: &mut SqliteConnection, cutoff: i64) -> Result<(
         .map_err(db_error)?
         .rows_affected();
     }
-    Ok((rows.len() as u64, streams))
+    Ok((events, streams))
 }
 
 /// Trims every stream over the count or byte limit, a batch of streams at a
@@ -514,7 +544,9 @@ async fn enforce_limits(
         let token: Vec<u8> = row.try_get(0).map_err(db_error)?;
         let last_seq: i64 = row.try_get(1).map_err(db_error)?;
         let bytes: i64 = row.try_get(2).map_err(db_error)?;
-        removed += trim_stream(conn, &token, last_seq, bytes, retention).await?;
+        removed += trim_stream(conn, &token, last_seq, bytes, retention)
+            .await?
+            .0;
         last = Some(token);
     }
     let more = rows.len() as i64 == LIMIT_SCAN_BATCH;
@@ -522,74 +554,79 @@ async fn enforce_limits(
 }
 
 /// Removes a stream's oldest events until it is within the count and byte
-/// limits, never removing the newest event. Returns how many went.
+/// limits, never removing the newest event (`last_seq`). `bytes_hint` is what
+/// the caller believes the stream holds; the real count is read before any
+/// byte-limit deletion. Returns the events removed and, if it was read, the
+/// stream's real byte count afterwards.
 pub(crate) async fn trim_stream(
     conn: &mut SqliteConnection,
     token: &[u8],
     last_seq: i64,
-    bytes: i64,
+    bytes_hint: i64,
     retention: Retention,
-) -> Result<u64> {
+) -> Result<(u64, Option<i64>)> {
     let mut removed = 0;
-    let mut bytes = bytes;
     if let Some(max) = retention.max_events_per_stream {
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         if last_seq > max {
-            let (count, freed) = delete_through(conn, token, last_seq - max).await?;
-            removed += count;
-            bytes -= freed;
+            removed += delete_through(conn, token, last_seq - max).await?;
         }
     }
-    if let Some(max) = retention.max_bytes_per_stream {
-        let max = i64::try_from(max).unwrap_or(i64::MAX);
-        while bytes > max {
-            let sizes = sqlx::query(
-                "SELECT seq, length(payload) FROM mes_events WHERE token = ?1 \
-                 ORDER BY seq LIMIT 256",
-            )
+    let Some(max) = retention.max_bytes_per_stream else {
+        return Ok((removed, None));
+    };
+    let max = i64::try_from(max).unwrap_or(i64::MAX);
+    if bytes_hint <= max {
+        return Ok((removed, None));
+    }
+    loop {
+        let bytes: i64 = sqlx::query_scalar("SELECT bytes FROM mes_streams WHERE token = ?1")
             .bind(token)
-            .fetch_all(&mut *conn)
+            .fetch_optional(&mut *conn)
             .await
-            .map_err(db_error)?;
-            let mut cut = None;
-            let mut excess = bytes - max;
-            for row in &sizes {
-                let seq: i64 = row.try_get(0).map_err(db_error)?;
-                let len: i64 = row.try_get(1).map_err(db_error)?;
-                if excess <= 0 || seq >= last_seq {
-                    break;
-                }
-                excess -= len;
-                cut = Some(seq);
-            }
-            let Some(cut) = cut else { break };
-            let (count, freed) = delete_through(conn, token, cut).await?;
-            removed += count;
-            bytes -= freed;
+            .map_err(db_error)?
+            .unwrap_or(0);
+        if bytes <= max {
+            return Ok((removed, Some(bytes)));
         }
+        let sizes = sqlx::query(
+            "SELECT seq, length(payload) FROM mes_events WHERE token = ?1 AND seq < ?2 \
+             ORDER BY seq LIMIT 256",
+        )
+        .bind(token)
+        .bind(last_seq)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db_error)?;
+        let mut cut = None;
+        let mut excess = bytes - max;
+        for row in &sizes {
+            if excess <= 0 {
+                break;
+            }
+            let seq: i64 = row.try_get(0).map_err(db_error)?;
+            let len: i64 = row.try_get(1).map_err(db_error)?;
+            excess -= len;
+            cut = Some(seq);
+        }
+        let Some(cut) = cut else {
+            // Only the newest event is left; it stays.
+            return Ok((removed, Some(bytes)));
+        };
+        removed += delete_through(conn, token, cut).await?;
     }
-    Ok(removed)
 }
 
-/// Deletes a stream's events up to and including `seq`, keeping its byte
-/// counter right. Returns (events, bytes) removed.
-async fn delete_through(conn: &mut SqliteConnection, token: &[u8], seq: i64) -> Result<(u64, i64)> {
-    let freed: Vec<i64> = sqlx::query_scalar(
-        "DELETE FROM mes_events WHERE token = ?1 AND seq <= ?2 RETURNING length(payload)",
-    )
-    .bind(token)
-    .bind(seq)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db_error)?;
-    let bytes: i64 = freed.iter().sum();
-    if bytes > 0 {
-        sqlx::query("UPDATE mes_streams SET bytes = bytes - ?2 WHERE token = ?1")
+/// Deletes a stream's events up to and including `seq` (the delete trigger
+/// keeps its byte count right). Returns how many went.
+async fn delete_through(conn: &mut SqliteConnection, token: &[u8], seq: i64) -> Result<u64> {
+    Ok(
+        sqlx::query("DELETE FROM mes_events WHERE token = ?1 AND seq <= ?2")
             .bind(token)
-            .bind(bytes)
+            .bind(seq)
             .execute(&mut *conn)
             .await
-            .map_err(db_error)?;
-    }
-    Ok((freed.len() as u64, bytes))
+            .map_err(db_error)?
+            .rows_affected(),
+    )
 }
