@@ -18,6 +18,15 @@ use crate::id::EventId;
 use crate::options::PurgeReport;
 use crate::store::Replay;
 
+/// Client input as a span field: at most 80 bytes, cut on a char boundary.
+fn clip(input: &str) -> &str {
+    let mut end = input.len().min(80);
+    while !input.is_char_boundary(end) {
+        end -= 1;
+    }
+    &input[..end]
+}
+
 fn elapsed_us(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
@@ -55,7 +64,7 @@ where
     let span = tracing::debug_span!(
         "mcp_event_store.replay",
         backend,
-        event_id = event_id.get(..80).unwrap_or("<long or non-ascii>"),
+        event_id = clip(event_id),
         stream_id = tracing::field::Empty,
     );
     let start = Instant::now();
