@@ -1,0 +1,175 @@
+//! The conformance suite must fail stores that break the contract. Each test
+//! here runs a case against a deliberately flawed wrapper of `MemoryStore`
+//! and expects the case to panic.
+
+#![cfg(feature = "conformance")]
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::{FutureExt, StreamExt};
+use mcp_event_store_core::conformance::{self, Harness};
+use mcp_event_store_core::{
+    EventId, EventStore, MemoryStore, NewEvent, PurgeReport, Replay, Result, SessionStore,
+    StoreOptions,
+};
+
+#[derive(Clone, Copy, Debug)]
+enum Flaw {
+    /// Replay silently drops the first event after the cursor.
+    DropsFirstEvent,
+    /// Lookup claims every well-formed id belongs to some stream.
+    LookupAlwaysFinds,
+    /// `purge_expired` does nothing.
+    NeverPurges,
+    /// Sessions never expire.
+    SessionsNeverExpire,
+}
+
+struct Flawed {
+    inner: MemoryStore,
+    flaw: Flaw,
+}
+
+#[async_trait]
+impl EventStore for Flawed {
+    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        self.inner.store_event(stream_id, event).await
+    }
+
+    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
+        let replay = self.inner.replay_events_after(last_event_id).await?;
+        match self.flaw {
+            Flaw::DropsFirstEvent => Ok(Replay {
+                stream_id: replay.stream_id,
+                events: replay.events.skip(1).boxed(),
+            }),
+            _ => Ok(replay),
+        }
+    }
+
+    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
+        match self.flaw {
+            Flaw::LookupAlwaysFinds if EventId::parse(event_id).is_some() => {
+                Ok(Some("somewhere".into()))
+            }
+            _ => self.inner.get_stream_id_for_event_id(event_id).await,
+        }
+    }
+
+    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
+        self.inner.delete_stream(stream_id).await
+    }
+
+    async fn purge_expired(&self) -> Result<PurgeReport> {
+        match self.flaw {
+            Flaw::NeverPurges => Ok(PurgeReport::default()),
+            _ => self.inner.purge_expired().await,
+        }
+    }
+}
+
+#[async_trait]
+impl SessionStore for Flawed {
+    async fn put_session(&self, id: &str, state: &[u8], ttl: std::time::Duration) -> Result<()> {
+        let ttl = match self.flaw {
+            Flaw::SessionsNeverExpire => std::time::Duration::from_secs(1 << 40),
+            _ => ttl,
+        };
+        self.inner.put_session(id, state, ttl).await
+    }
+
+    async fn get_session(&self, id: &str) -> Result<Option<Bytes>> {
+        self.inner.get_session(id).await
+    }
+
+    async fn delete_session(&self, id: &str) -> Result<bool> {
+        self.inner.delete_session(id).await
+    }
+}
+
+struct FlawedHarness {
+    flaw: Flaw,
+    shared: Mutex<Option<MemoryStore>>,
+}
+
+#[async_trait]
+impl Harness for FlawedHarness {
+    type Store = Flawed;
+
+    async fn open(&self, options: StoreOptions) -> Flawed {
+        let mut shared = self.shared.lock().unwrap();
+        let inner = match &*shared {
+            Some(store) => store.share_with_options(options).unwrap(),
+            None => shared.insert(MemoryStore::with_options(options)).clone(),
+        };
+        Flawed {
+            inner,
+            flaw: self.flaw,
+        }
+    }
+}
+
+async fn assert_case_fails<F, Fut>(flaw: Flaw, case: F)
+where
+    F: FnOnce(FlawedHarness) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let harness = FlawedHarness {
+        flaw,
+        shared: Mutex::new(None),
+    };
+    let outcome = AssertUnwindSafe(case(harness)).catch_unwind().await;
+    assert!(outcome.is_err(), "the suite let {flaw:?} through");
+}
+
+#[tokio::test]
+async fn a_replay_that_drops_an_event_fails() {
+    assert_case_fails(Flaw::DropsFirstEvent, |h| async move {
+        conformance::round_trip(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::DropsFirstEvent, |h| async move {
+        conformance::concurrent_appends_to_one_stream_never_open_a_gap(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lookup_that_invents_streams_fails() {
+    assert_case_fails(Flaw::LookupAlwaysFinds, |h| async move {
+        conformance::unknown_well_formed_id_is_refused(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_that_never_purges_fails() {
+    assert_case_fails(Flaw::NeverPurges, |h| async move {
+        conformance::retention_by_age(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sessions_that_never_expire_fail() {
+    assert_case_fails(Flaw::SessionsNeverExpire, |h| async move {
+        conformance::session_expires(&h).await
+    })
+    .await;
+}
+
+/// The same cases pass on the unflawed store, so the failures above are the
+/// flaws' doing.
+#[tokio::test]
+async fn the_cases_pass_on_a_sound_store() {
+    let h = conformance::MemoryHarness::new().await;
+    conformance::round_trip(&h).await;
+    conformance::unknown_well_formed_id_is_refused(&h).await;
+    let h = conformance::MemoryHarness::new().await;
+    conformance::retention_by_age(&h).await;
+    let h = conformance::MemoryHarness::new().await;
+    conformance::session_expires(&h).await;
+}
