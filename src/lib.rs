@@ -28,7 +28,8 @@
 //! | feature | backend | URL |
 //! |---|---|---|
 //! | (always) | [`MemoryStore`] | `memory://` |
-//! | `sqlite` (default) | [`sqlite::SqliteStore`] | `sqlite://events.db`, `sqlite:///abs/path.db` |
+//! | `sqlite` (default) | `sqlite::SqliteStore` | `sqlite://events.db`, `sqlite:///abs/path.db` |
+//! | `postgres` | `postgres::PostgresStore` | `postgres://user@host/db`, `?schema=name` |
 //! | `full` | every backend above | |
 //!
 //! Every backend implements [`EventStore`] and [`SessionStore`] and passes
@@ -46,6 +47,14 @@ pub mod sqlite {
     pub use mcp_event_store_sqlite::{Durability, FORMAT_VERSION, SqliteOptions, SqliteStore};
 }
 
+/// The PostgreSQL backend (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    pub use mcp_event_store_postgres::{
+        DEFAULT_SCHEMA, FORMAT_VERSION, PostgresOptions, PostgresStore, validate_schema_name,
+    };
+}
+
 /// A store of any backend, as [`connect`] returns it.
 pub type DynStore = Arc<dyn Store>;
 
@@ -55,6 +64,9 @@ pub type DynStore = Arc<dyn Store>;
 /// * `memory://`: a fresh [`MemoryStore`] (nothing survives the process).
 /// * `sqlite://path` or `sqlite:///absolute/path` (feature `sqlite`), with
 ///   an optional `?durability=process|power_loss`.
+/// * `postgres://user@host/db` (feature `postgres`): the tables live in the
+///   `mcp_event_store` schema (or `?schema=name`), created and migrated on
+///   connect; other query parameters go to the driver.
 ///
 /// A URL whose backend is not compiled in is [`Error::BackendNotEnabled`],
 /// naming the cargo feature to enable.
@@ -84,7 +96,7 @@ pub async fn connect_with(url: &str, options: StoreOptions) -> Result<DynStore> 
     match scheme.as_str() {
         "memory" => Ok(Arc::new(MemoryStore::try_with_options(options)?)),
         "sqlite" => open_sqlite(url, options).await,
-        "postgres" | "postgresql" => Err(not_enabled(scheme, "postgres")),
+        "postgres" | "postgresql" => open_postgres(url, scheme, options).await,
         "redis" | "rediss" | "redis+cluster" => Err(not_enabled(scheme, "redis")),
         "sled" => Err(not_enabled(scheme, "sled")),
         _ => Err(Error::Config(format!(
@@ -101,6 +113,49 @@ fn not_enabled(scheme: String, feature: &'static str) -> Error {
 async fn open_sqlite(url: &str, options: StoreOptions) -> Result<DynStore> {
     let sqlite = sqlite::SqliteOptions::from_url(url)?.store_options(options);
     Ok(Arc::new(sqlite::SqliteStore::open_with(sqlite).await?))
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str, _scheme: String, options: StoreOptions) -> Result<DynStore> {
+    let (url, schema) = take_query_param(url, "schema");
+    let mut postgres = postgres::PostgresOptions::default().store(options);
+    if let Some(schema) = schema {
+        postgres = postgres.schema(schema);
+    }
+    Ok(Arc::new(
+        postgres::PostgresStore::connect_with(&url, postgres).await?,
+    ))
+}
+
+/// Removes `name=value` from a URL's query string, returning the URL
+/// without it and the value: options of ours that the driver must not see.
+#[cfg(feature = "postgres")]
+fn take_query_param(url: &str, name: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut value = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.split_once('=') {
+            Some((key, v)) if key == name => {
+                value = Some(v.to_owned());
+                false
+            }
+            _ => !pair.is_empty(),
+        })
+        .collect();
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, value)
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_url: &str, scheme: String, _options: StoreOptions) -> Result<DynStore> {
+    Err(not_enabled(scheme, "postgres"))
 }
 
 #[cfg(not(feature = "sqlite"))]

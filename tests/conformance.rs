@@ -12,3 +12,12 @@ mod sqlite {
 
     mcp_event_store_core::conformance_tests!(SqliteHarness::new(), persistent);
 }
+
+/// Against a real PostgreSQL (found as `mcp_event_store_postgres::testing`
+/// says), one schema per case, dropped afterwards.
+#[cfg(feature = "postgres")]
+mod postgres {
+    use mcp_event_store_postgres::testing::PostgresHarness;
+
+    mcp_event_store_core::conformance_tests!(PostgresHarness::new(), persistent);
+}

@@ -50,26 +50,59 @@ async fn bad_urls_are_clear_errors() {
     }
 }
 
-/// Each backend URL either opens (feature on) or says which feature to
-/// enable; it never falls through to "unknown scheme".
+/// A backend URL whose feature is off says which feature to enable; it
+/// never falls through to "unknown scheme".
 #[tokio::test]
 async fn a_backend_not_compiled_in_names_its_feature() {
-    let mut refused = 0;
-    for (url, feature) in [
-        ("postgres://127.0.0.1:1/db", "postgres"),
-        ("redis://127.0.0.1:1", "redis"),
-        ("sled:///nonexistent/dir", "sled"),
-    ] {
-        if let Err(Error::BackendNotEnabled { feature: named, .. }) = connect(url).await {
-            assert_eq!(named, feature, "{url}");
-            let message = connect(url).await.err().unwrap().to_string();
+    let backends = [
+        (
+            "postgres://127.0.0.1:1/db",
+            "postgres",
+            cfg!(feature = "postgres"),
+        ),
+        ("redis://127.0.0.1:1", "redis", false),
+        ("sled:///nonexistent/dir", "sled", false),
+    ];
+    for (url, feature, compiled_in) in backends {
+        let result = connect(url).await;
+        if compiled_in {
             assert!(
-                message.contains(&format!("enable the `{feature}` cargo feature")),
-                "{message}"
+                !matches!(result, Err(Error::BackendNotEnabled { .. })),
+                "{url}: the {feature} backend is compiled in"
             );
-            refused += 1;
+            continue;
         }
+        let Err(err) = result else {
+            panic!("{url}: the {feature} backend is not compiled in");
+        };
+        assert!(
+            matches!(&err, Error::BackendNotEnabled { feature: named, .. } if *named == feature),
+            "{url}: {err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("enable the `{feature}` cargo feature")),
+            "{message}"
+        );
     }
-    // This build compiles none of these backends in.
-    assert_eq!(refused, 3);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_url_opens_a_shared_store() {
+    use mcp_event_store_postgres::testing::{drop_schema, random_schema, server_url};
+
+    let server = server_url().await;
+    let schema = random_schema();
+    let separator = if server.contains('?') { '&' } else { '?' };
+    let url = format!("{server}{separator}schema={schema}");
+    let one = connect(&url).await.unwrap();
+    let two = connect(&url).await.unwrap();
+    let first = one.store_event("s", NewEvent::new(b"a")).await.unwrap();
+    two.store_event("s", NewEvent::new(b"b")).await.unwrap();
+    let replay = one.replay_events_after(&first.to_string()).await.unwrap();
+    let events: Vec<_> = replay.events.try_collect().await.unwrap();
+    drop((one, two));
+    drop_schema(&server, &schema).await.unwrap();
+    assert_eq!(&events[0].data[..], b"b");
 }

@@ -1,0 +1,192 @@
+//! How to open a [`PostgresStore`](crate::PostgresStore).
+
+use std::time::Duration;
+
+use mcp_event_store_core::{Error, Result, StoreOptions};
+
+/// The schema the store uses unless told otherwise.
+pub const DEFAULT_SCHEMA: &str = "mcp_event_store";
+
+/// The `application_name` the store's connections report unless the URL or
+/// [`PostgresOptions::application_name`] names another; it is how an operator
+/// finds them in `pg_stat_activity`.
+pub const DEFAULT_APPLICATION_NAME: &str = "mcp-event-store";
+
+/// Most events one replay query reads. Larger `LIMIT`s make PostgreSQL 15
+/// give up the primary-key range scan for a parallel sequential scan plus a
+/// sort (measured: 2.2 times slower at 10,000), so
+/// [`StoreOptions::page_size`] is capped here.
+pub const MAX_PAGE_SIZE: usize = 1_000;
+
+/// Options for [`PostgresStore::connect_with`](crate::PostgresStore::connect_with).
+///
+/// ```
+/// use mcp_event_store_postgres::PostgresOptions;
+///
+/// let options = PostgresOptions::default()
+///     .schema("tenant_a_events")
+///     .max_connections(16);
+/// assert_eq!(options.schema, "tenant_a_events");
+/// assert!(options.run_migrations);
+/// ```
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    /// The options every backend shares: retention, payload limit, page
+    /// size (capped at [`MAX_PAGE_SIZE`]), clock.
+    pub store: StoreOptions,
+    /// The schema holding the store's tables, created if missing. Must match
+    /// `^[a-z_][a-z0-9_]{0,62}$`; it is quoted wherever it appears in SQL.
+    /// Several independent stores can share a database under different
+    /// schemas. Default [`DEFAULT_SCHEMA`].
+    pub schema: String,
+    /// Create the schema and apply the embedded migrations when opening
+    /// (default `true`). Turn it off when a privileged deploy step migrates
+    /// and the application's role may not run DDL; the store then only checks
+    /// that the schema is at the format this release expects.
+    pub run_migrations: bool,
+    /// Most connections the store's pool opens (default 10).
+    pub max_connections: u32,
+    /// How long a call waits for a free pooled connection before failing
+    /// (default 10 s).
+    pub acquire_timeout: Duration,
+    /// The `application_name` of the store's connections; `None` keeps the
+    /// URL's, or [`DEFAULT_APPLICATION_NAME`].
+    pub application_name: Option<String>,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            store: StoreOptions::default(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            run_migrations: true,
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+            application_name: None,
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// Sets the shared store options.
+    pub fn store(mut self, store: StoreOptions) -> Self {
+        self.store = store;
+        self
+    }
+
+    /// Sets the schema name.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Chooses whether opening runs the embedded migrations.
+    pub fn run_migrations(mut self, run: bool) -> Self {
+        self.run_migrations = run;
+        self
+    }
+
+    /// Sets the pool size.
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// Sets how long a call waits for a pooled connection.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Sets the connections' `application_name`.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = Some(name.into());
+        self
+    }
+
+    /// Checks the options before anything touches the server.
+    pub fn validate(&self) -> Result<()> {
+        self.store.validate()?;
+        validate_schema_name(&self.schema)?;
+        if self.max_connections == 0 {
+            return Err(Error::Config("max_connections must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `schema` is a plain lowercase identifier,
+/// `^[a-z_][a-z0-9_]{0,62}$`, so it can be quoted into SQL with no escaping
+/// and names the same schema quoted or not.
+///
+/// ```
+/// use mcp_event_store_postgres::validate_schema_name;
+///
+/// assert!(validate_schema_name("mcp_event_store").is_ok());
+/// assert!(validate_schema_name("events\"; DROP SCHEMA public; --").is_err());
+/// assert!(validate_schema_name("Events").is_err());
+/// ```
+pub fn validate_schema_name(schema: &str) -> Result<()> {
+    let mut bytes = schema.bytes();
+    let valid = match bytes.next() {
+        Some(first) => {
+            (first == b'_' || first.is_ascii_lowercase())
+                && schema.len() <= 63
+                && bytes.all(|b| b == b'_' || b.is_ascii_lowercase() || b.is_ascii_digit())
+        }
+        None => false,
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "schema name {:?} is not a plain identifier matching ^[a-z_][a-z0-9_]{{0,62}}$",
+            schema.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+/// The schema as a quoted identifier, for splicing into SQL. Only called on
+/// names [`validate_schema_name`] accepted, which contain no quote.
+pub(crate) fn quote_schema(schema: &str) -> String {
+    debug_assert!(validate_schema_name(schema).is_ok());
+    format!("\"{schema}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names() {
+        for good in ["a", "_", "mcp_event_store", "s0", &"x".repeat(63)] {
+            assert!(validate_schema_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "0abc",
+            "Abc",
+            "a-b",
+            "a b",
+            "a\"b",
+            "a;b",
+            "é",
+            "a\0",
+            &"x".repeat(64),
+        ] {
+            assert!(validate_schema_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn options_validate() {
+        assert!(PostgresOptions::default().validate().is_ok());
+        assert!(
+            PostgresOptions::default()
+                .max_connections(0)
+                .validate()
+                .is_err()
+        );
+        assert!(PostgresOptions::default().schema("").validate().is_err());
+    }
+}

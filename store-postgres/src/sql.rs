@@ -1,0 +1,221 @@
+//! Every statement the store runs, as templates whose `{s}` becomes the
+//! quoted schema once, when the store opens. Client input only ever travels
+//! as bound parameters.
+
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+/// Appends one event in one statement (see the crate docs, "Appends and
+/// C6"). The upsert takes the stream row's lock and yields the new sequence
+/// number; the event is inserted in the same statement, so both commit
+/// together. `first_seq` moves past events that the count and byte limits
+/// drop (retention applied logically at once; rows go in `purge_expired`).
+///
+/// $1 token, $2 stream id, $3 payload length, $4 now (ms), $5 retry (ms),
+/// $6 max events, $7 max bytes, $8 payload, $9 incarnation for a new row.
+/// No row back means the token belongs to another stream id.
+pub(crate) const APPEND: &str = r#"
+WITH s AS (
+    INSERT INTO {s}.streams AS st
+        (token, stream_id, incarnation, first_seq, last_seq, clean_seq, total_bytes, last_stored_at)
+    VALUES ($1, $2, $9, 1, 1, 1, $3, $4)
+    ON CONFLICT (token) DO UPDATE SET
+        last_seq = st.last_seq + 1,
+        total_bytes = st.total_bytes + $3,
+        last_stored_at = GREATEST(st.last_stored_at, $4),
+        first_seq = GREATEST(
+            st.first_seq,
+            st.last_seq + 2 - $6::int8,
+            CASE WHEN $7::int8 IS NULL THEN NULL ELSE LEAST(st.last_seq + 1, COALESCE(
+                (SELECT e.seq FROM {s}.events e
+                  WHERE e.token = st.token AND e.seq >= st.first_seq
+                    AND e.cum_bytes >= st.total_bytes + $3 - $7::int8
+                  ORDER BY e.seq LIMIT 1),
+                CASE WHEN EXISTS (SELECT 1 FROM {s}.events e
+                                   WHERE e.token = st.token AND e.seq = st.last_seq)
+                     THEN st.last_seq + 1 ELSE st.first_seq END)) END)
+    WHERE st.stream_id = EXCLUDED.stream_id
+    RETURNING st.last_seq, st.total_bytes
+), ins AS (
+    INSERT INTO {s}.events (token, seq, stored_at, cum_bytes, retry_ms, data)
+    SELECT $1, s.last_seq, $4, s.total_bytes - $3, $5, $8 FROM s
+)
+SELECT last_seq FROM s
+"#;
+
+/// One replay page and, in one snapshot, the stream's state: event rows
+/// (seq set) and one header row (seq null) with first/last seq and, when $4,
+/// the stream id. No header row: the stream does not exist.
+///
+/// $1 token, $2 after seq, $3 limit, $4 want stream id.
+pub(crate) const PAGE: &str = r#"
+(SELECT e.seq, e.retry_ms, e.data,
+        NULL::int8 AS first_seq, NULL::int8 AS last_seq, NULL::bytea AS stream_id
+   FROM {s}.events e
+  WHERE e.token = $1 AND e.seq > $2
+    AND e.seq >= (SELECT st.first_seq FROM {s}.streams st WHERE st.token = $1)
+  ORDER BY e.seq
+  LIMIT $3)
+UNION ALL
+SELECT NULL, NULL, NULL, st.first_seq, st.last_seq, CASE WHEN $4 THEN st.stream_id END
+  FROM {s}.streams st
+ WHERE st.token = $1
+"#;
+
+/// The stream id of a retained event. $1 token, $2 seq.
+const LOOKUP: &str = r#"
+SELECT stream_id FROM {s}.streams
+ WHERE token = $1 AND first_seq <= $2 AND last_seq >= $2
+"#;
+
+/// Empties a stream logically (its rows go in bounded batches afterwards)
+/// and returns its state from before. $1 token, $2 stream id.
+const DELETE_MARK: &str = r#"
+UPDATE {s}.streams st SET first_seq = st.last_seq + 1
+  FROM (SELECT token, first_seq FROM {s}.streams
+         WHERE token = $1 AND stream_id = $2 FOR UPDATE) old
+ WHERE st.token = old.token
+RETURNING old.first_seq, st.last_seq, st.clean_seq, st.incarnation
+"#;
+
+/// One bounded batch of retention work over several streams: raises each
+/// stream's `first_seq` (logical removal) and deletes the rows in
+/// `[lo, hi)` with `hi <= new_first` (physical removal), atomically, and
+/// only on the incarnation that was planned. Returns the rows deleted.
+///
+/// $1 tokens, $2 incarnations, $3 new first seqs, $4 lo, $5 hi.
+const TRIM: &str = r#"
+WITH u AS (
+    SELECT * FROM unnest($1::bytea[], $2::int8[], $3::int8[], $4::int8[], $5::int8[])
+        AS u(token, incarnation, new_first, lo, hi)
+), logical AS (
+    UPDATE {s}.streams st
+       SET first_seq = GREATEST(st.first_seq, u.new_first),
+           clean_seq = GREATEST(st.clean_seq, u.hi)
+      FROM u
+     WHERE st.token = u.token AND st.incarnation = u.incarnation
+    RETURNING st.token
+), physical AS (
+    DELETE FROM {s}.events e
+     USING u, logical
+     WHERE logical.token = u.token AND e.token = u.token
+       AND e.seq >= u.lo AND e.seq < u.hi
+    RETURNING 1
+)
+SELECT count(*) FROM physical
+"#;
+
+/// Removes stream rows that are empty and whose event rows are all gone.
+/// $1 tokens.
+const REMOVE_EMPTY: &str = r#"
+DELETE FROM {s}.streams
+ WHERE token = ANY($1) AND first_seq > last_seq AND clean_seq > last_seq
+"#;
+
+/// Plans retention for a batch of streams in token order: for each, the
+/// first event to keep by age (`last_seq + 1` when all expired) and by
+/// bytes (never past the newest). Each is one index probe plus the events
+/// it passes over.
+///
+/// $1 after token, $2 age cut-off (ms) or null, $3 max bytes or null,
+/// $4 batch size.
+const PLAN: &str = r#"
+SELECT st.token, st.incarnation, st.first_seq, st.last_seq, st.clean_seq,
+    CASE WHEN $2::int8 IS NULL THEN NULL
+         WHEN st.last_stored_at < $2::int8 THEN st.last_seq + 1
+         ELSE COALESCE((SELECT e.seq FROM {s}.events e
+                         WHERE e.token = st.token AND e.seq >= st.first_seq
+                           AND e.stored_at >= $2::int8
+                         ORDER BY e.seq LIMIT 1), st.last_seq + 1)
+    END AS age_keep,
+    CASE WHEN $3::int8 IS NULL OR st.first_seq > st.last_seq THEN NULL
+         ELSE LEAST(st.last_seq, COALESCE((SELECT e.seq FROM {s}.events e
+                         WHERE e.token = st.token AND e.seq >= st.first_seq
+                           AND e.cum_bytes >= st.total_bytes - $3::int8
+                         ORDER BY e.seq LIMIT 1), st.last_seq))
+    END AS bytes_keep
+  FROM {s}.streams st
+ WHERE st.token > $1
+ ORDER BY st.token
+ LIMIT $4
+"#;
+
+/// Deletes a bounded batch of expired sessions. $1 now (ms), $2 batch size.
+const PURGE_SESSIONS: &str = r#"
+DELETE FROM {s}.sessions
+ WHERE session_id IN (SELECT session_id FROM {s}.sessions WHERE expires_at <= $1 LIMIT $2)
+"#;
+
+/// $1 session id, $2 state, $3 expiry (ms).
+const PUT_SESSION: &str = r#"
+INSERT INTO {s}.sessions (session_id, state, expires_at) VALUES ($1, $2, $3)
+ON CONFLICT (session_id) DO UPDATE SET state = EXCLUDED.state, expires_at = EXCLUDED.expires_at
+"#;
+
+/// $1 session id, $2 now (ms).
+const GET_SESSION: &str = r#"
+SELECT state FROM {s}.sessions WHERE session_id = $1 AND expires_at > $2
+"#;
+
+/// $1 session id, $2 now (ms). Returns whether it was still live.
+const DELETE_SESSION: &str = r#"
+DELETE FROM {s}.sessions WHERE session_id = $1 RETURNING expires_at > $2
+"#;
+
+/// $1 the candidate key; the first instance to open the schema wins.
+pub(crate) const INSERT_KEY: &str = r#"
+INSERT INTO {s}.meta (key, value) VALUES ('stream_key', $1) ON CONFLICT (key) DO NOTHING
+"#;
+
+pub(crate) const SELECT_KEY: &str = r#"
+SELECT value FROM {s}.meta WHERE key = 'stream_key'
+"#;
+
+/// The applied migrations, to check the format (C12).
+pub(crate) const APPLIED_MIGRATIONS: &str = r#"
+SELECT version, description, success FROM {s}._sqlx_migrations ORDER BY version
+"#;
+
+/// The statements of one store, with its schema spliced in.
+#[derive(Clone, Debug)]
+pub(crate) struct Sql {
+    pub append: SqlStr,
+    pub page: SqlStr,
+    pub lookup: SqlStr,
+    pub delete_mark: SqlStr,
+    pub trim: SqlStr,
+    pub remove_empty: SqlStr,
+    pub plan: SqlStr,
+    pub purge_sessions: SqlStr,
+    pub put_session: SqlStr,
+    pub get_session: SqlStr,
+    pub delete_session: SqlStr,
+}
+
+impl Sql {
+    /// `quoted_schema` must come from [`crate::options::quote_schema`].
+    pub(crate) fn new(quoted_schema: &str) -> Self {
+        let make = |template: &str| render(template, quoted_schema);
+        Self {
+            append: make(APPEND),
+            page: make(PAGE),
+            lookup: make(LOOKUP),
+            delete_mark: make(DELETE_MARK),
+            trim: make(TRIM),
+            remove_empty: make(REMOVE_EMPTY),
+            plan: make(PLAN),
+            purge_sessions: make(PURGE_SESSIONS),
+            put_session: make(PUT_SESSION),
+            get_session: make(GET_SESSION),
+            delete_session: make(DELETE_SESSION),
+        }
+    }
+}
+
+/// Splices a validated, quoted schema name into a template. Safe: the name
+/// matched `^[a-z_][a-z0-9_]*$` and the templates are constants.
+pub(crate) fn render(template: &str, quoted_schema: &str) -> SqlStr {
+    let sql: Arc<str> = template.replace("{s}", quoted_schema).into();
+    AssertSqlSafe(sql).into_sql_str()
+}

@@ -1,0 +1,842 @@
+//! Tests of what is particular to the PostgreSQL backend: format checks,
+//! schema names, token collisions, batched retention, sharing between pools
+//! and processes, and recovery from lost connections. Each test owns a
+//! random schema (see `mcp_event_store_postgres::testing`).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::{StreamExt, TryStreamExt};
+use mcp_event_store_core::conformance::{Harness, replay_all, test_clock, test_options};
+use mcp_event_store_core::{
+    Error, EventId, EventStore, NewEvent, Retention, SessionStore, StoreOptions,
+};
+use mcp_event_store_postgres::testing::{
+    PostgresHarness, URL_ENV, random_schema, terminate_connections,
+};
+use mcp_event_store_postgres::{FORMAT_VERSION, PostgresOptions, PostgresStore};
+use sqlx::{AssertSqlSafe, Connection, PgConnection};
+
+async fn admin(h: &PostgresHarness) -> PgConnection {
+    PgConnection::connect(h.url())
+        .await
+        .expect("admin connection")
+}
+
+async fn count_rows(h: &PostgresHarness, table: &str) -> i64 {
+    let mut conn = admin(h).await;
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM \"{}\".{table}",
+        h.schema()
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+}
+
+fn unbounded() -> StoreOptions {
+    StoreOptions::default().retention(Retention::unbounded())
+}
+
+/// C12: a schema that a newer release migrated further is refused with a
+/// clear `IncompatibleFormat`; so is a half-applied migration; opening
+/// without migrations needs a schema that is up to date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incompatible_format_is_refused() {
+    let h = PostgresHarness::new().await;
+
+    // Without migrations, a missing schema is refused before anything is created.
+    let err = PostgresStore::connect_with(h.url(), h.options(unbounded()).run_migrations(false))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+
+    let store = h.open(unbounded()).await;
+    let id = store.store_event("s", NewEvent::new(b"x")).await.unwrap();
+    h.close(store).await;
+
+    // Up to date: opening without migrations works and sees the data.
+    let store = h
+        .open_with(h.options(unbounded()).run_migrations(false))
+        .await;
+    assert_eq!(
+        store
+            .get_stream_id_for_event_id(&id.to_string())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("s")
+    );
+    h.close(store).await;
+
+    // A newer release applied migration FORMAT_VERSION + 1.
+    let mut conn = admin(&h).await;
+    let newer = FORMAT_VERSION + 1;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{}\"._sqlx_migrations \
+         (version, description, success, checksum, execution_time) \
+         VALUES ($1, 'from the future', true, '\\x00', 0)",
+        h.schema()
+    )))
+    .bind(newer)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    for run_migrations in [true, false] {
+        let err = PostgresStore::connect_with(
+            h.url(),
+            h.options(unbounded()).run_migrations(run_migrations),
+        )
+        .await
+        .unwrap_err();
+        match &err {
+            Error::IncompatibleFormat(message) => {
+                assert!(message.contains("newer release"), "{message}");
+                assert!(message.contains(h.schema()), "{message}");
+            }
+            other => panic!("expected IncompatibleFormat, got {other}"),
+        }
+    }
+
+    // A migration that failed part way.
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM \"{}\"._sqlx_migrations WHERE version = $1",
+        h.schema()
+    )))
+    .bind(newer)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}\"._sqlx_migrations SET success = false WHERE version = 1",
+        h.schema()
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let err = PostgresStore::connect_with(h.url(), h.options(unbounded()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::IncompatibleFormat(_)), "{err}");
+    conn.close().await.unwrap();
+    h.teardown().await;
+}
+
+/// Schema names are identifiers, checked before any connection is made.
+#[tokio::test]
+async fn bad_schema_names_are_refused_before_connecting() {
+    for schema in ["", "Public", "a\"; DROP SCHEMA public CASCADE; --", "a-b"] {
+        // Port 1 on loopback: nothing listens, so reaching the server would
+        // fail differently.
+        let err = PostgresStore::connect_with(
+            "postgres://postgres@127.0.0.1:1/postgres",
+            PostgresOptions::default().schema(schema),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{schema:?}: {err}");
+    }
+    let err = PostgresStore::connect_with(
+        "postgres://postgres@127.0.0.1:1/postgres",
+        PostgresOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    match err {
+        Error::Backend { backend, source } => {
+            assert_eq!(backend, "postgres");
+            assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source}");
+        }
+        other => panic!("expected a backend error, got {other}"),
+    }
+}
+
+/// Two stores on one schema derive the same tokens (the key is shared), and
+/// `from_pool` works on a plain pool with no `search_path`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_share_the_stream_key_and_from_pool_works() {
+    let h = PostgresHarness::new().await;
+    let (one, two) = tokio::join!(h.open(unbounded()), h.open(unbounded()));
+    let a = one.store_event("s", NewEvent::new(b"1")).await.unwrap();
+    let b = two.store_event("s", NewEvent::new(b"2")).await.unwrap();
+    assert_eq!(a.token, b.token);
+    let pool = sqlx::PgPool::connect(h.url()).await.unwrap();
+    let three = PostgresStore::from_pool(
+        pool,
+        PostgresOptions::default()
+            .schema(h.schema())
+            .store(unbounded()),
+    )
+    .await
+    .unwrap();
+    let c = three.store_event("s", NewEvent::new(b"3")).await.unwrap();
+    assert_eq!(c.token, a.token);
+    let (_, events) = replay_all(&three, &a.to_string()).await.unwrap();
+    assert_eq!(events.iter().map(|e| e.id).collect::<Vec<_>>(), [b, c]);
+    for store in [one, two, three] {
+        h.close(store).await;
+    }
+    h.teardown().await;
+}
+
+/// A stream id with a NUL byte is data (stored as BYTEA), distinct from its
+/// neighbours; so is a session id with one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_bytes_in_ids_are_data() {
+    let h = PostgresHarness::new().await;
+    let store = h.open(unbounded()).await;
+    let mut firsts = Vec::new();
+    for stream in ["a", "a\0", "a\0b", "\0"] {
+        firsts.push(
+            store
+                .store_event(stream, NewEvent::new(stream.as_bytes()))
+                .await
+                .unwrap(),
+        );
+        store
+            .store_event(stream, NewEvent::new(b"next"))
+            .await
+            .unwrap();
+    }
+    for (first, stream) in firsts.iter().zip(["a", "a\0", "a\0b", "\0"]) {
+        let (replayed, events) = replay_all(&store, &first.to_string()).await.unwrap();
+        assert_eq!(replayed, stream);
+        assert_eq!(events.len(), 1);
+    }
+    assert_eq!(store.delete_stream("a\0").await.unwrap(), 2);
+    assert_eq!(
+        store
+            .get_stream_id_for_event_id(&firsts[0].to_string())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("a")
+    );
+    let ttl = Duration::from_secs(60);
+    store.put_session("s\0x", b"nul", ttl).await.unwrap();
+    store.put_session("s", b"plain", ttl).await.unwrap();
+    assert_eq!(
+        store.get_session("s\0x").await.unwrap().as_deref(),
+        Some(&b"nul"[..])
+    );
+    assert_eq!(
+        store.get_session("s").await.unwrap().as_deref(),
+        Some(&b"plain"[..])
+    );
+    h.close(store).await;
+    h.teardown().await;
+}
+
+/// If a stream's row holds another stream id under the same token (a
+/// 120-bit collision, simulated here), appends are refused and neither
+/// stream changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_collision_is_an_error_not_a_mix() {
+    let h = PostgresHarness::new().await;
+    let store = h.open(unbounded()).await;
+    let first = store
+        .store_event("victim", NewEvent::new(b"v"))
+        .await
+        .unwrap();
+    let mut conn = admin(&h).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}\".streams SET stream_id = convert_to('impostor', 'UTF8')",
+        h.schema()
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let err = store
+        .store_event("victim", NewEvent::new(b"x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+    assert_eq!(count_rows(&h, "events").await, 1);
+    // delete_stream checks the stored id too: it removes nothing.
+    assert_eq!(store.delete_stream("victim").await.unwrap(), 0);
+    let (_, events) = replay_all(&store, &first.to_string()).await.unwrap();
+    assert!(events.is_empty());
+    conn.close().await.unwrap();
+    h.close(store).await;
+    h.teardown().await;
+}
+
+/// C8: count trimming happens at append (logically: trimmed ids are gone at
+/// once), rows go in `purge_expired` in batches; age and byte limits and
+/// `delete_stream` clear thousands of rows; nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_removes_rows_in_batches() {
+    let h = PostgresHarness::new().await;
+    let clock = test_clock();
+    let store = h
+        .open(test_options(&clock).retention(Retention::unbounded().max_events_per_stream(10)))
+        .await;
+    // Seed 2,500 events through a second, unbounded handle, then let the
+    // bounded one trim on its next append.
+    let seeder = h.open(test_options(&clock)).await;
+    let first = seeder
+        .store_event("big", NewEvent::new(b"0"))
+        .await
+        .unwrap();
+    seed_stream(&seeder, "big", 2_499).await;
+    let kept_before = store
+        .store_event("big", NewEvent::new(b"last"))
+        .await
+        .unwrap();
+    assert_eq!(kept_before.position.major, 2_501);
+    assert_eq!(
+        store
+            .get_stream_id_for_event_id(&first.to_string())
+            .await
+            .unwrap(),
+        None,
+        "trimmed at append, before any purge"
+    );
+    assert_eq!(count_rows(&h, "events").await, 2_501);
+    let report = store.purge_expired().await.unwrap();
+    assert_eq!(report.events, 2_491, "{report:?}");
+    assert_eq!(count_rows(&h, "events").await, 10);
+
+    // Age: everything expires, the stream row goes too.
+    let aging = h
+        .open(
+            test_options(&clock).retention(Retention::unbounded().max_age(Duration::from_secs(60))),
+        )
+        .await;
+    seed_stream(&seeder, "old", 2_345).await;
+    clock.advance(Duration::from_secs(61));
+    let fresh = seeder
+        .store_event("fresh", NewEvent::new(b"f"))
+        .await
+        .unwrap();
+    let report = aging.purge_expired().await.unwrap();
+    assert_eq!(report.events, 2_345 + 10, "{report:?}");
+    assert_eq!(report.streams, 2, "{report:?}");
+    assert_eq!(count_rows(&h, "events").await, 1);
+    assert_eq!(count_rows(&h, "streams").await, 1);
+    assert!(
+        aging
+            .get_stream_id_for_event_id(&fresh.to_string())
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // Bytes: 1,500 events of 100 bytes under a 10,000-byte limit keep 100.
+    let bytes = h
+        .open(test_options(&clock).retention(Retention::unbounded().max_bytes_per_stream(10_000)))
+        .await;
+    for _ in 0..3 {
+        let payload = [7u8; 100];
+        let ids = futures_util::future::try_join_all(
+            (0..500).map(|_| seeder.store_event("wide", NewEvent::new(&payload))),
+        )
+        .await
+        .unwrap();
+        assert_eq!(ids.len(), 500);
+    }
+    bytes
+        .store_event("wide", NewEvent::new(&[7u8; 100]))
+        .await
+        .unwrap();
+    let report = bytes.purge_expired().await.unwrap();
+    assert_eq!(report.events, 1_401, "{report:?}");
+    assert_eq!(count_rows(&h, "events").await, 1 + 100);
+
+    // delete_stream of a long stream removes every row and the stream row.
+    seed_stream(&seeder, "doomed", 3_210).await;
+    assert_eq!(seeder.delete_stream("doomed").await.unwrap(), 3_210);
+    assert_eq!(count_rows(&h, "events").await, 1 + 100);
+    assert_eq!(count_rows(&h, "streams").await, 2);
+    for s in [store, seeder, aging, bytes] {
+        h.close(s).await;
+    }
+    h.teardown().await;
+}
+
+async fn seed_stream(store: &PostgresStore, stream: &str, n: usize) {
+    let stored = AtomicUsize::new(0);
+    futures_util::stream::iter(0..n)
+        .map(Ok::<_, Error>)
+        .try_for_each_concurrent(8, |i| {
+            let stored = &stored;
+            async move {
+                store
+                    .store_event(stream, NewEvent::new(&(i as u32).to_be_bytes()))
+                    .await?;
+                stored.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(stored.load(Ordering::Relaxed), n);
+}
+
+/// C3: page sizes above the cap still replay everything, in pages the
+/// planner serves from the primary key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_page_size_is_capped_and_replays_everything() {
+    let h = PostgresHarness::new().await;
+    let store = h.open(unbounded().page_size(10_000)).await;
+    let first = store
+        .store_event("s", NewEvent::new(b"start"))
+        .await
+        .unwrap();
+    seed_stream(&store, "s", 2_345).await;
+    let (_, events) = replay_all(&store, &first.to_string()).await.unwrap();
+    assert_eq!(events.len(), 2_345);
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.id.position.major, i as u64 + 2);
+    }
+    h.close(store).await;
+    h.teardown().await;
+}
+
+/// Follows `stream` from `start`, checking every replay only moves forward,
+/// until `done` is set; returns the ids seen.
+async fn follow(store: Arc<PostgresStore>, start: EventId, done: Arc<AtomicBool>) -> Vec<EventId> {
+    let mut cursor = start;
+    let mut seen = Vec::new();
+    loop {
+        let finished = done.load(Ordering::SeqCst);
+        let replay = store
+            .replay_events_after(&cursor.to_string())
+            .await
+            .unwrap();
+        let events: Vec<_> = replay.events.try_collect().await.unwrap();
+        for event in events {
+            assert_eq!(event.id.token, cursor.token);
+            assert_eq!(
+                event.id.position.major,
+                cursor.position.major + 1,
+                "replay skipped or repeated"
+            );
+            cursor = event.id;
+            seen.push(event.id);
+        }
+        if finished {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Checks that `acknowledged` ids are all distinct and that `seen` is
+/// exactly them in order (nothing lost, duplicated or out of order).
+fn check_all_seen(mut acknowledged: Vec<EventId>, seen: &[EventId]) {
+    let unique: HashSet<_> = acknowledged.iter().collect();
+    assert_eq!(
+        unique.len(),
+        acknowledged.len(),
+        "duplicate ids acknowledged"
+    );
+    acknowledged.sort_by_key(|id| id.position);
+    assert_eq!(seen.len(), acknowledged.len(), "the reader missed events");
+    assert_eq!(seen, &acknowledged[..]);
+}
+
+/// C6, C11: two pools append to one shared stream and to their own streams
+/// at once while a third follows the shared stream by cursor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_append_while_a_third_replays() {
+    const PER_TASK: usize = 60;
+    let h = PostgresHarness::new().await;
+    let one = Arc::new(h.open(unbounded()).await);
+    let two = Arc::new(h.open(unbounded()).await);
+    let reader = Arc::new(h.open(unbounded()).await);
+    let start = one
+        .store_event("shared", NewEvent::new(b"start"))
+        .await
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let follower = tokio::spawn(follow(reader.clone(), start, done.clone()));
+
+    let mut tasks = Vec::new();
+    for (p, store) in [one.clone(), two.clone()].into_iter().enumerate() {
+        for t in 0..4 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let own = format!("own-{p}-{t}");
+                let mut shared = Vec::new();
+                let mut mine = Vec::new();
+                for i in 0..PER_TASK {
+                    let data = format!("{p}-{t}-{i}");
+                    shared.push(
+                        store
+                            .store_event("shared", NewEvent::new(data.as_bytes()))
+                            .await
+                            .unwrap(),
+                    );
+                    mine.push(
+                        store
+                            .store_event(&own, NewEvent::new(data.as_bytes()))
+                            .await
+                            .unwrap(),
+                    );
+                }
+                (own, shared, mine)
+            }));
+        }
+    }
+    let mut acknowledged = Vec::new();
+    for task in tasks {
+        let (own, shared, mine) = task.await.unwrap();
+        acknowledged.extend(shared);
+        // Each own stream: exactly its events, 1..=PER_TASK.
+        let positions: Vec<u64> = mine.iter().map(|id| id.position.major).collect();
+        assert_eq!(
+            positions,
+            (1..=PER_TASK as u64).collect::<Vec<_>>(),
+            "{own}"
+        );
+        let (stream, events) = replay_all(&*reader, &mine[0].to_string()).await.unwrap();
+        assert_eq!(stream, own);
+        assert_eq!(events.len(), PER_TASK - 1);
+    }
+    done.store(true, Ordering::SeqCst);
+    let seen = follower.await.unwrap();
+    check_all_seen(acknowledged, &seen);
+    for store in [one, two, reader] {
+        h.close(Arc::into_inner(store).unwrap()).await;
+    }
+    h.teardown().await;
+}
+
+const CHILD_ENV: &str = "MCP_EVENT_STORE_POSTGRES_TEST_CHILD";
+const CHILD_EVENTS: usize = 150;
+
+/// A child process, killed by pid when the guard drops (a failing parent
+/// never leaves writers behind).
+struct ChildGuard {
+    child: Child,
+    out: PathBuf,
+}
+
+impl ChildGuard {
+    fn spawn(test: &str, url: &str, schema: &str, name: &str) -> Self {
+        let out = std::env::temp_dir().join(format!("{}-{name}.ids", random_schema()));
+        // The child's libtest report goes to a log, shown only if it fails,
+        // so it never mixes with this process's report.
+        let log = std::fs::File::create(out.with_extension("log")).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, format!("{schema}|{name}|{}", out.display()))
+            .env(URL_ENV, url)
+            .stdout(log)
+            .spawn()
+            .expect("re-executing the test binary");
+        Self { child, out }
+    }
+
+    /// Waits for the child to succeed and returns the ids it acknowledged.
+    fn finish(mut self) -> Vec<EventId> {
+        let status = self.child.wait().unwrap();
+        if !status.success() {
+            let log = std::fs::read_to_string(self.out.with_extension("log")).unwrap_or_default();
+            panic!("child process failed: {status}\n{log}");
+        }
+        let ids = std::fs::read_to_string(&self.out).unwrap();
+        ids.lines().map(|line| line.parse().unwrap()).collect()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // Kill (by pid) and reap; harmless if it already exited.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.out);
+        let _ = std::fs::remove_file(self.out.with_extension("log"));
+    }
+}
+
+/// The child's side: append to the shared stream and to its own, and write
+/// every acknowledged shared id to the file named in the environment.
+async fn child_main(spec: &str) {
+    let mut parts = spec.splitn(3, '|');
+    let (schema, name, out) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    let url = std::env::var(URL_ENV).unwrap();
+    let store = PostgresStore::connect_with(
+        &url,
+        PostgresOptions::default()
+            .schema(schema)
+            .store(unbounded())
+            .max_connections(4),
+    )
+    .await
+    .unwrap();
+    let own = format!("own-{name}");
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let store = store.clone();
+            let own = own.clone();
+            tokio::spawn(async move {
+                let mut shared = Vec::new();
+                for i in 0..CHILD_EVENTS / 4 {
+                    let data = format!("{t}-{i}");
+                    shared.push(
+                        store
+                            .store_event("shared", NewEvent::new(data.as_bytes()))
+                            .await
+                            .unwrap(),
+                    );
+                    store
+                        .store_event(&own, NewEvent::new(data.as_bytes()))
+                        .await
+                        .unwrap();
+                }
+                shared
+            })
+        })
+        .collect();
+    let mut lines = String::new();
+    for task in tasks {
+        for id in task.await.unwrap() {
+            lines.push_str(&id.to_string());
+            lines.push('\n');
+        }
+    }
+    std::fs::write(out, lines).unwrap();
+    store.close().await;
+}
+
+/// C6, C11: two OS processes append to one stream (and to their own) while
+/// this one appends too and follows the shared stream by cursor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_append_while_a_third_replays() {
+    const TEST: &str = "two_processes_append_while_a_third_replays";
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        child_main(&spec).await;
+        return;
+    }
+    let h = PostgresHarness::new().await;
+    let store = Arc::new(h.open(unbounded()).await);
+    let start = store
+        .store_event("shared", NewEvent::new(b"start"))
+        .await
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let follower = tokio::spawn(follow(store.clone(), start, done.clone()));
+    let children = [
+        ChildGuard::spawn(TEST, h.url(), h.schema(), "a"),
+        ChildGuard::spawn(TEST, h.url(), h.schema(), "b"),
+    ];
+    let mut acknowledged = Vec::new();
+    for i in 0..100u32 {
+        acknowledged.push(
+            store
+                .store_event("shared", NewEvent::new(&i.to_be_bytes()))
+                .await
+                .unwrap(),
+        );
+    }
+    let [a, b] = children;
+    let (a, b) = tokio::task::spawn_blocking(move || (a.finish(), b.finish()))
+        .await
+        .unwrap();
+    assert_eq!(a.len(), CHILD_EVENTS / 4 * 4);
+    assert_eq!(b.len(), CHILD_EVENTS / 4 * 4);
+    acknowledged.extend(a);
+    acknowledged.extend(b);
+    done.store(true, Ordering::SeqCst);
+    let seen = follower.await.unwrap();
+    check_all_seen(acknowledged, &seen);
+    for name in ["a", "b"] {
+        let mut conn = admin(&h).await;
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT last_seq FROM \"{}\".streams WHERE stream_id = $1",
+            h.schema()
+        )))
+        .bind(format!("own-{name}").into_bytes())
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(n as usize, CHILD_EVENTS / 4 * 4, "own-{name}");
+    }
+    h.close(Arc::into_inner(store).unwrap()).await;
+    h.teardown().await;
+}
+
+/// Connection loss: the store's server connections are terminated in the
+/// middle of a run. Calls in flight fail with a postgres backend error, the
+/// store recovers by itself, and every acknowledged event is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_recovers_when_its_connections_are_terminated() {
+    let h = PostgresHarness::new().await;
+    let app = format!("mcp-test-{}", h.schema());
+    let store = Arc::new(
+        h.open_with(
+            h.options(unbounded())
+                .application_name(&app)
+                .max_connections(4),
+        )
+        .await,
+    );
+    let start = store
+        .store_event("s", NewEvent::new(b"start"))
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicUsize::new(0));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (store, stop, acked) = (store.clone(), stop.clone(), acked.clone());
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                let mut errors = 0usize;
+                let mut i = 0u32;
+                while !stop.load(Ordering::SeqCst) {
+                    i += 1;
+                    let data = format!("{w}-{i}");
+                    match store.store_event("s", NewEvent::new(data.as_bytes())).await {
+                        Ok(id) => {
+                            ids.push(id);
+                            acked.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(Error::Backend {
+                            backend: "postgres",
+                            ..
+                        }) => errors += 1,
+                        Err(other) => panic!("unexpected error: {other}"),
+                    }
+                }
+                (ids, errors)
+            })
+        })
+        .collect();
+    let replayer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut errors = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                match replay_all(&*store, &start.to_string()).await {
+                    Ok(_) => {}
+                    Err(Error::Backend {
+                        backend: "postgres",
+                        ..
+                    }) => errors += 1,
+                    Err(other) => panic!("unexpected replay error: {other}"),
+                }
+            }
+            errors
+        })
+    };
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while acked.load(Ordering::SeqCst) < 200 {
+        assert!(Instant::now() < deadline, "writers made no progress");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut ended = 0;
+    for _ in 0..3 {
+        ended += terminate_connections(h.url(), &app).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ended >= 1, "no connection to terminate");
+    let after_loss = acked.load(Ordering::SeqCst);
+    while acked.load(Ordering::SeqCst) < after_loss + 300 {
+        assert!(Instant::now() < deadline, "the store did not recover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut acknowledged = Vec::new();
+    let mut errors = replayer.await.unwrap();
+    for writer in writers {
+        let (ids, e) = writer.await.unwrap();
+        acknowledged.extend(ids);
+        errors += e;
+    }
+    assert!(
+        errors >= 1,
+        "terminating {ended} connections failed no call"
+    );
+
+    // Every acknowledged event is there; the stream is dense and in order
+    // (an append that failed may still have committed: that is allowed).
+    let (_, events) = replay_all(&*store, &start.to_string()).await.unwrap();
+    let replayed: HashSet<_> = events.iter().map(|e| e.id).collect();
+    for id in &acknowledged {
+        assert!(replayed.contains(id), "acknowledged {id} was lost");
+    }
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e.id.position.major, i as u64 + 2);
+    }
+    eprintln!(
+        "terminated {ended} connections; {errors} calls failed; {} acknowledged, {} stored",
+        acknowledged.len(),
+        events.len()
+    );
+    h.close(Arc::into_inner(store).unwrap()).await;
+    h.teardown().await;
+}
+
+/// C6 with C8: purges running beside appenders on a stream that the count
+/// limit trims never open a gap for a reader following it, and leave
+/// exactly the limit behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purges_beside_appends_never_open_a_gap() {
+    const LIMIT: u64 = 1_000;
+    let h = PostgresHarness::new().await;
+    let clock = test_clock();
+    let store = Arc::new(
+        h.open(test_options(&clock).retention(Retention::unbounded().max_events_per_stream(LIMIT)))
+            .await,
+    );
+    let start = store
+        .store_event("hot", NewEvent::new(b"start"))
+        .await
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let follower = tokio::spawn(follow(store.clone(), start, done.clone()));
+    let purger = {
+        let (store, done) = (store.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut removed = 0;
+            while !done.load(Ordering::SeqCst) {
+                removed += store.purge_expired().await.unwrap().events;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            removed
+        })
+    };
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                for i in 0..400u32 {
+                    let data = format!("{w}-{i}");
+                    ids.push(
+                        store
+                            .store_event("hot", NewEvent::new(data.as_bytes()))
+                            .await
+                            .unwrap(),
+                    );
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        acknowledged.extend(writer.await.unwrap());
+    }
+    done.store(true, Ordering::SeqCst);
+    let seen = follower.await.unwrap();
+    let removed_while_running = purger.await.unwrap();
+    check_all_seen(acknowledged, &seen);
+    let report = store.purge_expired().await.unwrap();
+    assert_eq!(removed_while_running + report.events, 1_601 - LIMIT);
+    assert_eq!(count_rows(&h, "events").await, LIMIT as i64);
+    h.close(Arc::into_inner(store).unwrap()).await;
+    h.teardown().await;
+}
