@@ -30,6 +30,7 @@
 //! | (always) | [`MemoryStore`] | `memory://` |
 //! | `sqlite` (default) | `sqlite::SqliteStore` | `sqlite://events.db`, `sqlite:///abs/path.db` |
 //! | `postgres` | `postgres::PostgresStore` | `postgres://user@host/db`, `?schema=name` |
+//! | `redis` | `redis::RedisStore` | `redis://host:6379`, `redis+cluster://h1:7000,h2:7001` |
 //! | `full` | every backend above | |
 //!
 //! Every backend implements [`EventStore`] and [`SessionStore`] and passes
@@ -55,6 +56,15 @@ pub mod postgres {
     };
 }
 
+/// The Redis Streams backend (feature `redis`).
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use mcp_event_store_redis::{
+        DEFAULT_KEY_PREFIX, FORMAT_VERSION, MIN_REDIS_VERSION, RedisOptions, RedisStore,
+        validate_prefix,
+    };
+}
+
 /// A store of any backend, as [`connect`] returns it.
 pub type DynStore = Arc<dyn Store>;
 
@@ -67,6 +77,9 @@ pub type DynStore = Arc<dyn Store>;
 /// * `postgres://user@host/db` (feature `postgres`): the tables live in the
 ///   `mcp_event_store` schema (or `?schema=name`), created and migrated on
 ///   connect; other query parameters go to the driver.
+/// * `redis://host:6379/0` (feature `redis`), a Redis Cluster as
+///   `redis+cluster://host:7000,host:7001` or `redis://host:7000?cluster=true`;
+///   keys live under the `mcp-event-store` prefix (or `?prefix=name`).
 ///
 /// A URL whose backend is not compiled in is [`Error::BackendNotEnabled`],
 /// naming the cargo feature to enable.
@@ -97,7 +110,8 @@ pub async fn connect_with(url: &str, options: StoreOptions) -> Result<DynStore> 
         "memory" => Ok(Arc::new(MemoryStore::try_with_options(options)?)),
         "sqlite" => open_sqlite(url, options).await,
         "postgres" | "postgresql" => open_postgres(url, scheme, options).await,
-        "redis" | "rediss" | "redis+cluster" => Err(not_enabled(scheme, "redis")),
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+unix" | "unix"
+        | "valkey" | "valkeys" => open_redis(url, scheme, options).await,
         "sled" => Err(not_enabled(scheme, "sled")),
         _ => Err(Error::Config(format!(
             "unknown store URL scheme {scheme:?} (known: memory, sqlite, postgres, redis, sled)"
@@ -129,7 +143,7 @@ async fn open_postgres(url: &str, _scheme: String, options: StoreOptions) -> Res
 
 /// Removes `name=value` from a URL's query string, returning the URL
 /// without it and the value: options of ours that the driver must not see.
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "redis"))]
 fn take_query_param(url: &str, name: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), None);
@@ -156,6 +170,23 @@ fn take_query_param(url: &str, name: &str) -> (String, Option<String>) {
 #[cfg(not(feature = "postgres"))]
 async fn open_postgres(_url: &str, scheme: String, _options: StoreOptions) -> Result<DynStore> {
     Err(not_enabled(scheme, "postgres"))
+}
+
+#[cfg(feature = "redis")]
+async fn open_redis(url: &str, _scheme: String, options: StoreOptions) -> Result<DynStore> {
+    let (url, prefix) = take_query_param(url, "prefix");
+    let mut redis = redis::RedisOptions::default().store(options);
+    if let Some(prefix) = prefix {
+        redis = redis.key_prefix(prefix);
+    }
+    Ok(Arc::new(
+        redis::RedisStore::connect_with(&url, redis).await?,
+    ))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn open_redis(_url: &str, scheme: String, _options: StoreOptions) -> Result<DynStore> {
+    Err(not_enabled(scheme, "redis"))
 }
 
 #[cfg(not(feature = "sqlite"))]

@@ -21,3 +21,13 @@ mod postgres {
 
     mcp_event_store_core::conformance_tests!(PostgresHarness::new(), persistent);
 }
+
+/// Against a real Redis (found as `mcp_event_store_redis::testing` says), one
+/// key prefix per case, removed afterwards. The Redis Cluster run lives in
+/// `store-redis/tests/cluster.rs`, which starts its own cluster.
+#[cfg(feature = "redis")]
+mod redis {
+    use mcp_event_store_redis::testing::RedisHarness;
+
+    mcp_event_store_core::conformance_tests!(RedisHarness::new(), persistent);
+}

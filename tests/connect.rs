@@ -60,7 +60,7 @@ async fn a_backend_not_compiled_in_names_its_feature() {
             "postgres",
             cfg!(feature = "postgres"),
         ),
-        ("redis://127.0.0.1:1", "redis", false),
+        ("redis://127.0.0.1:1", "redis", cfg!(feature = "redis")),
         ("sled:///nonexistent/dir", "sled", false),
     ];
     for (url, feature, compiled_in) in backends {
@@ -104,5 +104,30 @@ async fn postgres_url_opens_a_shared_store() {
     let events: Vec<_> = replay.events.try_collect().await.unwrap();
     drop((one, two));
     drop_schema(&server, &schema).await.unwrap();
+    assert_eq!(&events[0].data[..], b"b");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_url_opens_a_shared_store() {
+    use mcp_event_store_redis::testing::{random_prefix, server_url};
+    use mcp_event_store_redis::{RedisOptions, RedisStore};
+
+    let server = server_url().await;
+    let prefix = random_prefix();
+    let separator = if server.contains('?') { '&' } else { '?' };
+    let url = format!("{server}{separator}prefix={prefix}");
+    let one = connect(&url).await.unwrap();
+    let two = connect(&url).await.unwrap();
+    let first = one.store_event("s", NewEvent::new(b"a")).await.unwrap();
+    two.store_event("s", NewEvent::new(b"b")).await.unwrap();
+    let replay = one.replay_events_after(&first.to_string()).await.unwrap();
+    let events: Vec<_> = replay.events.try_collect().await.unwrap();
+    RedisStore::connect_with(&server, RedisOptions::default().key_prefix(prefix))
+        .await
+        .unwrap()
+        .destroy()
+        .await
+        .unwrap();
     assert_eq!(&events[0].data[..], b"b");
 }

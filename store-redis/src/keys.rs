@@ -1,0 +1,182 @@
+//! Key layout (contract C12) and the checks that keep client input out of
+//! hash tags.
+//!
+//! ```text
+//! <prefix>:format                 "1"   format marker (unversioned name, so a
+//!                                       newer layout can refuse this one)
+//! <prefix>:v1:stream-key          32 random bytes keying stream tokens
+//! <prefix>:v1:{<token>}:events    the Redis Stream of one event stream
+//! <prefix>:v1:{<token>}:meta      hash: sid, base, last, purged, bytes, head_t
+//! <prefix>:v1:{<sessiontoken>}:session   hash: id, d, exp
+//! ```
+//!
+//! `<token>` is the stream's 24-character token (`[0-9a-v]`), the same text as
+//! in its event ids, so an id finds its keys with no lookup. The prefix may
+//! not contain `{` or `}`, so the token is always the first hash tag: both
+//! keys of a stream share one cluster slot, and a stream id (which only ever
+//! enters a key through its keyed hash) can neither choose the slot nor
+//! collide with another stream.
+
+use mcp_event_store_core::{Error, Result, StreamKey, StreamToken};
+
+/// The prefix used when none is configured.
+pub const DEFAULT_KEY_PREFIX: &str = "mcp-event-store";
+/// Longest accepted key prefix, in bytes.
+const MAX_PREFIX_LEN: usize = 128;
+/// The layout version written into every data key's name.
+const LAYOUT: &str = "v1";
+/// Domain separation between stream tokens and session tokens.
+const SESSION_DOMAIN: &str = "mcp-event-store/session\0";
+
+/// Checks a key prefix: 1 to 128 bytes of `[A-Za-z0-9._:/-]`.
+///
+/// No `{`/`}` so the stream token is always the key's hash tag, and no glob
+/// characters so `SCAN MATCH <prefix>:...` matches only this store's keys.
+pub fn validate_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
+        return Err(Error::Config(format!(
+            "key_prefix must be 1 to {MAX_PREFIX_LEN} bytes, got {}",
+            prefix.len()
+        )));
+    }
+    if let Some(bad) = prefix
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '/' | '-')))
+    {
+        return Err(Error::Config(format!(
+            "key_prefix may only contain [A-Za-z0-9._:/-] (no hash tags or glob characters), found {bad:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Builds every key name of one store (one prefix).
+#[derive(Clone, Debug)]
+pub struct Keys {
+    prefix: String,
+}
+
+/// The two keys of one event stream; both hash to the token's slot.
+#[derive(Clone, Debug)]
+pub struct StreamKeys {
+    /// The Redis Stream holding the events.
+    pub events: String,
+    /// The hash holding the stream's metadata.
+    pub meta: String,
+    /// A deleted stream's newest id, kept for a while so a stream re-created
+    /// under the same id issues only later ids (a string, so `SCAN ... TYPE
+    /// hash` never visits it).
+    pub gone: String,
+}
+
+impl Keys {
+    /// Key names under a (validated) prefix.
+    pub fn new(prefix: &str) -> Result<Self> {
+        validate_prefix(prefix)?;
+        Ok(Self {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// The configured prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The format marker.
+    pub fn format(&self) -> String {
+        format!("{}:format", self.prefix)
+    }
+
+    /// Where the stream-token secret lives.
+    pub fn secret(&self) -> String {
+        format!("{}:{LAYOUT}:stream-key", self.prefix)
+    }
+
+    /// The keys of the stream whose token is `token`.
+    pub fn stream(&self, token: &StreamToken) -> StreamKeys {
+        let base = format!("{}:{LAYOUT}:{{{}}}:", self.prefix, token.to_text());
+        StreamKeys {
+            events: format!("{base}events"),
+            meta: format!("{base}meta"),
+            gone: format!("{base}gone"),
+        }
+    }
+
+    /// The stream keys belonging to a metadata key found by `SCAN`.
+    pub fn stream_of_meta(&self, meta: &str) -> Option<StreamKeys> {
+        let base = meta.strip_suffix("meta")?;
+        Some(StreamKeys {
+            events: format!("{base}events"),
+            meta: meta.to_owned(),
+            gone: format!("{base}gone"),
+        })
+    }
+
+    /// The key of a session. Keyed with the stream secret, so session keys
+    /// are no more guessable than stream keys and the id never picks a slot.
+    pub fn session(&self, key: &StreamKey, session_id: &str) -> String {
+        let mut input = String::with_capacity(SESSION_DOMAIN.len() + session_id.len());
+        input.push_str(SESSION_DOMAIN);
+        input.push_str(session_id);
+        format!(
+            "{}:{LAYOUT}:{{{}}}:session",
+            self.prefix,
+            key.token(&input).to_text()
+        )
+    }
+
+    /// `SCAN MATCH` pattern for this store's metadata and session hashes.
+    pub fn scan_pattern(&self) -> String {
+        format!("{}:{LAYOUT}:{{{}}}:*", self.prefix, "?".repeat(24))
+    }
+
+    /// `SCAN MATCH` pattern for every key of this prefix (test teardown).
+    pub fn all_pattern(&self) -> String {
+        format!("{}:*", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_with_hash_tags_or_globs_are_refused() {
+        for bad in [
+            "", "a{b", "a}b", "{x}", "a*", "a?", "a[b]", "a\\b", "a b", "é",
+        ] {
+            assert!(validate_prefix(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_prefix(&"x".repeat(129)).is_err());
+        for good in ["mcp-event-store", "app:prod/events", "A.b_c-1"] {
+            validate_prefix(good).unwrap();
+        }
+    }
+
+    #[test]
+    fn stream_keys_share_one_hash_tag_from_the_token() {
+        let key = StreamKey::generate().unwrap();
+        let keys = Keys::new("p").unwrap();
+        for stream in ["{x}", "}{", "{a}:{b}", "plain"] {
+            let token = key.token(stream);
+            let k = keys.stream(&token);
+            let tag = format!("{{{}}}", token.to_text());
+            assert!(k.events.starts_with(&format!("p:v1:{tag}:")));
+            assert!(k.meta.starts_with(&format!("p:v1:{tag}:")));
+            assert_eq!(hash_tag(&k.events), hash_tag(&k.meta));
+            assert_eq!(hash_tag(&k.events), Some(token.to_text().as_str()));
+            assert_eq!(keys.stream_of_meta(&k.meta).unwrap().events, k.events);
+        }
+        let session = keys.session(&key, "{evil}");
+        assert!(!session.contains("evil"));
+        assert_eq!(hash_tag(&session).map(str::len), Some(24));
+    }
+
+    /// The part of a key Redis Cluster hashes, per the cluster spec.
+    fn hash_tag(key: &str) -> Option<&str> {
+        let open = key.find('{')?;
+        let close = key[open + 1..].find('}')?;
+        (close > 0).then(|| &key[open + 1..open + 1 + close])
+    }
+}

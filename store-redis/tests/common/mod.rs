@@ -1,0 +1,263 @@
+//! Redis server processes for the tests that need their own: fault tests
+//! (SIGKILL, client kills, slow replies) and a three-master cluster.
+//!
+//! Each process is owned by a [`RedisProcess`] guard that kills it by pid on
+//! drop, also when the test panics. The shared cluster lives for the whole
+//! test binary and is torn down by an `atexit` hook, since statics are never
+//! dropped.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// One `redis-server` process, killed (SIGKILL, by pid) when dropped.
+pub struct RedisProcess {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl RedisProcess {
+    /// Starts `redis-server` on `port`, with its files in `dir`, no RDB
+    /// snapshots, and `extra` arguments; waits until it answers.
+    pub fn start(dir: &Path, port: u16, extra: &[&str]) -> Self {
+        let mut process = Self {
+            child: None,
+            port,
+            dir: dir.to_owned(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        process.spawn();
+        process
+    }
+
+    fn spawn(&mut self) {
+        let log = self.dir.join(format!("redis-{}.log", self.port));
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--protected-mode",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be on PATH for these tests");
+        self.child = Some(child);
+        self.wait_ready(&log);
+    }
+
+    fn wait_ready(&mut self, log: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if ping(&self.url()).is_ok() {
+                return;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "redis-server on port {} exited with {status}; log:\n{}",
+                    self.port,
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} did not answer within 20 s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// SIGKILLs the server (by pid) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again with the same port, directory and arguments.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `PING` through a plain synchronous connection.
+pub fn ping(url: &str) -> redis::RedisResult<String> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_millis(500))?;
+    redis::cmd("PING").query(&mut conn)
+}
+
+/// Runs one command on the server at `url` through a fresh connection.
+pub fn command<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    cmd.query(&mut conn)
+}
+
+/// A loopback port that is free now, and whose cluster bus port (+10000) is
+/// free too.
+pub fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().expect("local address").port();
+        if port > 55_000 {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A cluster of three masters on loopback ports, slots split evenly.
+pub struct Cluster {
+    nodes: Vec<RedisProcess>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts three `redis-server --cluster-enabled yes` processes, joins them
+    /// with `redis-cli --cluster create`, and waits for `cluster_state:ok` on
+    /// every node.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let conf = dir.path().join(format!("nodes-{port}.conf"));
+            let conf = conf.to_str().expect("UTF-8 temp path").to_owned();
+            nodes.push(RedisProcess::start(
+                dir.path(),
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--appendonly",
+                    "no",
+                ],
+            ));
+        }
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli must be on PATH for the cluster tests");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = Self { nodes, _dir: dir };
+        cluster.wait_ok();
+        cluster
+    }
+
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &self.nodes {
+            loop {
+                let info: String =
+                    command(&node.url(), redis::cmd("CLUSTER").arg("INFO")).unwrap_or_default();
+                if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the cluster did not reach cluster_state:ok within 30 s: {info}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// Each node's plain URL (for inspecting what it holds).
+    pub fn node_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisProcess::url).collect()
+    }
+}
+
+static CLUSTER: OnceLock<Mutex<Option<Cluster>>> = OnceLock::new();
+
+extern "C" fn stop_shared_cluster() {
+    if let Some(cluster) = CLUSTER.get() {
+        let taken = match cluster.lock() {
+            Ok(mut guard) => guard.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        drop(taken);
+    }
+}
+
+/// The cluster shared by every test of this binary: started on first use,
+/// killed (and its directory removed) when the test process exits.
+pub fn shared_cluster() -> (String, Vec<String>) {
+    let cell = CLUSTER.get_or_init(|| {
+        let cluster = Cluster::start();
+        // SAFETY: registers a plain `extern "C" fn` with no arguments; it only
+        // locks a static mutex and kills child processes.
+        let registered = unsafe { libc::atexit(stop_shared_cluster) };
+        assert_eq!(registered, 0, "atexit registration failed");
+        Mutex::new(Some(cluster))
+    });
+    let guard = cell.lock().unwrap_or_else(|p| p.into_inner());
+    let cluster = guard.as_ref().expect("the cluster is running until exit");
+    (cluster.url(), cluster.node_urls())
+}

@@ -1,0 +1,297 @@
+//! Faults on private `redis-server` processes this test starts (each owned by
+//! a guard that kills it on drop): SIGKILL and restart with
+//! `appendfsync always`, connections killed under load, and slow replies
+//! against the response timeout.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::TryStreamExt;
+use mcp_event_store_core::conformance::{test_clock, test_options};
+use mcp_event_store_core::{Error, EventId, EventStore, NewEvent};
+use mcp_event_store_redis::RedisStore;
+use mcp_event_store_redis::testing::{RedisHarness, random_prefix};
+use tokio::sync::Mutex;
+
+use common::RedisProcess;
+
+/// Acknowledged (id, payload) pairs of one stream, in order.
+type Acked = Vec<(EventId, Vec<u8>)>;
+
+/// What the writers saw: acknowledged events per stream, and errors.
+#[derive(Default)]
+struct Ledger {
+    acked: Mutex<HashMap<String, Acked>>,
+    acks: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Starts `writers` tasks appending to their own streams until `stop`.
+fn start_writers(
+    store: &Arc<RedisStore>,
+    ledger: &Arc<Ledger>,
+    stop: &Arc<AtomicBool>,
+    writers: usize,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..writers)
+        .map(|w| {
+            let (store, ledger, stop) = (store.clone(), ledger.clone(), stop.clone());
+            tokio::spawn(async move {
+                let stream = format!("writer-{w}");
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let payload = format!("{w}:{i}").into_bytes();
+                    i += 1;
+                    match store.store_event(&stream, NewEvent::new(&payload)).await {
+                        Ok(id) => {
+                            ledger
+                                .acked
+                                .lock()
+                                .await
+                                .entry(stream.clone())
+                                .or_default()
+                                .push((id, payload));
+                            ledger.acks.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(_) => {
+                            ledger.errors.fetch_add(1, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+async fn wait_for_acks(ledger: &Ledger, at_least: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    while ledger.acks.load(Ordering::SeqCst) < at_least {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {at_least} appends acknowledged within {within:?} ({} errors)",
+            ledger.acks.load(Ordering::SeqCst),
+            ledger.errors.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Every acknowledged event of every stream is replayable, in order, with its
+/// payload (events that failed may or may not be there).
+async fn assert_all_acknowledged_replay(store: &RedisStore, ledger: &Ledger) {
+    let acked = ledger.acked.lock().await;
+    assert!(!acked.is_empty());
+    for (stream, events) in acked.iter() {
+        let (first, _) = &events[0];
+        assert_eq!(
+            store
+                .get_stream_id_for_event_id(&first.to_string())
+                .await
+                .unwrap()
+                .as_deref(),
+            Some(stream.as_str()),
+            "the first acknowledged event of {stream} is gone"
+        );
+        let replay = store
+            .replay_events_after(&first.to_string())
+            .await
+            .unwrap_or_else(|e| panic!("replay of {stream} failed: {e}"));
+        let replayed: Vec<_> = replay.events.try_collect().await.unwrap();
+        let mut replayed = replayed.iter();
+        for (id, payload) in &events[1..] {
+            let found = replayed
+                .by_ref()
+                .find(|e| e.id == *id)
+                .unwrap_or_else(|| panic!("acknowledged event {id} of {stream} was lost"));
+            assert_eq!(&found.data[..], &payload[..], "{id} changed");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_events_survive_sigkill_with_appendfsync_always() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = RedisProcess::start(
+        dir.path(),
+        common::free_port(),
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
+    let harness = RedisHarness::with_url(server.url()).await;
+    let clock = test_clock();
+    let store = Arc::new(
+        RedisStore::connect_with(harness.url(), harness.options(test_options(&clock)))
+            .await
+            .unwrap(),
+    );
+    let ledger = Arc::new(Ledger::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = start_writers(&store, &ledger, &stop, 8);
+
+    wait_for_acks(&ledger, 400, Duration::from_secs(30)).await;
+    tokio::task::block_in_place(|| server.kill());
+    let acked_before_restart = ledger.acks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| server.restart());
+
+    // The same handle recovers by itself once the server is back.
+    wait_for_acks(&ledger, acked_before_restart + 400, Duration::from_secs(30)).await;
+    stop.store(true, Ordering::SeqCst);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    assert!(
+        ledger.errors.load(Ordering::SeqCst) > 0,
+        "the kill went unnoticed"
+    );
+    assert_all_acknowledged_replay(&store, &ledger).await;
+
+    // A new connection (as a restarted process would make) sees them too.
+    let reopened = RedisStore::connect_with(harness.url(), harness.options(test_options(&clock)))
+        .await
+        .unwrap();
+    assert_all_acknowledged_replay(&reopened, &ledger).await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_recovers_after_its_connections_are_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisProcess::start(dir.path(), common::free_port(), &["--appendonly", "no"]);
+    let harness = RedisHarness::with_url(server.url()).await;
+    let clock = test_clock();
+    let store = Arc::new(
+        RedisStore::connect_with(harness.url(), harness.options(test_options(&clock)))
+            .await
+            .unwrap(),
+    );
+    let ledger = Arc::new(Ledger::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = start_writers(&store, &ledger, &stop, 6);
+    // A reader replaying throughout: its calls may fail, never panic.
+    let reads = Arc::new(AtomicU64::new(0));
+    tasks.push({
+        let (store, stop, reads) = (store.clone(), stop.clone(), reads.clone());
+        tokio::spawn(async move {
+            let first = loop {
+                match store.store_event("reader", NewEvent::new(b"start")).await {
+                    Ok(id) => break id,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            };
+            while !stop.load(Ordering::SeqCst) {
+                let _ = store.store_event("reader", NewEvent::new(b"x")).await;
+                if let Ok(replay) = store.replay_events_after(&first.to_string()).await
+                    && replay.events.try_collect::<Vec<_>>().await.is_ok()
+                {
+                    reads.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+    });
+
+    wait_for_acks(&ledger, 200, Duration::from_secs(30)).await;
+    let url = server.url();
+    let mut killed = 0u64;
+    for _ in 0..5 {
+        let url = url.clone();
+        killed += tokio::task::spawn_blocking(move || {
+            common::command::<u64>(
+                &url,
+                redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg("normal")
+                    .arg("SKIPME")
+                    .arg("yes"),
+            )
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(killed >= 5, "CLIENT KILL found only {killed} connections");
+    let after_kills = ledger.acks.load(Ordering::SeqCst);
+    let reads_after_kills = reads.load(Ordering::SeqCst);
+    wait_for_acks(&ledger, after_kills + 300, Duration::from_secs(30)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reads.load(Ordering::SeqCst) <= reads_after_kills {
+        assert!(Instant::now() < deadline, "replays did not recover");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Once recovered, calls simply succeed.
+    for i in 0..50u8 {
+        store
+            .store_event("after", NewEvent::new(&[i]))
+            .await
+            .expect("appends succeed after recovery");
+    }
+    assert_all_acknowledged_replay(&store, &ledger).await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_timeout_is_configurable_and_the_store_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RedisProcess::start(
+        dir.path(),
+        common::free_port(),
+        &["--enable-debug-command", "yes"],
+    );
+    let clock = test_clock();
+    let options = mcp_event_store_redis::RedisOptions::default()
+        .store(test_options(&clock))
+        .key_prefix(random_prefix())
+        .response_timeout(Duration::from_millis(200));
+    let store = RedisStore::connect_with(&server.url(), options)
+        .await
+        .unwrap();
+    store
+        .store_event("s", NewEvent::new(b"before"))
+        .await
+        .unwrap();
+    let url = server.url();
+    let sleeper = tokio::task::spawn_blocking(move || {
+        common::command::<()>(&url, redis::cmd("DEBUG").arg("SLEEP").arg("1"))
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let err = store
+        .store_event("s", NewEvent::new(b"during"))
+        .await
+        .expect_err("the server is asleep for longer than the timeout");
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                backend: "redis",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "the 200 ms timeout did not apply: {:?}",
+        started.elapsed()
+    );
+    sleeper.await.unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match store.store_event("s", NewEvent::new(b"after")).await {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(server);
+}
