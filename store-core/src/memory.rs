@@ -308,16 +308,10 @@ impl EventStore for MemoryStore {
 #[async_trait]
 impl SessionStore for MemoryStore {
     async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        crate::options::validate_session_id(session_id)?;
-        if state.len() > self.inner.options.max_payload_bytes {
-            return Err(Error::PayloadTooLarge {
-                size: state.len(),
-                max: self.inner.options.max_payload_bytes,
-            });
-        }
         let expires_at = self
-            .now()
-            .saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
+            .inner
+            .options
+            .check_session_put(session_id, state.len(), ttl)?;
         self.state().sessions.insert(
             session_id.to_owned(),
             Session {

@@ -246,6 +246,28 @@ impl StoreOptions {
     }
 }
 
+impl StoreOptions {
+    /// Checks a session write (id and state size) before any backend work,
+    /// and returns when the session expires, in milliseconds since the epoch
+    /// by this store's clock.
+    pub fn check_session_put(
+        &self,
+        session_id: &str,
+        state_len: usize,
+        ttl: Duration,
+    ) -> Result<i64> {
+        validate_session_id(session_id)?;
+        if state_len > self.max_payload_bytes {
+            return Err(Error::PayloadTooLarge {
+                size: state_len,
+                max: self.max_payload_bytes,
+            });
+        }
+        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+        Ok(self.clock.now_millis().saturating_add(ttl))
+    }
+}
+
 /// Checks that a session id is 1 to 1024 bytes, like a stream id.
 pub fn validate_session_id(session_id: &str) -> Result<()> {
     let len = session_id.len();

@@ -398,16 +398,10 @@ impl EventStore for PostgresStore {
 #[async_trait]
 impl SessionStore for PostgresStore {
     async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        validate_session_id(session_id)?;
-        let max = self.inner.options.max_payload_bytes;
-        if state.len() > max {
-            return Err(Error::PayloadTooLarge {
-                size: state.len(),
-                max,
-            });
-        }
-        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let expires_at = self.now().saturating_add(ttl);
+        let expires_at = self
+            .inner
+            .options
+            .check_session_put(session_id, state.len(), ttl)?;
         self.inner
             .pool
             .execute(

@@ -752,18 +752,12 @@ impl EventStore for RedisStore {
 #[async_trait]
 impl SessionStore for RedisStore {
     async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        validate_session_id(session_id)?;
-        let max = self.inner.options.store.max_payload_bytes;
-        if state.len() > max {
-            return Err(Error::PayloadTooLarge {
-                size: state.len(),
-                max,
-            });
-        }
+        let expires_at =
+            self.inner
+                .options
+                .store
+                .check_session_put(session_id, state.len(), ttl)?;
         let key = self.inner.keys.session(&self.inner.key, session_id);
-        let expires_at = self
-            .now()
-            .saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX));
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("HSET")

@@ -62,7 +62,7 @@ use mcp_event_store_core::dense::{self, DenseStream};
 use mcp_event_store_core::{
     Error, EventId, EventStore, NewEvent, Page, Position, PurgeReport, Replay, Result,
     SessionStore, StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay,
-    retry_from_millis, retry_to_millis, validate_session_id, validate_stream_id,
+    retry_from_millis, retry_to_millis, validate_stream_id,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -412,16 +412,10 @@ impl EventStore for SqliteStore {
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        validate_session_id(session_id)?;
-        let max = self.inner.options.max_payload_bytes;
-        if state.len() > max {
-            return Err(Error::PayloadTooLarge {
-                size: state.len(),
-                max,
-            });
-        }
-        let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-        let expires_at = self.now().saturating_add(ttl);
+        let expires_at = self
+            .inner
+            .options
+            .check_session_put(session_id, state.len(), ttl)?;
         self.write(
             Reply::Unit,
             Write::PutSession {
