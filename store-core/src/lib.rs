@@ -13,7 +13,9 @@
 //!   without bound;
 //! * [`MemoryStore`], a complete in-memory backend;
 //! * with the `conformance` feature, the shared test suite
-//!   ([`conformance`]) that every backend passes.
+//!   ([`conformance`]) that every backend passes;
+//! * with the `rmcp` feature, adapters that make any store rmcp's
+//!   `EventStore` and `SessionStore` (module `rmcp`).
 //!
 //! Most users want the `mcp-event-store` facade crate, which re-exports all
 //! of this beside the backends.
@@ -33,6 +35,9 @@ pub mod observe;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+
+#[cfg(feature = "rmcp")]
+pub mod rmcp;
 
 pub use error::{BoxError, Error, Result};
 pub use event::{NewEvent, StoredEvent, retry_from_millis, retry_to_millis};

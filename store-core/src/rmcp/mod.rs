@@ -1,0 +1,168 @@
+//! Plugs any store into [rmcp](https://crates.io/crates/rmcp)'s Streamable
+//! HTTP server (feature `rmcp`).
+//!
+//! rmcp 3.9 defines two seams, both in
+//! `rmcp::transport::streamable_http_server::session`:
+//!
+//! * its `EventStore`, which keeps every SSE event of every stream so a client
+//!   can resume with `Last-Event-ID`: [`RmcpEventStore`] implements it over
+//!   any of our [`EventStore`]s;
+//! * its `SessionStore`, which keeps each session's `initialize` parameters so
+//!   another instance can restore the session: [`RmcpSessionStore`]
+//!   implements it over any of our [`SessionStore`]s.
+//!
+//! One line each, with [`IntoRmcp`] on any `Arc` of a store (a `DynStore`
+//! from `connect` included):
+//!
+//! ```no_run
+//! # async fn demo() -> mcp_event_store_core::Result<()> {
+//! use std::sync::Arc;
+//! use mcp_event_store_core::MemoryStore;
+//! use mcp_event_store_core::rmcp::IntoRmcp;
+//! use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+//! use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
+//!
+//! let store = Arc::new(MemoryStore::new()); // or mcp_event_store::connect(url).await?
+//! let sessions = LocalSessionManager::default().with_event_store(store.clone().into_rmcp());
+//! let mut config = StreamableHttpServerConfig::default();
+//! config.session_store = Some(store.into_rmcp_sessions());
+//! # let _ = (sessions, config);
+//! # Ok(()) }
+//! ```
+//!
+//! # How a `ServerSseMessage` is stored
+//!
+//! An rmcp SSE message is an optional JSON-RPC message, an optional `retry`
+//! hint and the event id. It becomes one of our events as follows:
+//!
+//! * **payload**: the JSON-RPC message serialized with `serde_json`, exactly
+//!   the bytes rmcp itself would put in the SSE `data:` field; for a message
+//!   without a JSON-RPC message (a SEP-1699 *priming event*, or a bare retry
+//!   hint) the payload is **empty**. No JSON value serializes to zero bytes,
+//!   so "empty" and "has a message" can never be confused, and no marker byte
+//!   is needed: the stored payload is the wire payload.
+//! * **retry**: stored with the event, in whole milliseconds (the unit SSE
+//!   and rmcp's encoder use).
+//! * **event id**: ignored on the way in (rmcp asks the store to assign it);
+//!   on replay every message carries the id the store assigned when it was
+//!   appended, so a client can resume again from any replayed event.
+//!
+//! Replay parses each payload back into rmcp's `ServerJsonRpcMessage`; rmcp
+//! serializes it again when it writes the SSE frame. For every message shape
+//! the tests cover (requests, notifications, results of each variant of rmcp's
+//! untagged `ServerResult`, errors, custom methods) the replayed frame is byte
+//! for byte the one sent live. [`decode`] can be asked to check this for a
+//! stored payload with [`replays_exactly`].
+//!
+//! # Replay streams and errors in the middle of one
+//!
+//! rmcp wants a replay as a `Stream<Item = ServerSseMessage> + Send + Sync`,
+//! with no room for an error. Our replay streams are `Send` but not `Sync`;
+//! [`RmcpEventStore`] holds the stream behind a `std::sync::Mutex` that is
+//! only ever reached through `&mut` (`Mutex::get_mut`), so it is never
+//! locked: `Sync` at no cost and without `unsafe`.
+//!
+//! Errors before the first event (an unknown, forged or expired id; events
+//! purged after the cursor) are returned from `replay_events_after`, and rmcp
+//! answers the client with an empty SSE stream (HTTP 200), never a 5xx. An
+//! error *during* a replay (a purge racing the reader, the backend failing, a
+//! stored payload that no longer parses) **ends the stream** after the events
+//! already yielded, and is logged at `warn` with the stream id and the last
+//! event id delivered. The stream never skips an event: the client sees a
+//! clean end of stream, comes back with the `Last-Event-ID` of the last event
+//! it received, and either gets the rest or, if it is gone, an empty stream.
+//!
+//! Replays are finite: they end at the newest stored event. rmcp's clients
+//! treat the end of a resumed stream as a SEP-1699 close and poll again with
+//! their newest `Last-Event-ID` after the `retry` interval.
+
+mod codec;
+mod events;
+mod sessions;
+
+pub use codec::{DecodeError, decode, encode, replays_exactly};
+pub use events::RmcpEventStore;
+pub use sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL, RmcpSessionStore};
+
+use std::sync::Arc;
+
+use crate::store::{EventStore, SessionStore};
+
+/// What went wrong in an adapter, as rmcp receives it (boxed into its
+/// `EventStoreError` / `SessionStoreError`).
+///
+/// The store's [`Error`](crate::Error) or the JSON error is kept as the
+/// [`source`](std::error::Error::source), so a caller can walk the chain or
+/// downcast it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdapterError {
+    /// The underlying store refused or failed.
+    #[error("event store {operation} failed: {source}")]
+    Store {
+        /// What the adapter was doing (`"store_event"`, `"replay"`, ...).
+        operation: &'static str,
+        /// The store's error.
+        #[source]
+        source: crate::Error,
+    },
+    /// A message could not be serialized to JSON.
+    #[error("cannot serialize the JSON-RPC message: {0}")]
+    Encode(#[source] serde_json::Error),
+    /// Stored session state could not be read back.
+    #[error("stored state of session {session_id:?} is unreadable: {source}")]
+    SessionState {
+        /// The session.
+        session_id: String,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl AdapterError {
+    fn store(operation: &'static str, source: crate::Error) -> Self {
+        Self::Store { operation, source }
+    }
+}
+
+/// Turns an `Arc` of any store into rmcp's `EventStore` and `SessionStore`,
+/// in one call.
+///
+/// Implemented for every `Arc<S>` where `S` is one of our stores, sized or
+/// not, so it works on `Arc<SqliteStore>`, `Arc<dyn Store>` (the facade's
+/// `DynStore`) and `Arc<dyn EventStore>` alike. The results coerce to
+/// `Arc<dyn rmcp::…::EventStore>` / `Arc<dyn rmcp::…::SessionStore>` where
+/// rmcp expects them.
+pub trait IntoRmcp<S: ?Sized> {
+    /// This store as rmcp's `EventStore`.
+    fn into_rmcp(self) -> Arc<RmcpEventStore<S>>
+    where
+        S: EventStore;
+
+    /// This store as rmcp's `SessionStore`, with the default time to live
+    /// ([`DEFAULT_SESSION_TTL`]); see [`RmcpSessionStore::with_ttl`] for
+    /// another.
+    fn into_rmcp_sessions(self) -> Arc<RmcpSessionStore<S>>
+    where
+        S: SessionStore;
+}
+
+impl<S: ?Sized> IntoRmcp<S> for Arc<S> {
+    fn into_rmcp(self) -> Arc<RmcpEventStore<S>>
+    where
+        S: EventStore,
+    {
+        Arc::new(RmcpEventStore::new(self))
+    }
+
+    fn into_rmcp_sessions(self) -> Arc<RmcpSessionStore<S>>
+    where
+        S: SessionStore,
+    {
+        Arc::new(RmcpSessionStore::new(self))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,171 @@
+//! rmcp's `SessionStore` over ours.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rmcp::transport::streamable_http_server::session::{
+    SessionState, SessionStore as RmcpSessionStoreTrait, SessionStoreError,
+};
+
+use super::AdapterError;
+use crate::error::Error;
+use crate::options::validate_session_id;
+use crate::store::SessionStore;
+
+/// How long a session's state stays restorable by default: 24 hours.
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The prefix put before rmcp's session ids in our session store by default,
+/// so they cannot collide with other users of the same store.
+pub const DEFAULT_SESSION_KEY_PREFIX: &str = "rmcp/";
+
+/// Any of our [`SessionStore`]s as rmcp's
+/// `rmcp::transport::streamable_http_server::session::SessionStore`, for
+/// `StreamableHttpServerConfig::session_store`.
+///
+/// rmcp stores a session's `SessionState` (the client's `initialize`
+/// parameters) once, after the handshake, and deletes it when the client
+/// sends `DELETE`. Another instance that receives a request for a session it
+/// does not know loads the state and replays the handshake, so the client
+/// carries on without noticing. The state is kept as `serde_json` bytes
+/// under `prefix + session id`, with a time to live:
+///
+/// * rmcp never refreshes the state while a session is in use, so the time
+///   to live bounds how long after its start a session can still be
+///   restored. Each successful [`load`](RmcpSessionStoreTrait::load) writes
+///   the state back with a fresh time to live (turn this off with
+///   [`refresh_on_load`](Self::refresh_on_load)), so a session that keeps
+///   moving between instances stays restorable.
+/// * Session ids come from the client's `Mcp-Session-Id` header. One that
+///   our store could not hold (empty, or with the prefix over 1024 bytes) is
+///   simply unknown: `load` answers `None`, so rmcp answers 404, not 500.
+pub struct RmcpSessionStore<S: ?Sized> {
+    store: Arc<S>,
+    ttl: Duration,
+    prefix: String,
+    refresh_on_load: bool,
+}
+
+impl<S: ?Sized> RmcpSessionStore<S> {
+    /// Wraps a store, with [`DEFAULT_SESSION_TTL`] and
+    /// [`DEFAULT_SESSION_KEY_PREFIX`].
+    pub fn new(store: Arc<S>) -> Self {
+        Self {
+            store,
+            ttl: DEFAULT_SESSION_TTL,
+            prefix: DEFAULT_SESSION_KEY_PREFIX.to_owned(),
+            refresh_on_load: true,
+        }
+    }
+
+    /// Sets how long a session stays restorable after it was stored (or
+    /// last loaded).
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets the prefix put before session ids in the store (may be empty).
+    pub fn with_key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Whether a successful load writes the state back with a fresh time to
+    /// live (default `true`).
+    pub fn refresh_on_load(mut self, refresh: bool) -> Self {
+        self.refresh_on_load = refresh;
+        self
+    }
+
+    /// The time to live.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// The key in our store, or `None` if the session id cannot be one.
+    fn key(&self, session_id: &str) -> Option<String> {
+        let key = format!("{}{}", self.prefix, session_id);
+        validate_session_id(&key).ok().map(|()| key)
+    }
+}
+
+impl<S: ?Sized> fmt::Debug for RmcpSessionStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RmcpSessionStore")
+            .field("ttl", &self.ttl)
+            .field("prefix", &self.prefix)
+            .field("refresh_on_load", &self.refresh_on_load)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
+    async fn load(
+        &self,
+        session_id: &str,
+    ) -> std::result::Result<Option<SessionState>, SessionStoreError> {
+        let Some(key) = self.key(session_id) else {
+            return Ok(None);
+        };
+        let bytes = match self.store.get_session(&key).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) | Err(Error::InvalidSessionId { .. }) => return Ok(None),
+            Err(e) => return Err(AdapterError::store("load session", e).into()),
+        };
+        let state: SessionState =
+            serde_json::from_slice(&bytes).map_err(|source| AdapterError::SessionState {
+                session_id: session_id.to_owned(),
+                source,
+            })?;
+        if self.refresh_on_load
+            && let Err(error) = self.store.put_session(&key, &bytes, self.ttl).await
+        {
+            tracing::warn!(%error, "could not refresh the time to live of a restored session");
+        }
+        Ok(Some(state))
+    }
+
+    async fn store(
+        &self,
+        session_id: &str,
+        state: &SessionState,
+    ) -> std::result::Result<(), SessionStoreError> {
+        let key = self.key(session_id).ok_or_else(|| {
+            AdapterError::store(
+                "store session",
+                Error::InvalidSessionId {
+                    reason: format!(
+                        "{} bytes with the key prefix; at most {} fit",
+                        self.prefix.len() + session_id.len(),
+                        crate::options::MAX_STREAM_ID_LEN
+                    ),
+                },
+            )
+        })?;
+        let bytes = serde_json::to_vec(state).map_err(AdapterError::Encode)?;
+        self.store
+            .put_session(&key, &bytes, self.ttl)
+            .await
+            .map_err(|e| AdapterError::store("store session", e))?;
+        Ok(())
+    }
+
+    async fn delete(&self, session_id: &str) -> std::result::Result<(), SessionStoreError> {
+        let Some(key) = self.key(session_id) else {
+            return Ok(());
+        };
+        match self.store.delete_session(&key).await {
+            Ok(_) | Err(Error::InvalidSessionId { .. }) => Ok(()),
+            Err(e) => Err(AdapterError::store("delete session", e).into()),
+        }
+    }
+}
