@@ -78,10 +78,12 @@
 
 mod codec;
 mod events;
+mod scoped;
 mod sessions;
 
 pub use codec::{DecodeError, decode, encode, replays_exactly};
 pub use events::RmcpEventStore;
+pub use scoped::{DEFAULT_BINDING_KEY_PREFIX, DEFAULT_BINDING_TTL, ScopedError, SessionScoped};
 pub use sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL, RmcpSessionStore};
 
 use std::sync::Arc;

@@ -1,0 +1,453 @@
+//! A resumable MCP server: rmcp's Streamable HTTP transport over axum, with
+//! every SSE event kept in an mcp-event-store store.
+//!
+//! ```text
+//! cargo run --example resumable_server --features rmcp
+//! cargo run --example resumable_server --features rmcp -- --stateless
+//! cargo run --example resumable_server --features full -- --store postgres://postgres@127.0.0.1/postgres
+//! cargo run --example resumable_server --features rmcp -- --poll-every 3 --retry-ms 500
+//! ```
+//!
+//! Options:
+//!
+//! * `--store URL`: any store URL `connect` takes (default
+//!   `sqlite://mcp-resumable-server.db`, a file in the working directory);
+//! * `--bind ADDR`: where to listen (default `127.0.0.1:8000`); the endpoint
+//!   is `/mcp`;
+//! * `--stateless`: no MCP sessions (rmcp's `NeverSessionManager`); streams
+//!   are still stored and resumable with `GET` + `Last-Event-ID`;
+//! * `--poll-every N`: SEP-1699 polling: end every SSE response after `N`
+//!   JSON-RPC messages, with a `retry:` hint; the client comes back with
+//!   `Last-Event-ID` and gets the rest from the store;
+//! * `--retry-ms MS`: the `retry` hint of the priming events (default 3000);
+//! * `--allow-host HOST`: accept this `Host` header (repeatable; default:
+//!   loopback names only, rmcp's DNS-rebinding protection).
+//!
+//! It has one tool, `slow_count`, which counts to `count` (default 10),
+//! waiting `interval_ms` (default 500) between steps and sending a progress
+//! notification for each (if the request carries a `progressToken`), then
+//! answers `counted to N`. Drop the connection half way and resume with
+//! `Last-Event-ID`: the store gives back everything that was sent since.
+//!
+//! In session mode the server keeps sessions in memory as rmcp's
+//! `LocalSessionManager` does, stores each session's `initialize` parameters
+//! in the store (so another instance on the same PostgreSQL or Redis
+//! restores it), and binds every stream to its session: a `Last-Event-ID`
+//! of another session's stream is refused.
+//!
+//! Logs go to stderr through `tracing` (`RUST_LOG=debug` for the store's
+//! spans). Ctrl-C (or SIGTERM) stops accepting connections, ends the open
+//! SSE streams and exits.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use futures_util::StreamExt;
+use mcp_event_store::rmcp::{IntoRmcp, SessionScoped};
+use mcp_event_store::{DynStore, PurgeTask};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use tokio_util::sync::CancellationToken;
+
+/// The largest `count` the tool accepts.
+const MAX_COUNT: u64 = 100_000;
+/// The longest `interval_ms` the tool accepts.
+const MAX_INTERVAL_MS: u64 = 60_000;
+
+/// How the server is set up.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The store URL.
+    pub store: String,
+    /// The listening address.
+    pub bind: SocketAddr,
+    /// No MCP sessions.
+    pub stateless: bool,
+    /// End SSE responses after this many JSON-RPC messages (SEP-1699).
+    pub poll_every: Option<usize>,
+    /// The `retry` hint of priming events.
+    pub retry: Duration,
+    /// Extra accepted `Host` headers.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            store: "sqlite://mcp-resumable-server.db".into(),
+            bind: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            stateless: false,
+            poll_every: None,
+            retry: Duration::from_secs(3),
+            allowed_hosts: Vec::new(),
+        }
+    }
+}
+
+const USAGE: &str = "usage: resumable_server [--store URL] [--bind ADDR] [--stateless] \
+[--poll-every N] [--retry-ms MS] [--allow-host HOST]...";
+
+impl Options {
+    /// Parses command-line arguments (without the program name).
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        let mut options = Self::default();
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((flag, value)) if flag.starts_with("--") => {
+                    (flag.to_owned(), Some(value.to_owned()))
+                }
+                _ => (arg.clone(), None),
+            };
+            let mut value = || {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+            };
+            match flag.as_str() {
+                "--store" => options.store = value()?,
+                "--bind" => {
+                    let bind = value()?;
+                    options.bind = bind.parse().map_err(|e| format!("--bind {bind:?}: {e}"))?;
+                }
+                "--stateless" => options.stateless = true,
+                "--poll-every" => {
+                    let n = value()?;
+                    let n: usize = n.parse().map_err(|e| format!("--poll-every {n:?}: {e}"))?;
+                    options.poll_every = (n > 0).then_some(n);
+                }
+                "--retry-ms" => {
+                    let ms = value()?;
+                    options.retry = Duration::from_millis(
+                        ms.parse().map_err(|e| format!("--retry-ms {ms:?}: {e}"))?,
+                    );
+                }
+                "--allow-host" => options.allowed_hosts.push(value()?),
+                "-h" | "--help" => return Err(USAGE.into()),
+                other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// The MCP server: one slow tool that reports progress.
+#[derive(Clone, Debug, Default)]
+pub struct SlowCounter;
+
+fn slow_count_tool() -> Tool {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "count": {
+                "type": "integer", "minimum": 0, "maximum": MAX_COUNT,
+                "description": "how many steps (default 10)"
+            },
+            "interval_ms": {
+                "type": "integer", "minimum": 0, "maximum": MAX_INTERVAL_MS,
+                "description": "milliseconds between steps (default 500)"
+            }
+        }
+    });
+    let serde_json::Value::Object(schema) = schema else {
+        unreachable!("an object literal")
+    };
+    Tool::new(
+        "slow_count",
+        "Counts slowly, sending a progress notification at every step.",
+        Arc::new(schema),
+    )
+}
+
+fn argument(
+    args: Option<&JsonObject>,
+    name: &str,
+    default: u64,
+    max: u64,
+) -> Result<u64, ErrorData> {
+    match args.and_then(|args| args.get(name)) {
+        None | Some(serde_json::Value::Null) => Ok(default),
+        Some(value) => value.as_u64().filter(|n| *n <= max).ok_or_else(|| {
+            ErrorData::invalid_params(format!("{name} must be an integer from 0 to {max}"), None)
+        }),
+    }
+}
+
+impl ServerHandler for SlowCounter {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "mcp-event-store-resumable-server",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
+                "Call slow_count with a progressToken, drop the connection, \
+                 and resume with Last-Event-ID.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(vec![slow_count_tool()]))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        (name == "slow_count").then(slow_count_tool)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if request.name != "slow_count" {
+            return Err(ErrorData::invalid_params(
+                format!("no tool named {:?}", request.name),
+                None,
+            ));
+        }
+        let args = request.arguments.as_ref();
+        let count = argument(args, "count", 10, MAX_COUNT)?;
+        let interval = Duration::from_millis(argument(args, "interval_ms", 500, MAX_INTERVAL_MS)?);
+        let token = context.meta.get_progress_token();
+        tracing::info!(count, ?interval, request_id = %context.id, "slow_count started");
+        for step in 1..=count {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = context.ct.cancelled() => {
+                    tracing::info!(step, "slow_count cancelled");
+                    return Ok(CallToolResult::error(vec![ContentBlock::text("cancelled")]).into());
+                }
+            }
+            if let Some(token) = &token {
+                let progress = ProgressNotificationParam::new(token.clone(), step as f64)
+                    .with_total(count as f64)
+                    .with_message(format!("step {step} of {count}"));
+                if let Err(error) = context.peer.notify_progress(progress).await {
+                    tracing::warn!(%error, "could not send progress");
+                }
+            }
+        }
+        tracing::info!(count, "slow_count finished");
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!("counted to {count}"))]).into())
+    }
+}
+
+/// The axum router serving MCP at `/mcp` on `store`.
+///
+/// `shutdown` ends every open SSE stream when cancelled.
+pub fn router(store: DynStore, options: &Options, shutdown: &CancellationToken) -> axum::Router {
+    let mut config = StreamableHttpServerConfig::default()
+        .with_sse_retry(Some(options.retry))
+        .with_cancellation_token(shutdown.child_token());
+    if !options.allowed_hosts.is_empty() {
+        let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
+        hosts.extend(options.allowed_hosts.iter().cloned());
+        config = config.with_allowed_hosts(hosts);
+    }
+    let router = if options.stateless {
+        config = config.with_legacy_session_mode(false);
+        let sessions = NeverSessionManager::default().with_event_store(store.into_rmcp());
+        axum::Router::new().nest_service(
+            "/mcp",
+            StreamableHttpService::new(|| Ok(SlowCounter), Arc::new(sessions), config),
+        )
+    } else {
+        config.session_store = Some(store.clone().into_rmcp_sessions());
+        let mut local = LocalSessionManager::default();
+        local.session_config.sse_retry = Some(options.retry);
+        let local = local.with_event_store(store.clone().into_rmcp());
+        let sessions = SessionScoped::new(local, store);
+        axum::Router::new().nest_service(
+            "/mcp",
+            StreamableHttpService::new(|| Ok(SlowCounter), Arc::new(sessions), config),
+        )
+    };
+    match options.poll_every {
+        Some(messages) => {
+            let retry = options.retry;
+            router.layer(axum::middleware::map_response(move |response: Response| {
+                std::future::ready(close_after(response, messages, retry))
+            }))
+        }
+        None => router,
+    }
+}
+
+/// SEP-1699 polling at the HTTP layer: ends an SSE response after it carried
+/// `messages` JSON-RPC messages, with a final `retry:` hint.
+///
+/// rmcp 3.9 can close a stream itself (`LocalSessionHandle::close_sse_stream`)
+/// but a tool cannot find out which stream it is on, and stateless mode has
+/// no handle at all. Ending the HTTP body is always safe here: every event is
+/// in the store before rmcp writes it, so the client's `GET` with
+/// `Last-Event-ID` gets whatever the cut left out.
+pub fn close_after(response: Response, messages: usize, retry: Duration) -> Response {
+    let is_sse = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !is_sse || messages == 0 {
+        return response;
+    }
+    enum State {
+        Open(axum::body::BodyDataStream, usize),
+        Closing,
+        Closed,
+    }
+    let retry_frame = Bytes::from(format!("retry: {}\n\n", retry.as_millis()));
+    let (parts, body) = response.into_parts();
+    let frames = futures_util::stream::unfold(
+        State::Open(body.into_data_stream(), messages),
+        move |state| {
+            let retry_frame = retry_frame.clone();
+            async move {
+                match state {
+                    State::Open(mut body, left) => {
+                        let frame = body.next().await?;
+                        let left = match &frame {
+                            Ok(frame) if carries_message(frame) => left - 1,
+                            _ => left,
+                        };
+                        let next = if left == 0 {
+                            tracing::debug!("closing the SSE stream (SEP-1699 polling)");
+                            State::Closing
+                        } else {
+                            State::Open(body, left)
+                        };
+                        Some((frame, next))
+                    }
+                    State::Closing => Some((Ok(retry_frame), State::Closed)),
+                    State::Closed => None,
+                }
+            }
+        },
+    );
+    Response::from_parts(parts, Body::from_stream(frames))
+}
+
+/// Whether an SSE frame (rmcp writes one event per frame) has non-empty
+/// `data`: a JSON-RPC message, not a priming event or a keep-alive.
+fn carries_message(frame: &[u8]) -> bool {
+    frame.split(|b| *b == b'\n').any(|line| {
+        line.strip_prefix(b"data:")
+            .is_some_and(|data| !data.strip_prefix(b" ").unwrap_or(data).is_empty())
+    })
+}
+
+/// Opens the store and serves until `shutdown` resolves, then ends every
+/// open stream and returns.
+pub async fn serve(
+    options: Options,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let store = mcp_event_store::connect(&options.store).await?;
+    let purger = PurgeTask::spawn(store.clone(), Duration::from_secs(30));
+    let cancel = CancellationToken::new();
+    let app = router(store, &options, &cancel);
+    tracing::info!(
+        address = %listener.local_addr()?,
+        store = %redact(&options.store),
+        mode = if options.stateless { "stateless" } else { "sessions" },
+        poll_every = ?options.poll_every,
+        "serving MCP at /mcp"
+    );
+    let stop = cancel.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: closing open streams");
+            stop.cancel();
+        })
+        .await?;
+    purger.stop().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// A store URL without its password, for the log.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Resolves on Ctrl-C, or SIGTERM on Unix.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rmcp=warn".into()),
+        )
+        .init();
+    let options = match Options::parse(std::env::args().skip(1)) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(options.bind).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("cannot listen on {}: {error}", options.bind);
+            std::process::exit(1);
+        }
+    };
+    if let Err(error) = serve(options, listener, shutdown_signal()).await {
+        eprintln!("error: {error}");
+        std::process::exit(1);
+    }
+}
