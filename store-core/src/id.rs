@@ -117,7 +117,11 @@ impl StreamToken {
     }
 
     fn parse_text(text: &str) -> Option<Self> {
-        if text.len() != TOKEN_TEXT_LEN {
+        // The decoder also takes upper case; only the lower-case spelling is
+        // an id, so that every token has exactly one text.
+        if text.len() != TOKEN_TEXT_LEN
+            || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'v'))
+        {
             return None;
         }
         // 24 base32 characters carry exactly 120 bits, so every string of
@@ -330,6 +334,7 @@ mod tests {
             format!("{good}-"),
             good[..good.len() - 1].to_string() + "g",
             good.to_uppercase(),
+            format!("v1.{}.1a", head[3..].to_uppercase()),
             good.replacen("v1", "v2", 1),
             format!("{head}x.1a"),
             good[..10].to_string(),
