@@ -1,0 +1,381 @@
+//! The end-to-end cases, each run on every backend the macro in `main.rs`
+//! lists.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::header::HeaderValue;
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::service::NotificationContext;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::common::client_side_sse::FixedInterval;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+
+use crate::harness::{ChildServer, Fixture, Mode, RETRY, Server};
+use crate::wire::{Client, Event};
+
+/// Steps of the slow tool in the drop-and-resume cases.
+const COUNT: u64 = 8;
+/// Milliseconds between steps.
+const INTERVAL_MS: u64 = 60;
+/// Progress notifications read before the connection is dropped.
+const DROP_AFTER: u64 = 3;
+/// The JSON-RPC id of the tool call.
+const CALL: u64 = 2;
+
+/// Starts a tool call, reads it until `DROP_AFTER` progress notifications
+/// arrived, and drops the connection. Returns the id of the last event read.
+async fn call_and_drop(client: &Client) -> String {
+    let mut sse = client.call_slow_count(CALL, COUNT, INTERVAL_MS).await;
+    let first = sse.next().await.expect("a priming event");
+    assert!(first.data.is_empty(), "priming first: {first:?}");
+    assert!(first.id.is_some() && first.retry.is_some(), "{first:?}");
+    let mut last_id = first.id.unwrap();
+    let mut seen = 0;
+    while seen < DROP_AFTER {
+        let event = sse.next().await.expect("progress before the drop");
+        seen += 1;
+        assert_eq!(event.progress(), Some(seen), "{event:?}");
+        last_id = event.id.expect("every stored event has an id");
+    }
+    drop(sse);
+    last_id
+}
+
+/// Polls as a SEP-1699 client does: `GET` with the newest `Last-Event-ID`
+/// until the response to the call arrives. Returns every event, in order.
+async fn poll_until_result(client: &Client, from: &str) -> Vec<Event> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut last_id = from.to_owned();
+    let mut received = Vec::new();
+    loop {
+        let events = client.resume(&last_id).await.collect_all().await;
+        for event in events {
+            if let Some(id) = &event.id {
+                last_id.clone_from(id);
+            }
+            received.push(event);
+        }
+        if received.iter().any(|e| e.is_response_to(CALL)) {
+            return received;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no result after 30 s of polling; got {received:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The events after progress `DROP_AFTER` must be exactly the remaining
+/// progress notifications, then the result, each once, in order, each with
+/// an id. Returns their ids.
+fn assert_exact_tail(events: &[Event]) -> Vec<String> {
+    let messages: Vec<&Event> = events.iter().filter(|e| !e.data.is_empty()).collect();
+    let expected = (COUNT - DROP_AFTER + 1) as usize;
+    assert_eq!(
+        messages.len(),
+        expected,
+        "{expected} missed messages, got {events:#?}"
+    );
+    for (at, step) in (DROP_AFTER + 1..=COUNT).enumerate() {
+        assert_eq!(messages[at].progress(), Some(step), "{:?}", messages[at]);
+    }
+    let last = messages.last().unwrap();
+    assert!(last.is_response_to(CALL), "the result comes last: {last:?}");
+    let text = &last.message().unwrap()["result"]["content"][0]["text"];
+    assert_eq!(text, &format!("counted to {COUNT}"));
+    let ids: Vec<String> = messages
+        .iter()
+        .map(|e| e.id.clone().expect("an id"))
+        .collect();
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "ids are unique: {ids:?}");
+    ids
+}
+
+fn stateless_flag(mode: Mode, args: &mut Vec<String>) {
+    if mode == Mode::Stateless {
+        args.push("--stateless".into());
+    }
+}
+
+/// A tool call streams progress; the client drops the connection half way;
+/// `GET` + `Last-Event-ID` returns exactly what was missed, then the result.
+pub async fn resume_after_drop(fixture: &Fixture, mode: Mode) {
+    let server = Server::start(fixture.url(), mode, None).await;
+    let mut client = Client::new(&server.url);
+    if mode == Mode::Sessions {
+        client.initialize().await;
+    }
+    let dropped_at = call_and_drop(&client).await;
+    let polled = poll_until_result(&client, &dropped_at).await;
+    let polled_ids = assert_exact_tail(&polled);
+    // Now that the call is over, one resume from the same place has it all,
+    // with the ids the events had the first time.
+    let again = client.resume(&dropped_at).await.collect_all().await;
+    assert_eq!(assert_exact_tail(&again), polled_ids);
+    server.stop().await;
+}
+
+/// The same across a restart of the server process (`SIGKILL`), the store
+/// reopened from disk; with sessions, the new process restores the session
+/// from the store.
+pub async fn resume_after_restart(fixture: &Fixture, mode: Mode) {
+    let mut args = vec![
+        "--store".to_owned(),
+        fixture.url().to_owned(),
+        "--retry-ms".into(),
+        RETRY.as_millis().to_string(),
+    ];
+    stateless_flag(mode, &mut args);
+    let first = ChildServer::spawn(&args);
+    let mut client = Client::new(&first.url);
+    if mode == Mode::Sessions {
+        client.initialize().await;
+    }
+    let dropped_at = call_and_drop(&client).await;
+    // Wait for the call to finish (its events are all stored), then kill.
+    let before_ids = assert_exact_tail(&poll_until_result(&client, &dropped_at).await);
+    first.kill();
+
+    let second = ChildServer::spawn(&args);
+    let client = client.on(&second.url);
+    let after = client.resume(&dropped_at).await.collect_all().await;
+    assert_eq!(assert_exact_tail(&after), before_ids);
+    if mode == Mode::Sessions {
+        // The restored session serves new calls too.
+        let events = client.call_slow_count(3, 2, 1).await.collect_all().await;
+        assert!(events.iter().any(|e| e.is_response_to(3)), "{events:?}");
+    }
+}
+
+/// Two servers on one store: a stream begun on A is resumed on B. With
+/// sessions, B restores A's session from the session store.
+pub async fn resume_on_another_instance(fixture: &Fixture, mode: Mode) {
+    let a = Server::start(fixture.url(), mode, None).await;
+    let b = Server::start(fixture.url(), mode, None).await;
+    let mut on_a = Client::new(&a.url);
+    if mode == Mode::Sessions {
+        on_a.initialize().await;
+    }
+    let on_b = on_a.on(&b.url);
+    let dropped_at = call_and_drop(&on_a).await;
+    let polled = poll_until_result(&on_b, &dropped_at).await;
+    let ids = assert_exact_tail(&polled);
+    let again = on_b.resume(&dropped_at).await.collect_all().await;
+    assert_eq!(assert_exact_tail(&again), ids);
+    if mode == Mode::Sessions {
+        let events = on_b.call_slow_count(3, 2, 1).await.collect_all().await;
+        assert!(events.iter().any(|e| e.is_response_to(3)), "{events:?}");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Every id of a finished tool call's stream.
+async fn finished_call(client: &Client, id: u64) -> Vec<String> {
+    let events = client.call_slow_count(id, 3, 1).await.collect_all().await;
+    assert!(events.iter().any(|e| e.is_response_to(id)), "{events:?}");
+    events.into_iter().filter_map(|e| e.id).collect()
+}
+
+/// Reads whatever a resume answers within a second: status, and events
+/// carrying a message (priming events and retry hints are not messages).
+async fn try_resume(client: &Client, last_event_id: HeaderValue) -> (u16, Vec<Event>) {
+    let response = client.get_with_last_event_id(last_event_id).await;
+    let status = response.status().as_u16();
+    let (events, _) = crate::wire::Sse::new(response)
+        .collect_for(Duration::from_secs(1))
+        .await;
+    let messages = events.into_iter().filter(|e| !e.data.is_empty()).collect();
+    (status, messages)
+}
+
+/// Ids a client could make up from what it has seen of its own streams.
+fn forgeries(own: &str) -> Vec<String> {
+    let (token, position) = own
+        .strip_prefix("v1.")
+        .and_then(|rest| rest.split_once('.'))
+        .expect("a v1 id");
+    let flip = |c: char| if c == '0' { '1' } else { '0' };
+    let mut flipped_first = token.to_owned();
+    let first = flipped_first.remove(0);
+    flipped_first.insert(0, flip(first));
+    let mut flipped_last = token.to_owned();
+    let last = flipped_last.pop().unwrap();
+    flipped_last.push(flip(last));
+    vec![
+        // truncated
+        own[..own.len() - 1].to_owned(),
+        own[..own.len() / 2].to_owned(),
+        format!("v1.{token}"),
+        format!("v1.{token}."),
+        format!("v1.{}", &token[..token.len() - 1]) + "." + position,
+        // forged
+        format!("v1.{flipped_first}.{position}"),
+        format!("v1.{flipped_last}.{position}"),
+        format!("v2.{token}.{position}"),
+        format!("V1.{token}.{position}"),
+        format!("v1.{}.{position}", token.to_uppercase()),
+        format!("v1.{token}.ffffffff"),
+        format!("v1.{token}.0{position}"),
+        // extended
+        format!("{own}0"),
+        format!("{own}.1"),
+        format!("{own}-0"),
+        format!("x{own}"),
+    ]
+}
+
+/// Junk a client might send as `Last-Event-ID`.
+fn garbage() -> Vec<HeaderValue> {
+    let mut values: Vec<HeaderValue> = [
+        "",
+        " ",
+        "garbage",
+        "0",
+        "0/0",
+        "1/0",
+        "18446744073709551616/1",
+        "../../etc/passwd",
+        "' OR 1=1 --",
+        "%00",
+        "v1..",
+        "v1.....",
+        "{\"id\":1}",
+    ]
+    .into_iter()
+    .map(HeaderValue::from_static)
+    .collect();
+    values.push(HeaderValue::from_str(&format!("v1.{}", "a".repeat(4000))).unwrap());
+    values.push(HeaderValue::from_bytes("v1.\u{1F4A5}.1".as_bytes()).unwrap());
+    values.push(HeaderValue::from_bytes(b"\xff\xfe").unwrap());
+    values
+}
+
+/// A `Last-Event-ID` of another stream replays that stream only; one of
+/// another session, a forged or truncated one, and garbage replay nothing,
+/// and none of them is answered with a server error.
+pub async fn foreign_ids_yield_nothing(fixture: &Fixture, mode: Mode) {
+    let server = Server::start(fixture.url(), mode, None).await;
+    let mut alice = Client::new(&server.url);
+    let mut bob = Client::new(&server.url);
+    if mode == Mode::Sessions {
+        alice.initialize().await;
+        bob.initialize().await;
+    }
+    let alice_x = finished_call(&alice, 2).await;
+    let alice_y = finished_call(&alice, 3).await;
+    let bob_z = finished_call(&bob, 4).await;
+
+    // Another stream of one's own: exactly that stream's later events.
+    let (status, events) = try_resume(&alice, HeaderValue::from_str(&alice_y[0]).unwrap()).await;
+    assert_eq!(status, 200);
+    let ids: Vec<String> = events.iter().filter_map(|e| e.id.clone()).collect();
+    assert_eq!(ids, alice_y[1..], "only stream y, from where it was left");
+    for event in &events {
+        assert!(!alice_x.contains(event.id.as_ref().unwrap()));
+    }
+
+    if mode == Mode::Sessions {
+        // Another session's stream: nothing, though the id is genuine.
+        for id in &bob_z {
+            let (status, events) = try_resume(&alice, HeaderValue::from_str(id).unwrap()).await;
+            assert_eq!(status, 200, "{id}");
+            assert!(events.is_empty(), "alice got bob's events: {events:?}");
+        }
+        // Bob's token with alice's positions: still nothing.
+        let bob_token = bob_z[0].split('.').nth(1).unwrap();
+        for own in &alice_x {
+            let position = own.rsplit('.').next().unwrap();
+            let mixed = format!("v1.{bob_token}.{position}");
+            let (status, events) = try_resume(&alice, HeaderValue::from_str(&mixed).unwrap()).await;
+            assert!(status < 500, "{mixed}: {status}");
+            assert!(events.is_empty(), "{mixed}: {events:?}");
+        }
+    }
+
+    for forged in alice_x.iter().flat_map(|id| forgeries(id)) {
+        let (status, events) = try_resume(&alice, HeaderValue::from_str(&forged).unwrap()).await;
+        assert!(status < 500, "{forged:?}: {status}");
+        assert!(events.is_empty(), "{forged:?} replayed {events:?}");
+    }
+    for junk in garbage() {
+        let (status, events) = try_resume(&alice, junk.clone()).await;
+        assert!(status < 500, "{junk:?}: {status}");
+        assert!(events.is_empty(), "{junk:?} replayed {events:?}");
+    }
+    server.stop().await;
+}
+
+/// Records the progress a client receives.
+#[derive(Clone, Default)]
+struct ProgressLog(Arc<Mutex<Vec<f64>>>);
+
+impl ClientHandler for ProgressLog {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.0.lock().unwrap().push(params.progress);
+    }
+}
+
+/// rmcp's own client, with its automatic reconnection, completes a long tool
+/// call while the server closes the SSE stream every two messages
+/// (SEP-1699): it comes back with `Last-Event-ID` after each close.
+pub async fn rmcp_client_polls_through(fixture: &Fixture, mode: Mode) {
+    const STEPS: u64 = 12;
+    let server = Server::start(fixture.url(), mode, Some(2)).await;
+    let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str());
+    let mut retry = FixedInterval::default();
+    retry.duration = RETRY;
+    config.retry_config = Arc::new(retry);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let progress = ProgressLog::default();
+    let client = progress.clone().serve(transport).await.expect("connect");
+
+    let mut arguments = serde_json::Map::new();
+    arguments.insert("count".into(), STEPS.into());
+    arguments.insert("interval_ms".into(), 20.into());
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        client.call_tool(CallToolRequestParams::new("slow_count").with_arguments(arguments)),
+    )
+    .await
+    .expect("the call completes within a minute")
+    .expect("the call succeeds");
+    let text = result.content[0]
+        .as_text()
+        .unwrap_or_else(|| panic!("a text result: {result:?}"));
+    assert_eq!(text.text, format!("counted to {STEPS}"));
+    // rmcp hands each notification to the handler in a task of its own, so
+    // they may land in any order and just after the result: wait for them,
+    // then check each came exactly once. (The wire cases check the order.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while progress.0.lock().unwrap().len() < STEPS as usize
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut received = progress.0.lock().unwrap().clone();
+    received.sort_by(f64::total_cmp);
+    let expected: Vec<f64> = (1..=STEPS).map(|n| n as f64).collect();
+    assert_eq!(
+        received, expected,
+        "every progress notification, exactly once"
+    );
+    assert!(
+        server.resumes() >= (STEPS / 2) as usize,
+        "the client resumed after the server's closes ({} resumes)",
+        server.resumes()
+    );
+    client.cancel().await.expect("close the client");
+    server.stop().await;
+}

@@ -1,0 +1,235 @@
+//! Stores to run against, and servers to run on them: in this process, or
+//! as a child process that can be killed and started again.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::server;
+
+/// A store URL for one test, and what to clean up after it.
+pub struct Fixture {
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+    #[cfg(feature = "postgres")]
+    postgres: Option<mcp_event_store_postgres::testing::PostgresHarness>,
+    #[cfg(feature = "redis")]
+    redis: Option<mcp_event_store_redis::testing::RedisHarness>,
+}
+
+impl Fixture {
+    fn with_url(url: String) -> Self {
+        Self {
+            url,
+            _dir: None,
+            #[cfg(feature = "postgres")]
+            postgres: None,
+            #[cfg(feature = "redis")]
+            redis: None,
+        }
+    }
+
+    /// `memory://`: every server opens its own, empty store.
+    pub async fn memory() -> Self {
+        Self::with_url("memory://".into())
+    }
+
+    /// A store in a fresh temporary directory, removed afterwards.
+    pub async fn in_temp_dir(url: impl FnOnce(&Path) -> String) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut fixture = Self::with_url(url(dir.path()));
+        fixture._dir = Some(dir);
+        fixture
+    }
+
+    /// A random schema on the test PostgreSQL server
+    /// (`mcp_event_store_postgres::testing::server_url`), dropped afterwards.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres() -> Self {
+        let harness = mcp_event_store_postgres::testing::PostgresHarness::new().await;
+        let mut fixture = Self::with_url(with_query(harness.url(), "schema", harness.schema()));
+        fixture.postgres = Some(harness);
+        fixture
+    }
+
+    /// A random key prefix on the test Redis server
+    /// (`mcp_event_store_redis::testing::server_url`), removed afterwards.
+    #[cfg(feature = "redis")]
+    pub async fn redis() -> Self {
+        let harness = mcp_event_store_redis::testing::RedisHarness::new().await;
+        let mut fixture = Self::with_url(with_query(harness.url(), "prefix", harness.prefix()));
+        fixture.redis = Some(harness);
+        fixture
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Removes what the test stored. (If the test panicked first, the
+    /// harnesses and the temporary directory clean up when dropped.)
+    pub async fn teardown(self) {
+        #[allow(unused_imports)]
+        use mcp_event_store_core::conformance::Harness as _;
+        #[cfg(feature = "postgres")]
+        if let Some(harness) = self.postgres {
+            harness.teardown().await;
+        }
+        #[cfg(feature = "redis")]
+        if let Some(harness) = self.redis {
+            harness.teardown().await;
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn with_query(url: &str, name: &str, value: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{name}={value}")
+}
+
+/// Sessions or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Sessions,
+    Stateless,
+}
+
+/// The `retry` hint the test servers send, short so clients come back fast.
+pub const RETRY: Duration = Duration::from_millis(100);
+
+/// The example server, in this process, on a free loopback port.
+pub struct Server {
+    pub url: String,
+    /// `GET`s that carried a `Last-Event-ID`: resumes.
+    resumes: Arc<AtomicUsize>,
+    cancel: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Server {
+    pub async fn start(store_url: &str, mode: Mode, poll_every: Option<usize>) -> Self {
+        let store = mcp_event_store::connect(store_url)
+            .await
+            .unwrap_or_else(|e| panic!("opening {store_url}: {e}"));
+        let options = server::Options {
+            store: store_url.to_owned(),
+            stateless: mode == Mode::Stateless,
+            poll_every,
+            retry: RETRY,
+            ..server::Options::default()
+        };
+        let cancel = CancellationToken::new();
+        let resumes = Arc::new(AtomicUsize::new(0));
+        let counter = resumes.clone();
+        let app = server::router(store, &options, &cancel).layer(axum::middleware::map_request(
+            move |request: axum::extract::Request| {
+                if request.method() == axum::http::Method::GET
+                    && request.headers().contains_key("last-event-id")
+                {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+                std::future::ready(request)
+            },
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free loopback port");
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let stop = cancel.clone();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+                .expect("the server runs");
+        });
+        Self {
+            url,
+            resumes,
+            cancel,
+            task: Some(task),
+        }
+    }
+
+    pub fn resumes(&self) -> usize {
+        self.resumes.load(Ordering::SeqCst)
+    }
+
+    pub async fn stop(mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// The environment variable that makes this test binary a server process.
+pub const CHILD_ENV: &str = "MCP_EVENT_STORE_E2E_SERVER_ARGS";
+
+/// The example server in a child process (this test binary, re-executed to
+/// run `child_server`), killed by pid when dropped.
+pub struct ChildServer {
+    child: Child,
+    pub url: String,
+}
+
+impl ChildServer {
+    pub fn spawn(args: &[String]) -> Self {
+        let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+            .args([
+                "--exact",
+                "child_server",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, args.join("\u{1f}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the server process");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (found, url) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(at) = line.find("LISTENING ") {
+                    let _ = found.send(line[at + "LISTENING ".len()..].trim().to_owned());
+                }
+            }
+        });
+        let mut server = Self {
+            child,
+            url: String::new(),
+        };
+        server.url = url
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server process reports its address");
+        server
+    }
+
+    /// `SIGKILL`s the server and waits for it to die.
+    pub fn kill(mut self) {
+        self.child.kill().expect("kill the server process");
+        let status = self.child.wait().expect("wait for the server process");
+        assert!(!status.success(), "killed, not exited");
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

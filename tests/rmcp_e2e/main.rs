@@ -1,0 +1,85 @@
+//! rmcp end to end, over real HTTP on loopback: the `resumable_server`
+//! example (rmcp's Streamable HTTP server with our stores), driven by a
+//! client that speaks the wire protocol itself and by rmcp's own client.
+//!
+//! Every case runs on every backend compiled in; the list is at the bottom.
+//! Server-backed stores come from `mcp_event_store_postgres::testing` and
+//! `mcp_event_store_redis::testing`, which fail rather than skip when there
+//! is no server; each test works in a schema or key prefix of its own.
+
+#[allow(dead_code, clippy::all)]
+#[path = "../../examples/resumable_server.rs"]
+mod server;
+
+mod cases;
+mod harness;
+mod wire;
+
+use harness::{CHILD_ENV, Fixture, Mode};
+
+/// One test per case and mode for a backend.
+macro_rules! e2e_case {
+    ($fixture:expr, $name:ident, $case:ident, $mode:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let fixture = $fixture.await;
+            $crate::cases::$case(&fixture, $mode).await;
+            fixture.teardown().await;
+        }
+    };
+}
+
+/// Every case on one backend. Tags add the cases a backend supports beyond
+/// the common ones: `restart` (the store survives the server process) and
+/// `shared` (two servers can use the store at once).
+macro_rules! e2e_tests {
+    ($backend:ident: $fixture:expr $(, $tag:ident)* $(,)?) => {
+        mod $backend {
+            #[allow(unused_imports)]
+            use super::*;
+            e2e_case!($fixture, sessions_resume_after_a_dropped_connection, resume_after_drop, Mode::Sessions);
+            e2e_case!($fixture, stateless_resume_after_a_dropped_connection, resume_after_drop, Mode::Stateless);
+            e2e_case!($fixture, sessions_foreign_forged_and_garbage_ids_replay_nothing, foreign_ids_yield_nothing, Mode::Sessions);
+            e2e_case!($fixture, stateless_forged_and_garbage_ids_replay_nothing, foreign_ids_yield_nothing, Mode::Stateless);
+            e2e_case!($fixture, sessions_rmcp_client_completes_while_the_server_closes_streams, rmcp_client_polls_through, Mode::Sessions);
+            e2e_case!($fixture, stateless_rmcp_client_completes_while_the_server_closes_streams, rmcp_client_polls_through, Mode::Stateless);
+            $( e2e_tests!(@$tag $fixture); )*
+        }
+    };
+    (@restart $fixture:expr) => {
+        e2e_case!($fixture, sessions_resume_after_the_server_process_restarts, resume_after_restart, Mode::Sessions);
+        e2e_case!($fixture, stateless_resume_after_the_server_process_restarts, resume_after_restart, Mode::Stateless);
+    };
+    (@shared $fixture:expr) => {
+        e2e_case!($fixture, sessions_stream_begun_on_one_server_resumes_on_another, resume_on_another_instance, Mode::Sessions);
+        e2e_case!($fixture, stateless_stream_begun_on_one_server_resumes_on_another, resume_on_another_instance, Mode::Stateless);
+    };
+}
+
+e2e_tests!(memory: Fixture::memory());
+#[cfg(feature = "sqlite")]
+e2e_tests!(sqlite: Fixture::in_temp_dir(|dir| format!("sqlite://{}/events.db", dir.display())), restart, shared);
+#[cfg(feature = "postgres")]
+e2e_tests!(postgres: Fixture::postgres(), shared);
+#[cfg(feature = "redis")]
+e2e_tests!(redis: Fixture::redis(), shared);
+
+/// The server process of the `restart` cases: this test binary, re-executed
+/// with the server's arguments in [`CHILD_ENV`]. It prints
+/// `LISTENING <url>` once it accepts connections, and runs until killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the server process of the restart cases; they start it with its arguments"]
+async fn child_server() {
+    let Ok(args) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let options = server::Options::parse(args.split('\u{1f}').map(str::to_owned))
+        .expect("valid server arguments");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free loopback port");
+    println!("LISTENING http://{}/mcp", listener.local_addr().unwrap());
+    server::serve(options, listener, std::future::pending())
+        .await
+        .expect("the server runs");
+}

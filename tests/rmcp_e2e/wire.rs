@@ -1,0 +1,280 @@
+//! A small MCP Streamable HTTP client that speaks the wire protocol itself:
+//! JSON-RPC over `POST`, SSE read frame by frame, `GET` with
+//! `Last-Event-ID` to resume.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, HeaderValue};
+use serde_json::{Value, json};
+
+/// The protocol revision the client speaks (with sessions and resumption).
+pub const PROTOCOL: &str = "2025-11-25";
+/// How long any single read may wait before the test fails.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// One SSE event as received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub id: Option<String>,
+    pub data: String,
+    pub retry: Option<u64>,
+}
+
+impl Event {
+    /// The JSON-RPC message, if the event carries one.
+    pub fn message(&self) -> Option<Value> {
+        (!self.data.is_empty())
+            .then(|| serde_json::from_str(&self.data).expect("event data is JSON"))
+    }
+
+    /// The progress count, if this is a progress notification.
+    pub fn progress(&self) -> Option<u64> {
+        let message = self.message()?;
+        (message["method"] == "notifications/progress")
+            .then(|| message["params"]["progress"].as_f64().expect("a number") as u64)
+    }
+
+    /// Whether this is the response to request `id`.
+    pub fn is_response_to(&self, id: u64) -> bool {
+        self.message()
+            .is_some_and(|m| m["id"] == json!(id) && m.get("result").is_some())
+    }
+}
+
+/// An SSE response body, read event by event.
+pub struct Sse {
+    pub headers: HeaderMap,
+    body: BoxStream<'static, reqwest::Result<Bytes>>,
+    buffer: Vec<u8>,
+    ended: bool,
+}
+
+impl Sse {
+    pub fn new(response: reqwest::Response) -> Self {
+        Self {
+            headers: response.headers().clone(),
+            body: response.bytes_stream().boxed(),
+            buffer: Vec::new(),
+            ended: false,
+        }
+    }
+
+    /// The next event, `None` at the end of the stream, `Err` on timeout.
+    /// Comment-only blocks (keep-alives) are skipped.
+    pub async fn next_within(&mut self, limit: Duration) -> Result<Option<Event>, ()> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(end) = find_block_end(&self.buffer) {
+                let block: Vec<u8> = self.buffer.drain(..end.1).collect();
+                let text = String::from_utf8(block[..end.0].to_vec()).expect("SSE is UTF-8");
+                match parse_block(&text) {
+                    Some(event) => return Ok(Some(event)),
+                    None => continue,
+                }
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            match tokio::time::timeout_at(deadline, self.body.next()).await {
+                Err(_) => return Err(()),
+                Ok(Some(Ok(chunk))) => self.buffer.extend_from_slice(&chunk),
+                Ok(Some(Err(error))) => panic!("reading the SSE body failed: {error}"),
+                Ok(None) => self.ended = true,
+            }
+        }
+    }
+
+    /// The next event; the test fails if none comes within [`READ_TIMEOUT`].
+    pub async fn next(&mut self) -> Option<Event> {
+        self.next_within(READ_TIMEOUT)
+            .await
+            .expect("timed out waiting for an SSE event")
+    }
+
+    /// Every event up to the end of the stream.
+    pub async fn collect_all(mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next().await {
+            events.push(event);
+        }
+        events
+    }
+
+    /// Every event that arrives within `limit`, and whether the stream ended.
+    pub async fn collect_for(mut self, limit: Duration) -> (Vec<Event>, bool) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut events = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next_within(left).await {
+                Ok(Some(event)) => events.push(event),
+                Ok(None) => return (events, true),
+                Err(()) => return (events, false),
+            }
+        }
+    }
+}
+
+/// Where the first event block ends: (end of its text, end of its separator).
+fn find_block_end(buffer: &[u8]) -> Option<(usize, usize)> {
+    buffer
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|at| (at, at + 2))
+}
+
+fn parse_block(block: &str) -> Option<Event> {
+    let mut event = Event {
+        id: None,
+        data: String::new(),
+        retry: None,
+    };
+    let mut fields = 0;
+    let mut data_lines = Vec::new();
+    for line in block.lines() {
+        if line.starts_with(':') {
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        fields += 1;
+        match field {
+            "id" => event.id = Some(value.to_owned()),
+            "data" => data_lines.push(value),
+            "retry" => event.retry = value.parse().ok(),
+            _ => {}
+        }
+    }
+    event.data = data_lines.join("\n");
+    (fields > 0).then_some(event)
+}
+
+/// A client of one MCP endpoint, in one session (or none, when stateless).
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    pub url: String,
+    pub session: Option<String>,
+}
+
+impl Client {
+    pub fn new(url: &str) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .expect("an HTTP client"),
+            url: url.to_owned(),
+            session: None,
+        }
+    }
+
+    /// The same client (and session) talking to another server.
+    pub fn on(&self, url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("MCP-Protocol-Version", HeaderValue::from_static(PROTOCOL));
+        if let Some(session) = &self.session {
+            headers.insert(
+                "Mcp-Session-Id",
+                HeaderValue::from_str(session).expect("a header-safe session id"),
+            );
+        }
+        headers
+    }
+
+    /// `POST`s one JSON-RPC message.
+    pub async fn post(&self, message: Value) -> reqwest::Response {
+        self.http
+            .post(&self.url)
+            .headers(self.headers())
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .body(message.to_string())
+            .send()
+            .await
+            .expect("POST")
+    }
+
+    /// The `initialize` handshake; remembers the session id.
+    pub async fn initialize(&mut self) {
+        let response = self
+            .post(json!({
+                "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {
+                    "protocolVersion": PROTOCOL, "capabilities": {},
+                    "clientInfo": {"name": "wire-test", "version": "1"}
+                }
+            }))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "initialize");
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .expect("a session id")
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let events = Sse::new(response).collect_all().await;
+        assert!(events.iter().any(|e| e.is_response_to(1)), "{events:?}");
+        self.session = Some(session);
+        let response = self
+            .post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        assert_eq!(response.status(), StatusCode::ACCEPTED, "initialized");
+    }
+
+    /// Calls `slow_count` with a progress token; the open SSE response.
+    pub async fn call_slow_count(&self, id: u64, count: u64, interval_ms: u64) -> Sse {
+        let response = self
+            .post(json!({
+                "jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {
+                    "name": "slow_count",
+                    "arguments": {"count": count, "interval_ms": interval_ms},
+                    "_meta": {"progressToken": format!("progress-{id}")}
+                }
+            }))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "tools/call");
+        let sse = Sse::new(response);
+        assert!(
+            sse.headers
+                .get("content-type")
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream")),
+            "tools/call answers with SSE"
+        );
+        sse
+    }
+
+    /// `GET` with a raw `Last-Event-ID` header value.
+    pub async fn get_with_last_event_id(&self, last_event_id: HeaderValue) -> reqwest::Response {
+        self.http
+            .get(&self.url)
+            .headers(self.headers())
+            .header("Accept", "text/event-stream")
+            .header("Last-Event-ID", last_event_id)
+            .send()
+            .await
+            .expect("GET")
+    }
+
+    /// Resumes after `last_event_id`; the response must be an SSE stream.
+    pub async fn resume(&self, last_event_id: &str) -> Sse {
+        let response = self
+            .get_with_last_event_id(HeaderValue::from_str(last_event_id).expect("header-safe"))
+            .await;
+        assert_eq!(response.status(), StatusCode::OK, "resume");
+        Sse::new(response)
+    }
+}
