@@ -31,10 +31,16 @@
 //! | `sqlite` (default) | `sqlite::SqliteStore` | `sqlite://events.db`, `sqlite:///abs/path.db` |
 //! | `postgres` | `postgres::PostgresStore` | `postgres://user@host/db`, `?schema=name` |
 //! | `redis` | `redis::RedisStore` | `redis://host:6379`, `redis+cluster://h1:7000,h2:7001` |
-//! | `full` | every backend above | |
+//! | `full` | every backend above, and `rmcp` | |
 //!
 //! Every backend implements [`EventStore`] and [`SessionStore`] and passes
 //! the same conformance suite.
+//!
+//! With the `rmcp` feature, the `rmcp` module makes any of them (a
+//! [`DynStore`] included) a drop-in `EventStore` and `SessionStore` for rmcp
+//! 3.9's Streamable HTTP server, and `rmcp::SessionScoped` keeps resumes
+//! inside their session. The `resumable_server` example is a complete
+//! server: `cargo run --example resumable_server --features rmcp`.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -11,6 +11,10 @@
 //!   another instance can restore the session: [`RmcpSessionStore`]
 //!   implements it over any of our [`SessionStore`]s.
 //!
+//! And [`SessionScoped`] wraps rmcp's `LocalSessionManager` so that a
+//! `Last-Event-ID` only resumes streams of the session presenting it (rmcp
+//! 3.9 alone replays any stream the id names, whatever the session).
+//!
 //! One line each, with [`IntoRmcp`] on any `Arc` of a store (a `DynStore`
 //! from `connect` included):
 //!
@@ -18,15 +22,18 @@
 //! # async fn demo() -> mcp_event_store_core::Result<()> {
 //! use std::sync::Arc;
 //! use mcp_event_store_core::MemoryStore;
-//! use mcp_event_store_core::rmcp::IntoRmcp;
-//! use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+//! use mcp_event_store_core::rmcp::{IntoRmcp, SessionScoped};
+//! use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 //! use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 //!
 //! let store = Arc::new(MemoryStore::new()); // or mcp_event_store::connect(url).await?
-//! let sessions = LocalSessionManager::default().with_event_store(store.clone().into_rmcp());
+//! // Stateless mode takes the event store alone:
+//! let stateless = NeverSessionManager::default().with_event_store(store.clone().into_rmcp());
+//! // Session mode: LocalSessionManager with the event store, resumes scoped.
+//! let sessions = SessionScoped::local(store.clone());
 //! let mut config = StreamableHttpServerConfig::default();
 //! config.session_store = Some(store.into_rmcp_sessions());
-//! # let _ = (sessions, config);
+//! # let _ = (stateless, sessions, config);
 //! # Ok(()) }
 //! ```
 //!
@@ -75,6 +82,31 @@
 //! Replays are finite: they end at the newest stored event. rmcp's clients
 //! treat the end of a resumed stream as a SEP-1699 close and poll again with
 //! their newest `Last-Event-ID` after the `retry` interval.
+//!
+//! # SEP-1699 polling in rmcp 3.9
+//!
+//! What rmcp does, with one of these stores plugged in:
+//!
+//! * **Priming events.** `StreamableHttpServerConfig::sse_retry` (and, for
+//!   request streams in session mode, `SessionConfig::sse_retry`; both 3 s by
+//!   default) makes every request stream start with a priming event (no
+//!   data, a `retry` hint), which is stored like any event and so carries an
+//!   id the client can resume from before any message arrived.
+//! * **Closing a stream on purpose.** Session mode has
+//!   `LocalSessionHandle::close_sse_stream(http_request_id, retry)` and
+//!   `close_standalone_sse_stream(retry)`, but a tool handler cannot learn
+//!   the `http_request_id` of its stream, and stateless mode has no handle.
+//!   Ending the HTTP response body works in both modes and is safe, since
+//!   every event is stored before rmcp writes it: the `resumable_server`
+//!   example does that (`--poll-every N`).
+//! * **Resuming.** A `GET` with `Last-Event-ID` (with `Mcp-Session-Id` in
+//!   session mode) is answered from the event store, in session mode
+//!   without re-attaching to the live stream: every resume is a poll.
+//!   Refused resumes get an empty stream with status 200.
+//! * **The client.** rmcp's `StreamableHttpClientTransport` reconnects when a
+//!   stream ends gracefully, waits for the server's `retry` hint (or its
+//!   retry policy), and resumes with the newest `Last-Event-ID` until the
+//!   response arrives.
 
 mod codec;
 mod events;
