@@ -366,3 +366,99 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+
+    use super::*;
+    use crate::{EventStore, MemoryStore, NewEvent, SessionStore};
+
+    fn scoped(store: &Arc<MemoryStore>) -> SessionScoped<LocalSessionManager, MemoryStore> {
+        SessionScoped::local(store.clone())
+    }
+
+    fn message(id: Option<String>) -> ServerSseMessage {
+        let mut message = ServerSseMessage::retry(Duration::from_secs(1));
+        message.event_id = id;
+        message
+    }
+
+    #[tokio::test]
+    async fn the_standalone_stream_resumes_only_in_its_own_session() {
+        let store = Arc::new(MemoryStore::new());
+        let id = store
+            .store_event("s1:common", NewEvent::new(b"{}"))
+            .await
+            .unwrap()
+            .to_string();
+        let scoped = scoped(&store);
+        assert!(scoped.check_owner(&"s1".into(), &id).await.is_ok());
+        for other in ["s2", "s", "s1:common", ""] {
+            let refused = scoped.check_owner(&other.into(), &id).await;
+            assert!(
+                matches!(refused, Err(ScopedError::ForeignEvent { .. })),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn bound_streams_resume_only_in_their_session_and_garbage_never() {
+        let store = Arc::new(MemoryStore::new());
+        let scoped = scoped(&store);
+        let first = store
+            .store_event("3f1c-request", NewEvent::new(b""))
+            .await
+            .unwrap()
+            .to_string();
+        let later = store
+            .store_event("3f1c-request", NewEvent::new(b"{}"))
+            .await
+            .unwrap()
+            .to_string();
+        // Unbound, a request stream belongs to nobody.
+        assert!(scoped.check_owner(&"s1".into(), &later).await.is_err());
+
+        let upstream = futures_util::stream::iter([
+            message(None),
+            message(Some(first.clone())),
+            message(Some(later.clone())),
+        ]);
+        let bound = BindFirst {
+            inner: Box::pin(upstream),
+            bind: Some(Box::new({
+                let store = store.clone();
+                move |event_id: &str| {
+                    let key = format!(
+                        "{DEFAULT_BINDING_KEY_PREFIX}{}",
+                        EventId::parse(event_id)?.token
+                    );
+                    Some(Box::pin(async move {
+                        store
+                            .put_session(&key, b"s1", Duration::from_secs(60))
+                            .await
+                            .unwrap();
+                    }) as BoxFuture<'static, ()>)
+                }
+            })),
+            pending: Mutex::new(None),
+            held: None,
+        };
+        let passed: Vec<Option<String>> = bound.map(|m| m.event_id).collect().await;
+        assert_eq!(passed, [None, Some(first.clone()), Some(later.clone())]);
+
+        assert!(scoped.check_owner(&"s1".into(), &first).await.is_ok());
+        assert!(scoped.check_owner(&"s1".into(), &later).await.is_ok());
+        assert!(matches!(
+            scoped.check_owner(&"s2".into(), &later).await,
+            Err(ScopedError::ForeignEvent { .. })
+        ));
+        for junk in ["", "garbage", "0/1", &later[..later.len() - 1]] {
+            assert!(
+                scoped.check_owner(&"s1".into(), junk).await.is_err(),
+                "{junk:?}"
+            );
+        }
+    }
+}
