@@ -31,6 +31,7 @@
 //! | `sqlite` (default) | `sqlite::SqliteStore` | `sqlite://events.db`, `sqlite:///abs/path.db` |
 //! | `postgres` | `postgres::PostgresStore` | `postgres://user@host/db`, `?schema=name` |
 //! | `redis` | `redis::RedisStore` | `redis://host:6379`, `redis+cluster://h1:7000,h2:7001` |
+//! | `sled` | `sled::SledStore` | `sled:///var/lib/app/events` |
 //! | `full` | every backend above, and `rmcp` | |
 //!
 //! Every backend implements [`EventStore`] and [`SessionStore`] and passes
@@ -71,6 +72,15 @@ pub mod redis {
     };
 }
 
+/// The sled backend (feature `sled`).
+#[cfg(feature = "sled")]
+pub mod sled {
+    pub use mcp_event_store_sled::{
+        DEFAULT_CACHE_CAPACITY, Durability, FORMAT_VERSION, MAX_FLUSH_INTERVAL, SledOptions,
+        SledStore,
+    };
+}
+
 /// A store of any backend, as [`connect`] returns it.
 pub type DynStore = Arc<dyn Store>;
 
@@ -86,6 +96,9 @@ pub type DynStore = Arc<dyn Store>;
 /// * `redis://host:6379/0` (feature `redis`), a Redis Cluster as
 ///   `redis+cluster://host:7000,host:7001` or `redis://host:7000?cluster=true`;
 ///   keys live under the `mcp-event-store` prefix (or `?prefix=name`).
+/// * `sled:///absolute/dir` or `sled://relative/dir` (feature `sled`), with
+///   `?flush_interval_ms=N` for interval flushing instead of a flush per
+///   append group.
 ///
 /// A URL whose backend is not compiled in is [`Error::BackendNotEnabled`],
 /// naming the cargo feature to enable.
@@ -118,13 +131,19 @@ pub async fn connect_with(url: &str, options: StoreOptions) -> Result<DynStore> 
         "postgres" | "postgresql" => open_postgres(url, scheme, options).await,
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+unix" | "unix"
         | "valkey" | "valkeys" => open_redis(url, scheme, options).await,
-        "sled" => Err(not_enabled(scheme, "sled")),
+        "sled" => open_sled(url, scheme, options).await,
         _ => Err(Error::Config(format!(
             "unknown store URL scheme {scheme:?} (known: memory, sqlite, postgres, redis, sled)"
         ))),
     }
 }
 
+#[cfg(not(all(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "redis",
+    feature = "sled"
+)))]
 fn not_enabled(scheme: String, feature: &'static str) -> Error {
     Error::BackendNotEnabled { scheme, feature }
 }
@@ -193,6 +212,17 @@ async fn open_redis(url: &str, _scheme: String, options: StoreOptions) -> Result
 #[cfg(not(feature = "redis"))]
 async fn open_redis(_url: &str, scheme: String, _options: StoreOptions) -> Result<DynStore> {
     Err(not_enabled(scheme, "redis"))
+}
+
+#[cfg(feature = "sled")]
+async fn open_sled(url: &str, _scheme: String, options: StoreOptions) -> Result<DynStore> {
+    let sled = sled::SledOptions::default().store(options);
+    Ok(Arc::new(sled::SledStore::connect_with(url, sled).await?))
+}
+
+#[cfg(not(feature = "sled"))]
+async fn open_sled(_url: &str, scheme: String, _options: StoreOptions) -> Result<DynStore> {
+    Err(not_enabled(scheme, "sled"))
 }
 
 #[cfg(not(feature = "sqlite"))]

@@ -31,3 +31,11 @@ mod redis {
 
     mcp_event_store_core::conformance_tests!(RedisHarness::new(), persistent);
 }
+
+/// Each case in its own temporary directory.
+#[cfg(feature = "sled")]
+mod sled {
+    use mcp_event_store_sled::testing::SledHarness;
+
+    mcp_event_store_core::conformance_tests!(SledHarness::new(), persistent);
+}

@@ -61,7 +61,11 @@ async fn a_backend_not_compiled_in_names_its_feature() {
             cfg!(feature = "postgres"),
         ),
         ("redis://127.0.0.1:1", "redis", cfg!(feature = "redis")),
-        ("sled:///nonexistent/dir", "sled", false),
+        (
+            "sled:///proc/nonexistent/dir",
+            "sled",
+            cfg!(feature = "sled"),
+        ),
     ];
     for (url, feature, compiled_in) in backends {
         let result = connect(url).await;
@@ -129,5 +133,22 @@ async fn redis_url_opens_a_shared_store() {
         .destroy()
         .await
         .unwrap();
+    assert_eq!(&events[0].data[..], b"b");
+}
+
+#[cfg(feature = "sled")]
+#[tokio::test]
+async fn sled_url_opens_a_directory_that_persists() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sled://{}", dir.path().join("events").display());
+    let first = {
+        let store = connect(&url).await.unwrap();
+        let first = store.store_event("s", NewEvent::new(b"a")).await.unwrap();
+        store.store_event("s", NewEvent::new(b"b")).await.unwrap();
+        first
+    };
+    let store = connect(&url).await.unwrap();
+    let replay = store.replay_events_after(&first.to_string()).await.unwrap();
+    let events: Vec<_> = replay.events.try_collect().await.unwrap();
     assert_eq!(&events[0].data[..], b"b");
 }
