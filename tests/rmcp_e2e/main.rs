@@ -63,6 +63,8 @@ e2e_tests!(sqlite: Fixture::in_temp_dir(|dir| format!("sqlite://{}/events.db", d
 e2e_tests!(postgres: Fixture::postgres(), shared);
 #[cfg(feature = "redis")]
 e2e_tests!(redis: Fixture::redis(), shared);
+#[cfg(feature = "sled")]
+e2e_tests!(sled: Fixture::in_temp_dir(|dir| format!("sled://{}/events", dir.display())), restart);
 
 /// The server process of the `restart` cases: this test binary, re-executed
 /// with the server's arguments in [`CHILD_ENV`]. It prints
