@@ -18,7 +18,8 @@
 //! | `raw_32_writers` | 32 tasks doing raw single inserts (SQLite: through a pool of one connection; PostgreSQL: 32 connections, each committing its own insert) |
 //! | sqlite `raw_full_*` | raw inserts under `synchronous=FULL`: one fsync per event |
 //! | sqlite `store_power_loss_*` | the store under `Durability::PowerLoss` (`synchronous=FULL`): one fsync per group commit |
-//! | sled `raw_flush_each_*` | raw sled insert, then `flush()`, per event |
+//! | redis `raw_lua_xadd_32_writers` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
+//! | sled `raw_flush_each_*` | raw sled insert, then `flush()`, per event (32 writers: 32 concurrent `flush()` calls, which sled shares) |
 
 mod common;
 
@@ -270,7 +271,7 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
 }
 
 fn redis_backend(c: &mut Criterion, rt: &Runtime) {
-    let (store, raw) = rt.block_on(async {
+    let (store, raw, lua) = rt.block_on(async {
         let url = mcp_event_store_redis::testing::server_url().await;
         let prefix = mcp_event_store_redis::testing::random_prefix();
         let store =
@@ -289,8 +290,9 @@ fn redis_backend(c: &mut Criterion, rt: &Runtime) {
         let keys: Arc<Vec<String>> =
             Arc::new((0..WRITERS).map(|w| format!("{prefix}:raw:{w}")).collect());
         let data: Arc<[u8]> = common::payload().into();
+        let (raw_conn, raw_keys, raw_data) = (conn.clone(), keys.clone(), data.clone());
         let raw: AppendFn = Arc::new(move |writer| {
-            let (mut conn, keys, data) = (conn.clone(), keys.clone(), data.clone());
+            let (mut conn, keys, data) = (raw_conn.clone(), raw_keys.clone(), raw_data.clone());
             Box::pin(async move {
                 let _: String = redis::cmd("XADD")
                     .arg(&keys[writer])
@@ -302,7 +304,29 @@ fn redis_backend(c: &mut Criterion, rt: &Runtime) {
                     .expect("raw XADD");
             })
         });
-        (store, raw)
+        // The floor of any script-based append: `EVALSHA` of a one-line
+        // script that only does the `XADD`.
+        let script = Arc::new(redis::Script::new(
+            "return redis.call('XADD', KEYS[1], '*', 'd', ARGV[1])",
+        ));
+        let (lua_conn, lua_keys, lua_data) = (conn.clone(), keys.clone(), data.clone());
+        let lua: AppendFn = Arc::new(move |writer| {
+            let (mut conn, keys, data, script) = (
+                lua_conn.clone(),
+                lua_keys.clone(),
+                lua_data.clone(),
+                script.clone(),
+            );
+            Box::pin(async move {
+                let _: String = script
+                    .key(&keys[writer])
+                    .arg(&data[..])
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("EVALSHA XADD");
+            })
+        });
+        (store, raw, lua)
     });
     let mut group = group(c, "redis");
     let f = store_append(Arc::new(store.clone()));
@@ -310,6 +334,7 @@ fn redis_backend(c: &mut Criterion, rt: &Runtime) {
     one_writer(&mut group, rt, "raw_1_writer", &raw);
     many_writers(&mut group, rt, "store_32_writers", &f);
     many_writers(&mut group, rt, "raw_32_writers", &raw);
+    many_writers(&mut group, rt, "raw_lua_xadd_32_writers", &lua);
     group.finish();
     rt.block_on(async {
         store.destroy().await.expect("remove the bench key prefix");
