@@ -111,8 +111,9 @@ fn memory(c: &mut Criterion, rt: &Runtime) {
     let mut group = group(c, "memory");
     let store: DynStore = Arc::new(mcp_event_store::MemoryStore::new());
     let f = store_append(store);
-    let raw: Arc<std::sync::Mutex<std::collections::BTreeMap<(usize, u64), Vec<u8>>>> =
-        Arc::default();
+    // The raw baseline: a `BTreeMap` keyed by (stream, seq) behind a mutex.
+    type RawMap = std::collections::BTreeMap<(usize, u64), Vec<u8>>;
+    let raw: Arc<std::sync::Mutex<RawMap>> = Arc::default();
     let data = common::payload();
     let raw_f: AppendFn = Arc::new(move |writer| {
         let (raw, data) = (raw.clone(), data.clone());
