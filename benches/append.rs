@@ -1,0 +1,392 @@
+//! The append path, per backend, at the default durability: one writer,
+//! and 32 concurrent writers on 32 streams, beside raw single inserts or
+//! `XADD`s with the same driver. For SQLite and sled also one fsync per
+//! event against group commit.
+//!
+//! ```text
+//! cargo bench --bench append                      # every backend
+//! cargo bench --bench append -- sled/             # one backend
+//! ```
+//!
+//! Benchmark ids (`append/<backend>/...`), throughput in events:
+//!
+//! | id | what |
+//! |---|---|
+//! | `store_1_writer` | `store_event` on one stream, one at a time |
+//! | `raw_1_writer` | the raw single insert / `XADD`, one at a time |
+//! | `store_32_writers` | 32 tasks, each appending to its own stream |
+//! | `raw_32_writers` | 32 tasks doing raw single inserts (SQLite: through a pool of one connection; PostgreSQL: 32 connections, each committing its own insert) |
+//! | sqlite `raw_full_*` | raw inserts under `synchronous=FULL`: one fsync per event |
+//! | sqlite `store_power_loss_*` | the store under `Durability::PowerLoss` (`synchronous=FULL`): one fsync per group commit |
+//! | redis `raw_lua_xadd_32_writers` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
+//! | sled `raw_flush_each_*` | raw sled insert, then `flush()`, per event (32 writers: 32 concurrent `flush()` calls, which sled shares) |
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Backend;
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use mcp_event_store::{DynStore, NewEvent, StoreOptions};
+use mcp_event_store_postgres::{PostgresOptions, PostgresStore};
+use mcp_event_store_redis::{RedisOptions, RedisStore};
+use mcp_event_store_sled::{SledOptions, SledStore};
+use mcp_event_store_sqlite::{Durability as SqliteDurability, SqliteOptions, SqliteStore};
+use sqlx::AssertSqlSafe;
+use tokio::runtime::Runtime;
+
+/// Concurrent writers, each on its own stream.
+const WRITERS: usize = 32;
+/// Appends each writer makes per iteration of a 32-writer benchmark.
+const PER_WRITER: usize = 4;
+
+/// One append, as a boxed future factory: the store, or a raw driver call.
+type AppendFn = Arc<dyn Fn(usize) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
+
+fn store_append(store: DynStore) -> AppendFn {
+    let data: Arc<[u8]> = common::payload().into();
+    let streams: Arc<Vec<String>> = Arc::new((0..WRITERS).map(|w| format!("writer-{w}")).collect());
+    Arc::new(move |writer| {
+        let (store, data, streams) = (store.clone(), data.clone(), streams.clone());
+        Box::pin(async move {
+            store
+                .store_event(&streams[writer], NewEvent::new(&data))
+                .await
+                .expect("append");
+        })
+    })
+}
+
+/// Times one append at a time from one writer.
+fn one_writer(group: &mut BenchmarkGroup<'_, WallTime>, rt: &Runtime, name: &str, f: &AppendFn) {
+    group.throughput(Throughput::Elements(1));
+    group.bench_function(name, |b| b.to_async(rt).iter(|| f(0)));
+}
+
+/// Times `WRITERS` spawned tasks making `PER_WRITER` appends each.
+fn many_writers(group: &mut BenchmarkGroup<'_, WallTime>, rt: &Runtime, name: &str, f: &AppendFn) {
+    group.throughput(Throughput::Elements((WRITERS * PER_WRITER) as u64));
+    group.bench_function(name, |b| {
+        b.to_async(rt).iter(|| async {
+            let mut tasks = tokio::task::JoinSet::new();
+            for w in 0..WRITERS {
+                let f = f.clone();
+                tasks.spawn(async move {
+                    for _ in 0..PER_WRITER {
+                        f(w).await;
+                    }
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.expect("writer task");
+            }
+        })
+    });
+}
+
+fn group<'a>(c: &'a mut Criterion, backend: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut group = c.benchmark_group(format!("append/{backend}"));
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
+    group.sample_size(20);
+    group
+}
+
+fn append(c: &mut Criterion) {
+    let rt = common::runtime();
+    for backend in common::selected() {
+        match backend {
+            Backend::Memory => memory(c, &rt),
+            Backend::Sqlite => sqlite(c, &rt),
+            Backend::Postgres => postgres(c, &rt),
+            Backend::Redis => redis_backend(c, &rt),
+            Backend::Sled => sled_backend(c, &rt),
+        }
+    }
+}
+
+fn memory(c: &mut Criterion, rt: &Runtime) {
+    let mut group = group(c, "memory");
+    let store: DynStore = Arc::new(mcp_event_store::MemoryStore::new());
+    let f = store_append(store);
+    // The raw baseline: a `BTreeMap` keyed by (stream, seq) behind a mutex.
+    type RawMap = std::collections::BTreeMap<(usize, u64), Vec<u8>>;
+    let raw: Arc<std::sync::Mutex<RawMap>> = Arc::default();
+    let data = common::payload();
+    let raw_f: AppendFn = Arc::new(move |writer| {
+        let (raw, data) = (raw.clone(), data.clone());
+        Box::pin(async move {
+            let mut map = raw.lock().expect("raw map");
+            let next = map
+                .range((writer, 0)..(writer, u64::MAX))
+                .next_back()
+                .map_or(1, |((_, seq), _)| seq + 1);
+            map.insert((writer, next), data);
+        })
+    });
+    one_writer(&mut group, rt, "store_1_writer", &f);
+    one_writer(&mut group, rt, "raw_1_writer", &raw_f);
+    many_writers(&mut group, rt, "store_32_writers", &f);
+    many_writers(&mut group, rt, "raw_32_writers", &raw_f);
+    group.finish();
+}
+
+/// Raw SQLite appends: a plain single-row insert through a pool of one
+/// connection, each insert committing by itself.
+async fn sqlite_raw(path: &std::path::Path, full: bool) -> AppendFn {
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .synchronous(if full {
+            sqlx::sqlite::SqliteSynchronous::Full
+        } else {
+            sqlx::sqlite::SqliteSynchronous::Normal
+        });
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(options)
+        .await
+        .expect("raw sqlite pool");
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS raw_events \
+         (stream TEXT NOT NULL, seq INTEGER NOT NULL, payload BLOB NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("raw table");
+    let data: Arc<[u8]> = common::payload().into();
+    let seqs: Arc<Vec<std::sync::atomic::AtomicI64>> =
+        Arc::new((0..WRITERS).map(|_| Default::default()).collect());
+    Arc::new(move |writer| {
+        let (pool, data, seqs) = (pool.clone(), data.clone(), seqs.clone());
+        Box::pin(async move {
+            let seq = seqs[writer].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            sqlx::query("INSERT INTO raw_events (stream, seq, payload) VALUES (?1, ?2, ?3)")
+                .bind(writer as i64)
+                .bind(seq)
+                .bind(&data[..])
+                .execute(&pool)
+                .await
+                .expect("raw insert");
+        })
+    })
+}
+
+fn sqlite(c: &mut Criterion, rt: &Runtime) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (process, power_loss, raw_normal, raw_full) = rt.block_on(async {
+        let process = SqliteStore::open(dir.path().join("process.db"))
+            .await
+            .expect("open sqlite");
+        let power_loss = SqliteStore::open_with(
+            SqliteOptions::new(dir.path().join("power_loss.db"))
+                .durability(SqliteDurability::PowerLoss),
+        )
+        .await
+        .expect("open sqlite");
+        (
+            process,
+            power_loss,
+            sqlite_raw(&dir.path().join("raw_normal.db"), false).await,
+            sqlite_raw(&dir.path().join("raw_full.db"), true).await,
+        )
+    });
+    let mut group = group(c, "sqlite");
+    let f = store_append(Arc::new(process.clone()));
+    one_writer(&mut group, rt, "store_1_writer", &f);
+    one_writer(&mut group, rt, "raw_1_writer", &raw_normal);
+    many_writers(&mut group, rt, "store_32_writers", &f);
+    many_writers(&mut group, rt, "raw_32_writers", &raw_normal);
+    let f = store_append(Arc::new(power_loss.clone()));
+    group.sample_size(10);
+    one_writer(&mut group, rt, "store_power_loss_1_writer", &f);
+    one_writer(&mut group, rt, "raw_full_1_writer", &raw_full);
+    many_writers(&mut group, rt, "store_power_loss_32_writers", &f);
+    many_writers(&mut group, rt, "raw_full_32_writers", &raw_full);
+    group.finish();
+    rt.block_on(async {
+        process.close().await;
+        power_loss.close().await;
+    });
+}
+
+fn postgres(c: &mut Criterion, rt: &Runtime) {
+    let (url, schema, store, raw) = rt.block_on(async {
+        let url = mcp_event_store_postgres::testing::server_url().await;
+        let schema = mcp_event_store_postgres::testing::random_schema();
+        let store = PostgresStore::connect_with(
+            &url,
+            PostgresOptions::default()
+                .schema(schema.clone())
+                .store(StoreOptions::default()),
+        )
+        .await
+        .expect("open postgres");
+        // 32 connections: each raw writer commits its own insert.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(WRITERS as u32)
+            .test_before_acquire(false)
+            .connect(&url)
+            .await
+            .expect("raw postgres pool");
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE \"{schema}\".raw_events \
+             (id BIGSERIAL PRIMARY KEY, stream BYTEA NOT NULL, data BYTEA NOT NULL)"
+        )))
+        .execute(&pool)
+        .await
+        .expect("raw table");
+        let sql: Arc<str> =
+            format!("INSERT INTO \"{schema}\".raw_events (stream, data) VALUES ($1, $2)").into();
+        let data: Arc<[u8]> = common::payload().into();
+        let raw: AppendFn = Arc::new(move |writer| {
+            let (pool, sql, data) = (pool.clone(), sql.clone(), data.clone());
+            Box::pin(async move {
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(format!("writer-{writer}").into_bytes())
+                    .bind(&data[..])
+                    .execute(&pool)
+                    .await
+                    .expect("raw insert");
+            })
+        });
+        (url, schema, store, raw)
+    });
+    let mut group = group(c, "postgres");
+    let f = store_append(Arc::new(store.clone()));
+    one_writer(&mut group, rt, "store_1_writer", &f);
+    one_writer(&mut group, rt, "raw_1_writer", &raw);
+    many_writers(&mut group, rt, "store_32_writers", &f);
+    many_writers(&mut group, rt, "raw_32_writers", &raw);
+    group.finish();
+    rt.block_on(async {
+        store.close().await;
+        mcp_event_store_postgres::testing::drop_schema(&url, &schema)
+            .await
+            .expect("drop the bench schema");
+    });
+}
+
+fn redis_backend(c: &mut Criterion, rt: &Runtime) {
+    let (store, raw, lua) = rt.block_on(async {
+        let url = mcp_event_store_redis::testing::server_url().await;
+        let prefix = mcp_event_store_redis::testing::random_prefix();
+        let store =
+            RedisStore::connect_with(&url, RedisOptions::default().key_prefix(prefix.clone()))
+                .await
+                .expect("open redis");
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(30)))
+            .set_connection_timeout(Some(Duration::from_secs(5)));
+        let conn = redis::Client::open(url.as_str())
+            .expect("redis url")
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .expect("raw redis connection");
+        // Under the store's prefix, so `destroy` removes them too.
+        let keys: Arc<Vec<String>> =
+            Arc::new((0..WRITERS).map(|w| format!("{prefix}:raw:{w}")).collect());
+        let data: Arc<[u8]> = common::payload().into();
+        let (raw_conn, raw_keys, raw_data) = (conn.clone(), keys.clone(), data.clone());
+        let raw: AppendFn = Arc::new(move |writer| {
+            let (mut conn, keys, data) = (raw_conn.clone(), raw_keys.clone(), raw_data.clone());
+            Box::pin(async move {
+                let _: String = redis::cmd("XADD")
+                    .arg(&keys[writer])
+                    .arg("*")
+                    .arg("d")
+                    .arg(&data[..])
+                    .query_async(&mut conn)
+                    .await
+                    .expect("raw XADD");
+            })
+        });
+        // The floor of any script-based append: `EVALSHA` of a one-line
+        // script that only does the `XADD`.
+        let script = Arc::new(redis::Script::new(
+            "return redis.call('XADD', KEYS[1], '*', 'd', ARGV[1])",
+        ));
+        let (lua_conn, lua_keys, lua_data) = (conn.clone(), keys.clone(), data.clone());
+        let lua: AppendFn = Arc::new(move |writer| {
+            let (mut conn, keys, data, script) = (
+                lua_conn.clone(),
+                lua_keys.clone(),
+                lua_data.clone(),
+                script.clone(),
+            );
+            Box::pin(async move {
+                let _: String = script
+                    .key(&keys[writer])
+                    .arg(&data[..])
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("EVALSHA XADD");
+            })
+        });
+        (store, raw, lua)
+    });
+    let mut group = group(c, "redis");
+    let f = store_append(Arc::new(store.clone()));
+    one_writer(&mut group, rt, "store_1_writer", &f);
+    one_writer(&mut group, rt, "raw_1_writer", &raw);
+    many_writers(&mut group, rt, "store_32_writers", &f);
+    many_writers(&mut group, rt, "raw_32_writers", &raw);
+    many_writers(&mut group, rt, "raw_lua_xadd_32_writers", &lua);
+    group.finish();
+    rt.block_on(async {
+        store.destroy().await.expect("remove the bench key prefix");
+    });
+}
+
+/// Raw sled: insert, then `flush()`, per event, on the blocking pool.
+fn sled_raw(db: sled::Db) -> AppendFn {
+    let tree = db.open_tree("events").expect("raw tree");
+    let data: Arc<[u8]> = common::payload().into();
+    let seqs: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new((0..WRITERS).map(|_| Default::default()).collect());
+    Arc::new(move |writer| {
+        let (db, tree, data, seqs) = (db.clone(), tree.clone(), data.clone(), seqs.clone());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let seq = seqs[writer].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut key = (writer as u64).to_be_bytes().to_vec();
+                key.extend_from_slice(&seq.to_be_bytes());
+                tree.insert(key, &data[..]).expect("raw insert");
+                db.flush().expect("raw flush");
+            })
+            .await
+            .expect("raw sled task");
+        })
+    })
+}
+
+fn sled_backend(c: &mut Criterion, rt: &Runtime) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let raw_dir = tempfile::tempdir().expect("a temporary directory");
+    let store = rt.block_on(async {
+        SledStore::open(dir.path(), SledOptions::default())
+            .await
+            .expect("open sled")
+    });
+    let db = sled::Config::new()
+        .path(raw_dir.path())
+        .cache_capacity(mcp_event_store_sled::DEFAULT_CACHE_CAPACITY)
+        .open()
+        .expect("raw sled");
+    let raw = sled_raw(db);
+    let mut group = group(c, "sled");
+    let f = store_append(Arc::new(store.clone()));
+    one_writer(&mut group, rt, "store_1_writer", &f);
+    one_writer(&mut group, rt, "raw_flush_each_1_writer", &raw);
+    many_writers(&mut group, rt, "store_32_writers", &f);
+    many_writers(&mut group, rt, "raw_flush_each_32_writers", &raw);
+    group.finish();
+    rt.block_on(async { store.close().await.expect("close sled") });
+}
+
+criterion_group!(benches, append);
+criterion_main!(benches);

@@ -1,0 +1,85 @@
+//! The replay hot path: replay the last K events of a 100,000-event stream
+//! (K = 1, 10, 100, 1000, 10,000), per backend, beside the raw baseline: the
+//! same range read done by hand with the same driver (see `common::Raw`).
+//!
+//! ```text
+//! cargo bench --bench replay                      # every backend
+//! cargo bench --bench replay -- sqlite/           # one backend (name filter)
+//! MCP_EVENT_STORE_BENCH_BACKENDS=redis cargo bench --bench replay
+//! ```
+//!
+//! Benchmark ids: `replay/<backend>/{store,raw}/<K>`.
+
+mod common;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use common::StreamPlan;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use futures_util::TryStreamExt;
+use mcp_event_store::EventId;
+
+fn replay_hot_path(c: &mut Criterion) {
+    let rt = common::runtime();
+    let (len, ks): (u64, &[usize]) = if common::quick() {
+        (10_000, &[1, 10, 100, 1_000])
+    } else {
+        (100_000, &[1, 10, 100, 1_000, 10_000])
+    };
+    let plan = [StreamPlan {
+        stream_id: "replay-probe".into(),
+        len,
+    }];
+    for backend in common::selected() {
+        let loaded = rt.block_on(common::load(backend, &plan));
+        let (raw, raw_dir) = rt.block_on(common::raw_for(backend, &loaded, &plan));
+        let mut group = c.benchmark_group(format!("replay/{}", backend.name()));
+        group.warm_up_time(Duration::from_secs(1));
+        group.measurement_time(Duration::from_secs(3));
+        for &k in ks {
+            group.throughput(Throughput::Elements(k as u64));
+            group.sample_size(if k >= 10_000 { 10 } else { 30 });
+            let cursor = loaded.cursor_for_last(k);
+            let after = cursor.parse::<EventId>().expect("a cursor").position;
+            // Prove both sides read the same events before timing them.
+            rt.block_on(async {
+                let events: Vec<_> = loaded
+                    .store
+                    .replay_events_after(&cursor)
+                    .await
+                    .expect("replay")
+                    .events
+                    .try_collect()
+                    .await
+                    .expect("replay events");
+                let raw_events = raw.read_after(after).await;
+                assert_eq!(events.len(), k, "{backend:?} store replay of {k}");
+                assert_eq!(raw_events.len(), k, "{backend:?} raw read of {k}");
+                assert_eq!(events[0].data, raw_events[0].1);
+            });
+            let store = &loaded.store;
+            group.bench_with_input(BenchmarkId::new("store", k), &cursor, |b, cursor| {
+                b.to_async(&rt).iter(|| async {
+                    let replay = store.replay_events_after(cursor).await.expect("replay");
+                    let events: Vec<_> = replay.events.try_collect().await.expect("events");
+                    black_box(events)
+                })
+            });
+            group.bench_with_input(BenchmarkId::new("raw", k), &after, |b, &after| {
+                b.to_async(&rt)
+                    .iter(|| async { black_box(raw.read_after(after).await) })
+            });
+        }
+        group.finish();
+        drop(raw);
+        drop(raw_dir);
+        rt.block_on(loaded.cleanup.run());
+    }
+}
+
+// The rmcp adapter's replay group (replaying through rmcp's `EventStore`
+// trait beside the store's own replay) belongs in this list once the adapter
+// lands: `criterion_group!(benches, replay_hot_path, rmcp_adapter_replay);`
+criterion_group!(benches, replay_hot_path);
+criterion_main!(benches);
