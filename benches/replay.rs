@@ -78,8 +78,7 @@ fn replay_hot_path(c: &mut Criterion) {
     }
 }
 
-// The rmcp adapter's replay group (replaying through rmcp's `EventStore`
-// trait beside the store's own replay) belongs in this list once the adapter
-// lands: `criterion_group!(benches, replay_hot_path, rmcp_adapter_replay);`
+// The rmcp adapter's per-event cost lives in `benches/rmcp.rs` (feature
+// `rmcp`): it is codec work, not a backend read.
 criterion_group!(benches, replay_hot_path);
 criterion_main!(benches);
