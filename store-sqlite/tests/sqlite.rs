@@ -124,3 +124,78 @@ async fn a_file_that_is_not_a_database_is_a_backend_error() {
         "{err}"
     );
 }
+
+/// Appends that arrive together share one multi-row insert; a token
+/// collision among them must fail only the colliding appends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collision_in_a_group_fails_only_its_own_appends() {
+    use futures_util::StreamExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    store
+        .store_event("victim", NewEvent::new(b"first"))
+        .await
+        .unwrap();
+    store.close().await;
+    // Make the victim's token belong to another stream id, as a 120-bit
+    // token collision would.
+    let mut conn = raw(&path).await;
+    sqlx::query("UPDATE mes_streams SET stream_id = 'impostor' WHERE stream_id = 'victim'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+
+    let store = SqliteStore::open(&path).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for round in 0..8 {
+        for stream in ["a", "victim", "b", "c", "d", "e", "f", "g"] {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let payload = format!("{stream}-{round}");
+                let result = store
+                    .store_event(stream, NewEvent::new(payload.as_bytes()))
+                    .await;
+                (stream, result)
+            });
+        }
+    }
+    let mut firsts = std::collections::HashMap::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (stream, result) = joined.unwrap();
+        if stream == "victim" {
+            assert!(matches!(result, Err(Error::Corrupt(_))), "{result:?}");
+        } else {
+            let id = result.unwrap();
+            firsts
+                .entry(stream)
+                .and_modify(|first: &mut mcp_event_store_core::EventId| {
+                    if id.position < first.position {
+                        *first = id;
+                    }
+                })
+                .or_insert(id);
+        }
+    }
+    for (stream, first) in firsts {
+        let replay = store.replay_events_after(&first.to_string()).await.unwrap();
+        assert_eq!(replay.stream_id, stream);
+        let after_first: Vec<_> = replay.events.collect().await;
+        assert_eq!(after_first.len(), 7, "stream {stream}");
+        assert!(after_first.iter().all(|e| e.is_ok()));
+    }
+    // The victim's one event is untouched, still under the stored id.
+    let mut conn = raw(&path).await;
+    let (count, stream_id): (i64, String) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM mes_events e WHERE e.token = s.token), s.stream_id \
+         FROM mes_streams s WHERE s.stream_id = 'impostor'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!((count, stream_id.as_str()), (1, "impostor"));
+    conn.close().await.unwrap();
+    store.close().await;
+}
