@@ -59,6 +59,15 @@
 //! a server or role configured with `synchronous_commit = off` trades that
 //! away, and the store does not override it.
 //!
+//! Under concurrency, appends are batched: while appends are in flight, new
+//! ones queue, and a batcher sends everything queued (at most one event per
+//! stream, up to 64 events) as one statement, the same upsert and insert
+//! applied to every row of an `unnest`ed input, so many streams share one
+//! commit and one WAL flush. A few batches run at a time; a lone append
+//! never waits for a batch. A batch that fails is retried one event at a
+//! time, so every caller gets its own answer, and a token collision fails
+//! only its own event.
+//!
 //! Ordering: the upsert takes the stream row's lock and keeps it until
 //! commit, so writers of one stream, in any process, are serialized from the
 //! moment they draw a sequence number until they commit. Writer *n + 1*
@@ -68,7 +77,8 @@
 //! behind its cursor. A global `BIGSERIAL` read as `id > cursor` would not
 //! give this (sequence values are drawn before commit, and transactions
 //! commit out of order), which is why there is none. Different streams
-//! never wait for each other.
+//! never wait for each other. A batch locks its stream rows in token order,
+//! so concurrent batches cannot deadlock each other.
 //!
 //! The same statement applies the count and byte limits *logically*: it
 //! moves `first_seq` past the events they drop, so readers stop seeing them
@@ -136,6 +146,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod batch;
 mod options;
 mod purge;
 mod setup;

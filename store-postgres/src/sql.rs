@@ -44,6 +44,49 @@ WITH s AS (
 SELECT last_seq FROM s
 "#;
 
+/// Appends a batch of events from distinct streams in one statement (see
+/// [`crate::batch`]): [`APPEND`] applied to every row of the input at once.
+/// Stream rows are locked in token order, so concurrent batches never
+/// deadlock each other.
+///
+/// $1 tokens, $2 stream ids, $3 payload lengths, $4 now (ms), $5 retries
+/// (ms), $6 payloads, $7 incarnations for new rows (all arrays, one element
+/// per event); $8 max events, $9 max bytes. Returns `(token, seq)` for each
+/// event stored; a token missing belongs to another stream id.
+pub(crate) const APPEND_BATCH: &str = r#"
+WITH i AS (
+    SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::int8[], $5::int8[],
+                         $6::bytea[], $7::int8[])
+        AS i(token, stream_id, len, stored_at, retry_ms, data, incarnation)
+), s AS (
+    INSERT INTO {s}.streams AS st
+        (token, stream_id, incarnation, first_seq, last_seq, clean_seq, total_bytes, last_stored_at)
+    SELECT token, stream_id, incarnation, 1, 1, 1, len, stored_at FROM i ORDER BY token
+    ON CONFLICT (token) DO UPDATE SET
+        last_seq = st.last_seq + 1,
+        total_bytes = st.total_bytes + EXCLUDED.total_bytes,
+        last_stored_at = GREATEST(st.last_stored_at, EXCLUDED.last_stored_at),
+        first_seq = GREATEST(
+            st.first_seq,
+            st.last_seq + 2 - $8::int8,
+            CASE WHEN $9::int8 IS NULL THEN NULL ELSE LEAST(st.last_seq + 1, COALESCE(
+                (SELECT e.seq FROM {s}.events e
+                  WHERE e.token = st.token AND e.seq >= st.first_seq
+                    AND e.cum_bytes >= st.total_bytes + EXCLUDED.total_bytes - $9::int8
+                  ORDER BY e.seq LIMIT 1),
+                CASE WHEN EXISTS (SELECT 1 FROM {s}.events e
+                                   WHERE e.token = st.token AND e.seq = st.last_seq)
+                     THEN st.last_seq + 1 ELSE st.first_seq END)) END)
+    WHERE st.stream_id = EXCLUDED.stream_id
+    RETURNING st.token, st.last_seq, st.total_bytes
+), ins AS (
+    INSERT INTO {s}.events (token, seq, stored_at, cum_bytes, retry_ms, data)
+    SELECT s.token, s.last_seq, i.stored_at, s.total_bytes - i.len, i.retry_ms, i.data
+      FROM s JOIN i ON i.token = s.token
+)
+SELECT token, last_seq FROM s
+"#;
+
 /// One replay page and, in one snapshot, the stream's state: event rows
 /// (seq set) and one header row (seq null) with first/last seq and, when $4,
 /// the stream id. No header row: the stream does not exist.
@@ -181,6 +224,7 @@ SELECT version, description, success FROM {s}._sqlx_migrations ORDER BY version
 #[derive(Clone, Debug)]
 pub(crate) struct Sql {
     pub append: SqlStr,
+    pub append_batch: SqlStr,
     pub page: SqlStr,
     pub lookup: SqlStr,
     pub delete_mark: SqlStr,
@@ -199,6 +243,7 @@ impl Sql {
         let make = |template: &str| render(template, quoted_schema);
         Self {
             append: make(APPEND),
+            append_batch: make(APPEND_BATCH),
             page: make(PAGE),
             lookup: make(LOOKUP),
             delete_mark: make(DELETE_MARK),

@@ -18,6 +18,7 @@ use mcp_event_store_core::{
     retry_from_millis, retry_to_millis, validate_session_id, validate_stream_id,
 };
 
+use crate::batch::{AppendRequest, Batcher, Limits, Statements};
 use crate::options::{DEFAULT_APPLICATION_NAME, MAX_PAGE_SIZE, PostgresOptions, quote_schema};
 use crate::sql::Sql;
 use crate::{BACKEND, backend, purge, setup};
@@ -53,6 +54,8 @@ struct Inner {
     /// Source of the `incarnation` of streams this handle creates: a random
     /// start and a counter, so handles never need to coordinate.
     incarnations: AtomicU64,
+    /// Runs appends alone or batched with concurrent ones.
+    batcher: Batcher,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -114,9 +117,19 @@ impl PostgresStore {
         let start =
             getrandom::u64().map_err(|e| Error::Config(format!("no OS randomness: {e}")))?;
         let page_size = options.store.page_size.min(MAX_PAGE_SIZE) as i64;
+        let sql = Sql::new(&quote_schema(&options.schema));
+        let batcher = Batcher::start(
+            pool.clone(),
+            Statements {
+                single: sql.append.clone(),
+                batch: sql.append_batch.clone(),
+            },
+            Limits::new(options.store.retention),
+        );
         Ok(Self {
             inner: Arc::new(Inner {
-                sql: Sql::new(&quote_schema(&options.schema)),
+                sql,
+                batcher,
                 pool,
                 key,
                 page_size,
@@ -161,22 +174,20 @@ impl PostgresStore {
             .options
             .check_append(stream_id, event.data.len())?;
         let token = self.inner.key.token(stream_id);
-        let retention = self.inner.options.retention;
         let incarnation = self.inner.incarnations.fetch_add(1, Ordering::Relaxed) as i64;
-        let row = sqlx::query(self.inner.sql.append.clone())
-            .bind(&token.as_bytes()[..])
-            .bind(stream_id.as_bytes())
-            .bind(event.data.len() as i64)
-            .bind(self.now())
-            .bind(retry_to_millis(event.retry))
-            .bind(retention.max_events_per_stream.map(clamp_i64))
-            .bind(retention.max_bytes_per_stream.map(clamp_i64))
-            .bind(event.data)
-            .bind(incarnation)
-            .fetch_optional(&self.inner.pool)
-            .await
-            .map_err(backend)?;
-        let Some(row) = row else {
+        let seq = self
+            .inner
+            .batcher
+            .append(AppendRequest {
+                token,
+                stream_id: Bytes::copy_from_slice(stream_id.as_bytes()),
+                data: Bytes::copy_from_slice(event.data),
+                retry_ms: retry_to_millis(event.retry),
+                now: self.now(),
+                incarnation,
+            })
+            .await?;
+        let Some(seq) = seq else {
             // The stream row's stored id differs from ours: two stream ids
             // share a 120-bit token. Never mix their events.
             return Err(Error::Corrupt(format!(
@@ -184,7 +195,6 @@ impl PostgresStore {
                  refusing to mix two streams"
             )));
         };
-        let seq: i64 = row.try_get(0).map_err(backend)?;
         Ok(EventId::new(token, Position::seq(seq as u64)))
     }
 
@@ -247,11 +257,6 @@ impl PostgresStore {
         });
         Ok(Replay { stream_id, events })
     }
-}
-
-/// Saturates a `u64` limit into PostgreSQL's `bigint`.
-fn clamp_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// Decodes a stored stream or session id.

@@ -840,3 +840,116 @@ async fn purges_beside_appends_never_open_a_gap() {
     h.close(Arc::into_inner(store).unwrap()).await;
     h.teardown().await;
 }
+
+/// Appends that arrive together share one statement (see the crate's
+/// `batch` module); a token collision among them must fail only the
+/// colliding appends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collision_in_a_batch_fails_only_its_own_appends() {
+    let h = PostgresHarness::new().await;
+    let store = Arc::new(h.open(unbounded()).await);
+    store
+        .store_event("victim", NewEvent::new(b"v"))
+        .await
+        .unwrap();
+    let mut conn = admin(&h).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}\".streams SET stream_id = convert_to('impostor', 'UTF8')",
+        h.schema()
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for round in 0..8 {
+        for stream in ["a", "victim", "b", "c", "d", "e", "f", "g"] {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let payload = format!("{stream}-{round}");
+                let result = store
+                    .store_event(stream, NewEvent::new(payload.as_bytes()))
+                    .await;
+                (stream, result)
+            });
+        }
+    }
+    let mut stored: std::collections::HashMap<&str, Vec<EventId>> = Default::default();
+    while let Some(joined) = tasks.join_next().await {
+        let (stream, result) = joined.unwrap();
+        if stream == "victim" {
+            assert!(matches!(result, Err(Error::Corrupt(_))), "{result:?}");
+        } else {
+            stored.entry(stream).or_default().push(result.unwrap());
+        }
+    }
+    assert_eq!(stored.len(), 7);
+    for (stream, mut ids) in stored {
+        ids.sort_by_key(|id| id.position);
+        let seqs: Vec<u64> = ids.iter().map(|id| id.position.major).collect();
+        assert_eq!(seqs, (1..=8).collect::<Vec<_>>(), "stream {stream}");
+        let (replayed_stream, events) = replay_all(&*store, &ids[0].to_string()).await.unwrap();
+        assert_eq!(replayed_stream, stream);
+        assert_eq!(events.len(), 7);
+    }
+    // The victim's row and event are untouched.
+    assert_eq!(count_rows(&h, "events").await, 1 + 7 * 8);
+}
+
+/// Batched appends apply the count and byte limits exactly as single
+/// appends do: streams written concurrently (batched) retain the same tail
+/// as a stream written alone (one statement per event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_appends_retain_what_single_appends_retain() {
+    const EVENTS: usize = 30;
+    let payload = |i: usize| vec![b'x'; 40 + (i * 37) % 90];
+    for retention in [
+        Retention::unbounded().max_events_per_stream(5),
+        Retention::unbounded().max_bytes_per_stream(300),
+    ] {
+        let h = PostgresHarness::new().await;
+        let store = Arc::new(h.open(StoreOptions::default().retention(retention)).await);
+        let mut reference = Vec::new();
+        for i in 0..EVENTS {
+            let id = store
+                .store_event("alone", NewEvent::new(&payload(i)))
+                .await
+                .unwrap();
+            reference.push(id);
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for stream in 0..16 {
+            let store = store.clone();
+            tasks.spawn(async move {
+                let mut ids = Vec::new();
+                for i in 0..EVENTS {
+                    let id = store
+                        .store_event(&format!("busy-{stream}"), NewEvent::new(&payload(i)))
+                        .await
+                        .unwrap();
+                    ids.push(id);
+                }
+                ids
+            });
+        }
+        let retained = |ids: Vec<EventId>| {
+            let store = store.clone();
+            async move {
+                let mut sizes = Vec::new();
+                for id in ids {
+                    match replay_all(&*store, &id.to_string()).await {
+                        Ok((_, events)) => sizes.push(Some(events.len())),
+                        Err(Error::EventsPurged { .. }) => sizes.push(None),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                sizes
+            }
+        };
+        let expected = retained(reference).await;
+        assert!(expected.iter().any(Option::is_none), "the limit never bit");
+        while let Some(ids) = tasks.join_next().await {
+            assert_eq!(retained(ids.unwrap()).await, expected, "{retention:?}");
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Batched appends: concurrent appends from many streams share one
+//! statement and one commit.
+//!
+//! Each commit waits for a WAL flush, so appends committed one by one are
+//! bound by how many commits the server can flush. A lone append still runs
+//! its own statement at once ([`crate::sql::APPEND`]); appends that arrive
+//! while others are in flight queue for the batcher task, which sends
+//! everything queued, at most one event per stream, as one
+//! [`crate::sql::APPEND_BATCH`] statement. A few batches run at a time, and
+//! the queue fills while they do, so the busier the store, the larger each
+//! batch.
+//!
+//! Ordering (C6) is the stream row's lock, exactly as for single appends:
+//! a batch locks its streams' rows in token order, so concurrent batches
+//! never deadlock each other.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use mcp_event_store_core::{Error, Result, Retention, StreamToken};
+use sqlx::postgres::PgPool;
+use sqlx::{Row, SqlStr};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::{BACKEND, backend};
+
+/// Events one batch statement carries at most.
+const MAX_EVENTS: usize = 64;
+/// Payload bytes one batch carries at most (a larger single event still
+/// goes, alone).
+const MAX_BYTES: usize = 4 << 20;
+/// Batches in flight at once, each on its own pooled connection.
+const MAX_IN_FLIGHT: usize = 4;
+
+/// One append: everything the statement binds, and where its sequence
+/// number goes.
+pub(crate) struct AppendRequest {
+    pub token: StreamToken,
+    pub stream_id: Bytes,
+    pub data: Bytes,
+    pub retry_ms: Option<i64>,
+    pub now: i64,
+    pub incarnation: i64,
+}
+
+/// What an append statement binds besides the event: the retention limits.
+#[derive(Clone, Copy)]
+pub(crate) struct Limits {
+    max_events: Option<i64>,
+    max_bytes: Option<i64>,
+}
+
+impl Limits {
+    pub(crate) fn new(retention: Retention) -> Self {
+        // Saturate into PostgreSQL's `bigint`.
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Self {
+            max_events: retention.max_events_per_stream.map(clamp),
+            max_bytes: retention.max_bytes_per_stream.map(clamp),
+        }
+    }
+}
+
+/// The statements the batcher runs.
+#[derive(Clone)]
+pub(crate) struct Statements {
+    pub single: SqlStr,
+    pub batch: SqlStr,
+}
+
+/// Appends one event with the single-event statement. `None`: the token
+/// belongs to another stream id.
+pub(crate) async fn append_one(
+    pool: &PgPool,
+    statements: &Statements,
+    limits: Limits,
+    request: &AppendRequest,
+) -> Result<Option<i64>> {
+    let row = sqlx::query(statements.single.clone())
+        .bind(&request.token.as_bytes()[..])
+        .bind(&request.stream_id[..])
+        .bind(request.data.len() as i64)
+        .bind(request.now)
+        .bind(request.retry_ms)
+        .bind(limits.max_events)
+        .bind(limits.max_bytes)
+        .bind(&request.data[..])
+        .bind(request.incarnation)
+        .fetch_optional(pool)
+        .await
+        .map_err(backend)?;
+    row.map(|row| row.try_get(0).map_err(backend)).transpose()
+}
+
+type Waiting = (AppendRequest, oneshot::Sender<Result<Option<i64>>>);
+
+/// The handle appends use: decides between running alone and joining a
+/// batch, and owns the queue to the batcher task.
+pub(crate) struct Batcher {
+    queue: mpsc::UnboundedSender<Waiting>,
+    in_flight: AtomicUsize,
+    pool: PgPool,
+    statements: Statements,
+    limits: Limits,
+}
+
+impl Batcher {
+    /// Starts the batcher task on the current tokio runtime. It ends when
+    /// the `Batcher` is dropped and the queue has drained.
+    pub(crate) fn start(pool: PgPool, statements: Statements, limits: Limits) -> Self {
+        let (queue, requests) = mpsc::unbounded_channel();
+        tokio::spawn(run(requests, pool.clone(), statements.clone(), limits));
+        Self {
+            queue,
+            in_flight: AtomicUsize::new(0),
+            pool,
+            statements,
+            limits,
+        }
+    }
+
+    /// Appends one event; `None` when the token belongs to another stream.
+    pub(crate) async fn append(&self, request: AppendRequest) -> Result<Option<i64>> {
+        let alone = self.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
+        let _done = Leave(&self.in_flight);
+        if alone {
+            return append_one(&self.pool, &self.statements, self.limits, &request).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send((request, reply))
+            .map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+}
+
+/// Counts an append out when it finishes, however it finishes.
+struct Leave<'a>(&'a AtomicUsize);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn run(
+    mut requests: mpsc::UnboundedReceiver<Waiting>,
+    pool: PgPool,
+    statements: Statements,
+    limits: Limits,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut waiting = VecDeque::new();
+    loop {
+        if waiting.is_empty() {
+            match requests.recv().await {
+                Some(request) => waiting.push_back(request),
+                None => break,
+            }
+        }
+        // Wait for a free slot first: what arrives meanwhile joins this batch.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        while let Ok(request) = requests.try_recv() {
+            waiting.push_back(request);
+        }
+        let batch = take_batch(&mut waiting);
+        let (pool, statements) = (pool.clone(), statements.clone());
+        tokio::spawn(async move {
+            run_batch(&pool, &statements, limits, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Takes the next batch off the queue: in arrival order, at most one event
+/// per stream (one statement can move a stream row only once), within the
+/// size limits. What is left keeps its order for the next batch.
+fn take_batch(waiting: &mut VecDeque<Waiting>) -> Vec<Waiting> {
+    let mut batch = Vec::new();
+    let mut streams = HashSet::new();
+    let mut bytes = 0;
+    let mut rest = VecDeque::new();
+    while let Some(request) = waiting.pop_front() {
+        let size = request.0.data.len();
+        let fits = batch.is_empty() || (batch.len() < MAX_EVENTS && bytes + size <= MAX_BYTES);
+        if fits && streams.insert(request.0.token) {
+            bytes += size;
+            batch.push(request);
+        } else {
+            rest.push_back(request);
+        }
+    }
+    *waiting = rest;
+    batch
+}
+
+async fn run_batch(pool: &PgPool, statements: &Statements, limits: Limits, batch: Vec<Waiting>) {
+    if batch.len() > 1 {
+        match append_batch(pool, statements, limits, &batch).await {
+            Ok(seqs) => {
+                for ((_, reply), seq) in batch.into_iter().zip(seqs) {
+                    let _ = reply.send(Ok(seq));
+                }
+                return;
+            }
+            // The server refused the statement, so its transaction rolled
+            // back and nothing of the batch is stored. Retrying each event
+            // alone gives every caller its own answer (a deadlock with a
+            // purge, say, then costs nobody their append).
+            Err(e @ sqlx::Error::Database(_)) => tracing::warn!(error = %e, events = batch.len(),
+                "a batched append failed; retrying its events one by one"),
+            // Otherwise the outcome is unknown (the connection may have died
+            // after the commit), and a retry could store events twice: every
+            // caller gets the error, as a lone append would.
+            Err(e) => {
+                let e = Arc::new(e);
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(Error::backend(BACKEND, e.clone())));
+                }
+                return;
+            }
+        }
+    }
+    for (request, reply) in batch {
+        let _ = reply.send(append_one(pool, statements, limits, &request).await);
+    }
+}
+
+/// Runs one batch statement; the sequence number of each event in order,
+/// `None` for an event whose token belongs to another stream id.
+async fn append_batch(
+    pool: &PgPool,
+    statements: &Statements,
+    limits: Limits,
+    batch: &[Waiting],
+) -> sqlx::Result<Vec<Option<i64>>> {
+    let requests = || batch.iter().map(|(request, _)| request);
+    let tokens: Vec<&[u8]> = requests().map(|r| &r.token.as_bytes()[..]).collect();
+    let stream_ids: Vec<&[u8]> = requests().map(|r| &r.stream_id[..]).collect();
+    let lengths: Vec<i64> = requests().map(|r| r.data.len() as i64).collect();
+    let stored_at: Vec<i64> = requests().map(|r| r.now).collect();
+    let retry_ms: Vec<Option<i64>> = requests().map(|r| r.retry_ms).collect();
+    let data: Vec<&[u8]> = requests().map(|r| &r.data[..]).collect();
+    let incarnations: Vec<i64> = requests().map(|r| r.incarnation).collect();
+    let rows = sqlx::query(statements.batch.clone())
+        .bind(&tokens)
+        .bind(&stream_ids)
+        .bind(&lengths)
+        .bind(&stored_at)
+        .bind(&retry_ms)
+        .bind(&data)
+        .bind(&incarnations)
+        .bind(limits.max_events)
+        .bind(limits.max_bytes)
+        .fetch_all(pool)
+        .await?;
+    let mut seqs = vec![None; batch.len()];
+    for row in rows {
+        let token: Vec<u8> = row.try_get(0)?;
+        let seq: i64 = row.try_get(1)?;
+        let at = tokens
+            .iter()
+            .position(|t| *t == &token[..])
+            .ok_or_else(|| {
+                sqlx::Error::Protocol("a batched append returned a stream it did not send".into())
+            })?;
+        seqs[at] = Some(seq);
+    }
+    Ok(seqs)
+}
