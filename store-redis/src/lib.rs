@@ -615,26 +615,9 @@ fn ttl_arg(max_age: Option<Duration>) -> String {
 /// Creates the format marker if this prefix is new, and refuses any other
 /// format than ours.
 async fn check_format(conn: &Conn, keys: &Keys) -> Result<()> {
-    let mut c = conn.clone();
-    let _: Option<String> = redis::cmd("SET")
-        .arg(keys.format())
-        .arg(FORMAT_VERSION)
-        .arg("NX")
-        .query_async(&mut c)
-        .await
-        .map_err(backend)?;
-    let found: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(keys.format())
-        .query_async(&mut c)
-        .await
-        .map_err(backend)?;
-    let found = found.ok_or_else(|| {
-        Error::Corrupt(format!(
-            "the format marker {} vanished while connecting",
-            keys.format()
-        ))
-    })?;
-    if found != FORMAT_VERSION.to_string().as_bytes() {
+    let version = FORMAT_VERSION.to_string();
+    let found = first_value_wins(conn, &keys.format(), version.as_bytes(), "format marker").await?;
+    if found != version.as_bytes() {
         return Err(Error::IncompatibleFormat(format!(
             "keys under {:?} are in format {:?}; this release reads format {FORMAT_VERSION}",
             keys.prefix(),
@@ -644,30 +627,32 @@ async fn check_format(conn: &Conn, keys: &Keys) -> Result<()> {
     Ok(())
 }
 
-/// Loads the stream-token secret, creating it if this prefix is new. `SET NX`
-/// makes concurrent first connections agree on one secret.
+/// Loads the stream-token secret, creating it if this prefix is new.
 async fn load_secret(conn: &Conn, keys: &Keys) -> Result<StreamKey> {
-    let mut c = conn.clone();
     let fresh = StreamKey::generate()?;
+    let stored =
+        first_value_wins(conn, &keys.secret(), &fresh.as_bytes()[..], "stream key").await?;
+    StreamKey::from_bytes(&stored)
+}
+
+/// Sets `key` to `value` unless it is set, and returns what it holds:
+/// `SET NX` makes concurrent first connections agree on one value. (Two
+/// commands, since `SET .. NX GET` needs Redis 7.)
+async fn first_value_wins(conn: &Conn, key: &str, value: &[u8], what: &str) -> Result<Vec<u8>> {
+    let mut c = conn.clone();
     let _: Option<String> = redis::cmd("SET")
-        .arg(keys.secret())
-        .arg(&fresh.as_bytes()[..])
+        .arg(key)
+        .arg(value)
         .arg("NX")
         .query_async(&mut c)
         .await
         .map_err(backend)?;
     let stored: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(keys.secret())
+        .arg(key)
         .query_async(&mut c)
         .await
         .map_err(backend)?;
-    let stored = stored.ok_or_else(|| {
-        Error::Corrupt(format!(
-            "the stream key {} vanished while connecting",
-            keys.secret()
-        ))
-    })?;
-    StreamKey::from_bytes(&stored)
+    stored.ok_or_else(|| Error::Corrupt(format!("the {what} {key} vanished while connecting")))
 }
 
 /// Says once per process, at connect, when the server would lose events on
