@@ -16,6 +16,7 @@
 //! | `raw_1_writer` | the raw single insert / `XADD`, one at a time |
 //! | `store_32_writers` | 32 tasks, each appending to its own stream |
 //! | `raw_32_writers` | 32 tasks doing raw single inserts (SQLite: through a pool of one connection; PostgreSQL: 32 connections, each committing its own insert) |
+//! | sqlite `raw_indexed_32_writers` | as `raw_32_writers`, into a table laid out like the store's (the same columns, `UNIQUE (stream, seq)` and the `stored_at` index), so each insert does the store's index work |
 //! | sqlite `raw_full_*` | raw inserts under `synchronous=FULL`: one fsync per event |
 //! | sqlite `store_power_loss_*` | the store under `Durability::PowerLoss` (`synchronous=FULL`): one fsync per group commit |
 //! | redis `raw_lua_xadd_32_writers` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
@@ -135,7 +136,9 @@ fn memory(c: &mut Criterion, rt: &Runtime) {
 
 /// Raw SQLite appends: a plain single-row insert through a pool of one
 /// connection, each insert committing by itself.
-async fn sqlite_raw(path: &std::path::Path, full: bool) -> AppendFn {
+/// Raw SQLite inserts through a pool of one connection. `indexed`: into a
+/// table with the store's indexes rather than a bare heap.
+async fn sqlite_raw(path: &std::path::Path, full: bool, indexed: bool) -> AppendFn {
     let options = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(path)
         .create_if_missing(true)
@@ -151,13 +154,19 @@ async fn sqlite_raw(path: &std::path::Path, full: bool) -> AppendFn {
         .connect_with(options)
         .await
         .expect("raw sqlite pool");
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS raw_events \
-         (stream TEXT NOT NULL, seq INTEGER NOT NULL, payload BLOB NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .expect("raw table");
+    let table = if indexed {
+        "CREATE TABLE raw_events (stream INTEGER NOT NULL, seq INTEGER NOT NULL, \
+             stored_at INTEGER NOT NULL DEFAULT 0, retry_ms INTEGER, payload BLOB NOT NULL, \
+             UNIQUE (stream, seq)); \
+         CREATE INDEX raw_events_stored_at ON raw_events (stored_at)"
+    } else {
+        "CREATE TABLE raw_events \
+         (stream INTEGER NOT NULL, seq INTEGER NOT NULL, payload BLOB NOT NULL)"
+    };
+    sqlx::raw_sql(table)
+        .execute(&pool)
+        .await
+        .expect("raw table");
     let data: Arc<[u8]> = common::payload().into();
     let seqs: Arc<Vec<std::sync::atomic::AtomicI64>> =
         Arc::new((0..WRITERS).map(|_| Default::default()).collect());
@@ -178,7 +187,7 @@ async fn sqlite_raw(path: &std::path::Path, full: bool) -> AppendFn {
 
 fn sqlite(c: &mut Criterion, rt: &Runtime) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (process, power_loss, raw_normal, raw_full) = rt.block_on(async {
+    let (process, power_loss, raw_normal, raw_indexed, raw_full) = rt.block_on(async {
         let process = SqliteStore::open(dir.path().join("process.db"))
             .await
             .expect("open sqlite");
@@ -191,8 +200,9 @@ fn sqlite(c: &mut Criterion, rt: &Runtime) {
         (
             process,
             power_loss,
-            sqlite_raw(&dir.path().join("raw_normal.db"), false).await,
-            sqlite_raw(&dir.path().join("raw_full.db"), true).await,
+            sqlite_raw(&dir.path().join("raw_normal.db"), false, false).await,
+            sqlite_raw(&dir.path().join("raw_indexed.db"), false, true).await,
+            sqlite_raw(&dir.path().join("raw_full.db"), true, false).await,
         )
     });
     let mut group = group(c, "sqlite");
@@ -201,6 +211,7 @@ fn sqlite(c: &mut Criterion, rt: &Runtime) {
     one_writer(&mut group, rt, "raw_1_writer", &raw_normal);
     many_writers(&mut group, rt, "store_32_writers", &f);
     many_writers(&mut group, rt, "raw_32_writers", &raw_normal);
+    many_writers(&mut group, rt, "raw_indexed_32_writers", &raw_indexed);
     let f = store_append(Arc::new(power_loss.clone()));
     group.sample_size(10);
     one_writer(&mut group, rt, "store_power_loss_1_writer", &f);
