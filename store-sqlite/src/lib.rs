@@ -71,7 +71,7 @@ use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot};
 
 pub use options::{Durability, SqliteOptions};
-use writer::{Command, Reply, Write, Writer, db_error};
+use writer::{Append, Command, Reply, Write, Writer, db_error};
 
 const BACKEND: &str = "sqlite";
 /// The storage format this release reads and writes.
@@ -334,13 +334,13 @@ impl EventStore for SqliteStore {
             let seq = self
                 .write(
                     Reply::Count,
-                    Write::Append {
+                    Write::Append(Append {
                         token,
                         stream_id: stream_id.to_owned(),
                         data: event.data.to_vec(),
                         retry_ms: retry_to_millis(event.retry),
                         now: self.now(),
-                    },
+                    }),
                 )
                 .await?;
             Ok(EventId::new(token, Position::seq(seq)))

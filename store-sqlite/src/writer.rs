@@ -49,13 +49,7 @@ pub(crate) enum Command {
 /// The data of a write; kept until the answer is sent, so a group that
 /// failed can be replayed one write at a time.
 pub(crate) enum Write {
-    Append {
-        token: StreamToken,
-        stream_id: String,
-        data: Vec<u8>,
-        retry_ms: Option<i64>,
-        now: i64,
-    },
+    Append(Append),
     DeleteStream {
         token: StreamToken,
     },
@@ -70,26 +64,13 @@ pub(crate) enum Write {
     },
 }
 
-impl Write {
-    /// The append this write is, if it is one.
-    fn as_run_append(&self) -> Option<RunAppend<'_>> {
-        match self {
-            Write::Append {
-                token,
-                stream_id,
-                data,
-                retry_ms,
-                now,
-            } => Some(RunAppend {
-                token: *token,
-                stream_id,
-                data,
-                retry_ms: *retry_ms,
-                now: *now,
-            }),
-            _ => None,
-        }
-    }
+/// One event to append.
+pub(crate) struct Append {
+    pub token: StreamToken,
+    pub stream_id: String,
+    pub data: Vec<u8>,
+    pub retry_ms: Option<i64>,
+    pub now: i64,
 }
 
 /// The caller waiting for a write.
@@ -260,9 +241,12 @@ impl Writer {
         let mut broken = false;
         let mut next = 0;
         while next < group.len() {
-            let run: Vec<RunAppend<'_>> = group[next..]
+            let run: Vec<&Append> = group[next..]
                 .iter()
-                .map_while(|(write, _)| write.as_run_append())
+                .map_while(|(write, _)| match write {
+                    Write::Append(append) => Some(append),
+                    _ => None,
+                })
                 .collect();
             let checked = answers.len();
             if run.len() >= 2 {
@@ -304,16 +288,7 @@ impl Writer {
 
     async fn apply(&mut self, write: &Write, in_transaction: bool) -> Result<Answer> {
         match write {
-            Write::Append {
-                token,
-                stream_id,
-                data,
-                retry_ms,
-                now,
-            } => self
-                .append(*token, stream_id, data, *retry_ms, *now, in_transaction)
-                .await
-                .map(Answer::Count),
+            Write::Append(append) => self.append(append, in_transaction).await.map(Answer::Count),
             Write::DeleteStream { token } => self.delete_stream(*token).await.map(Answer::Count),
             Write::PutSession {
                 session_id,
@@ -361,15 +336,14 @@ impl Writer {
     /// Appends one event. In the steady state this is one statement: the
     /// sequence number comes from the stream row, and a trigger moves the
     /// row along.
-    async fn append(
-        &mut self,
-        token: StreamToken,
-        stream_id: &str,
-        data: &[u8],
-        retry_ms: Option<i64>,
-        now: i64,
-        in_transaction: bool,
-    ) -> Result<u64> {
+    async fn append(&mut self, append: &Append, in_transaction: bool) -> Result<u64> {
+        let Append {
+            token,
+            ref stream_id,
+            ref data,
+            retry_ms,
+            now,
+        } = *append;
         if !self.known.contains_key(&token) {
             self.ensure_stream(token, stream_id, now).await?;
         }
@@ -414,7 +388,7 @@ impl Writer {
     /// sequence numbers are assigned here, in arrival order. Returns one
     /// answer per write; a token collision fails only its own write, while a
     /// database error fails them all (and the caller rolls the group back).
-    async fn append_run(&mut self, appends: &[RunAppend<'_>]) -> Vec<Result<Answer>> {
+    async fn append_run(&mut self, appends: &[&Append]) -> Vec<Result<Answer>> {
         match self.try_append_run(appends).await {
             Ok(answers) => answers,
             Err(e) => {
@@ -429,7 +403,7 @@ impl Writer {
 
     async fn try_append_run(
         &mut self,
-        appends: &[RunAppend<'_>],
+        appends: &[&Append],
     ) -> std::result::Result<Vec<Result<Answer>>, Error> {
         let mut streams: HashMap<StreamToken, RunStream> = HashMap::new();
         let tokens: Vec<StreamToken> = {
@@ -467,7 +441,7 @@ impl Writer {
         // Assign sequence numbers in arrival order; new streams get a row
         // first (rare: once per stream).
         let mut answers = Vec::with_capacity(appends.len());
-        let mut rows: Vec<(StreamToken, i64, &RunAppend<'_>)> = Vec::with_capacity(appends.len());
+        let mut rows: Vec<(StreamToken, i64, &Append)> = Vec::with_capacity(appends.len());
         for append in appends {
             let stream = match streams.entry(append.token) {
                 Entry::Occupied(known) => known.into_mut(),
@@ -477,7 +451,7 @@ impl Writer {
                          VALUES (?1, ?2, 0, 0, ?3)",
                     )
                     .bind(&append.token.as_bytes()[..])
-                    .bind(append.stream_id)
+                    .bind(&append.stream_id[..])
                     .bind(append.now)
                     .execute(&mut self.conn)
                     .await
@@ -512,7 +486,7 @@ impl Writer {
                     .bind(row.map(|(_, seq, _)| *seq))
                     .bind(row.map(|(_, _, a)| a.now))
                     .bind(row.and_then(|(_, _, a)| a.retry_ms))
-                    .bind(row.map(|(_, _, a)| a.data));
+                    .bind(row.map(|(_, _, a)| &a.data[..]));
             }
             let inserted = query
                 .execute(&mut self.conn)
@@ -672,15 +646,6 @@ impl Writer {
 
 /// Events one multi-row insert carries at most (5 parameters each).
 const MAX_ROWS: usize = 128;
-
-/// An append of a run, borrowed from its [`Write`].
-struct RunAppend<'a> {
-    token: StreamToken,
-    stream_id: &'a str,
-    data: &'a [u8],
-    retry_ms: Option<i64>,
-    now: i64,
-}
 
 /// A stream's state while a run is assigned sequence numbers.
 struct RunStream {
