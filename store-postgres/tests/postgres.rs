@@ -38,6 +38,21 @@ async fn count_rows(h: &PostgresHarness, table: &str) -> i64 {
     .unwrap()
 }
 
+/// Rewrites every stream row's stored id, as a 120-bit token collision with
+/// `owner` would look to the store.
+async fn hand_every_stream_to(h: &PostgresHarness, owner: &str) {
+    let mut conn = admin(h).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{}\".streams SET stream_id = convert_to($1, 'UTF8')",
+        h.schema()
+    )))
+    .bind(owner)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+}
+
 fn unbounded() -> StoreOptions {
     StoreOptions::default().retention(Retention::unbounded())
 }
@@ -242,14 +257,7 @@ async fn token_collision_is_an_error_not_a_mix() {
         .store_event("victim", NewEvent::new(b"v"))
         .await
         .unwrap();
-    let mut conn = admin(&h).await;
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE \"{}\".streams SET stream_id = convert_to('impostor', 'UTF8')",
-        h.schema()
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    hand_every_stream_to(&h, "impostor").await;
     let err = store
         .store_event("victim", NewEvent::new(b"x"))
         .await
@@ -260,7 +268,6 @@ async fn token_collision_is_an_error_not_a_mix() {
     assert_eq!(store.delete_stream("victim").await.unwrap(), 0);
     let (_, events) = replay_all(&store, &first.to_string()).await.unwrap();
     assert!(events.is_empty());
-    conn.close().await.unwrap();
     h.close(store).await;
     h.teardown().await;
 }
@@ -852,14 +859,7 @@ async fn a_collision_in_a_batch_fails_only_its_own_appends() {
         .store_event("victim", NewEvent::new(b"v"))
         .await
         .unwrap();
-    let mut conn = admin(&h).await;
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE \"{}\".streams SET stream_id = convert_to('impostor', 'UTF8')",
-        h.schema()
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    hand_every_stream_to(&h, "impostor").await;
 
     let mut tasks = tokio::task::JoinSet::new();
     for round in 0..8 {
@@ -894,6 +894,8 @@ async fn a_collision_in_a_batch_fails_only_its_own_appends() {
     }
     // The victim's row and event are untouched.
     assert_eq!(count_rows(&h, "events").await, 1 + 7 * 8);
+    store.close().await;
+    h.teardown().await;
 }
 
 /// Batched appends apply the count and byte limits exactly as single
@@ -951,5 +953,7 @@ async fn batched_appends_retain_what_single_appends_retain() {
         while let Some(ids) = tasks.join_next().await {
             assert_eq!(retained(ids.unwrap()).await, expected, "{retention:?}");
         }
+        store.close().await;
+        h.teardown().await;
     }
 }
