@@ -50,9 +50,11 @@
 //! # Durability
 //!
 //! [`Durability::Flush`] (the default): `store_event` returns only after the
-//! event is flushed to disk (C1). Appends do not flush themselves: one
-//! flusher thread per database flushes on behalf of everyone waiting, so
-//! appends that arrive during a flush share the next one (group flush), and
+//! event is flushed to disk (C1). One flush runs at a time. An append with
+//! no other under way flushes itself on its blocking-pool thread, so a lone
+//! writer pays what a raw insert and `flush()` cost; concurrent appends, and
+//! those arriving during a flush, share the next flush, which one flusher
+//! thread per database runs on behalf of everyone waiting (group flush), so
 //! 32 concurrent writers cost about as many fsyncs as one. (Calling sled's
 //! `flush_async` from many tasks instead deadlocks in 0.34.7 with eight or
 //! more callers.)
@@ -72,7 +74,7 @@
 //! miss it.
 //!
 //! * With `Flush`, readers only see durable events. Each stream has a
-//!   durable watermark in memory, moved by the flusher thread only after the
+//!   durable watermark in memory, moved (by whoever flushed) only after a
 //!   flush covering the write succeeded; replays, lookups and cursor checks
 //!   never look past it. Every id a client can ever hold, whether returned
 //!   by `store_event` or read in a replay, is therefore on disk, and after a
@@ -156,7 +158,7 @@ use mcp_event_store_core::{
     StoreOptions, observe, paged_replay, validate_session_id, validate_stream_id,
 };
 
-use crate::flusher::FlushResult;
+use crate::flusher::{Ack, FlushResult};
 use crate::shared::{BACKEND, Shared};
 
 pub use crate::shared::FORMAT_VERSION;
@@ -298,12 +300,18 @@ where
 }
 
 async fn wait_flushed(wait: tokio::sync::oneshot::Receiver<FlushResult>) -> Result<()> {
-    match wait.await {
+    flushed(wait.await)
+}
+
+fn flushed(
+    outcome: std::result::Result<FlushResult, tokio::sync::oneshot::error::RecvError>,
+) -> Result<()> {
+    match outcome {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(Error::backend(BACKEND, e)),
         Err(_) => Err(Error::backend(
             BACKEND,
-            "the sled flusher thread stopped before flushing",
+            "the sled flush this write waited for was abandoned (the flusher stopped)",
         )),
     }
 }
@@ -565,9 +573,12 @@ impl EventStore for SledStore {
             let retention = self.handle.store.retention;
             let relaxed = self.relaxed();
             // The blocking task runs to the end even if this future is
-            // dropped, and the flusher publishes the event regardless.
+            // dropped, and whoever flushes publishes the event regardless.
+            // With `Flush`, an append with no other under way flushes
+            // itself, so a lone writer never waits on another thread.
             let handle = self.handle.clone();
-            let (id, wait) = blocking(move || {
+            let _appending = (!relaxed).then(|| self.shared.flusher.appending());
+            let (id, ack) = blocking(move || {
                 if !handle
                     .limits_noted
                     .load(std::sync::atomic::Ordering::Acquire)
@@ -580,7 +591,11 @@ impl EventStore for SledStore {
                 shared.append(&stream_id, token, value, now, retention, relaxed)
             })
             .await?;
-            self.settle(wait).await?;
+            match ack {
+                None => {}
+                Some(Ack::Flushed(outcome)) => flushed(Ok(outcome))?,
+                Some(Ack::Queued(wait)) => wait_flushed(wait).await?,
+            }
             Ok(id)
         })
         .await
@@ -757,7 +772,7 @@ mod tests {
             }
             store.shared.flusher.pause(false);
             if cancel {
-                // The flusher publishes it although nobody waits any more.
+                // Whoever flushes publishes it although nobody waits any more.
                 let deadline = std::time::Instant::now() + Duration::from_secs(10);
                 while store
                     .get_stream_id_for_event_id(&next.to_string())
@@ -776,6 +791,143 @@ mod tests {
                 Some(&next)
             );
         }
+        store.close().await.unwrap();
+    }
+
+    /// Waits (up to ten seconds) until `done` holds.
+    async fn until(mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "timed out");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Leader/follower: with no flush running, an append flushes on its own
+    /// blocking thread and is visible when it returns, without the flusher
+    /// thread (which would cost two more thread hand-offs per append).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_append_flushes_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SledOptions::default())
+            .await
+            .unwrap();
+        let first = store.store_event("s", NewEvent::new(b"0")).await.unwrap();
+        let flusher = &store.shared.flusher;
+        flusher.stall_thread(true);
+        let before = flusher.stats();
+        for n in 1..=20u64 {
+            let id = tokio::time::timeout(
+                Duration::from_secs(10),
+                store.store_event("s", NewEvent::new(b"x")),
+            )
+            .await
+            .expect("the append waited for the stalled flusher thread")
+            .unwrap();
+            assert_eq!(id.position.major, n + 1);
+            assert_eq!(
+                replayed_after(&store, &first).await.unwrap().last(),
+                Some(&id)
+            );
+        }
+        let after = flusher.stats();
+        assert_eq!(after.flushes - before.flushes, 20);
+        assert_eq!(after.thread_flushes, before.thread_flushes);
+        flusher.stall_thread(false);
+        store.close().await.unwrap();
+    }
+
+    /// An append arriving while another leads a flush neither starts a
+    /// second flush alongside it nor returns or becomes visible early: it
+    /// waits for the next flush, which the flusher thread runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_during_a_flush_wait_for_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SledOptions::default())
+            .await
+            .unwrap();
+        let a0 = store.store_event("a", NewEvent::new(b"0")).await.unwrap();
+        let b0 = store.store_event("b", NewEvent::new(b"0")).await.unwrap();
+        let flusher = &store.shared.flusher;
+        let before = flusher.stats();
+        assert_eq!((before.queued, before.flushing), (0, false));
+        /// Releases the flushes even if an assertion fails, so the held
+        /// blocking task lets the runtime shut down.
+        struct Unpause<'a>(&'a flusher::Flusher);
+        impl Drop for Unpause<'_> {
+            fn drop(&mut self) {
+                self.0.pause(false);
+            }
+        }
+        flusher.pause(true);
+        let unpause = Unpause(flusher);
+        let append = |stream: &'static str| {
+            let store = store.clone();
+            tokio::spawn(async move { store.store_event(stream, NewEvent::new(b"1")).await })
+        };
+        let written = store.shared.events.len();
+        let leader = append("a");
+        until(|| store.shared.events.len() > written).await;
+        until(|| flusher.stats().flushing).await;
+        assert_eq!(flusher.stats().queued, 0, "the append did not lead");
+        let follower = append("b");
+        until(|| flusher.stats().queued == 1).await;
+        // Time for a wrong second flush to start and publish.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!leader.is_finished() && !follower.is_finished());
+        assert_eq!(flusher.stats().flushes, before.flushes + 1);
+        assert_eq!(replayed_after(&store, &a0).await.unwrap(), []);
+        assert_eq!(replayed_after(&store, &b0).await.unwrap(), []);
+
+        drop(unpause);
+        let a1 = leader.await.unwrap().unwrap();
+        let b1 = follower.await.unwrap().unwrap();
+        assert_eq!(replayed_after(&store, &a0).await.unwrap(), [a1]);
+        assert_eq!(replayed_after(&store, &b0).await.unwrap(), [b1]);
+        let after = flusher.stats();
+        assert_eq!(after.flushes, before.flushes + 2);
+        assert_eq!(after.thread_flushes, before.thread_flushes + 1);
+        assert_eq!((after.queued, after.flushing), (0, false));
+        store.close().await.unwrap();
+    }
+
+    /// Under concurrency, whether an append led a flush or waited for one,
+    /// its event is durable and visible the moment it returns, and groups
+    /// still share flushes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_appends_are_visible_when_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SledOptions::default())
+            .await
+            .unwrap();
+        let before = store.shared.flusher.stats();
+        let mut tasks = tokio::task::JoinSet::new();
+        for writer in 0..16 {
+            let store = store.clone();
+            tasks.spawn(async move {
+                // Two writers per stream, so streams see interleaved appends.
+                let stream = format!("s{}", writer / 2);
+                for _ in 0..25 {
+                    let id = store
+                        .store_event(&stream, NewEvent::new(b"x"))
+                        .await
+                        .unwrap();
+                    let found = store
+                        .get_stream_id_for_event_id(&id.to_string())
+                        .await
+                        .unwrap();
+                    assert_eq!(found.as_deref(), Some(&stream[..]), "{id} not visible");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        let after = store.shared.flusher.stats();
+        assert!(
+            after.flushes - before.flushes < 400,
+            "no flush was shared: {before:?} {after:?}"
+        );
         store.close().await.unwrap();
     }
 

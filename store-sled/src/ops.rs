@@ -11,16 +11,14 @@
 
 use std::sync::Arc;
 
+use crate::flusher::{Ack, Publish};
+use crate::keys::{self, EVENT_HEADER_LEN};
+use crate::shared::{ERA_SHIFT, Shared, Slot, StreamMeta, backend};
 use bytes::Bytes;
 use mcp_event_store_core::dense::{self, DenseStream};
 use mcp_event_store_core::{
     Error, EventId, Page, Position, PurgeReport, Result, Retention, StoredEvent, StreamToken,
 };
-use tokio::sync::oneshot;
-
-use crate::flusher::FlushResult;
-use crate::keys::{self, EVENT_HEADER_LEN};
-use crate::shared::{ERA_SHIFT, Shared, Slot, StreamMeta, backend};
 
 /// Entries handled per scan step in a purge, so no step holds much memory
 /// or holds a stream's lock for long.
@@ -28,12 +26,14 @@ const PURGE_BATCH: usize = 256;
 /// Payloads at least this long are handed out without copying.
 const ZERO_COPY_MIN: usize = 1024;
 
-/// Where an append waits for durability, if it does.
-pub(crate) type Durable = Option<oneshot::Receiver<FlushResult>>;
+/// How an append learns its event is durable; `None` for relaxed handles.
+pub(crate) type Durable = Option<Ack>;
 
 impl Shared {
     /// Appends one event. `value` is the encoded event (header and payload)
-    /// with its cumulative byte count still to be filled in.
+    /// with its cumulative byte count still to be filled in. With `Flush`
+    /// durability this flushes too, unless a flush is already running (see
+    /// [`Flusher::flush_or_queue`](crate::flusher::Flusher::flush_or_queue)).
     pub(crate) fn append(
         &self,
         stream_id: &str,
@@ -45,7 +45,7 @@ impl Shared {
     ) -> Result<(EventId, Durable)> {
         let len = (value.len() - EVENT_HEADER_LEN) as u64;
         let era_base = self.era << ERA_SHIFT;
-        self.with_stream(token, |slot, meta| {
+        let (id, publish) = self.with_stream(token, |slot, meta| {
             if let Some(m) = meta.as_mut() {
                 if &*m.stream_id != stream_id {
                     return Err(Error::Corrupt(format!(
@@ -132,25 +132,28 @@ impl Shared {
                 tracing::warn!(error = %e, "inline retention failed");
             }
             Ok(self.acknowledge(slot, token, seq, relaxed))
-        })
+        })?;
+        // Outside the stream's lock: a flush can take milliseconds, and
+        // readers and appenders of the stream need the lock meanwhile.
+        Ok((id, publish.map(|p| self.flusher.flush_or_queue(Some(p)))))
     }
 
-    /// Makes a written event visible: at once for relaxed handles, after the
-    /// next group flush otherwise.
+    /// Makes a written event visible at once for relaxed handles; otherwise
+    /// returns the watermark to publish after a flush covering it.
     fn acknowledge(
         &self,
         slot: &Arc<Slot>,
         token: StreamToken,
         seq: u64,
         relaxed: bool,
-    ) -> (EventId, Durable) {
+    ) -> (EventId, Option<Publish>) {
         let id = EventId::new(token, Position::seq(seq));
         if relaxed {
             slot.publish(seq);
             self.flusher.mark_dirty();
             (id, None)
         } else {
-            (id, Some(self.flusher.request(Some((slot.clone(), seq)))))
+            (id, Some((slot.clone(), seq)))
         }
     }
 

@@ -56,6 +56,13 @@ pub(crate) const META_LOOSEST: &str = "loosest_limits";
 /// leaving room for 2^24 eras.
 pub(crate) const ERA_SHIFT: u32 = 40;
 
+/// How long a reopen in the process that closed the database retries
+/// sled's lock: sled 0.34's background threads hold the directory lock a
+/// moment after the last `sled::Db` is dropped (seen here as a reopen right
+/// after `close` failing with "could not acquire lock" in about 5% of runs
+/// on a loaded machine).
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Slots are swept (idle ones dropped) when the map grows past this.
 const SLOT_CACHE: usize = 65_536;
 
@@ -162,14 +169,15 @@ impl SlotMap {
 /// Wakes openers waiting for this database to finish closing.
 #[derive(Default)]
 struct CloseSignal {
-    closed: Mutex<bool>,
+    /// When the database finished closing.
+    closed: Mutex<Option<std::time::Instant>>,
     cv: Condvar,
 }
 
 impl CloseSignal {
     fn wait(&self) {
         let mut closed = lock(&self.closed);
-        while !*closed {
+        while closed.is_none() {
             closed = self
                 .cv
                 .wait(closed)
@@ -177,7 +185,7 @@ impl CloseSignal {
         }
     }
 
-    fn is_closed(&self) -> bool {
+    fn closed_at(&self) -> Option<std::time::Instant> {
         *lock(&self.closed)
     }
 }
@@ -188,7 +196,7 @@ struct Closer(Arc<CloseSignal>);
 
 impl Drop for Closer {
     fn drop(&mut self) {
-        *lock(&self.0.closed) = true;
+        *lock(&self.0.closed) = Some(std::time::Instant::now());
         self.0.cv.notify_all();
     }
 }
@@ -270,26 +278,59 @@ impl Shared {
     pub(crate) fn open(path: &Path, cache_capacity: u64) -> Result<Arc<Self>> {
         std::fs::create_dir_all(path).map_err(backend)?;
         let canonical = std::fs::canonicalize(path).map_err(backend)?;
+        // When this process last closed the database, if it did: a lock
+        // error soon after is sled's background threads, which outlive the
+        // `sled::Db` by a moment, not another process.
+        let mut closed_here: Option<std::time::Instant> = None;
         loop {
             let mut registry = lock(&REGISTRY);
             if let Some(entry) = registry.get(&canonical) {
                 if let Some(shared) = entry.shared.upgrade() {
                     return Ok(shared);
                 }
-                if !entry.closed.is_closed() {
+                let Some(closed_at) = entry.closed.closed_at() else {
                     // The last handle is dropping right now; sled still holds
                     // the directory lock until it finishes.
                     let closing = entry.closed.clone();
                     drop(registry);
                     closing.wait();
                     continue;
-                }
-                registry.remove(&canonical);
+                };
+                closed_here = Some(closed_at);
             }
             // Opened under the registry lock, so two tasks of this process
             // never race to open one directory.
-            let shared = Self::open_new(&canonical, cache_capacity)?;
-            registry.retain(|_, entry| entry.shared.strong_count() > 0);
+            let db = match sled::Config::new()
+                .path(&canonical)
+                .cache_capacity(cache_capacity)
+                .open()
+            {
+                Ok(db) => db,
+                Err(e)
+                    if is_lock_error(&e)
+                        && closed_here.is_some_and(|at| at.elapsed() < RELEASE_WAIT) =>
+                {
+                    drop(registry);
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    continue;
+                }
+                Err(e) if is_lock_error(&e) => {
+                    return Err(backend(Locked {
+                        path: canonical,
+                        source: e,
+                    }));
+                }
+                Err(e) => return Err(backend(e)),
+            };
+            let shared = Self::open_new(&canonical, db)?;
+            // Closed entries stay a while, for the retry above.
+            registry.retain(|_, entry| {
+                entry.shared.strong_count() > 0
+                    || entry
+                        .closed
+                        .closed_at()
+                        .is_none_or(|at| at.elapsed() < RELEASE_WAIT)
+            });
             registry.insert(
                 canonical,
                 RegEntry {
@@ -301,21 +342,7 @@ impl Shared {
         }
     }
 
-    fn open_new(path: &Path, cache_capacity: u64) -> Result<Arc<Self>> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(cache_capacity)
-            .open()
-            .map_err(|e| {
-                if is_lock_error(&e) {
-                    backend(Locked {
-                        path: path.to_owned(),
-                        source: e,
-                    })
-                } else {
-                    backend(e)
-                }
-            })?;
+    fn open_new(path: &Path, db: sled::Db) -> Result<Arc<Self>> {
         let meta = open_meta(&db, path)?;
         let Loaded { key, era, loosest } = load_meta(&db, &meta)?;
         let tree = |name: &str| db.open_tree(name).map_err(backend);
