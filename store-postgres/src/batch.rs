@@ -2,13 +2,13 @@
 //! statement and one commit.
 //!
 //! Each commit waits for a WAL flush, so appends committed one by one are
-//! bound by how many commits the server can flush. A lone append still runs
-//! its own statement at once ([`crate::sql::APPEND`]); appends that arrive
-//! while others are in flight queue for the batcher task, which sends
-//! everything queued, at most one event per stream, as one
-//! [`crate::sql::APPEND_BATCH`] statement. A few batches run at a time, and
-//! the queue fills while they do, so the busier the store, the larger each
-//! batch.
+//! bound by how many commits the server can flush. There is one append
+//! statement, [`crate::sql::APPEND`], which takes its events as arrays. A
+//! lone append runs it at once with one event; appends that arrive while
+//! others are in flight queue for the batcher task, which sends everything
+//! queued, at most one event per stream, in one call. A few batches run at
+//! a time, and the queue fills while they do, so the busier the store, the
+//! larger each batch.
 //!
 //! Ordering (C6) is the stream row's lock, exactly as for single appends:
 //! a batch locks its streams' rows in token order, so concurrent batches
@@ -63,37 +63,6 @@ impl Limits {
     }
 }
 
-/// The statements the batcher runs.
-#[derive(Clone)]
-pub(crate) struct Statements {
-    pub single: SqlStr,
-    pub batch: SqlStr,
-}
-
-/// Appends one event with the single-event statement. `None`: the token
-/// belongs to another stream id.
-pub(crate) async fn append_one(
-    pool: &PgPool,
-    statements: &Statements,
-    limits: Limits,
-    request: &AppendRequest,
-) -> Result<Option<i64>> {
-    let row = sqlx::query(statements.single.clone())
-        .bind(&request.token.as_bytes()[..])
-        .bind(&request.stream_id[..])
-        .bind(request.data.len() as i64)
-        .bind(request.now)
-        .bind(request.retry_ms)
-        .bind(limits.max_events)
-        .bind(limits.max_bytes)
-        .bind(&request.data[..])
-        .bind(request.incarnation)
-        .fetch_optional(pool)
-        .await
-        .map_err(backend)?;
-    row.map(|row| row.try_get(0).map_err(backend)).transpose()
-}
-
 type Waiting = (AppendRequest, oneshot::Sender<Result<Option<i64>>>);
 
 /// The handle appends use: decides between running alone and joining a
@@ -102,21 +71,21 @@ pub(crate) struct Batcher {
     queue: mpsc::UnboundedSender<Waiting>,
     in_flight: AtomicUsize,
     pool: PgPool,
-    statements: Statements,
+    statement: SqlStr,
     limits: Limits,
 }
 
 impl Batcher {
     /// Starts the batcher task on the current tokio runtime. It ends when
     /// the `Batcher` is dropped and the queue has drained.
-    pub(crate) fn start(pool: PgPool, statements: Statements, limits: Limits) -> Self {
+    pub(crate) fn start(pool: PgPool, statement: SqlStr, limits: Limits) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(run(requests, pool.clone(), statements.clone(), limits));
+        tokio::spawn(run(requests, pool.clone(), statement.clone(), limits));
         Self {
             queue,
             in_flight: AtomicUsize::new(0),
             pool,
-            statements,
+            statement,
             limits,
         }
     }
@@ -126,7 +95,8 @@ impl Batcher {
         let alone = self.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
         let _done = Leave(&self.in_flight);
         if alone {
-            return append_one(&self.pool, &self.statements, self.limits, &request).await;
+            let seqs = run_statement(&self.pool, &self.statement, self.limits, &[&request]).await;
+            return Ok(seqs.map_err(backend)?[0]);
         }
         let (reply, answer) = oneshot::channel();
         self.queue
@@ -148,7 +118,7 @@ impl Drop for Leave<'_> {
 async fn run(
     mut requests: mpsc::UnboundedReceiver<Waiting>,
     pool: PgPool,
-    statements: Statements,
+    statement: SqlStr,
     limits: Limits,
 ) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
@@ -168,9 +138,9 @@ async fn run(
             waiting.push_back(request);
         }
         let batch = take_batch(&mut waiting);
-        let (pool, statements) = (pool.clone(), statements.clone());
+        let (pool, statement) = (pool.clone(), statement.clone());
         tokio::spawn(async move {
-            run_batch(&pool, &statements, limits, batch).await;
+            run_batch(&pool, &statement, limits, batch).await;
             drop(slot);
         });
     }
@@ -198,9 +168,10 @@ fn take_batch(waiting: &mut VecDeque<Waiting>) -> Vec<Waiting> {
     batch
 }
 
-async fn run_batch(pool: &PgPool, statements: &Statements, limits: Limits, batch: Vec<Waiting>) {
+async fn run_batch(pool: &PgPool, statement: &SqlStr, limits: Limits, batch: Vec<Waiting>) {
     if batch.len() > 1 {
-        match append_batch(pool, statements, limits, &batch).await {
+        let requests: Vec<&AppendRequest> = batch.iter().map(|(request, _)| request).collect();
+        match run_statement(pool, statement, limits, &requests).await {
             Ok(seqs) => {
                 for ((_, reply), seq) in batch.into_iter().zip(seqs) {
                     let _ = reply.send(Ok(seq));
@@ -226,19 +197,21 @@ async fn run_batch(pool: &PgPool, statements: &Statements, limits: Limits, batch
         }
     }
     for (request, reply) in batch {
-        let _ = reply.send(append_one(pool, statements, limits, &request).await);
+        let seq = run_statement(pool, statement, limits, &[&request]).await;
+        let _ = reply.send(seq.map(|seqs| seqs[0]).map_err(backend));
     }
 }
 
-/// Runs one batch statement; the sequence number of each event in order,
-/// `None` for an event whose token belongs to another stream id.
-async fn append_batch(
+/// Runs the append statement for events of distinct streams; the sequence
+/// number of each event in order, `None` for an event whose token belongs
+/// to another stream id.
+async fn run_statement(
     pool: &PgPool,
-    statements: &Statements,
+    statement: &SqlStr,
     limits: Limits,
-    batch: &[Waiting],
+    requests: &[&AppendRequest],
 ) -> sqlx::Result<Vec<Option<i64>>> {
-    let requests = || batch.iter().map(|(request, _)| request);
+    let requests = || requests.iter();
     let tokens: Vec<&[u8]> = requests().map(|r| &r.token.as_bytes()[..]).collect();
     let stream_ids: Vec<&[u8]> = requests().map(|r| &r.stream_id[..]).collect();
     let lengths: Vec<i64> = requests().map(|r| r.data.len() as i64).collect();
@@ -246,7 +219,7 @@ async fn append_batch(
     let retry_ms: Vec<Option<i64>> = requests().map(|r| r.retry_ms).collect();
     let data: Vec<&[u8]> = requests().map(|r| &r.data[..]).collect();
     let incarnations: Vec<i64> = requests().map(|r| r.incarnation).collect();
-    let rows = sqlx::query(statements.batch.clone())
+    let rows = sqlx::query(statement.clone())
         .bind(&tokens)
         .bind(&stream_ids)
         .bind(&lengths)
@@ -258,7 +231,7 @@ async fn append_batch(
         .bind(limits.max_bytes)
         .fetch_all(pool)
         .await?;
-    let mut seqs = vec![None; batch.len()];
+    let mut seqs = vec![None; tokens.len()];
     for row in rows {
         let token: Vec<u8> = row.try_get(0)?;
         let seq: i64 = row.try_get(1)?;

@@ -6,54 +6,20 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-/// Appends one event in one statement (see the crate docs, "Appends and
-/// C6"). The upsert takes the stream row's lock and yields the new sequence
-/// number; the event is inserted in the same statement, so both commit
-/// together. `first_seq` moves past events that the count and byte limits
-/// drop (retention applied logically at once; rows go in `purge_expired`).
-///
-/// $1 token, $2 stream id, $3 payload length, $4 now (ms), $5 retry (ms),
-/// $6 max events, $7 max bytes, $8 payload, $9 incarnation for a new row.
-/// No row back means the token belongs to another stream id.
-pub(crate) const APPEND: &str = r#"
-WITH s AS (
-    INSERT INTO {s}.streams AS st
-        (token, stream_id, incarnation, first_seq, last_seq, clean_seq, total_bytes, last_stored_at)
-    VALUES ($1, $2, $9, 1, 1, 1, $3, $4)
-    ON CONFLICT (token) DO UPDATE SET
-        last_seq = st.last_seq + 1,
-        total_bytes = st.total_bytes + $3,
-        last_stored_at = GREATEST(st.last_stored_at, $4),
-        first_seq = GREATEST(
-            st.first_seq,
-            st.last_seq + 2 - $6::int8,
-            CASE WHEN $7::int8 IS NULL THEN NULL ELSE LEAST(st.last_seq + 1, COALESCE(
-                (SELECT e.seq FROM {s}.events e
-                  WHERE e.token = st.token AND e.seq >= st.first_seq
-                    AND e.cum_bytes >= st.total_bytes + $3 - $7::int8
-                  ORDER BY e.seq LIMIT 1),
-                CASE WHEN EXISTS (SELECT 1 FROM {s}.events e
-                                   WHERE e.token = st.token AND e.seq = st.last_seq)
-                     THEN st.last_seq + 1 ELSE st.first_seq END)) END)
-    WHERE st.stream_id = EXCLUDED.stream_id
-    RETURNING st.last_seq, st.total_bytes
-), ins AS (
-    INSERT INTO {s}.events (token, seq, stored_at, cum_bytes, retry_ms, data)
-    SELECT $1, s.last_seq, $4, s.total_bytes - $3, $5, $8 FROM s
-)
-SELECT last_seq FROM s
-"#;
-
-/// Appends a batch of events from distinct streams in one statement (see
-/// [`crate::batch`]): [`APPEND`] applied to every row of the input at once.
-/// Stream rows are locked in token order, so concurrent batches never
-/// deadlock each other.
+/// Appends events of distinct streams, one or many, in one statement (see
+/// the crate docs, "Appends and C6", and [`crate::batch`]). For each event,
+/// the upsert takes the stream row's lock and yields the new sequence
+/// number, and the event is inserted in the same statement, so both commit
+/// together. Stream rows are locked in token order, so concurrent calls
+/// never deadlock each other. `first_seq` moves past events that the count
+/// and byte limits drop (retention applied logically at once; rows go in
+/// `purge_expired`).
 ///
 /// $1 tokens, $2 stream ids, $3 payload lengths, $4 now (ms), $5 retries
-/// (ms), $6 payloads, $7 incarnations for new rows (all arrays, one element
-/// per event); $8 max events, $9 max bytes. Returns `(token, seq)` for each
+/// (ms), $6 payloads, $7 incarnations for new rows (arrays, one element per
+/// event); $8 max events, $9 max bytes. Returns `(token, seq)` for each
 /// event stored; a token missing belongs to another stream id.
-pub(crate) const APPEND_BATCH: &str = r#"
+pub(crate) const APPEND: &str = r#"
 WITH i AS (
     SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::int8[], $5::int8[],
                          $6::bytea[], $7::int8[])
@@ -233,7 +199,6 @@ SELECT version, description, success FROM {s}._sqlx_migrations ORDER BY version
 #[derive(Clone, Debug)]
 pub(crate) struct Sql {
     pub append: SqlStr,
-    pub append_batch: SqlStr,
     pub page: SqlStr,
     pub lookup: SqlStr,
     pub delete_mark: SqlStr,
@@ -252,7 +217,6 @@ impl Sql {
         let make = |template: &str| render(template, quoted_schema);
         Self {
             append: make(APPEND),
-            append_batch: make(APPEND_BATCH),
             page: make(PAGE),
             lookup: make(LOOKUP),
             delete_mark: make(DELETE_MARK),

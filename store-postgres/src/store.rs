@@ -18,7 +18,7 @@ use mcp_event_store_core::{
     retry_from_millis, retry_to_millis, validate_session_id, validate_stream_id,
 };
 
-use crate::batch::{AppendRequest, Batcher, Limits, Statements};
+use crate::batch::{AppendRequest, Batcher, Limits};
 use crate::options::{DEFAULT_APPLICATION_NAME, MAX_PAGE_SIZE, PostgresOptions, quote_schema};
 use crate::sql::Sql;
 use crate::{BACKEND, backend, purge, setup};
@@ -120,10 +120,7 @@ impl PostgresStore {
         let sql = Sql::new(&quote_schema(&options.schema));
         let batcher = Batcher::start(
             pool.clone(),
-            Statements {
-                single: sql.append.clone(),
-                batch: sql.append_batch.clone(),
-            },
+            sql.append.clone(),
             Limits::new(options.store.retention),
         );
         Ok(Self {

@@ -133,26 +133,6 @@ mod container {
     }
 }
 
-/// The text of the append statement for `schema` (validated), so
-/// measurements can run the store's own SQL by hand through sqlx and
-/// compare. Parameters as in the store: token, stream id, length, now,
-/// retry, max events, max bytes, payload, incarnation.
-pub fn append_statement(schema: &str) -> String {
-    validate_schema_name(schema).expect("a valid schema name");
-    crate::sql::render(crate::sql::APPEND, &crate::options::quote_schema(schema))
-        .as_str()
-        .to_owned()
-}
-
-/// The text of the replay page statement for `schema` (validated).
-/// Parameters: token, after seq, limit, want stream id.
-pub fn page_statement(schema: &str) -> String {
-    validate_schema_name(schema).expect("a valid schema name");
-    crate::sql::render(crate::sql::PAGE, &crate::options::quote_schema(schema))
-        .as_str()
-        .to_owned()
-}
-
 /// A fresh schema name, `mcp_test_` and 16 random hex digits.
 pub fn random_schema() -> String {
     let n = getrandom::u64().expect("OS randomness");
