@@ -66,6 +66,7 @@ use mcp_event_store_core::{
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow,
 };
 use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot};
@@ -207,6 +208,57 @@ impl SqliteStore {
         )))
     }
 
+    /// The start of a replay in one statement, so one snapshot: the
+    /// stream's id and state (for the cursor checks) and the first page
+    /// after `after`. `None`: no such stream.
+    async fn first_page(
+        &self,
+        token: StreamToken,
+        after: u64,
+    ) -> Result<Option<(String, DenseStream, Vec<StoredEvent>)>> {
+        let Ok(after) = i64::try_from(after) else {
+            // Never issued; the cursor check says so.
+            return Ok(self
+                .stream_state(&token)
+                .await?
+                .map(|(id, state)| (id, state, Vec::new())));
+        };
+        let rows = sqlx::query(
+            "SELECT * FROM (SELECT seq, retry_ms, payload, NULL, NULL, NULL FROM mes_events \
+                 WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3) \
+             UNION ALL \
+             SELECT NULL, NULL, NULL, stream_id, last_seq, \
+                 (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
+             FROM mes_streams WHERE token = ?1",
+        )
+        .bind(&token.as_bytes()[..])
+        .bind(after)
+        .bind(self.inner.options.page_size as i64)
+        .fetch_all(&self.inner.readers)
+        .await
+        .map_err(db_error)?;
+        let mut header = None;
+        let mut events = Vec::with_capacity(rows.len());
+        for row in rows {
+            let stream_id: Option<String> = row.try_get(3).map_err(db_error)?;
+            match stream_id {
+                Some(stream_id) => {
+                    let last_seq: i64 = row.try_get(4).map_err(db_error)?;
+                    let first_retained: Option<i64> = row.try_get(5).map_err(db_error)?;
+                    header = Some((
+                        stream_id,
+                        DenseStream {
+                            last_seq: to_seq(last_seq)?,
+                            first_retained: first_retained.map(to_seq).transpose()?,
+                        },
+                    ));
+                }
+                None => events.push(event_from_row(token, &row)?),
+            }
+        }
+        Ok(header.map(|(stream_id, state)| (stream_id, state, events)))
+    }
+
     async fn read_page(&self, token: StreamToken, after: u64) -> Result<Vec<StoredEvent>> {
         let rows = sqlx::query(
             "SELECT seq, retry_ms, payload FROM mes_events \
@@ -218,18 +270,7 @@ impl SqliteStore {
         .fetch_all(&self.inner.readers)
         .await
         .map_err(db_error)?;
-        rows.into_iter()
-            .map(|row| {
-                let seq: i64 = row.try_get(0).map_err(db_error)?;
-                let retry: Option<i64> = row.try_get(1).map_err(db_error)?;
-                let payload: Vec<u8> = row.try_get(2).map_err(db_error)?;
-                Ok(StoredEvent {
-                    id: EventId::new(token, Position::seq(to_seq(seq)?)),
-                    data: Bytes::from(payload),
-                    retry: retry_from_millis(retry),
-                })
-            })
-            .collect()
+        rows.iter().map(|row| event_from_row(token, row)).collect()
     }
 
     /// One replay page, checked for gaps (C5). A page read and the stream's
@@ -255,6 +296,18 @@ impl SqliteStore {
             events,
         })
     }
+}
+
+/// An event from a row whose first columns are `seq, retry_ms, payload`.
+fn event_from_row(token: StreamToken, row: &SqliteRow) -> Result<StoredEvent> {
+    let seq: i64 = row.try_get(0).map_err(db_error)?;
+    let retry: Option<i64> = row.try_get(1).map_err(db_error)?;
+    let payload: Vec<u8> = row.try_get(2).map_err(db_error)?;
+    Ok(StoredEvent {
+        id: EventId::new(token, Position::seq(to_seq(seq)?)),
+        data: Bytes::from(payload),
+        retry: retry_from_millis(retry),
+    })
 }
 
 fn to_seq(value: i64) -> Result<u64> {
@@ -351,18 +404,31 @@ impl EventStore for SqliteStore {
     async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
         observe::replay(BACKEND, last_event_id, async {
             let cursor: EventId = last_event_id.parse()?;
-            let (stream_id, state) = self
-                .stream_state(&cursor.token)
+            let after = dense::dense_seq(last_event_id, cursor.position)?;
+            let (stream_id, state, first_page) = self
+                .first_page(cursor.token, after)
                 .await?
                 .ok_or_else(|| Error::unknown_event_id(last_event_id))?;
-            let after = dense::check_cursor(last_event_id, &cursor, state)?;
+            dense::check_cursor(last_event_id, &cursor, state)?;
+            let first = first_page.first().map(|e| e.id.position.major);
+            dense::check_page(last_event_id, after, first, Some(state.last_seq))?;
+            let mut first_page = Some(Page {
+                last: first_page.len() < self.inner.options.page_size,
+                events: first_page,
+            });
             let store = self.clone();
             let raw: Arc<str> = last_event_id.into();
             let token = cursor.token;
             let events = paged_replay(Position::seq(after), move |after| {
+                let first_page = first_page.take();
                 let store = store.clone();
                 let raw = raw.clone();
-                async move { store.checked_page(&raw, token, after.major).await }
+                async move {
+                    match first_page {
+                        Some(page) => Ok(page),
+                        None => store.checked_page(&raw, token, after.major).await,
+                    }
+                }
             });
             Ok(Replay { stream_id, events })
         })
