@@ -412,8 +412,13 @@ impl EventStore for SqliteStore {
             dense::check_cursor(last_event_id, &cursor, state)?;
             let first = first_page.first().map(|e| e.id.position.major);
             dense::check_page(last_event_id, after, first, Some(state.last_seq))?;
+            // A page that reaches the stream's newest event (as of its
+            // snapshot) is the last: later events reach the client live.
+            let reached_end = first_page
+                .last()
+                .is_some_and(|e| e.id.position.major >= state.last_seq);
             let mut first_page = Some(Page {
-                last: first_page.len() < self.inner.options.page_size,
+                last: reached_end || first_page.len() < self.inner.options.page_size,
                 events: first_page,
             });
             let store = self.clone();
