@@ -385,6 +385,20 @@ fn text_notification(n: u32) -> ServerSseMessage {
     ))
 }
 
+/// The event ids a replay after `cursor` yields, in order.
+async fn replayed_ids(
+    store: &impl rmcp::transport::streamable_http_server::session::EventStore,
+    cursor: &str,
+) -> Vec<String> {
+    store
+        .replay_events_after(cursor)
+        .await
+        .unwrap()
+        .map(|m| m.event_id.unwrap())
+        .collect()
+        .await
+}
+
 #[tokio::test]
 async fn priming_events_and_retry_hints_round_trip() {
     let store = Arc::new(MemoryStore::new()).into_rmcp();
@@ -441,13 +455,7 @@ async fn resuming_from_any_replayed_id_gives_the_rest() {
         .await
         .unwrap();
     for (at, id) in ids.iter().enumerate() {
-        let replayed: Vec<String> = store
-            .replay_events_after(id)
-            .await
-            .unwrap()
-            .map(|m| m.event_id.unwrap())
-            .collect()
-            .await;
+        let replayed = replayed_ids(&*store, id).await;
         assert_eq!(replayed, ids[at + 1..]);
     }
 }
@@ -531,13 +539,7 @@ async fn an_error_mid_replay_ends_the_stream_after_what_was_read() {
     for n in 1..5 {
         ids.push(store.store_event("s", &text_notification(n)).await.unwrap());
     }
-    let replayed: Vec<String> = store
-        .replay_events_after(&cursor)
-        .await
-        .unwrap()
-        .map(|m| m.event_id.unwrap())
-        .collect()
-        .await;
+    let replayed = replayed_ids(&*store, &cursor).await;
     assert_eq!(replayed, ids[..2], "the two good events, then the end");
 }
 
@@ -561,13 +563,7 @@ async fn an_unreadable_payload_ends_the_replay_before_it() {
         .store_event("s", &text_notification(3))
         .await
         .unwrap();
-    let replayed: Vec<String> = rmcp_store
-        .replay_events_after(&cursor)
-        .await
-        .unwrap()
-        .map(|m| m.event_id.unwrap())
-        .collect()
-        .await;
+    let replayed = replayed_ids(&*rmcp_store, &cursor).await;
     assert_eq!(replayed, [good]);
 }
 
