@@ -13,8 +13,10 @@
 //!   and since the key never leaves the backend, knowing every id of one stream
 //!   gives no way to build a valid id of another.
 //! * The **position** orders events within the stream: lowercase hex without
-//!   leading zeros, either `<major>` or `<major>-<minor>` (the second form for
-//!   backends, such as Redis Streams, whose native ids have two parts).
+//!   leading zeros, either `<major>` or `<major>-<minor>`. Backends that number
+//!   a stream densely write `<incarnation>-<seq>` (see [`dense`](crate::dense)):
+//!   a new life of a stream id never reissues an id of an old one. Redis
+//!   Streams writes its native entry id `<ms>-<seq>`.
 //!
 //! Every character is in `[0-9A-Za-z._-]` and an id is at most 61 bytes, so it
 //! is safe in an SSE `id:` field and in a `Last-Event-ID` header.
@@ -145,18 +147,25 @@ impl fmt::Display for StreamToken {
 
 /// Where an event sits in its stream. Ordered by `(major, minor)`.
 ///
-/// Backends with a per-stream sequence use `major` and leave `minor` at 0;
+/// Backends with a per-stream sequence put the stream's incarnation in
+/// `major` and the sequence number in `minor` (see [`dense`](crate::dense));
 /// Redis Streams maps its `<ms>-<seq>` entry ids onto both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Position {
-    /// The primary order: a sequence number or a millisecond timestamp.
+    /// The primary order: an incarnation or a millisecond timestamp.
     pub major: u64,
-    /// The tie-breaker within `major` (0 for single-part positions).
+    /// The order within `major`: a sequence number (0 for single-part
+    /// positions).
     pub minor: u64,
 }
 
 impl Position {
-    /// A single-part position, as sequence-numbered backends use.
+    /// A position from its two parts.
+    pub const fn new(major: u64, minor: u64) -> Self {
+        Self { major, minor }
+    }
+
+    /// A single-part position: `major` alone, `minor` 0.
     pub const fn seq(seq: u64) -> Self {
         Self {
             major: seq,

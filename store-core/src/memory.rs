@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::dense::{self, DenseStream};
 use crate::error::{Error, Result};
 use crate::event::{NewEvent, StoredEvent};
-use crate::id::{EventId, Position, StreamKey, StreamToken};
+use crate::id::{EventId, StreamKey, StreamToken};
 use crate::observe;
 use crate::options::{PurgeReport, StoreOptions};
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
@@ -53,15 +53,29 @@ struct Inner {
 struct State {
     streams: HashMap<StreamToken, Stream>,
     sessions: HashMap<String, Session>,
+    /// The last incarnation handed to a stream; never handed out twice.
+    last_incarnation: u64,
 }
 
 #[derive(Debug)]
 struct Stream {
     stream_id: String,
+    /// This life of the stream (see [`dense`]).
+    incarnation: u64,
     last_seq: u64,
     bytes: u64,
     /// Dense: `events[i].seq == events[0].seq + i`.
     events: VecDeque<Entry>,
+}
+
+impl Stream {
+    fn dense(&self) -> DenseStream {
+        DenseStream {
+            incarnation: self.incarnation,
+            last_seq: self.last_seq,
+            first_retained: self.events.front().map(|e| e.seq),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -145,11 +159,16 @@ impl MemoryStore {
         let retention = self.inner.options.retention;
         let now = self.now();
         let mut state = self.state();
-        let stream = state.streams.entry(token).or_insert_with(|| Stream {
-            stream_id: stream_id.to_owned(),
-            last_seq: 0,
-            bytes: 0,
-            events: VecDeque::new(),
+        let state = &mut *state;
+        let stream = state.streams.entry(token).or_insert_with(|| {
+            state.last_incarnation += 1;
+            Stream {
+                stream_id: stream_id.to_owned(),
+                incarnation: state.last_incarnation,
+                last_seq: 0,
+                bytes: 0,
+                events: VecDeque::new(),
+            }
         });
         stream.last_seq += 1;
         stream.bytes += event.data.len() as u64;
@@ -167,13 +186,18 @@ impl MemoryStore {
             let dropped = stream.events.pop_front().expect("len > 1");
             stream.bytes -= dropped.data.len() as u64;
         }
-        EventId::new(token, Position::seq(stream.last_seq))
+        EventId::new(token, dense::position(stream.incarnation, stream.last_seq))
     }
 
-    fn page(&self, raw: &str, token: StreamToken, after: u64) -> Result<Page> {
+    fn page(&self, raw: &str, token: StreamToken, incarnation: u64, after: u64) -> Result<Page> {
         let limit = self.inner.options.page_size;
         let state = self.state();
-        let Some(stream) = state.streams.get(&token) else {
+        let Some(stream) = state
+            .streams
+            .get(&token)
+            .filter(|stream| stream.incarnation == incarnation)
+        else {
+            // Deleted or expired under the replay (perhaps started again).
             return Err(Error::events_purged(raw));
         };
         let first_retained = stream.events.front().map(|e| e.seq);
@@ -187,7 +211,7 @@ impl MemoryStore {
             )
             .take(limit)
             .map(|entry| StoredEvent {
-                id: EventId::new(token, Position::seq(entry.seq)),
+                id: EventId::new(token, dense::position(incarnation, entry.seq)),
                 data: entry.data.clone(),
                 retry: entry.retry,
             })
@@ -195,7 +219,7 @@ impl MemoryStore {
         dense::check_page(
             raw,
             after,
-            events.first().map(|e| e.id.position.major),
+            events.first().map(|e| e.id.position.minor),
             Some(stream.last_seq),
         )?;
         Ok(Page {
@@ -226,21 +250,16 @@ impl EventStore for MemoryStore {
                     .streams
                     .get(&cursor.token)
                     .ok_or_else(|| Error::unknown_event_id(last_event_id))?;
-                let after = dense::check_cursor(
-                    last_event_id,
-                    &cursor,
-                    DenseStream {
-                        last_seq: stream.last_seq,
-                        first_retained: stream.events.front().map(|e| e.seq),
-                    },
-                )?;
+                let after = dense::check_cursor(last_event_id, &cursor, stream.dense())?;
                 (stream.stream_id.clone(), after)
             };
             let store = self.clone();
             let raw = last_event_id.to_owned();
             let token = cursor.token;
-            let events = paged_replay(Position::seq(after), move |after| {
-                let page = store.page(&raw, token, after.major);
+            let incarnation = cursor.position.major;
+            let start = dense::position(incarnation, after);
+            let events = paged_replay(start, move |after| {
+                let page = store.page(&raw, token, incarnation, after.minor);
                 async move { page }
             });
             Ok(Replay { stream_id, events })
@@ -252,18 +271,12 @@ impl EventStore for MemoryStore {
         let Some(id) = EventId::parse(event_id) else {
             return Ok(None);
         };
-        if id.position.minor != 0 {
-            return Ok(None);
-        }
         let state = self.state();
-        let Some(stream) = state.streams.get(&id.token) else {
-            return Ok(None);
-        };
-        let retained = stream
-            .events
-            .front()
-            .is_some_and(|first| (first.seq..=stream.last_seq).contains(&id.position.major));
-        Ok(retained.then(|| stream.stream_id.clone()))
+        Ok(state
+            .streams
+            .get(&id.token)
+            .filter(|stream| stream.dense().retains(id.position))
+            .map(|stream| stream.stream_id.clone()))
     }
 
     async fn delete_stream(&self, stream_id: &str) -> Result<u64> {

@@ -243,6 +243,262 @@ pub async fn position_never_issued_is_refused<H: Harness>(h: &H) {
     h.close(store).await;
 }
 
+/// C4, C5: a position with a zero part is never issued (sequence numbers and
+/// incarnations start at 1, and Redis never assigns `0-0`), so
+/// `v1.<token>.0` and its kin are unknown even on a live stream, never a
+/// replay of the whole stream.
+pub async fn positions_with_a_zero_part_are_refused<H: Harness>(h: &H) {
+    let (store, _) = open_default(h).await;
+    let mut issued = Vec::new();
+    for i in 0..3u8 {
+        issued.push(append(&store, "s", &[i]).await);
+    }
+    let token = issued[0].token;
+    let positions: HashSet<Position> = issued.iter().map(|id| id.position).collect();
+    let mut candidates = vec![Position::ZERO];
+    for id in &issued {
+        candidates.push(Position::new(id.position.major, 0));
+        candidates.push(Position::new(0, id.position.minor));
+    }
+    for candidate in candidates {
+        if !positions.contains(&candidate) {
+            assert_unknown(&store, &text(&EventId::new(token, candidate))).await;
+        }
+    }
+    h.close(store).await;
+}
+
+/// C4, C5: a position next to issued ones but never issued itself (between
+/// two events, just before or after one, in a neighbouring incarnation) is
+/// unknown: replay refuses it and lookup finds nothing. A backend that only
+/// checked "between the first and the newest" would resume from the middle.
+pub async fn positions_never_issued_between_real_ones_are_refused<H: Harness>(h: &H) {
+    let (store, _) = open_default(h).await;
+    let mut issued = Vec::new();
+    for i in 0..6u8 {
+        issued.push(append(&store, "s", &[i]).await);
+        append(&store, "other", &[i]).await;
+        tick().await;
+    }
+    let token = issued[0].token;
+    let positions: HashSet<Position> = issued.iter().map(|id| id.position).collect();
+    let mut tried = HashSet::new();
+    for id in &issued {
+        let Position { major, minor } = id.position;
+        let mut candidates = vec![
+            Position::new(major, minor.saturating_add(1)),
+            Position::new(major.saturating_add(1), 1),
+            Position::new(major.saturating_add(1), minor),
+        ];
+        if minor > 1 {
+            candidates.push(Position::new(major, minor - 1));
+        }
+        if major > 1 {
+            candidates.push(Position::new(major - 1, minor.max(1)));
+        }
+        for candidate in candidates {
+            if !positions.contains(&candidate) && tried.insert(candidate) {
+                assert_unknown(&store, &text(&EventId::new(token, candidate))).await;
+            }
+        }
+    }
+    assert!(!tried.is_empty());
+    // The real ids still work.
+    assert_eq!(replay_data(&store, &issued[2]).await.len(), 3);
+    h.close(store).await;
+}
+
+/// Appends `n` events `<tag>-<i>` to `stream`.
+async fn append_n<S: EventStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    tag: &str,
+    n: usize,
+) -> Vec<EventId> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(append(store, stream, format!("{tag}-{i}").as_bytes()).await);
+    }
+    ids
+}
+
+/// Checks a stream's new life (`new`, payloads `<tag>-<i>`) against the ids
+/// of its earlier lives (`old`): no id issued twice, the new ids after every
+/// old one, and no old id resuming into the new life with a hole. The
+/// newest old id may resume the new life whole (a backend that kept the
+/// stream's numbering going), or be refused; never anything in between.
+async fn assert_new_life<S: EventStore + ?Sized>(
+    store: &S,
+    stream: &str,
+    old: &[EventId],
+    new: &[EventId],
+    tag: &str,
+) {
+    let old_text: HashSet<String> = old.iter().map(text).collect();
+    for id in new {
+        assert!(
+            !old_text.contains(&text(id)),
+            "{id} was issued again to a new life of {stream:?}"
+        );
+        for earlier in old {
+            assert_eq!(id.token, earlier.token, "one stream id, one token");
+            assert!(
+                id.position > earlier.position,
+                "{id} of the new life does not sort after {earlier} of an earlier one"
+            );
+        }
+    }
+    let new_data: Vec<Vec<u8>> = (0..new.len())
+        .map(|i| format!("{tag}-{i}").into_bytes())
+        .collect();
+    let newest_old = old.iter().max_by_key(|id| id.position);
+    for id in old {
+        let found = store.get_stream_id_for_event_id(&text(id)).await.unwrap();
+        assert_eq!(
+            found, None,
+            "lookup of {id} from an earlier life of {stream:?}"
+        );
+        match replay_all(store, &text(id)).await {
+            Err(Error::UnknownEventId { .. } | Error::EventsPurged { .. }) => {}
+            Err(other) => panic!("replay after {id} from an earlier life: unexpected {other}"),
+            Ok((replayed, events)) => {
+                let data: Vec<Vec<u8>> = events.iter().map(|e| e.data.to_vec()).collect();
+                assert!(
+                    Some(id) == newest_old && replayed == stream && data == new_data,
+                    "replay after {id} from an earlier life of {stream:?} gave {} events \
+                     of {replayed:?}: a partial or foreign replay",
+                    data.len()
+                );
+            }
+        }
+    }
+    let (replayed, events) = replay_all(store, &text(&new[0])).await.unwrap();
+    assert_eq!(replayed, stream);
+    let data: Vec<Vec<u8>> = events.iter().map(|e| e.data.to_vec()).collect();
+    assert_eq!(data, new_data[1..], "the new life replays whole");
+    let found = store
+        .get_stream_id_for_event_id(&text(&new[0]))
+        .await
+        .unwrap();
+    assert_eq!(found.as_deref(), Some(stream));
+}
+
+/// C2, C5: a stream deleted and then started again under the same stream id
+/// never reissues an id of an earlier life, before or after the purge that
+/// clears the deleted rows; old ids never resume into the new life with a
+/// hole.
+pub async fn deleted_stream_started_again_never_reissues_ids<H: Harness>(h: &H) {
+    let (store, _) = open_default(h).await;
+    let mut old = append_n(&store, "s", "first", 3).await;
+    assert_eq!(store.delete_stream("s").await.unwrap(), 3);
+    let second = append_n(&store, "s", "second", 3).await;
+    assert_new_life(&store, "s", &old, &second, "second").await;
+    old.extend(&second);
+    assert_eq!(store.delete_stream("s").await.unwrap(), 3);
+    store.purge_expired().await.unwrap();
+    let third = append_n(&store, "s", "third", 3).await;
+    assert_new_life(&store, "s", &old, &third, "third").await;
+    h.close(store).await;
+}
+
+/// C2, C5, C8: a stream that expired whole (rmcp's `<session>:common` idle
+/// past the maximum age) and is then written again never reissues an id of
+/// an earlier life.
+pub async fn expired_stream_started_again_never_reissues_ids<H: Harness>(h: &H) {
+    let clock = test_clock();
+    let store = h
+        .open(
+            test_options(&clock).retention(Retention::unbounded().max_age(Duration::from_secs(60))),
+        )
+        .await;
+    let mut old = Vec::new();
+    for life in ["first", "second", "third"] {
+        let ids = append_n(&store, "session:common", life, 3).await;
+        if !old.is_empty() {
+            assert_new_life(&store, "session:common", &old, &ids, life).await;
+        }
+        old.extend(ids);
+        clock.advance(Duration::from_secs(61));
+        let report = store.purge_expired().await.unwrap();
+        assert_eq!(report.streams, 1, "{report:?}");
+    }
+    h.close(store).await;
+}
+
+/// C2, C10: the state that keeps ids from being reissued survives a reopen:
+/// a stream deleted and purged, then started again by a new handle, still
+/// gets ids never issued before.
+pub async fn reopen_never_reissues_ids_of_a_deleted_stream<H: Harness>(h: &H) {
+    let clock = test_clock();
+    let store = h.open(test_options(&clock)).await;
+    let old = append_n(&store, "s", "first", 3).await;
+    store.delete_stream("s").await.unwrap();
+    store.purge_expired().await.unwrap();
+    h.close(store).await;
+    let store = h.open(test_options(&clock)).await;
+    let new = append_n(&store, "s", "second", 3).await;
+    assert_new_life(&store, "s", &old, &new, "second").await;
+    h.close(store).await;
+}
+
+/// C14: handles sharing a backend agree on the stream secret after the
+/// backend lost all its data (a Redis restarted without persistence): the
+/// same stream id gets one token on every handle, old and new, whichever
+/// writes first, so a client resuming on any instance sees every event.
+/// Backends that cannot lose their data under open handles skip this (their
+/// harness says so).
+pub async fn handles_converge_after_the_backend_lost_its_data<H: Harness>(h: &H) {
+    let clock = test_clock();
+    let a = h.open(test_options(&clock)).await;
+    let b = h.open(test_options(&clock)).await;
+    let before = append(&a, "s", b"before").await;
+    assert_eq!(append(&b, "s", b"before-b").await.token, before.token);
+    if !h.lose_data().await {
+        h.close(a).await;
+        h.close(b).await;
+        return;
+    }
+    // An old handle writes first, then a handle opened after the loss.
+    let first = append(&a, "s", b"a-1").await;
+    let c = h.open(test_options(&clock)).await;
+    let mut ids = vec![first];
+    ids.push(append(&c, "s", b"c-1").await);
+    ids.push(append(&b, "s", b"b-1").await);
+    ids.push(append(&a, "s", b"a-2").await);
+    for id in &ids {
+        assert_eq!(
+            id.token, first.token,
+            "{id}: handles disagree on the token of \"s\""
+        );
+    }
+    for store in [&a, &b, &c] {
+        assert_eq!(
+            replay_data(store, &first).await,
+            vec![b"c-1".to_vec(), b"b-1".to_vec(), b"a-2".to_vec()]
+        );
+    }
+    // Lost again; this time a handle opened after the loss writes first.
+    assert!(h.lose_data().await);
+    let d = h.open(test_options(&clock)).await;
+    let first = append(&d, "s", b"d-1").await;
+    let mut ids = vec![first];
+    for (store, data) in [(&a, b"a-3"), (&b, b"b-3"), (&c, b"c-3")] {
+        ids.push(append(store, "s", data).await);
+    }
+    for id in &ids {
+        assert_eq!(
+            id.token, first.token,
+            "{id}: handles disagree on the token of \"s\""
+        );
+    }
+    for store in [&a, &b, &c, &d] {
+        assert_eq!(replay_data(store, &first).await.len(), 3);
+    }
+    for store in [a, b, c, d] {
+        h.close(store).await;
+    }
+}
+
 /// Checks that whatever `candidate` resolves to, it is never a stream other
 /// than `own`.
 async fn never_another_stream<S: EventStore + ?Sized>(store: &S, candidate: &str, own: &str) {

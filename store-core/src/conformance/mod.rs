@@ -1,4 +1,4 @@
-//! The conformance suite: every backend runs every case (contract C1 to C12).
+//! The conformance suite: every backend runs every case (contract C1 to C14).
 //!
 //! Each case is a plain async function taking a [`Harness`]; the
 //! [`conformance_tests!`](crate::conformance_tests) macro turns them all into
@@ -43,6 +43,16 @@ pub trait Harness: Send + Sync + 'static {
     /// Closes a handle, releasing what it holds (by default, drops it).
     async fn close(&self, store: Self::Store) {
         drop(store);
+    }
+
+    /// Makes the backend lose every stored byte of this harness's storage
+    /// while the open handles stay open, as a Redis without persistence does
+    /// when it restarts (C14). Returns `false`, the default, for backends
+    /// whose data cannot vanish underneath open handles (a database file, a
+    /// schema): C14 then holds because the secret cannot be lost without the
+    /// events, and the case has nothing to check.
+    async fn lose_data(&self) -> bool {
+        false
     }
 
     /// Removes the storage after the case (by default, nothing to do).
@@ -106,6 +116,11 @@ macro_rules! conformance_tests {
             ids_forged_from_another_streams_id_are_refused, garbage_ids_are_refused,
             lookup_finds_the_stream, hostile_stream_ids_are_data,
             like_wildcards_match_nothing_else, nul_in_a_stream_id_is_data_or_refused,
+            positions_with_a_zero_part_are_refused,
+            positions_never_issued_between_real_ones_are_refused,
+            deleted_stream_started_again_never_reissues_ids,
+            expired_stream_started_again_never_reissues_ids,
+            handles_converge_after_the_backend_lost_its_data,
             stream_id_of_1024_bytes_is_accepted,
             stream_id_of_1025_bytes_is_refused, empty_stream_id_is_refused,
             empty_payload_round_trips, megabyte_payload_round_trips,
@@ -123,7 +138,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($harness);
         $crate::__conformance_cases!($harness;
             reopen_replays_everything_acknowledged, reopen_continues_each_stream,
-            reopen_keeps_sessions
+            reopen_keeps_sessions, reopen_never_reissues_ids_of_a_deleted_stream
         );
     };
 }
