@@ -23,19 +23,49 @@
 //!   answers each caller only after the commit: under
 //!   [`Durability::PowerLoss`] many appends share one fsync instead of paying
 //!   one each.
-//! * Each stream has a dense sequence (1, 2, 3, ...) assigned inside the
-//!   writer's transaction, so sequence order is commit order and a reader can
-//!   never see an event appear behind its cursor (C6). Several processes may
-//!   share one file: SQLite's write lock serializes their writers, and
-//!   `busy_timeout` makes them wait rather than fail.
+//! * **Event ids** are `v1.<stream token>.<incarnation>-<seq>` (see
+//!   [`dense`]). Each stream has a dense sequence (1, 2, 3, ...) assigned
+//!   inside the writer's transaction, so sequence order is commit order and
+//!   a reader can never see an event appear behind its cursor (C6). Its
+//!   **incarnation** names one life of the stream: a stream deleted, or
+//!   expired whole, and then written again starts at sequence 1 under a new
+//!   incarnation, taken from a store-wide counter
+//!   (`mes_meta.last_incarnation`) that only goes up, in the statement that
+//!   creates the stream's row. So no id is ever issued twice, by any
+//!   process, and an id of an earlier life is refused with
+//!   [`Error::UnknownEventId`] rather than resuming into the new one. The
+//!   steady-state append is still one statement: the incarnation is drawn
+//!   only when a stream's row is created. Several processes may share one
+//!   file: SQLite's write lock serializes their writers, and `busy_timeout`
+//!   makes them wait rather than fail.
 //! * Replay is one indexed seek plus a range read per page on the
-//!   `(token, seq)` index.
+//!   `(token, seq)` index; each page is read in one statement with the
+//!   stream's row, so a replay whose stream is deleted and started again
+//!   under it ends in [`Error::EventsPurged`], never in events of the new
+//!   life.
 //! * Retention: count and byte limits are applied inline on every append;
 //!   age, sessions and anything left over go in [`EventStore::purge_expired`],
 //!   in transactions of at most 500 rows interleaved with appends.
 //! * **Format version** (C12): the schema is created by embedded migrations
-//!   recorded in the `mes_migrations` table. A database migrated by a newer,
+//!   recorded in the `mes_migrations` table, and `mes_meta.format_version`
+//!   names the format ([`FORMAT_VERSION`]). A database migrated by a newer,
 //!   unknown release is refused with [`Error::IncompatibleFormat`].
+//! * **Opening** is safe from any number of handles and processes at once,
+//!   on a new file or an existing one. The busy timeout is in force from the
+//!   first statement; the switch of a new file to WAL is retried while
+//!   another connection makes it; the migrations and the creation of the
+//!   stream secret happen once, under one write lock (`BEGIN IMMEDIATE`),
+//!   and every other opener waits for it (up to
+//!   [`SqliteOptions::busy_timeout`]), then finds the work done.
+//! * **Format 2** (this release) added incarnations. Opening a format 1
+//!   database migrates it in place: every stream and event is kept, and each
+//!   stream gets an incarnation above every sequence number format 1 issued,
+//!   so its new ids sort after its old ones. Format 1 ids (`<seq>`, no
+//!   incarnation) are refused with [`Error::UnknownEventId`] from then on,
+//!   never misread. Stop every process of the older release before opening the file with
+//!   this one: an older writer still running can append under ids this
+//!   release refuses (it cannot create streams: the new schema refuses rows
+//!   without an incarnation).
 //!
 //! # Durability
 //!
@@ -60,13 +90,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::dense::{self, DenseStream};
 use mcp_event_store_core::{
-    Error, EventId, EventStore, NewEvent, Page, Position, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay,
-    retry_from_millis, retry_to_millis, validate_stream_id,
+    Error, EventId, EventStore, NewEvent, Page, PurgeReport, Replay, Result, SessionStore,
+    StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay, retry_from_millis,
+    retry_to_millis, validate_stream_id,
 };
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow,
+    SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
 use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot};
@@ -76,7 +105,7 @@ use writer::{Append, Command, Reply, Write, Writer, db_error};
 
 const BACKEND: &str = "sqlite";
 /// The storage format this release reads and writes.
-pub const FORMAT_VERSION: i64 = 1;
+pub const FORMAT_VERSION: i64 = 2;
 /// Commands that may wait for the writer before callers are held back.
 const WRITER_QUEUE: usize = 4096;
 
@@ -111,12 +140,20 @@ impl SqliteStore {
 
     /// Opens with explicit options: creates the file if missing, runs the
     /// embedded migrations, checks the format version and starts the writer.
+    ///
+    /// Any number of handles and processes may open one file at once, new
+    /// or not: they wait for each other (up to
+    /// [`SqliteOptions::busy_timeout`]) and the migrations run once.
     pub async fn open_with(options: SqliteOptions) -> Result<Self> {
         options.validate()?;
+        // sqlx sets the busy timeout when it opens a connection, before its
+        // first statement, so every statement waits for a lock held by
+        // another handle or process rather than failing with "database is
+        // locked". The journal mode is left alone here: switching a new
+        // file to WAL is done once, below, by `switch_to_wal`.
         let connect = SqliteConnectOptions::new()
             .filename(&options.path)
             .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
             .synchronous(options.durability.synchronous())
             .busy_timeout(options.busy_timeout)
             .foreign_keys(false);
@@ -124,8 +161,8 @@ impl SqliteStore {
         let mut conn = SqliteConnection::connect_with(&connect)
             .await
             .map_err(db_error)?;
-        migrate(&mut conn).await?;
-        let key = load_stream_key(&mut conn).await?;
+        switch_to_wal(&mut conn, options.busy_timeout).await?;
+        let key = prepare(&mut conn).await?;
 
         let readers = SqlitePoolOptions::new()
             .max_connections(options.read_connections)
@@ -184,50 +221,24 @@ impl SqliteStore {
         self.inner.options.clock.now_millis()
     }
 
-    /// The cursor's stream: its id, newest sequence and oldest retained one.
-    async fn stream_state(&self, token: &StreamToken) -> Result<Option<(String, DenseStream)>> {
-        let row = sqlx::query(
-            "SELECT stream_id, last_seq, \
-                 (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
-             FROM mes_streams WHERE token = ?1",
-        )
-        .bind(&token.as_bytes()[..])
-        .fetch_optional(&self.inner.readers)
-        .await
-        .map_err(db_error)?;
-        let Some(row) = row else { return Ok(None) };
-        let stream_id: String = row.try_get(0).map_err(db_error)?;
-        let last_seq: i64 = row.try_get(1).map_err(db_error)?;
-        let first_retained: Option<i64> = row.try_get(2).map_err(db_error)?;
-        Ok(Some((
-            stream_id,
-            DenseStream {
-                last_seq: to_seq(last_seq)?,
-                first_retained: first_retained.map(to_seq).transpose()?,
-            },
-        )))
-    }
-
-    /// The start of a replay in one statement, so one snapshot: the
-    /// stream's id and state (for the cursor checks) and the first page
-    /// after `after`. `None`: no such stream.
-    async fn first_page(
+    /// One page of a stream's events after sequence number `after`, read in
+    /// one statement (so one snapshot) with the stream's row: its id and
+    /// state, for the cursor and gap checks. The events are named under
+    /// `incarnation`, the cursor's; they are only used when the row says
+    /// that is the stream's current incarnation (every event of a token
+    /// belongs to the current row: a stream's events go before or with its
+    /// row). `None` for the row: no such stream.
+    async fn page_with_stream(
         &self,
         token: StreamToken,
-        after: u64,
-    ) -> Result<Option<(String, DenseStream, Vec<StoredEvent>)>> {
-        let Ok(after) = i64::try_from(after) else {
-            // Never issued; the cursor check says so.
-            return Ok(self
-                .stream_state(&token)
-                .await?
-                .map(|(id, state)| (id, state, Vec::new())));
-        };
+        incarnation: u64,
+        after: i64,
+    ) -> Result<(Option<(String, DenseStream)>, Vec<StoredEvent>)> {
         let rows = sqlx::query(
-            "SELECT * FROM (SELECT seq, retry_ms, payload, NULL, NULL, NULL FROM mes_events \
-                 WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3) \
+            "SELECT * FROM (SELECT seq, retry_ms, payload, NULL, NULL, NULL, NULL \
+                 FROM mes_events WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3) \
              UNION ALL \
-             SELECT NULL, NULL, NULL, stream_id, last_seq, \
+             SELECT NULL, NULL, NULL, stream_id, incarnation, last_seq, \
                  (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
              FROM mes_streams WHERE token = ?1",
         )
@@ -237,74 +248,76 @@ impl SqliteStore {
         .fetch_all(&self.inner.readers)
         .await
         .map_err(db_error)?;
-        let mut header = None;
+        let mut stream = None;
         let mut events = Vec::with_capacity(rows.len());
         for row in rows {
             let stream_id: Option<String> = row.try_get(3).map_err(db_error)?;
             match stream_id {
                 Some(stream_id) => {
-                    let last_seq: i64 = row.try_get(4).map_err(db_error)?;
-                    let first_retained: Option<i64> = row.try_get(5).map_err(db_error)?;
-                    header = Some((
+                    let incarnation: i64 = row.try_get(4).map_err(db_error)?;
+                    let last_seq: i64 = row.try_get(5).map_err(db_error)?;
+                    let first_retained: Option<i64> = row.try_get(6).map_err(db_error)?;
+                    stream = Some((
                         stream_id,
                         DenseStream {
+                            incarnation: to_incarnation(incarnation)?,
                             last_seq: to_seq(last_seq)?,
                             first_retained: first_retained.map(to_seq).transpose()?,
                         },
                     ));
                 }
-                None => events.push(event_from_row(token, &row)?),
+                None => events.push(event_from_row(token, incarnation, &row)?),
             }
         }
-        Ok(header.map(|(stream_id, state)| (stream_id, state, events)))
+        Ok((stream, events))
     }
 
-    async fn read_page(&self, token: StreamToken, after: u64) -> Result<Vec<StoredEvent>> {
-        let rows = sqlx::query(
-            "SELECT seq, retry_ms, payload FROM mes_events \
-             WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
-        )
-        .bind(&token.as_bytes()[..])
-        .bind(from_seq(after)?)
-        .bind(self.inner.options.page_size as i64)
-        .fetch_all(&self.inner.readers)
-        .await
-        .map_err(db_error)?;
-        rows.iter().map(|row| event_from_row(token, row)).collect()
+    /// A replay page after the first, checked for gaps (C5) against the
+    /// stream's row as of the same snapshot. A stream that is gone, or that
+    /// was deleted and started again under a new incarnation, lost the
+    /// events after the cursor: [`Error::EventsPurged`], never events of
+    /// its new life.
+    async fn checked_page(
+        &self,
+        raw: &str,
+        token: StreamToken,
+        incarnation: u64,
+        after: u64,
+    ) -> Result<Page> {
+        let (stream, events) = self
+            .page_with_stream(token, incarnation, from_seq(after)?)
+            .await?;
+        let Some((_, state)) = stream.filter(|(_, state)| state.incarnation == incarnation) else {
+            // The rows read, if any, are the new life's.
+            return Err(Error::events_purged(raw));
+        };
+        let first = events.first().map(|e| e.id.position.minor);
+        dense::check_page(raw, after, first, Some(state.last_seq))?;
+        Ok(self.page(events, Some(state.last_seq)))
     }
 
-    /// One replay page, checked for gaps (C5). A page read and the stream's
-    /// newest sequence come from separate statements, so an empty page that
-    /// disagrees with the sequence is read once more before it counts as a
-    /// purge: an append that committed in between must not look like a gap.
-    async fn checked_page(&self, raw: &str, token: StreamToken, after: u64) -> Result<Page> {
-        let limit = self.inner.options.page_size;
-        let mut events = self.read_page(token, after).await?;
-        if events.is_empty() {
-            let last_seq = self.stream_state(&token).await?.map(|(_, s)| s.last_seq);
-            if last_seq.is_some_and(|last| last > after) {
-                events = self.read_page(token, after).await?;
-            }
-            let first = events.first().map(|e| e.id.position.major);
-            dense::check_page(raw, after, first, last_seq)?;
-        } else {
-            let first = events.first().map(|e| e.id.position.major);
-            dense::check_page(raw, after, first, None)?;
-        }
-        Ok(Page {
-            last: events.len() < limit,
+    /// A checked page; the last when it is short or reaches the stream's
+    /// newest event as of its snapshot (later events reach a client live).
+    fn page(&self, events: Vec<StoredEvent>, last_seq: Option<u64>) -> Page {
+        let reached_end = events
+            .last()
+            .zip(last_seq)
+            .is_some_and(|(event, last_seq)| event.id.position.minor >= last_seq);
+        Page {
+            last: reached_end || events.len() < self.inner.options.page_size,
             events,
-        })
+        }
     }
 }
 
-/// An event from a row whose first columns are `seq, retry_ms, payload`.
-fn event_from_row(token: StreamToken, row: &SqliteRow) -> Result<StoredEvent> {
+/// An event of incarnation `incarnation` from a row whose first columns are
+/// `seq, retry_ms, payload`.
+fn event_from_row(token: StreamToken, incarnation: u64, row: &SqliteRow) -> Result<StoredEvent> {
     let seq: i64 = row.try_get(0).map_err(db_error)?;
     let retry: Option<i64> = row.try_get(1).map_err(db_error)?;
     let payload: Vec<u8> = row.try_get(2).map_err(db_error)?;
     Ok(StoredEvent {
-        id: EventId::new(token, Position::seq(to_seq(seq)?)),
+        id: EventId::new(token, dense::position(incarnation, to_seq(seq)?)),
         data: Bytes::from(payload),
         retry: retry_from_millis(retry),
     })
@@ -314,12 +327,77 @@ fn to_seq(value: i64) -> Result<u64> {
     u64::try_from(value).map_err(|_| Error::Corrupt(format!("negative sequence number {value}")))
 }
 
+/// A stored incarnation; they start at 1, so 0 or less is damage.
+pub(crate) fn to_incarnation(value: i64) -> Result<u64> {
+    u64::try_from(value)
+        .ok()
+        .filter(|&incarnation| incarnation != 0)
+        .ok_or_else(|| Error::Corrupt(format!("stream incarnation {value} is not positive")))
+}
+
 fn from_seq(value: u64) -> Result<i64> {
     i64::try_from(value)
         .map_err(|_| Error::Corrupt(format!("sequence number {value} out of range")))
 }
 
+/// Puts the database in WAL mode (a no-op once it is: the mode is stored in
+/// the file). Two connections switching a new file at once can make SQLite
+/// answer "database is locked" at once, without waiting: each holds a read
+/// lock the other's switch must wait out, so SQLite refuses rather than
+/// deadlock, and the busy timeout never applies. Such a refusal is retried
+/// until `busy_timeout` has passed; the other connection's switch has
+/// usually finished by the first retry.
+async fn switch_to_wal(conn: &mut SqliteConnection, busy_timeout: Duration) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + busy_timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let mode: std::result::Result<String, sqlx::Error> =
+            sqlx::query_scalar("PRAGMA journal_mode = WAL")
+                .fetch_one(&mut *conn)
+                .await;
+        match mode {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+            Ok(mode) => {
+                return Err(Error::Config(format!(
+                    "SQLite kept the database in journal mode {mode:?} instead of WAL \
+                     (an in-memory database, or a file system without shared memory?)"
+                )));
+            }
+            Err(e) if is_busy(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(db_error(e)),
+        }
+    }
+}
+
+/// Whether SQLite said busy (`SQLITE_BUSY` or one of its extended codes).
+fn is_busy(e: &sqlx::Error) -> bool {
+    const SQLITE_BUSY: i32 = 5;
+    e.as_database_error()
+        .and_then(|e| e.code())
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == SQLITE_BUSY)
+}
+
+/// Brings the database to this release's format and returns its stream
+/// secret, all under one write lock (`BEGIN IMMEDIATE`, which waits for the
+/// lock up to the busy timeout): handles and processes opening the file at
+/// once take turns, and each re-reads what is applied only once it holds
+/// the lock, so the migrations and the secret are created exactly once.
+/// On any error nothing is changed.
+async fn prepare(conn: &mut SqliteConnection) -> Result<StreamKey> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db_error)?;
+    migrate(&mut tx).await?;
+    let key = load_stream_key(&mut tx).await?;
+    tx.commit().await.map_err(db_error)?;
+    Ok(key)
+}
+
 /// Runs the embedded migrations, refusing a database from a newer release.
+/// The caller holds the write lock; sqlx nests each migration's own
+/// transaction as a savepoint.
 async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.dangerous_set_table_name("mes_migrations");
@@ -384,9 +462,9 @@ impl EventStore for SqliteStore {
                 .options
                 .check_append(stream_id, event.data.len())?;
             let token = self.inner.key.token(stream_id);
-            let seq = self
+            let position = self
                 .write(
-                    Reply::Count,
+                    Reply::Position,
                     Write::Append(Append {
                         token,
                         stream_id: stream_id.to_owned(),
@@ -396,7 +474,7 @@ impl EventStore for SqliteStore {
                     }),
                 )
                 .await?;
-            Ok(EventId::new(token, Position::seq(seq)))
+            Ok(EventId::new(token, position))
         })
         .await
     }
@@ -404,34 +482,36 @@ impl EventStore for SqliteStore {
     async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
         observe::replay(BACKEND, last_event_id, async {
             let cursor: EventId = last_event_id.parse()?;
-            let after = dense::dense_seq(last_event_id, cursor.position)?;
-            let (stream_id, state, first_page) = self
-                .first_page(cursor.token, after)
-                .await?
-                .ok_or_else(|| Error::unknown_event_id(last_event_id))?;
+            let (incarnation, after) = dense::cursor_parts(last_event_id, cursor.position)?;
+            // SQLite integers stop at i64::MAX: beyond it, never issued.
+            let after_sql =
+                i64::try_from(after).map_err(|_| Error::unknown_event_id(last_event_id))?;
+            let (stream, first_page) = self
+                .page_with_stream(cursor.token, incarnation, after_sql)
+                .await?;
+            let (stream_id, state) =
+                stream.ok_or_else(|| Error::unknown_event_id(last_event_id))?;
+            // Another incarnation (an earlier life of the stream), a zero
+            // part or a sequence number beyond the newest: never issued.
             dense::check_cursor(last_event_id, &cursor, state)?;
-            let first = first_page.first().map(|e| e.id.position.major);
+            let first = first_page.first().map(|e| e.id.position.minor);
             dense::check_page(last_event_id, after, first, Some(state.last_seq))?;
-            // A page that reaches the stream's newest event (as of its
-            // snapshot) is the last: later events reach the client live.
-            let reached_end = first_page
-                .last()
-                .is_some_and(|e| e.id.position.major >= state.last_seq);
-            let mut first_page = Some(Page {
-                last: reached_end || first_page.len() < self.inner.options.page_size,
-                events: first_page,
-            });
+            let mut first_page = Some(self.page(first_page, Some(state.last_seq)));
             let store = self.clone();
             let raw: Arc<str> = last_event_id.into();
             let token = cursor.token;
-            let events = paged_replay(Position::seq(after), move |after| {
+            let events = paged_replay(dense::position(incarnation, after), move |after| {
                 let first_page = first_page.take();
                 let store = store.clone();
                 let raw = raw.clone();
                 async move {
                     match first_page {
                         Some(page) => Ok(page),
-                        None => store.checked_page(&raw, token, after.major).await,
+                        None => {
+                            store
+                                .checked_page(&raw, token, incarnation, after.minor)
+                                .await
+                        }
                     }
                 }
             });
@@ -444,15 +524,22 @@ impl EventStore for SqliteStore {
         let Some(id) = EventId::parse(event_id) else {
             return Ok(None);
         };
-        let (Ok(seq), 0) = (i64::try_from(id.position.major), id.position.minor) else {
+        // A zero part was never issued; neither was anything SQLite cannot
+        // hold.
+        let Some((Ok(incarnation), Ok(seq))) = dense::parts(id.position)
+            .map(|(incarnation, seq)| (i64::try_from(incarnation), i64::try_from(seq)))
+        else {
             return Ok(None);
         };
+        // The event is retained in the stream's current incarnation: an id
+        // of an earlier life of the stream finds nothing.
         sqlx::query_scalar(
             "SELECT s.stream_id FROM mes_events e JOIN mes_streams s ON s.token = e.token \
-             WHERE e.token = ?1 AND e.seq = ?2",
+             WHERE e.token = ?1 AND e.seq = ?2 AND s.incarnation = ?3",
         )
         .bind(&id.token.as_bytes()[..])
         .bind(seq)
+        .bind(incarnation)
         .fetch_optional(&self.inner.readers)
         .await
         .map_err(db_error)

@@ -48,7 +48,8 @@ pub struct SqliteOptions {
     pub store: StoreOptions,
     /// When `store_event` may return; see [`Durability`].
     pub durability: Durability,
-    /// How long a write waits for another process holding the write lock.
+    /// How long a write, or an open, waits for another handle or process
+    /// holding a lock on the file (the write lock, a first open's migration).
     /// Default 5 s.
     pub busy_timeout: Duration,
     /// Connections in the read pool (replay, lookups). Default 4.

@@ -18,12 +18,12 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use mcp_event_store_core::{Error, PurgeReport, Result, Retention, StreamToken};
+use mcp_event_store_core::{Error, Position, PurgeReport, Result, Retention, StreamToken, dense};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::BACKEND;
+use crate::{BACKEND, to_incarnation};
 
 /// Rows one purge transaction deletes at most.
 const PURGE_BATCH: i64 = 500;
@@ -75,6 +75,7 @@ pub(crate) struct Append {
 
 /// The caller waiting for a write.
 pub(crate) enum Reply {
+    Position(oneshot::Sender<Result<Position>>),
     Count(oneshot::Sender<Result<u64>>),
     Unit(oneshot::Sender<Result<()>>),
     Flag(oneshot::Sender<Result<bool>>),
@@ -82,6 +83,7 @@ pub(crate) enum Reply {
 
 /// What a write produced.
 enum Answer {
+    Position(Position),
     Count(u64),
     Unit,
     Flag(bool),
@@ -90,6 +92,7 @@ enum Answer {
 impl Reply {
     fn send(self, answer: Result<Answer>) {
         match (self, answer) {
+            (Reply::Position(tx), Ok(Answer::Position(p))) => drop(tx.send(Ok(p))),
             (Reply::Count(tx), Ok(Answer::Count(n))) => drop(tx.send(Ok(n))),
             (Reply::Unit(tx), Ok(Answer::Unit)) => drop(tx.send(Ok(()))),
             (Reply::Flag(tx), Ok(Answer::Flag(flag))) => drop(tx.send(Ok(flag))),
@@ -100,6 +103,7 @@ impl Reply {
 
     fn fail(self, e: Error) {
         match self {
+            Reply::Position(tx) => drop(tx.send(Err(e))),
             Reply::Count(tx) => drop(tx.send(Err(e))),
             Reply::Unit(tx) => drop(tx.send(Err(e))),
             Reply::Flag(tx) => drop(tx.send(Err(e))),
@@ -121,17 +125,26 @@ struct PurgeJob {
     replies: Vec<oneshot::Sender<Result<PurgeReport>>>,
 }
 
-/// Streams this writer has already matched to their stream id, with the
-/// byte count it last saw. The count is only a hint for when to look at the
-/// real one: another process may have written since.
+/// Streams this writer remembers at most (see [`Known`]).
 const KNOWN_STREAMS_LIMIT: usize = 65_536;
+
+/// A stream this writer has already matched to its stream id: the
+/// incarnation it saw, and the byte count it last saw. Both may be stale
+/// (another process may have written, or deleted the stream and started it
+/// again), so the incarnation is checked by the append itself, and the byte
+/// count is only a hint for when to look at the real one.
+#[derive(Clone, Copy)]
+struct Known {
+    incarnation: i64,
+    bytes: i64,
+}
 
 pub(crate) struct Writer {
     conn: SqliteConnection,
     retention: Retention,
     max_batch: usize,
     purge: Option<PurgeJob>,
-    known: HashMap<StreamToken, i64>,
+    known: HashMap<StreamToken, Known>,
 }
 
 impl Writer {
@@ -288,8 +301,14 @@ impl Writer {
 
     async fn apply(&mut self, write: &Write, in_transaction: bool) -> Result<Answer> {
         match write {
-            Write::Append(append) => self.append(append, in_transaction).await.map(Answer::Count),
-            Write::DeleteStream { token } => self.delete_stream(*token).await.map(Answer::Count),
+            Write::Append(append) => self
+                .append(append, in_transaction)
+                .await
+                .map(Answer::Position),
+            Write::DeleteStream { token } => self
+                .delete_stream(*token, in_transaction)
+                .await
+                .map(Answer::Count),
             Write::PutSession {
                 session_id,
                 state,
@@ -305,13 +324,23 @@ impl Writer {
         }
     }
 
-    /// Makes sure the stream's row exists and belongs to `stream_id`.
-    async fn ensure_stream(&mut self, token: StreamToken, stream_id: &str, now: i64) -> Result<()> {
+    /// Makes sure the stream's row exists and belongs to `stream_id`, and
+    /// returns what this writer now knows of it. A new row takes the next
+    /// incarnation of the store-wide counter; the counter moves in the same
+    /// statement (a trigger), under SQLite's write lock, so two writers,
+    /// even in two processes, never take the same one.
+    async fn ensure_stream(
+        &mut self,
+        token: StreamToken,
+        stream_id: &str,
+        now: i64,
+    ) -> Result<Known> {
         let row = sqlx::query(
-            "INSERT INTO mes_streams (token, stream_id, last_seq, bytes, updated_at) \
-             VALUES (?1, ?2, 0, 0, ?3) \
+            "INSERT INTO mes_streams (token, stream_id, incarnation, last_seq, bytes, updated_at) \
+             VALUES (?1, ?2, (SELECT value + 1 FROM mes_meta WHERE key = 'last_incarnation'), \
+                 0, 0, ?3) \
              ON CONFLICT (token) DO UPDATE SET token = excluded.token \
-             RETURNING stream_id, bytes",
+             RETURNING stream_id, incarnation, bytes",
         )
         .bind(&token.as_bytes()[..])
         .bind(stream_id)
@@ -325,18 +354,25 @@ impl Writer {
                 "stream token collision between {stored_stream:?} and {stream_id:?}"
             )));
         }
-        let bytes: i64 = row.try_get(1).map_err(db_error)?;
+        let known = Known {
+            incarnation: row.try_get(1).map_err(db_error)?,
+            bytes: row.try_get(2).map_err(db_error)?,
+        };
+        self.remember(token, known);
+        Ok(known)
+    }
+
+    fn remember(&mut self, token: StreamToken, known: Known) {
         if self.known.len() >= KNOWN_STREAMS_LIMIT {
             self.known.clear();
         }
-        self.known.insert(token, bytes);
-        Ok(())
+        self.known.insert(token, known);
     }
 
     /// Appends one event. In the steady state this is one statement: the
-    /// sequence number comes from the stream row, and a trigger moves the
-    /// row along.
-    async fn append(&mut self, append: &Append, in_transaction: bool) -> Result<u64> {
+    /// sequence number comes from the stream row (if it is still the
+    /// incarnation this writer knows), and a trigger moves the row along.
+    async fn append(&mut self, append: &Append, in_transaction: bool) -> Result<Position> {
         let Append {
             token,
             ref stream_id,
@@ -344,41 +380,44 @@ impl Writer {
             retry_ms,
             now,
         } = *append;
-        if !self.known.contains_key(&token) {
-            self.ensure_stream(token, stream_id, now).await?;
-        }
-        let mut seq = self.insert_event(token, data, retry_ms, now).await?;
+        let mut known = match self.known.get(&token) {
+            Some(known) => *known,
+            None => self.ensure_stream(token, stream_id, now).await?,
+        };
+        let mut seq = self
+            .insert_event(token, known.incarnation, data, retry_ms, now)
+            .await?;
         if seq.is_none() {
             // The row went away (deleted or expired, perhaps by another
-            // process) since this writer last saw it.
+            // process, and perhaps started again under a new incarnation)
+            // since this writer last saw it.
             self.known.remove(&token);
-            self.ensure_stream(token, stream_id, now).await?;
-            seq = self.insert_event(token, data, retry_ms, now).await?;
+            known = self.ensure_stream(token, stream_id, now).await?;
+            seq = self
+                .insert_event(token, known.incarnation, data, retry_ms, now)
+                .await?;
         }
         let seq =
             seq.ok_or_else(|| Error::Corrupt("stream row vanished during an append".into()))?;
-        let hint = self.known.entry(token).or_default();
-        *hint += data.len() as i64;
-        let hint = *hint;
+        known.bytes += data.len() as i64;
+        self.remember(token, known);
         match trim_stream(
             &mut self.conn,
             &token.as_bytes()[..],
             seq,
-            hint,
+            known.bytes,
             self.retention,
         )
         .await
         {
-            Ok((_, Some(bytes))) => {
-                self.known.insert(token, bytes);
-            }
+            Ok((_, Some(bytes))) => self.remember(token, Known { bytes, ..known }),
             Ok((_, None)) => {}
             Err(e) if in_transaction => return Err(e),
             // The event is committed; trimming is retried by the next
             // append or purge.
             Err(e) => tracing::warn!(error = %e, "trimming a stream after an append failed"),
         }
-        u64::try_from(seq).map_err(|_| Error::Corrupt(format!("negative sequence {seq}")))
+        position(known.incarnation, seq)
     }
 
     /// Appends a run of events inside the group's transaction with a
@@ -431,33 +470,39 @@ impl Writer {
                     token,
                     RunStream {
                         stream_id: row.try_get(1).map_err(db_error)?,
-                        last_seq: row.try_get(2).map_err(db_error)?,
-                        bytes: row.try_get(3).map_err(db_error)?,
+                        incarnation: row.try_get(2).map_err(db_error)?,
+                        last_seq: row.try_get(3).map_err(db_error)?,
+                        bytes: row.try_get(4).map_err(db_error)?,
                     },
                 );
             }
         }
 
         // Assign sequence numbers in arrival order; new streams get a row
-        // first (rare: once per stream).
+        // and an incarnation first (rare: once per stream's life).
         let mut answers = Vec::with_capacity(appends.len());
         let mut rows: Vec<(StreamToken, i64, &Append)> = Vec::with_capacity(appends.len());
         for append in appends {
             let stream = match streams.entry(append.token) {
                 Entry::Occupied(known) => known.into_mut(),
                 Entry::Vacant(new) => {
-                    sqlx::query(
-                        "INSERT INTO mes_streams (token, stream_id, last_seq, bytes, updated_at) \
-                         VALUES (?1, ?2, 0, 0, ?3)",
+                    let incarnation: i64 = sqlx::query_scalar(
+                        "INSERT INTO mes_streams \
+                             (token, stream_id, incarnation, last_seq, bytes, updated_at) \
+                         VALUES (?1, ?2, \
+                             (SELECT value + 1 FROM mes_meta WHERE key = 'last_incarnation'), \
+                             0, 0, ?3) \
+                         RETURNING incarnation",
                     )
                     .bind(&append.token.as_bytes()[..])
                     .bind(&append.stream_id[..])
                     .bind(append.now)
-                    .execute(&mut self.conn)
+                    .fetch_one(&mut self.conn)
                     .await
                     .map_err(db_error)?;
                     new.insert(RunStream {
                         stream_id: append.stream_id.to_owned(),
+                        incarnation,
                         last_seq: 0,
                         bytes: 0,
                     })
@@ -473,7 +518,7 @@ impl Writer {
             stream.last_seq += 1;
             stream.bytes += append.data.len() as i64;
             rows.push((append.token, stream.last_seq, append));
-            answers.push(Ok(Answer::Count(stream.last_seq as u64)));
+            answers.push(position(stream.incarnation, stream.last_seq).map(Answer::Position));
         }
 
         for chunk in rows.chunks(MAX_ROWS) {
@@ -513,27 +558,35 @@ impl Writer {
                 self.retention,
             )
             .await?;
-            if self.known.len() >= KNOWN_STREAMS_LIMIT {
-                self.known.clear();
-            }
-            self.known.insert(token, bytes.unwrap_or(stream.bytes));
+            self.remember(
+                token,
+                Known {
+                    incarnation: stream.incarnation,
+                    bytes: bytes.unwrap_or(stream.bytes),
+                },
+            );
         }
         Ok(answers)
     }
 
+    /// Inserts an event after the stream's newest, if the stream row is
+    /// still in `incarnation`; `None` if it is not (or is gone).
     async fn insert_event(
         &mut self,
         token: StreamToken,
+        incarnation: i64,
         data: &[u8],
         retry_ms: Option<i64>,
         now: i64,
     ) -> Result<Option<i64>> {
         sqlx::query_scalar(
             "INSERT INTO mes_events (token, seq, stored_at, retry_ms, payload) \
-             SELECT token, last_seq + 1, ?2, ?3, ?4 FROM mes_streams WHERE token = ?1 \
+             SELECT token, last_seq + 1, ?3, ?4, ?5 FROM mes_streams \
+             WHERE token = ?1 AND incarnation = ?2 \
              RETURNING seq",
         )
         .bind(&token.as_bytes()[..])
+        .bind(incarnation)
         .bind(now)
         .bind(retry_ms)
         .bind(data)
@@ -542,20 +595,22 @@ impl Writer {
         .map_err(db_error)
     }
 
-    async fn delete_stream(&mut self, token: StreamToken) -> Result<u64> {
+    /// Deletes a stream's row and events together (in the group's
+    /// transaction, or in one of its own): a row without its events is
+    /// fine, but events without their row would collide with the next life
+    /// of the stream.
+    async fn delete_stream(&mut self, token: StreamToken, in_transaction: bool) -> Result<u64> {
         self.known.remove(&token);
-        // The row first, so the delete trigger has no counters to update.
-        sqlx::query("DELETE FROM mes_streams WHERE token = ?1")
-            .bind(&token.as_bytes()[..])
-            .execute(&mut self.conn)
+        if in_transaction {
+            return delete_stream_rows(&mut self.conn, token).await;
+        }
+        let mut tx = self
+            .conn
+            .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(db_error)?;
-        let deleted = sqlx::query("DELETE FROM mes_events WHERE token = ?1")
-            .bind(&token.as_bytes()[..])
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_error)?
-            .rows_affected();
+        let deleted = delete_stream_rows(&mut tx, token).await?;
+        tx.commit().await.map_err(db_error)?;
         Ok(deleted)
     }
 
@@ -650,6 +705,7 @@ const MAX_ROWS: usize = 128;
 /// A stream's state while a run is assigned sequence numbers.
 struct RunStream {
     stream_id: String,
+    incarnation: i64,
     last_seq: i64,
     bytes: i64,
 }
@@ -663,7 +719,10 @@ fn padded(rows: usize) -> usize {
 
 fn select_streams_sql(tokens: usize) -> String {
     let marks = vec!["?"; padded(tokens)].join(", ");
-    format!("SELECT token, stream_id, last_seq, bytes FROM mes_streams WHERE token IN ({marks})")
+    format!(
+        "SELECT token, stream_id, incarnation, last_seq, bytes FROM mes_streams \
+         WHERE token IN ({marks})"
+    )
 }
 
 fn insert_events_sql(rows: usize) -> String {
@@ -674,6 +733,29 @@ fn insert_events_sql(rows: usize) -> String {
          SELECT column1, column2, column3, column4, column5 FROM (VALUES {values}) \
          WHERE column1 IS NOT NULL"
     )
+}
+
+/// The id position of event `seq` of a stream in `incarnation`, both as
+/// stored.
+fn position(incarnation: i64, seq: i64) -> Result<Position> {
+    let seq = u64::try_from(seq).map_err(|_| Error::Corrupt(format!("negative sequence {seq}")))?;
+    Ok(dense::position(to_incarnation(incarnation)?, seq))
+}
+
+/// Deletes a stream's row, then its events (so the delete trigger has no
+/// counters left to update); the caller holds a transaction.
+async fn delete_stream_rows(conn: &mut SqliteConnection, token: StreamToken) -> Result<u64> {
+    sqlx::query("DELETE FROM mes_streams WHERE token = ?1")
+        .bind(&token.as_bytes()[..])
+        .execute(&mut *conn)
+        .await
+        .map_err(db_error)?;
+    Ok(sqlx::query("DELETE FROM mes_events WHERE token = ?1")
+        .bind(&token.as_bytes()[..])
+        .execute(&mut *conn)
+        .await
+        .map_err(db_error)?
+        .rows_affected())
 }
 
 /// Deletes up to one batch of events older than `cutoff` (the delete trigger

@@ -2,7 +2,7 @@
 //! version (C12), closing, and clear errors on open.
 
 use mcp_event_store_core::{Error, EventStore, NewEvent, SessionStore};
-use mcp_event_store_sqlite::SqliteStore;
+use mcp_event_store_sqlite::{FORMAT_VERSION, SqliteStore};
 use sqlx::{Connection, SqliteConnection};
 
 async fn raw(path: &std::path::Path) -> SqliteConnection {
@@ -60,15 +60,17 @@ async fn an_unknown_format_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("e.db");
     SqliteStore::open(&path).await.unwrap().close().await;
+    let newer = FORMAT_VERSION + 1;
     let mut conn = raw(&path).await;
-    sqlx::query("UPDATE mes_meta SET value = 2 WHERE key = 'format_version'")
+    sqlx::query("UPDATE mes_meta SET value = ?1 WHERE key = 'format_version'")
+        .bind(newer)
         .execute(&mut conn)
         .await
         .unwrap();
     conn.close().await.unwrap();
     let err = SqliteStore::open(&path).await.unwrap_err();
     assert!(
-        matches!(&err, Error::IncompatibleFormat(m) if m.contains("format version 2")),
+        matches!(&err, Error::IncompatibleFormat(m) if m.contains(&format!("format version {newer}"))),
         "{err}"
     );
 }
