@@ -11,8 +11,8 @@
 //! larger each batch.
 //!
 //! Ordering (C6) is the stream row's lock, exactly as for single appends:
-//! a batch locks its streams' rows in token order, so concurrent batches
-//! never deadlock each other.
+//! a batch locks its streams' rows in token order, as purges do, so
+//! batches never deadlock each other or a purge.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -34,16 +34,18 @@ const MAX_BYTES: usize = 4 << 20;
 /// Batches in flight at once, each on its own pooled connection.
 const MAX_IN_FLIGHT: usize = 4;
 
-/// One append: everything the statement binds, and where its sequence
-/// number goes.
+/// One append: everything the statement binds.
 pub(crate) struct AppendRequest {
     pub token: StreamToken,
     pub stream_id: Bytes,
     pub data: Bytes,
     pub retry_ms: Option<i64>,
     pub now: i64,
-    pub incarnation: i64,
 }
+
+/// Where an appended event went: its stream's incarnation and its sequence
+/// number; `None` when the token belongs to another stream id.
+pub(crate) type Appended = Option<(i64, i64)>;
 
 /// What an append statement binds besides the event: the retention limits.
 #[derive(Clone, Copy)]
@@ -63,7 +65,7 @@ impl Limits {
     }
 }
 
-type Waiting = (AppendRequest, oneshot::Sender<Result<Option<i64>>>);
+type Waiting = (AppendRequest, oneshot::Sender<Result<Appended>>);
 
 /// The handle appends use: decides between running alone and joining a
 /// batch, and owns the queue to the batcher task.
@@ -90,8 +92,8 @@ impl Batcher {
         }
     }
 
-    /// Appends one event; `None` when the token belongs to another stream.
-    pub(crate) async fn append(&self, request: AppendRequest) -> Result<Option<i64>> {
+    /// Appends one event.
+    pub(crate) async fn append(&self, request: AppendRequest) -> Result<Appended> {
         let alone = self.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
         let _done = Leave(&self.in_flight);
         if alone {
@@ -202,15 +204,14 @@ async fn run_batch(pool: &PgPool, statement: &SqlStr, limits: Limits, batch: Vec
     }
 }
 
-/// Runs the append statement for events of distinct streams; the sequence
-/// number of each event in order, `None` for an event whose token belongs
-/// to another stream id.
+/// Runs the append statement for events of distinct streams; where each
+/// event went, in order.
 async fn run_statement(
     pool: &PgPool,
     statement: &SqlStr,
     limits: Limits,
     requests: &[&AppendRequest],
-) -> sqlx::Result<Vec<Option<i64>>> {
+) -> sqlx::Result<Vec<Appended>> {
     let requests = || requests.iter();
     let tokens: Vec<&[u8]> = requests().map(|r| &r.token.as_bytes()[..]).collect();
     let stream_ids: Vec<&[u8]> = requests().map(|r| &r.stream_id[..]).collect();
@@ -218,7 +219,6 @@ async fn run_statement(
     let stored_at: Vec<i64> = requests().map(|r| r.now).collect();
     let retry_ms: Vec<Option<i64>> = requests().map(|r| r.retry_ms).collect();
     let data: Vec<&[u8]> = requests().map(|r| &r.data[..]).collect();
-    let incarnations: Vec<i64> = requests().map(|r| r.incarnation).collect();
     let rows = sqlx::query(statement.clone())
         .bind(&tokens)
         .bind(&stream_ids)
@@ -226,7 +226,6 @@ async fn run_statement(
         .bind(&stored_at)
         .bind(&retry_ms)
         .bind(&data)
-        .bind(&incarnations)
         .bind(limits.max_events)
         .bind(limits.max_bytes)
         .fetch_all(pool)
@@ -234,14 +233,15 @@ async fn run_statement(
     let mut seqs = vec![None; tokens.len()];
     for row in rows {
         let token: Vec<u8> = row.try_get(0)?;
-        let seq: i64 = row.try_get(1)?;
+        let incarnation: i64 = row.try_get(1)?;
+        let seq: i64 = row.try_get(2)?;
         let at = tokens
             .iter()
             .position(|t| *t == &token[..])
             .ok_or_else(|| {
                 sqlx::Error::Protocol("a batched append returned a stream it did not send".into())
             })?;
-        seqs[at] = Some(seq);
+        seqs[at] = Some((incarnation, seq));
     }
     Ok(seqs)
 }

@@ -18,6 +18,45 @@ pub const DEFAULT_APPLICATION_NAME: &str = "mcp-event-store";
 /// [`StoreOptions::page_size`] is capped here.
 pub const MAX_PAGE_SIZE: usize = 1_000;
 
+/// Whether [`purge_expired`](mcp_event_store_core::EventStore::purge_expired)
+/// also vacuums the store's tables. URL parameter `vacuum=off|auto`.
+///
+/// Rows a purge deletes leave dead tuples behind; until a `VACUUM` marks
+/// their space free, new events go at the end of the table, which then
+/// grows with every event ever appended, however few are retained. That is
+/// autovacuum's job; where autovacuum is off or lags, [`Vacuum::Auto`] has
+/// the purge do it (see the crate docs, "Disk space and autovacuum").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Vacuum {
+    /// Leave reclaiming space to autovacuum (the default).
+    #[default]
+    Off,
+    /// After a purge, once this handle's purges have deleted at least
+    /// [`VACUUM_MIN_ROWS`] rows and at least a fifth of the rows the
+    /// store's tables held when last counted, run a plain `VACUUM` (never
+    /// `FULL`) of the store's tables. It takes no lock that appends or
+    /// replays wait for; it cannot run in a transaction, so it runs on a
+    /// pooled connection of its own.
+    Auto,
+}
+
+impl Vacuum {
+    fn parse(value: &str) -> Result<Self> {
+        match value {
+            "off" => Ok(Self::Off),
+            "auto" => Ok(Self::Auto),
+            other => Err(Error::Config(format!(
+                "unknown value {:?} of the postgres URL parameter vacuum (known: off, auto)",
+                other.chars().take(80).collect::<String>()
+            ))),
+        }
+    }
+}
+
+/// Rows a handle's purges delete at least before [`Vacuum::Auto`] vacuums.
+pub const VACUUM_MIN_ROWS: u64 = 1_000;
+
 /// Options for [`PostgresStore::connect_with`](crate::PostgresStore::connect_with).
 ///
 /// ```
@@ -52,6 +91,9 @@ pub struct PostgresOptions {
     /// The `application_name` of the store's connections; `None` keeps the
     /// URL's, or [`DEFAULT_APPLICATION_NAME`].
     pub application_name: Option<String>,
+    /// Whether purges vacuum the store's tables (default [`Vacuum::Off`]:
+    /// autovacuum's job).
+    pub vacuum: Vacuum,
 }
 
 impl Default for PostgresOptions {
@@ -63,6 +105,7 @@ impl Default for PostgresOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
             application_name: None,
+            vacuum: Vacuum::Off,
         }
     }
 }
@@ -102,6 +145,79 @@ impl PostgresOptions {
     pub fn application_name(mut self, name: impl Into<String>) -> Self {
         self.application_name = Some(name.into());
         self
+    }
+
+    /// Sets whether purges vacuum the store's tables.
+    pub fn vacuum(mut self, vacuum: Vacuum) -> Self {
+        self.vacuum = vacuum;
+        self
+    }
+
+    /// Takes this crate's own parameters out of a connection URL, applying
+    /// them over these options, and returns the options and the URL left
+    /// for the driver (which would otherwise ignore them):
+    ///
+    /// * `schema=name`: [`PostgresOptions::schema`];
+    /// * `vacuum=off|auto`: [`PostgresOptions::vacuum`].
+    ///
+    /// Every other parameter (`sslmode`, `application_name`, ...) stays in
+    /// the URL for sqlx. A parameter of ours given twice, or with a value
+    /// it does not take, is [`Error::Config`].
+    ///
+    /// ```
+    /// use mcp_event_store_postgres::{PostgresOptions, Vacuum};
+    ///
+    /// let (options, url) = PostgresOptions::default()
+    ///     .with_url_parameters("postgres://app@db/app?schema=tenant_a&sslmode=require&vacuum=auto")
+    ///     .unwrap();
+    /// assert_eq!(options.schema, "tenant_a");
+    /// assert_eq!(options.vacuum, Vacuum::Auto);
+    /// assert_eq!(url, "postgres://app@db/app?sslmode=require");
+    /// ```
+    pub fn with_url_parameters(mut self, url: &str) -> Result<(Self, String)> {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok((self, url.to_owned()));
+        };
+        // A fragment is not part of the query.
+        let (query, fragment) = match query.split_once('#') {
+            Some((query, fragment)) => (query, Some(fragment)),
+            None => (query, None),
+        };
+        let (mut schema, mut vacuum) = (None, None);
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let slot = match key {
+                "schema" => &mut schema,
+                "vacuum" => &mut vacuum,
+                _ => {
+                    rest.push(pair);
+                    continue;
+                }
+            };
+            if slot.replace(value).is_some() {
+                return Err(Error::Config(format!(
+                    "the postgres URL parameter {key} is given twice"
+                )));
+            }
+        }
+        if let Some(schema) = schema {
+            validate_schema_name(schema)?;
+            self.schema = schema.to_owned();
+        }
+        if let Some(vacuum) = vacuum {
+            self.vacuum = Vacuum::parse(vacuum)?;
+        }
+        let mut url = base.to_owned();
+        if !rest.is_empty() {
+            url.push('?');
+            url.push_str(&rest.join("&"));
+        }
+        if let Some(fragment) = fragment {
+            url.push('#');
+            url.push_str(fragment);
+        }
+        Ok((self, url))
     }
 
     /// Checks the options before anything touches the server.
@@ -188,5 +304,59 @@ mod tests {
                 .is_err()
         );
         assert!(PostgresOptions::default().schema("").validate().is_err());
+    }
+
+    #[test]
+    fn url_parameters_of_ours_are_taken_out() {
+        let base = PostgresOptions::default();
+        let (options, url) = base
+            .clone()
+            .with_url_parameters("postgres://u@h/db")
+            .unwrap();
+        assert_eq!(url, "postgres://u@h/db");
+        assert_eq!(options.schema, DEFAULT_SCHEMA);
+        assert_eq!(options.vacuum, Vacuum::Off);
+
+        let (options, url) = base
+            .clone()
+            .with_url_parameters("postgres://u@h/db?schema=s1")
+            .unwrap();
+        assert_eq!(
+            (options.schema.as_str(), url.as_str()),
+            ("s1", "postgres://u@h/db")
+        );
+
+        let (options, url) = base
+            .clone()
+            .with_url_parameters(
+                "postgres://u@h/db?application_name=a&vacuum=auto&&sslmode=disable&schema=s2",
+            )
+            .unwrap();
+        assert_eq!(options.schema, "s2");
+        assert_eq!(options.vacuum, Vacuum::Auto);
+        assert_eq!(url, "postgres://u@h/db?application_name=a&sslmode=disable");
+
+        let (options, _) = base
+            .clone()
+            .vacuum(Vacuum::Auto)
+            .with_url_parameters("postgres://u@h/db?vacuum=off")
+            .unwrap();
+        assert_eq!(options.vacuum, Vacuum::Off, "the URL wins");
+
+        for bad in [
+            "postgres://u@h/db?schema=Bad",
+            "postgres://u@h/db?schema=",
+            "postgres://u@h/db?schema",
+            "postgres://u@h/db?schema=a%22b",
+            "postgres://u@h/db?vacuum=sometimes",
+            "postgres://u@h/db?vacuum=",
+            "postgres://u@h/db?schema=a&schema=b",
+            "postgres://u@h/db?vacuum=off&vacuum=off",
+        ] {
+            assert!(
+                matches!(base.clone().with_url_parameters(bad), Err(Error::Config(_))),
+                "{bad}"
+            );
+        }
     }
 }

@@ -6,6 +6,16 @@
 //! `clean_seq` records how far that went. Both steps of one batch commit in
 //! one statement, so no statement holds locks for long and a purge that
 //! dies half way leaves only rows that the next purge removes.
+//!
+//! Every statement here that locks several stream rows locks them in token
+//! order, as appends do (see [`crate::sql::TRIM`]), so purges, deletions
+//! and batched appends never deadlock one another.
+//!
+//! Under [`Vacuum::Auto`](crate::Vacuum::Auto), a purge that brought this
+//! handle's deletions past the threshold ends with a plain `VACUUM` of the
+//! store's tables ([`vacuum_if_due`]).
+
+use std::time::Instant;
 
 use mcp_event_store_core::{PurgeReport, Result, StreamToken};
 use sqlx::Row;
@@ -148,8 +158,11 @@ pub(crate) async fn delete_stream(
         )
         .await?;
     }
-    remove_empty(store, vec![token.as_bytes().to_vec()]).await?;
-    Ok((last + 1 - old_first).max(0) as u64)
+    let streams = remove_empty(store, vec![token.as_bytes().to_vec()]).await?;
+    let removed = (last + 1 - old_first).max(0) as u64;
+    // Counted for the next purge's vacuum; a deletion never vacuums itself.
+    store.add_deleted(removed + streams);
+    Ok(removed)
 }
 
 /// Applies every retention limit to every stream, a batch of streams at a
@@ -217,9 +230,57 @@ pub(crate) async fn purge(store: &PostgresStore) -> Result<PurgeReport> {
         }
     }
     report.sessions = purge_sessions(store, now).await?;
+    if let Some(deleted) = store.add_deleted(report.events + report.streams + report.sessions) {
+        vacuum_if_due(store, deleted).await;
+    }
     Ok(report)
 }
 
+/// Vacuums the store's tables once `deleted` rows (at least
+/// [`VACUUM_MIN_ROWS`](crate::VACUUM_MIN_ROWS), counted since this handle
+/// last vacuumed) are also a fifth of the rows the tables held when last
+/// counted, so the work a vacuum does stays in proportion to the space it
+/// frees. A vacuum that fails is logged and tried again after the next
+/// purge: the rows are deleted and the purge's report stands.
+pub(crate) async fn vacuum_if_due(store: &PostgresStore, deleted: u64) {
+    let start = Instant::now();
+    let rows: sqlx::Result<Option<i64>> = sqlx::query_scalar(store.sql().table_rows.clone())
+        .fetch_one(store.pool())
+        .await;
+    let rows = match rows {
+        Ok(rows) => rows.unwrap_or(0).max(0) as u64,
+        Err(e) => {
+            tracing::warn!(error = %e, schema = store.schema(), "could not size the store's tables for a vacuum");
+            return;
+        }
+    };
+    if deleted < rows / 5 {
+        return;
+    }
+    match sqlx::raw_sql(store.sql().vacuum.clone())
+        .execute(store.pool())
+        .await
+    {
+        Ok(_) => {
+            store.vacuumed(deleted);
+            tracing::debug!(
+                schema = store.schema(),
+                deleted,
+                rows,
+                elapsed_ms = start.elapsed().as_millis() as u64,
+                "vacuumed the store's tables"
+            );
+        }
+        Err(e) => tracing::warn!(
+            error = %e,
+            schema = store.schema(),
+            "vacuuming the store's tables after a purge failed; trying again after the next purge"
+        ),
+    }
+}
+
+/// Deletes expired sessions in batches; see [`crate::sql`] for why it skips
+/// rows another transaction holds.
 async fn purge_sessions(store: &PostgresStore, now: i64) -> Result<u64> {
     let mut removed = 0;
     loop {

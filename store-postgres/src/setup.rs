@@ -1,5 +1,6 @@
-//! Opening a schema: creating it, migrating it, checking its format (C12)
-//! and reading the shared stream key.
+//! Opening a schema: creating it, migrating it, checking its format (C12),
+//! reading the shared stream key, and warning when the server's settings
+//! let the store's tables grow without bound (C8).
 
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -7,7 +8,7 @@ use sqlx::{AssertSqlSafe, Connection, Row};
 
 use mcp_event_store_core::{Error, Result, StreamKey};
 
-use crate::options::quote_schema;
+use crate::options::{PostgresOptions, Vacuum, quote_schema};
 use crate::sql::{self, render};
 use crate::{BACKEND, backend};
 
@@ -17,17 +18,22 @@ pub(crate) static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// The newest storage format (migration version) this release writes and
 /// reads. A schema holding a migration newer than this was written by an
 /// incompatible newer release and is refused.
-pub const FORMAT_VERSION: i64 = 1;
+pub const FORMAT_VERSION: i64 = 2;
 
-/// Prepares `schema` on a dedicated connection (so no pooled connection is
-/// left with a changed `search_path`) and returns the stream key.
+/// Prepares the options' schema on a dedicated connection (so no pooled
+/// connection is left with a changed `search_path`), checks the vacuum
+/// settings, and returns the stream key.
 pub(crate) async fn prepare(
     connect: &PgConnectOptions,
-    schema: &str,
-    run_migrations: bool,
+    options: &PostgresOptions,
 ) -> Result<StreamKey> {
     let mut conn = PgConnection::connect_with(connect).await.map_err(backend)?;
-    let result = prepare_on(&mut conn, schema, run_migrations).await;
+    let mut result = prepare_on(&mut conn, &options.schema, options.run_migrations).await;
+    if result.is_ok()
+        && let Err(e) = check_vacuum_settings(&mut conn, options).await
+    {
+        result = Err(e);
+    }
     // A failed close only means the server went away; the work is done.
     let _ = conn.close().await;
     result
@@ -164,6 +170,81 @@ fn migrate_error(schema: &str, e: MigrateError) -> Error {
     }
 }
 
+/// Warns, once per connect, when deleted rows of the store's tables will
+/// never be reclaimed by autovacuum: the server runs with `autovacuum` or
+/// `track_counts` off, or one of the tables (or its TOAST table) has
+/// `autovacuum_enabled` off. The tables then grow with every event ever
+/// appended, however few are retained. The message says what to change;
+/// under [`Vacuum::Auto`] the purges reclaim the space themselves, so it is
+/// only information.
+async fn check_vacuum_settings(conn: &mut PgConnection, options: &PostgresOptions) -> Result<()> {
+    let row = sqlx::query(sql::VACUUM_SETTINGS)
+        .bind(&options.schema)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(backend)?;
+    let autovacuum: bool = row.try_get(0).map_err(backend)?;
+    let track_counts: bool = row.try_get(1).map_err(backend)?;
+    let disabled: Vec<String> = row.try_get(2).map_err(backend)?;
+    let Some(problem) = vacuum_problem(&options.schema, autovacuum, track_counts, &disabled) else {
+        return Ok(());
+    };
+    let schema = options.schema.as_str();
+    if options.vacuum == Vacuum::Auto {
+        tracing::info!(
+            schema,
+            "{problem}; purge_expired vacuums the store's tables itself (vacuum=auto), \
+             so run it on an interval"
+        );
+    } else {
+        tracing::warn!(
+            schema,
+            "the store's tables will grow without bound: {problem}, so the space of \
+             purged events is never reclaimed. Fix the setting, or open the store with \
+             vacuum=auto (the URL parameter, or PostgresOptions::vacuum(Vacuum::Auto)) so \
+             that purge_expired vacuums its tables, or VACUUM them on a schedule"
+        );
+    }
+    Ok(())
+}
+
+/// What keeps autovacuum from reclaiming the store's space, and what to
+/// change, or `None` when nothing does.
+fn vacuum_problem(
+    schema: &str,
+    autovacuum: bool,
+    track_counts: bool,
+    disabled: &[String],
+) -> Option<String> {
+    let mut problems = Vec::new();
+    if !autovacuum {
+        problems.push(
+            "autovacuum is off on the server (set autovacuum = on: ALTER SYSTEM SET \
+             autovacuum = on; SELECT pg_reload_conf();)"
+                .to_owned(),
+        );
+    }
+    if !track_counts {
+        problems.push(
+            "track_counts is off on the server, so autovacuum cannot tell which tables need \
+             it (set track_counts = on: ALTER SYSTEM SET track_counts = on; SELECT \
+             pg_reload_conf();)"
+                .to_owned(),
+        );
+    }
+    for table in disabled {
+        let (name, toast) = match table.strip_suffix(" (TOAST)") {
+            Some(name) => (name, "toast."),
+            None => (table.as_str(), ""),
+        };
+        problems.push(format!(
+            "table \"{schema}\".{name} has {toast}autovacuum_enabled = false \
+             (ALTER TABLE \"{schema}\".{name} RESET ({toast}autovacuum_enabled);)"
+        ));
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
 /// Inserts a fresh key unless one exists, then reads the one that won, so
 /// every instance on the schema derives the same stream tokens.
 async fn load_key(conn: &mut PgConnection, quoted: &str) -> Result<StreamKey> {
@@ -178,4 +259,28 @@ async fn load_key(conn: &mut PgConnection, quoted: &str) -> Result<StreamKey> {
         .await
         .map_err(backend)?;
     StreamKey::from_bytes(&stored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vacuum_problem;
+
+    #[test]
+    fn vacuum_problems_name_what_to_change() {
+        assert_eq!(vacuum_problem("s", true, true, &[]), None);
+        let off = vacuum_problem("s", false, true, &[]).unwrap();
+        assert!(
+            off.contains("autovacuum is off") && off.contains("autovacuum = on"),
+            "{off}"
+        );
+        let counts = vacuum_problem("s", true, false, &[]).unwrap();
+        assert!(counts.contains("track_counts = on"), "{counts}");
+        let tables =
+            vacuum_problem("s", true, true, &["events".into(), "events (TOAST)".into()]).unwrap();
+        assert!(
+            tables.contains("ALTER TABLE \"s\".events RESET (autovacuum_enabled)")
+                && tables.contains("RESET (toast.autovacuum_enabled)"),
+            "{tables}"
+        );
+    }
 }

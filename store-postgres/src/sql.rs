@@ -10,52 +10,61 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 /// the crate docs, "Appends and C6", and [`crate::batch`]). For each event,
 /// the upsert takes the stream row's lock and yields the new sequence
 /// number, and the event is inserted in the same statement, so both commit
-/// together. Stream rows are locked in token order, so concurrent calls
-/// never deadlock each other. `first_seq` moves past events that the count
-/// and byte limits drop (retention applied logically at once; rows go in
-/// `purge_expired`).
+/// together. Stream rows are locked in token order, as every statement
+/// that locks several stream rows does, so no two of them deadlock.
+/// `first_seq` moves past events that the count and byte limits drop
+/// (retention applied logically at once; rows go in `purge_expired`).
+///
+/// A new stream row takes its incarnation from the `incarnations`
+/// sequence (see `migrations/0002_incarnations.sql`). The value is drawn
+/// for every event, since PostgreSQL builds the row it proposes before it
+/// finds the conflict; an existing row keeps its own.
 ///
 /// $1 tokens, $2 stream ids, $3 payload lengths, $4 now (ms), $5 retries
-/// (ms), $6 payloads, $7 incarnations for new rows (arrays, one element per
-/// event); $8 max events, $9 max bytes. Returns `(token, seq)` for each
-/// event stored; a token missing belongs to another stream id.
+/// (ms), $6 payloads (arrays, one element per event); $7 max events, $8 max
+/// bytes. Returns `(token, incarnation, seq)` for each event stored; a token
+/// missing belongs to another stream id.
 pub(crate) const APPEND: &str = r#"
 WITH i AS (
     SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::int8[], $4::int8[], $5::int8[],
-                         $6::bytea[], $7::int8[])
-        AS i(token, stream_id, len, stored_at, retry_ms, data, incarnation)
+                         $6::bytea[])
+        AS i(token, stream_id, len, stored_at, retry_ms, data)
 ), s AS (
     INSERT INTO {s}.streams AS st
         (token, stream_id, incarnation, first_seq, last_seq, clean_seq, total_bytes, last_stored_at)
-    SELECT token, stream_id, incarnation, 1, 1, 1, len, stored_at FROM i ORDER BY token
+    SELECT token, stream_id, nextval('{s}.incarnations'), 1, 1, 1, len, stored_at
+      FROM i ORDER BY token
     ON CONFLICT (token) DO UPDATE SET
         last_seq = st.last_seq + 1,
         total_bytes = st.total_bytes + EXCLUDED.total_bytes,
         last_stored_at = GREATEST(st.last_stored_at, EXCLUDED.last_stored_at),
         first_seq = GREATEST(
             st.first_seq,
-            st.last_seq + 2 - $8::int8,
-            CASE WHEN $9::int8 IS NULL THEN NULL ELSE LEAST(st.last_seq + 1, COALESCE(
+            st.last_seq + 2 - $7::int8,
+            CASE WHEN $8::int8 IS NULL THEN NULL ELSE LEAST(st.last_seq + 1, COALESCE(
                 (SELECT e.seq FROM {s}.events e
                   WHERE e.token = st.token AND e.seq >= st.first_seq
-                    AND e.cum_bytes >= st.total_bytes + EXCLUDED.total_bytes - $9::int8
+                    AND e.cum_bytes >= st.total_bytes + EXCLUDED.total_bytes - $8::int8
                   ORDER BY e.seq LIMIT 1),
                 CASE WHEN EXISTS (SELECT 1 FROM {s}.events e
                                    WHERE e.token = st.token AND e.seq = st.last_seq)
                      THEN st.last_seq + 1 ELSE st.first_seq END)) END)
     WHERE st.stream_id = EXCLUDED.stream_id
-    RETURNING st.token, st.last_seq, st.total_bytes
+    RETURNING st.token, st.incarnation, st.last_seq, st.total_bytes
 ), ins AS (
     INSERT INTO {s}.events (token, seq, stored_at, cum_bytes, retry_ms, data)
     SELECT s.token, s.last_seq, i.stored_at, s.total_bytes - i.len, i.retry_ms, i.data
       FROM s JOIN i ON i.token = s.token
 )
-SELECT token, last_seq FROM s
+SELECT token, incarnation, last_seq FROM s
 "#;
 
 /// One replay page and, in one snapshot, the stream's state: event rows
-/// (seq set) and one header row (seq null) with first/last seq and, when $4,
-/// the stream id. No header row: the stream does not exist.
+/// (seq set) and one header row (seq null) with the stream's incarnation,
+/// first/last seq and, when $4, the stream id. No header row: the stream
+/// does not exist. Events come only from incarnation $5: once a stream is
+/// started again, a cursor of its earlier life reads nothing of the new one
+/// (the header says which incarnation the stream is in).
 ///
 /// The event branch sees its inputs only through sub-selects (the token,
 /// the cursor merged with `first_seq`, the limit), so a custom plan is
@@ -65,30 +74,35 @@ SELECT token, last_seq FROM s
 /// custom plan always looked cheaper, so every replay was planned afresh:
 /// 50 to 90 us of planning per call on top of 10 to 20 us of execution.
 ///
-/// $1 token, $2 after seq, $3 limit, $4 want stream id.
+/// The incarnation, like the cursor, stays inside the lower bound's
+/// sub-select, so the plan is unchanged.
+///
+/// $1 token, $2 after seq, $3 limit, $4 want stream id, $5 incarnation.
 pub(crate) const PAGE: &str = r#"
-(SELECT e.seq, e.retry_ms, e.data,
+(SELECT e.seq, e.retry_ms, e.data, NULL::int8 AS incarnation,
         NULL::int8 AS first_seq, NULL::int8 AS last_seq, NULL::bytea AS stream_id
    FROM {s}.events e
   WHERE e.token = (SELECT $1::bytea)
     AND e.seq > (SELECT GREATEST($2::int8, st.first_seq - 1)
-                   FROM {s}.streams st WHERE st.token = $1)
+                   FROM {s}.streams st WHERE st.token = $1 AND st.incarnation = $5::int8)
   ORDER BY e.seq
   LIMIT (SELECT $3::int8))
 UNION ALL
-SELECT NULL, NULL, NULL, st.first_seq, st.last_seq, CASE WHEN $4 THEN st.stream_id END
+SELECT NULL, NULL, NULL, st.incarnation, st.first_seq, st.last_seq,
+       CASE WHEN $4 THEN st.stream_id END
   FROM {s}.streams st
  WHERE st.token = $1
 "#;
 
-/// The stream id of a retained event. $1 token, $2 seq.
+/// A stream's id and state, for a lookup to check an event id against
+/// (`DenseStream::retains`). $1 token.
 const LOOKUP: &str = r#"
-SELECT stream_id FROM {s}.streams
- WHERE token = $1 AND first_seq <= $2 AND last_seq >= $2
+SELECT stream_id, incarnation, first_seq, last_seq FROM {s}.streams WHERE token = $1
 "#;
 
 /// Empties a stream logically (its rows go in bounded batches afterwards)
-/// and returns its state from before. $1 token, $2 stream id.
+/// and returns its state from before. It locks one stream row, so it needs
+/// no lock order. $1 token, $2 stream id.
 const DELETE_MARK: &str = r#"
 UPDATE {s}.streams st SET first_seq = st.last_seq + 1
   FROM (SELECT token, first_seq FROM {s}.streams
@@ -102,17 +116,30 @@ RETURNING old.first_seq, st.last_seq, st.clean_seq, st.incarnation
 /// `[lo, hi)` with `hi <= new_first` (physical removal), atomically, and
 /// only on the incarnation that was planned. Returns the rows deleted.
 ///
+/// `locked` takes the stream rows' locks first, in token order (PostgreSQL
+/// locks the rows of `ORDER BY .. FOR UPDATE` after sorting them), as
+/// appends take theirs: an `UPDATE .. FROM` alone locks rows in whatever
+/// order its join yields them, and purges then deadlocked with batched
+/// appends. The update touches only rows `locked` already holds, and the
+/// delete only event rows of streams it updated.
+///
 /// $1 tokens, $2 incarnations, $3 new first seqs, $4 lo, $5 hi.
 const TRIM: &str = r#"
 WITH u AS (
     SELECT * FROM unnest($1::bytea[], $2::int8[], $3::int8[], $4::int8[], $5::int8[])
         AS u(token, incarnation, new_first, lo, hi)
+), locked AS (
+    SELECT st.token FROM {s}.streams st
+     WHERE st.token = ANY($1::bytea[])
+     ORDER BY st.token
+       FOR UPDATE
 ), logical AS (
     UPDATE {s}.streams st
        SET first_seq = GREATEST(st.first_seq, u.new_first),
            clean_seq = GREATEST(st.clean_seq, u.hi)
-      FROM u
-     WHERE st.token = u.token AND st.incarnation = u.incarnation
+      FROM u, locked
+     WHERE st.token = locked.token AND st.token = u.token
+       AND st.incarnation = u.incarnation
     RETURNING st.token
 ), physical AS (
     DELETE FROM {s}.events e
@@ -124,11 +151,19 @@ WITH u AS (
 SELECT count(*) FROM physical
 "#;
 
-/// Removes stream rows that are empty and whose event rows are all gone.
-/// $1 tokens.
+/// Removes stream rows that are empty and whose event rows are all gone,
+/// locking them in token order first (see [`TRIM`]). A stream appended to
+/// meanwhile is no longer empty and stays. $1 tokens.
 const REMOVE_EMPTY: &str = r#"
-DELETE FROM {s}.streams
- WHERE token = ANY($1) AND first_seq > last_seq AND clean_seq > last_seq
+WITH locked AS (
+    SELECT token FROM {s}.streams
+     WHERE token = ANY($1::bytea[]) AND first_seq > last_seq AND clean_seq > last_seq
+     ORDER BY token
+       FOR UPDATE
+)
+DELETE FROM {s}.streams st
+ USING locked
+ WHERE st.token = locked.token AND st.first_seq > st.last_seq AND st.clean_seq > st.last_seq
 "#;
 
 /// Plans retention for a batch of streams in token order: for each, the
@@ -159,10 +194,14 @@ SELECT st.token, st.incarnation, st.first_seq, st.last_seq, st.clean_seq,
  LIMIT $4
 "#;
 
-/// Deletes a bounded batch of expired sessions. $1 now (ms), $2 batch size.
+/// Deletes a bounded batch of expired sessions. Rows another purge (or a
+/// `put_session`) holds are skipped, not waited for, so two purges never
+/// deadlock on sessions; the next purge gets them. $1 now (ms), $2 batch
+/// size.
 const PURGE_SESSIONS: &str = r#"
 DELETE FROM {s}.sessions
- WHERE session_id IN (SELECT session_id FROM {s}.sessions WHERE expires_at <= $1 LIMIT $2)
+ WHERE session_id IN (SELECT session_id FROM {s}.sessions WHERE expires_at <= $1
+                       LIMIT $2 FOR UPDATE SKIP LOCKED)
 "#;
 
 /// $1 session id, $2 state, $3 expiry (ms).
@@ -190,6 +229,40 @@ pub(crate) const SELECT_KEY: &str = r#"
 SELECT value FROM {s}.meta WHERE key = 'stream_key'
 "#;
 
+/// What decides whether deleted rows are ever reclaimed: the server's
+/// `autovacuum` and `track_counts`, and the store's tables (or their TOAST
+/// tables) with `autovacuum_enabled` off. $1 schema name.
+pub(crate) const VACUUM_SETTINGS: &str = r#"
+SELECT current_setting('autovacuum')::bool,
+       current_setting('track_counts')::bool,
+       ARRAY(SELECT c.relname::text || CASE WHEN t.oid = c.oid THEN '' ELSE ' (TOAST)' END
+               FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+               JOIN pg_class t ON t.oid = c.oid OR t.oid = c.reltoastrelid
+              WHERE n.nspname = $1 AND c.relname IN ('events', 'streams', 'sessions')
+                AND EXISTS (SELECT 1 FROM pg_options_to_table(t.reloptions) o
+                             WHERE o.option_name = 'autovacuum_enabled'
+                               AND NOT o.option_value::bool)
+              ORDER BY 1)
+"#;
+
+/// The rows the store's tables held at their last vacuum or analyze (0
+/// when never counted): what a purge's deletions are measured against.
+const TABLE_ROWS: &str = r#"
+SELECT sum(GREATEST(reltuples, 0))::int8 FROM pg_class
+ WHERE oid IN ('{s}.events'::regclass, '{s}.streams'::regclass, '{s}.sessions'::regclass)
+"#;
+
+/// Plain `VACUUM` (never FULL) of the store's tables: it takes a lock that
+/// conflicts only with other vacuums and schema changes, so appends and
+/// replays go on meanwhile. `SKIP_LOCKED` skips a table another vacuum is
+/// working on; `TRUNCATE false` keeps it from taking the exclusive lock that
+/// returning empty pages at the end of a table to the OS needs (the pages
+/// stay, free for new rows). It cannot run inside a transaction.
+const VACUUM: &str = r#"
+VACUUM (SKIP_LOCKED, TRUNCATE false) {s}.events, {s}.streams, {s}.sessions
+"#;
+
 /// The applied migrations, to check the format (C12).
 pub(crate) const APPLIED_MIGRATIONS: &str = r#"
 SELECT version, description, success FROM {s}._sqlx_migrations ORDER BY version
@@ -209,6 +282,8 @@ pub(crate) struct Sql {
     pub put_session: SqlStr,
     pub get_session: SqlStr,
     pub delete_session: SqlStr,
+    pub table_rows: SqlStr,
+    pub vacuum: SqlStr,
 }
 
 impl Sql {
@@ -227,6 +302,8 @@ impl Sql {
             put_session: make(PUT_SESSION),
             get_session: make(GET_SESSION),
             delete_session: make(DELETE_SESSION),
+            table_rows: make(TABLE_ROWS),
+            vacuum: make(VACUUM),
         }
     }
 }

@@ -13,13 +13,15 @@ use sqlx::{Executor, Row};
 
 use mcp_event_store_core::dense::{self, DenseStream};
 use mcp_event_store_core::{
-    Error, EventId, EventStore, NewEvent, Page, Position, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay,
-    retry_from_millis, retry_to_millis, validate_session_id, validate_stream_id,
+    Error, EventId, EventStore, NewEvent, Page, PurgeReport, Replay, Result, SessionStore,
+    StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay, retry_from_millis,
+    retry_to_millis, validate_session_id, validate_stream_id,
 };
 
 use crate::batch::{AppendRequest, Batcher, Limits};
-use crate::options::{DEFAULT_APPLICATION_NAME, MAX_PAGE_SIZE, PostgresOptions, quote_schema};
+use crate::options::{
+    DEFAULT_APPLICATION_NAME, MAX_PAGE_SIZE, PostgresOptions, VACUUM_MIN_ROWS, Vacuum, quote_schema,
+};
 use crate::sql::Sql;
 use crate::{BACKEND, backend, purge, setup};
 
@@ -51,9 +53,10 @@ struct Inner {
     options: StoreOptions,
     schema: String,
     page_size: i64,
-    /// Source of the `incarnation` of streams this handle creates: a random
-    /// start and a counter, so handles never need to coordinate.
-    incarnations: AtomicU64,
+    /// Whether purges vacuum the store's tables.
+    vacuum: Vacuum,
+    /// Rows this handle's purges deleted since it last vacuumed.
+    deleted_since_vacuum: AtomicU64,
     /// Runs appends alone or batched with concurrent ones.
     batcher: Batcher,
 }
@@ -70,16 +73,23 @@ impl fmt::Debug for PostgresStore {
 
 impl PostgresStore {
     /// Connects with default options: schema `mcp_event_store`, created and
-    /// migrated if needed, a pool of 10 connections.
+    /// migrated if needed, a pool of 10 connections; the URL's `schema=` and
+    /// `vacuum=` parameters apply (see
+    /// [`PostgresOptions::with_url_parameters`]).
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, PostgresOptions::default()).await
     }
 
     /// Connects with these options. The URL is anything sqlx's
-    /// `PgConnectOptions` parses (`postgres://user:pass@host:port/db?...`).
+    /// `PgConnectOptions` parses (`postgres://user:pass@host:port/db?...`),
+    /// plus this crate's own parameters `schema=name` and `vacuum=off|auto`,
+    /// which override the matching fields of `options` and are taken out
+    /// before sqlx sees the URL (see
+    /// [`PostgresOptions::with_url_parameters`]).
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self> {
+        let (options, url) = options.with_url_parameters(url)?;
         options.validate()?;
-        let mut connect = PgConnectOptions::from_str(url)
+        let mut connect = PgConnectOptions::from_str(&url)
             .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?;
         match &options.application_name {
             Some(name) => connect = connect.application_name(name),
@@ -88,7 +98,7 @@ impl PostgresStore {
             }
             None => {}
         }
-        let key = setup::prepare(&connect, &options.schema, options.run_migrations).await?;
+        let key = setup::prepare(&connect, &options).await?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -109,13 +119,11 @@ impl PostgresStore {
     pub async fn from_pool(pool: PgPool, options: PostgresOptions) -> Result<Self> {
         options.validate()?;
         let connect = pool.connect_options();
-        let key = setup::prepare(&connect, &options.schema, options.run_migrations).await?;
+        let key = setup::prepare(&connect, &options).await?;
         Self::build(pool, key, options)
     }
 
     fn build(pool: PgPool, key: StreamKey, options: PostgresOptions) -> Result<Self> {
-        let start =
-            getrandom::u64().map_err(|e| Error::Config(format!("no OS randomness: {e}")))?;
         let page_size = options.store.page_size.min(MAX_PAGE_SIZE) as i64;
         let sql = Sql::new(&quote_schema(&options.schema));
         let batcher = Batcher::start(
@@ -132,7 +140,8 @@ impl PostgresStore {
                 page_size,
                 schema: options.schema,
                 options: options.store,
-                incarnations: AtomicU64::new(start),
+                vacuum: options.vacuum,
+                deleted_since_vacuum: AtomicU64::new(0),
             }),
         })
     }
@@ -152,6 +161,11 @@ impl PostgresStore {
         &self.inner.options
     }
 
+    /// Whether this handle's purges vacuum the store's tables.
+    pub fn vacuum(&self) -> Vacuum {
+        self.inner.vacuum
+    }
+
     /// Closes the pool: waits for calls in flight, then closes every
     /// connection. Later calls fail.
     pub async fn close(&self) {
@@ -160,6 +174,28 @@ impl PostgresStore {
 
     pub(crate) fn sql(&self) -> &Sql {
         &self.inner.sql
+    }
+
+    /// Counts rows a purge deleted and says whether, under
+    /// [`Vacuum::Auto`], enough have gone since the last vacuum to weigh
+    /// one (see [`purge::vacuum_if_due`]).
+    pub(crate) fn add_deleted(&self, rows: u64) -> Option<u64> {
+        let total = self
+            .inner
+            .deleted_since_vacuum
+            .fetch_add(rows, Ordering::Relaxed)
+            .saturating_add(rows);
+        (self.inner.vacuum == Vacuum::Auto && total >= VACUUM_MIN_ROWS).then_some(total)
+    }
+
+    /// Starts counting afresh after a vacuum that covered `rows` deletions.
+    pub(crate) fn vacuumed(&self, rows: u64) {
+        // Deletions that raced with the vacuum stay counted.
+        let _ = self.inner.deleted_since_vacuum.fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |n| Some(n.saturating_sub(rows)),
+        );
     }
 
     pub(crate) fn now(&self) -> i64 {
@@ -171,8 +207,7 @@ impl PostgresStore {
             .options
             .check_append(stream_id, event.data.len())?;
         let token = self.inner.key.token(stream_id);
-        let incarnation = self.inner.incarnations.fetch_add(1, Ordering::Relaxed) as i64;
-        let seq = self
+        let appended = self
             .inner
             .batcher
             .append(AppendRequest {
@@ -181,10 +216,9 @@ impl PostgresStore {
                 data: Bytes::copy_from_slice(event.data),
                 retry_ms: retry_to_millis(event.retry),
                 now: self.now(),
-                incarnation,
             })
             .await?;
-        let Some(seq) = seq else {
+        let Some((incarnation, seq)) = appended else {
             // The stream row's stored id differs from ours: two stream ids
             // share a 120-bit token. Never mix their events.
             return Err(Error::Corrupt(format!(
@@ -192,20 +226,28 @@ impl PostgresStore {
                  refusing to mix two streams"
             )));
         };
-        Ok(EventId::new(token, Position::seq(seq as u64)))
+        Ok(EventId::new(
+            token,
+            dense::position(stored_number(incarnation)?, stored_number(seq)?),
+        ))
     }
 
     async fn open_replay(&self, raw: &str) -> Result<Replay> {
         let cursor: EventId = raw.parse()?;
-        let after = dense::dense_seq(raw, cursor.position)?;
-        let Ok(after_i64) = i64::try_from(after) else {
+        let (incarnation, after) = dense::cursor_parts(raw, cursor.position)?;
+        // Stored numbers are positive BIGINTs: a larger one was never issued.
+        if i64::try_from(incarnation).is_err() || i64::try_from(after).is_err() {
             return Err(Error::unknown_event_id(raw));
+        }
+        let at = PageAt {
+            token: cursor.token,
+            incarnation,
+            after,
         };
         let mut page = fetch_page(
             self.inner.pool.clone(),
             self.inner.sql.page.clone(),
-            cursor.token,
-            after_i64,
+            at,
             self.inner.page_size,
             true,
         )
@@ -217,24 +259,18 @@ impl PostgresStore {
             .stream_id
             .take()
             .ok_or_else(|| Error::Corrupt("stream row without a stream id".into()))?;
-        dense::check_cursor(
-            raw,
-            &cursor,
-            DenseStream {
-                last_seq: header.last_seq,
-                first_retained: (header.first_seq <= header.last_seq).then_some(header.first_seq),
-            },
-        )?;
+        // Another incarnation (an earlier life of the stream, or a forgery),
+        // a sequence number beyond the newest: never issued, unknown.
+        dense::check_cursor(raw, &cursor, header.dense())?;
         page.header = Some(header);
-        let first = page.into_page(raw, cursor.token, after, self.inner.page_size)?;
+        let first = page.into_page(raw, at, self.inner.page_size)?;
 
         let pool = self.inner.pool.clone();
         let sql = self.inner.sql.page.clone();
         let limit = self.inner.page_size;
         let raw = raw.to_owned();
-        let token = cursor.token;
         let mut first = Some(first);
-        let events = paged_replay(Position::seq(after), move |position| {
+        let events = paged_replay(dense::position(incarnation, after), move |position| {
             let prefetched = first.take();
             let pool = pool.clone();
             let sql = sql.clone();
@@ -243,17 +279,26 @@ impl PostgresStore {
                 if let Some(page) = prefetched {
                     return Ok(page);
                 }
-                let after = position.major;
-                let rows = fetch_page(pool, sql, token, after as i64, limit, false).await?;
-                if rows.header.is_none() {
-                    // The stream was deleted or expired under the replay.
-                    return Err(Error::events_purged(&raw));
-                }
-                rows.into_page(&raw, token, after, limit)
+                let at = PageAt {
+                    after: position.minor,
+                    ..at
+                };
+                fetch_page(pool, sql, at, limit, false)
+                    .await?
+                    .into_page(&raw, at, limit)
             }
         });
         Ok(Replay { stream_id, events })
     }
+}
+
+/// A stored incarnation or sequence number as the `u64` an id carries;
+/// the schema keeps them positive.
+fn stored_number(n: i64) -> Result<u64> {
+    u64::try_from(n)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| Error::Corrupt(format!("stored incarnation or sequence number {n}")))
 }
 
 /// Decodes a stored stream or session id.
@@ -261,10 +306,31 @@ pub(crate) fn decode_id(bytes: Vec<u8>) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::Corrupt("stored stream id is not UTF-8".into()))
 }
 
+/// Where a page starts: after sequence number `after` of the stream's
+/// incarnation `incarnation`.
+#[derive(Clone, Copy)]
+struct PageAt {
+    token: StreamToken,
+    incarnation: u64,
+    after: u64,
+}
+
+/// The stream's row, as the page statement read it.
 struct Header {
+    incarnation: u64,
     first_seq: u64,
     last_seq: u64,
     stream_id: Option<String>,
+}
+
+impl Header {
+    fn dense(&self) -> DenseStream {
+        DenseStream {
+            incarnation: self.incarnation,
+            last_seq: self.last_seq,
+            first_retained: (self.first_seq <= self.last_seq).then_some(self.first_seq),
+        }
+    }
 }
 
 /// The rows of one page query, before the gap checks.
@@ -275,8 +341,23 @@ struct RawPage {
 
 impl RawPage {
     /// Orders the page (the query's branches are not ordered against each
-    /// other) and applies the gap check (C5).
-    fn into_page(mut self, raw: &str, token: StreamToken, after: u64, limit: i64) -> Result<Page> {
+    /// other) and applies the gap check (C5). A stream that is gone, or is
+    /// in another incarnation (deleted or expired under the replay, perhaps
+    /// started again), is [`Error::EventsPurged`]: the rest of the replay's
+    /// stream is lost, and nothing of the new life belongs to it.
+    fn into_page(mut self, raw: &str, at: PageAt, limit: i64) -> Result<Page> {
+        let PageAt {
+            token,
+            incarnation,
+            after,
+        } = at;
+        if self
+            .header
+            .as_ref()
+            .is_none_or(|h| h.incarnation != incarnation)
+        {
+            return Err(Error::events_purged(raw));
+        }
         self.events.sort_unstable_by_key(|(seq, _, _)| *seq);
         let first = self.events.first().map(|(seq, _, _)| *seq);
         dense::check_page(raw, after, first, self.header.as_ref().map(|h| h.last_seq))?;
@@ -299,7 +380,7 @@ impl RawPage {
             .events
             .into_iter()
             .map(|(seq, retry, data)| StoredEvent {
-                id: EventId::new(token, Position::seq(seq)),
+                id: EventId::new(token, dense::position(incarnation, seq)),
                 data,
                 retry: retry_from_millis(retry),
             })
@@ -308,19 +389,21 @@ impl RawPage {
     }
 }
 
+/// Runs the page statement. `at`'s numbers fit a BIGINT (checked when the
+/// replay opened; later cursors come from stored rows).
 async fn fetch_page(
     pool: PgPool,
     sql: sqlx::SqlStr,
-    token: StreamToken,
-    after: i64,
+    at: PageAt,
     limit: i64,
     with_stream_id: bool,
 ) -> Result<RawPage> {
     let rows: Vec<PgRow> = sqlx::query(sql)
-        .bind(&token.as_bytes()[..])
-        .bind(after)
+        .bind(&at.token.as_bytes()[..])
+        .bind(at.after as i64)
         .bind(limit)
         .bind(with_stream_id)
+        .bind(at.incarnation as i64)
         .fetch_all(&pool)
         .await
         .map_err(backend)?;
@@ -337,10 +420,12 @@ async fn fetch_page(
                 page.events.push((seq as u64, retry, Bytes::from(data)));
             }
             None => {
-                let first_seq: i64 = row.try_get(3).map_err(backend)?;
-                let last_seq: i64 = row.try_get(4).map_err(backend)?;
-                let stream_id: Option<Vec<u8>> = row.try_get(5).map_err(backend)?;
+                let incarnation: i64 = row.try_get(3).map_err(backend)?;
+                let first_seq: i64 = row.try_get(4).map_err(backend)?;
+                let last_seq: i64 = row.try_get(5).map_err(backend)?;
+                let stream_id: Option<Vec<u8>> = row.try_get(6).map_err(backend)?;
                 page.header = Some(Header {
+                    incarnation: stored_number(incarnation)?,
                     first_seq: first_seq as u64,
                     last_seq: last_seq as u64,
                     stream_id: stream_id.map(decode_id).transpose()?,
@@ -371,19 +456,33 @@ impl EventStore for PostgresStore {
         let Some(id) = EventId::parse(event_id) else {
             return Ok(None);
         };
-        let Ok(seq) = i64::try_from(id.position.major) else {
-            return Ok(None);
-        };
-        if id.position.minor != 0 || seq == 0 {
+        if dense::parts(id.position).is_none() {
+            // A zero part: never issued, no need to ask.
             return Ok(None);
         }
-        let found: Option<Vec<u8>> = sqlx::query_scalar(self.inner.sql.lookup.clone())
+        let row: Option<PgRow> = sqlx::query(self.inner.sql.lookup.clone())
             .bind(&id.token.as_bytes()[..])
-            .bind(seq)
             .fetch_optional(&self.inner.pool)
             .await
             .map_err(backend)?;
-        found.map(decode_id).transpose()
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let stream_id: Vec<u8> = row.try_get(0).map_err(backend)?;
+        let incarnation: i64 = row.try_get(1).map_err(backend)?;
+        let first_seq: i64 = row.try_get(2).map_err(backend)?;
+        let last_seq: i64 = row.try_get(3).map_err(backend)?;
+        let stream = Header {
+            incarnation: stored_number(incarnation)?,
+            first_seq: first_seq as u64,
+            last_seq: last_seq as u64,
+            stream_id: None,
+        };
+        if stream.dense().retains(id.position) {
+            decode_id(stream_id).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     async fn delete_stream(&self, stream_id: &str) -> Result<u64> {

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store_core::conformance::{Harness, replay_all, test_clock, test_options};
 use mcp_event_store_core::{
-    Error, EventId, EventStore, NewEvent, Retention, SessionStore, StoreOptions,
+    Error, EventId, EventStore, NewEvent, Position, Retention, SessionStore, StoreOptions,
+    StreamKey, dense,
 };
 use mcp_event_store_postgres::testing::{
     PostgresHarness, URL_ENV, random_schema, terminate_connections,
 };
-use mcp_event_store_postgres::{FORMAT_VERSION, PostgresOptions, PostgresStore};
+use mcp_event_store_postgres::{FORMAT_VERSION, PostgresOptions, PostgresStore, Vacuum};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 async fn admin(h: &PostgresHarness) -> PgConnection {
@@ -294,7 +295,7 @@ async fn retention_removes_rows_in_batches() {
         .store_event("big", NewEvent::new(b"last"))
         .await
         .unwrap();
-    assert_eq!(kept_before.position.major, 2_501);
+    assert_eq!(kept_before.position.minor, 2_501);
     assert_eq!(
         store
             .get_stream_id_for_event_id(&first.to_string())
@@ -398,7 +399,7 @@ async fn oversized_page_size_is_capped_and_replays_everything() {
     let (_, events) = replay_all(&store, &first.to_string()).await.unwrap();
     assert_eq!(events.len(), 2_345);
     for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.id.position.major, i as u64 + 2);
+        assert_eq!(e.id.position.minor, i as u64 + 2);
     }
     h.close(store).await;
     h.teardown().await;
@@ -419,8 +420,8 @@ async fn follow(store: Arc<PostgresStore>, start: EventId, done: Arc<AtomicBool>
         for event in events {
             assert_eq!(event.id.token, cursor.token);
             assert_eq!(
-                event.id.position.major,
-                cursor.position.major + 1,
+                event.id.position.minor,
+                cursor.position.minor + 1,
                 "replay skipped or repeated"
             );
             cursor = event.id;
@@ -495,7 +496,7 @@ async fn two_pools_append_while_a_third_replays() {
         let (own, shared, mine) = task.await.unwrap();
         acknowledged.extend(shared);
         // Each own stream: exactly its events, 1..=PER_TASK.
-        let positions: Vec<u64> = mine.iter().map(|id| id.position.major).collect();
+        let positions: Vec<u64> = mine.iter().map(|id| id.position.minor).collect();
         assert_eq!(
             positions,
             (1..=PER_TASK as u64).collect::<Vec<_>>(),
@@ -775,7 +776,7 @@ async fn store_recovers_when_its_connections_are_terminated() {
         assert!(replayed.contains(id), "acknowledged {id} was lost");
     }
     for (i, e) in events.iter().enumerate() {
-        assert_eq!(e.id.position.major, i as u64 + 2);
+        assert_eq!(e.id.position.minor, i as u64 + 2);
     }
     eprintln!(
         "terminated {ended} connections; {errors} calls failed; {} acknowledged, {} stored",
@@ -886,7 +887,7 @@ async fn a_collision_in_a_batch_fails_only_its_own_appends() {
     assert_eq!(stored.len(), 7);
     for (stream, mut ids) in stored {
         ids.sort_by_key(|id| id.position);
-        let seqs: Vec<u64> = ids.iter().map(|id| id.position.major).collect();
+        let seqs: Vec<u64> = ids.iter().map(|id| id.position.minor).collect();
         assert_eq!(seqs, (1..=8).collect::<Vec<_>>(), "stream {stream}");
         let (replayed_stream, events) = replay_all(&*store, &ids[0].to_string()).await.unwrap();
         assert_eq!(replayed_stream, stream);
@@ -956,4 +957,295 @@ async fn batched_appends_retain_what_single_appends_retain() {
         store.close().await;
         h.teardown().await;
     }
+}
+
+/// The replay page statement keeps PostgreSQL's cached generic plan (see
+/// the `PAGE` statement in `src/sql.rs`). With statistics that show a long
+/// stream, a replay near its end reads few rows, and a statement whose
+/// values the planner could see was planned afresh on every call (each
+/// custom plan looked cheaper than the generic one), at several times the
+/// cost of executing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_page_statement_keeps_its_generic_plan() {
+    const REPLAYS: i64 = 12;
+    const LONG: u64 = 20_000;
+    let h = PostgresHarness::new().await;
+    // One connection, so every replay runs the one prepared statement that
+    // pg_prepared_statements then describes.
+    let store = h.open_with(h.options(unbounded()).max_connections(1)).await;
+    let first = store.store_event("s", NewEvent::new(b"1")).await.unwrap();
+    // The rest of a long stream, written directly (the store would take a
+    // while), then the statistics autovacuum would gather.
+    let mut conn = admin(&h).await;
+    for statement in [
+        "INSERT INTO {s}.events (token, seq, stored_at, cum_bytes, data) \
+         SELECT token, g, last_stored_at, g - 1, '\\x01' \
+           FROM {s}.streams, generate_series(2, $1) g",
+        "UPDATE {s}.streams SET last_seq = $1, total_bytes = $1",
+        "ANALYZE {s}.events, {s}.streams",
+    ] {
+        let statement = statement.replace("{s}", &format!("\"{}\"", h.schema()));
+        let binds = statement.contains("$1");
+        let query = sqlx::query(AssertSqlSafe(statement));
+        let query = if binds {
+            query.bind(LONG as i64)
+        } else {
+            query
+        };
+        query.execute(&mut conn).await.unwrap();
+    }
+    conn.close().await.unwrap();
+    for i in 0..REPLAYS as u64 {
+        let near_the_end = EventId::new(
+            first.token,
+            dense::position(first.position.major, LONG - 20 + i),
+        );
+        let (_, events) = replay_all(&store, &near_the_end.to_string()).await.unwrap();
+        assert_eq!(events.len() as u64, 20 - i);
+    }
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+          WHERE statement LIKE '%UNION ALL%' AND statement LIKE '%' || $1 || '%'",
+    )
+    .bind(h.schema())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(generic + custom, REPLAYS, "one page per replay");
+    assert!(
+        custom <= 5 && generic >= REPLAYS - 5,
+        "the page statement was planned afresh: {custom} custom plans, {generic} generic"
+    );
+    h.close(store).await;
+    h.teardown().await;
+}
+
+/// Adds `params` to a URL that may already have a query.
+fn with_params(url: &str, params: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{params}")
+}
+
+/// `connect` honours this crate's own URL parameters (`schema=`,
+/// `vacuum=`), which sqlx would ignore, and still hands the driver the
+/// rest (`application_name=` here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_honours_the_url_parameters_of_this_crate() {
+    let h = PostgresHarness::new().await;
+    let app = format!("mcp-test-{}", h.schema());
+    let url = with_params(
+        h.url(),
+        &format!("application_name={app}&schema={}&vacuum=auto", h.schema()),
+    );
+    let store = PostgresStore::connect(&url).await.unwrap();
+    assert_eq!(store.schema(), h.schema());
+    assert_eq!(store.vacuum(), Vacuum::Auto);
+    store.store_event("s", NewEvent::new(b"x")).await.unwrap();
+    // The event went to the schema the URL named.
+    assert_eq!(count_rows(&h, "events").await, 1);
+    let mut conn = admin(&h).await;
+    let named: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1")
+            .bind(&app)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    conn.close().await.unwrap();
+    assert!(named >= 1, "the driver never saw application_name");
+    store.close().await;
+
+    // The URL overrides the options it names.
+    let store = PostgresStore::connect_with(
+        &with_params(h.url(), &format!("schema={}", h.schema())),
+        PostgresOptions::default()
+            .schema("not_this_one")
+            .vacuum(Vacuum::Auto),
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.schema(), h.schema());
+    assert_eq!(store.vacuum(), Vacuum::Auto, "not named in the URL");
+    store.close().await;
+
+    // Bad values are refused before anything connects (port 1: nothing
+    // listens there).
+    for params in ["schema=Bad", "vacuum=sometimes", "schema=a&schema=b"] {
+        let err = PostgresStore::connect(&with_params(
+            "postgres://postgres@127.0.0.1:1/postgres",
+            params,
+        ))
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{params}: {err}");
+    }
+    h.teardown().await;
+}
+
+/// C2, C5: a replay paging through a stream that is deleted under it and
+/// started again ends with `EventsPurged` at its next page, never with
+/// events of the new life: both when the new life continues the emptied
+/// row (an append that came between `delete_stream` marking the row empty
+/// and removing it; simulated here by marking it as that step does) and
+/// when it starts a new incarnation (the row was removed first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_never_pages_into_a_new_life_of_its_stream() {
+    let h = PostgresHarness::new().await;
+    let store = h.open(unbounded().page_size(2)).await;
+    for row_removed in [false, true] {
+        let stream = format!("s-{row_removed}");
+        let mut old = Vec::new();
+        for i in 0..10u8 {
+            old.push(
+                store
+                    .store_event(&stream, NewEvent::new(&[i]))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut replay = store
+            .replay_events_after(&old[0].to_string())
+            .await
+            .unwrap()
+            .events;
+        // The first page (two events) is read.
+        for expected in &old[1..3] {
+            assert_eq!(replay.next().await.unwrap().unwrap().id, *expected);
+        }
+        if row_removed {
+            assert_eq!(store.delete_stream(&stream).await.unwrap(), 10);
+        } else {
+            let mut conn = admin(&h).await;
+            sqlx::query(AssertSqlSafe(format!(
+                "UPDATE \"{}\".streams SET first_seq = last_seq + 1 WHERE stream_id = $1",
+                h.schema()
+            )))
+            .bind(stream.as_bytes())
+            .execute(&mut conn)
+            .await
+            .unwrap();
+            conn.close().await.unwrap();
+        }
+        let mut new = Vec::new();
+        for i in 0..10u8 {
+            new.push(
+                store
+                    .store_event(&stream, NewEvent::new(&[100 + i]))
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert!(new[0].position > old[9].position);
+        assert_eq!(
+            new[0].position.major != old[0].position.major,
+            row_removed,
+            "a new incarnation exactly when the row was removed first"
+        );
+        match replay.next().await {
+            Some(Err(Error::EventsPurged { .. })) => {}
+            Some(Ok(event)) => panic!(
+                "the replay after {} went on into the new life with {} ({:?})",
+                old[0], event.id, event.data
+            ),
+            other => panic!("expected EventsPurged, got {other:?}"),
+        }
+        assert!(
+            replay.next().await.is_none(),
+            "the replay ends at its error"
+        );
+    }
+    h.close(store).await;
+    h.teardown().await;
+}
+
+/// C12, C2: a schema written at format 1, whose streams have random
+/// incarnations (zero and negative ones included), migrates to format 2:
+/// every stream gets a positive incarnation below all drawn later, appends
+/// continue each stream's sequence, ids of format 1 are refused as unknown,
+/// and a stream started again afterwards gets a new incarnation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn format_1_schema_migrates_to_incarnations_from_a_sequence() {
+    let h = PostgresHarness::new().await;
+    let key = StreamKey::from_bytes(&[9u8; 32]).unwrap();
+    let mut conn = admin(&h).await;
+    let schema = format!("\"{}\"", h.schema());
+    for statement in [
+        format!("CREATE SCHEMA {schema}"),
+        format!("SET search_path TO {schema}"),
+    ] {
+        sqlx::query(AssertSqlSafe(statement))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let migrations = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"));
+    let format_1 = sqlx::migrate::Migrator::new(migrations).await.unwrap();
+    format_1.run_to(1, &mut conn).await.unwrap();
+    sqlx::query("INSERT INTO meta (key, value) VALUES ('stream_key', $1)")
+        .bind(&key.as_bytes()[..])
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    // Three events each, as format 1 stored them.
+    let streams = [("a", -5_i64), ("b", 0), ("c", i64::MAX)];
+    for (stream, incarnation) in streams {
+        let token = key.token(stream);
+        sqlx::query(
+            "INSERT INTO streams (token, stream_id, incarnation, first_seq, last_seq, \
+             clean_seq, total_bytes, last_stored_at) VALUES ($1, $2, $3, 1, 3, 1, 3, 0)",
+        )
+        .bind(&token.as_bytes()[..])
+        .bind(stream.as_bytes())
+        .bind(incarnation)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO events (token, seq, stored_at, cum_bytes, data) \
+             SELECT $1, g, 0, g - 1, '\\x01' FROM generate_series(1, 3) g",
+        )
+        .bind(&token.as_bytes()[..])
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    conn.close().await.unwrap();
+
+    let store = h.open(unbounded()).await;
+    let mut incarnations = Vec::new();
+    for (stream, _) in streams {
+        let token = key.token(stream);
+        // A format-1 id: no incarnation.
+        let old = EventId::new(token, Position::seq(1)).to_string();
+        assert!(matches!(
+            replay_all(&store, &old).await,
+            Err(Error::UnknownEventId { .. })
+        ));
+        assert_eq!(store.get_stream_id_for_event_id(&old).await.unwrap(), None);
+        let next = store
+            .store_event(stream, NewEvent::new(b"4"))
+            .await
+            .unwrap();
+        assert_eq!(next.token, token, "the stream key was kept");
+        assert_eq!(next.position.minor, 4, "{stream} continues its sequence");
+        let incarnation = next.position.major;
+        assert!((1..=3).contains(&incarnation), "{stream}: {incarnation}");
+        incarnations.push(incarnation);
+        let first = EventId::new(token, dense::position(incarnation, 1));
+        let (replayed, events) = replay_all(&store, &first.to_string()).await.unwrap();
+        assert_eq!(replayed, stream);
+        assert_eq!(events.len(), 3);
+    }
+    incarnations.sort_unstable();
+    incarnations.dedup();
+    assert_eq!(incarnations.len(), 3, "distinct incarnations");
+    assert_eq!(store.delete_stream("a").await.unwrap(), 4);
+    let again = store.store_event("a", NewEvent::new(b"new")).await.unwrap();
+    // Above every incarnation the migration gave (the sequence also moved
+    // on with each append since).
+    assert!(
+        again.position.major > 3 && again.position.minor == 1,
+        "{again}"
+    );
+    h.close(store).await;
+    h.teardown().await;
 }
