@@ -15,6 +15,24 @@ use crate::BACKEND;
 /// Oldest server accepted: exclusive `XRANGE` bounds (`(id`) came in 6.2.
 pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
 
+/// Every URL scheme [`RedisStore::connect`](crate::RedisStore::connect)
+/// accepts. The `+cluster` forms open a Redis Cluster; `redis+unix`,
+/// `valkey+unix` and `unix` a unix socket; `rediss` and `valkeys` TLS (when
+/// the redis crate is built with a TLS feature).
+pub const URL_SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "valkey",
+    "valkeys",
+    "valkey+unix",
+    "valkey+cluster",
+    "valkeys+cluster",
+];
+
 /// Where to connect, as parsed from the URL.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Target {
@@ -40,19 +58,15 @@ pub fn parse_url(url: &str) -> Result<Target> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| Error::Config("Redis URL has no scheme (expected redis://...)".into()))?;
-    let (base_scheme, mut cluster) = match scheme {
-        "redis+cluster" => ("redis", true),
-        "rediss+cluster" => ("rediss", true),
-        "valkey+cluster" => ("valkey", true),
-        "valkeys+cluster" => ("valkeys", true),
-        "redis" | "rediss" | "valkey" | "valkeys" | "redis+unix" | "valkey+unix" | "unix" => {
-            (scheme, false)
-        }
-        other => {
-            return Err(Error::Config(format!(
-                "unsupported Redis URL scheme {other:?}; use redis://, rediss://, redis+unix:// or redis+cluster://"
-            )));
-        }
+    if !URL_SCHEMES.contains(&scheme) {
+        return Err(Error::Config(format!(
+            "unsupported Redis URL scheme {scheme:?}; use one of {}",
+            URL_SCHEMES.join("://, ") + "://"
+        )));
+    }
+    let (base_scheme, mut cluster) = match scheme.strip_suffix("+cluster") {
+        Some(base) => (base, true),
+        None => (scheme, false),
     };
     // A fragment (`#insecure` for TLS) applies to every node.
     let (rest, fragment) = match rest.split_once('#') {
@@ -329,6 +343,23 @@ mod tests {
                 "rediss://b:2#insecure".into()
             ])
         );
+    }
+
+    #[test]
+    fn every_listed_scheme_parses() {
+        for scheme in URL_SCHEMES {
+            let url = if scheme.contains("unix") {
+                format!("{scheme}:///run/redis.sock")
+            } else {
+                format!("{scheme}://127.0.0.1:6379")
+            };
+            let target = parse_url(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(
+                matches!(target, Target::Cluster(_)),
+                scheme.ends_with("+cluster"),
+                "{url}"
+            );
+        }
     }
 
     #[test]

@@ -13,6 +13,22 @@ use crate::keys::{DEFAULT_KEY_PREFIX, validate_prefix};
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default time to wait for a TCP (and TLS) connection to a node.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default time an append waits for its replicas (`WAIT`) when
+/// [`RedisOptions::wait_replicas`] is above zero.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The URL query parameters this crate reads itself and removes before the
+/// redis crate parses the URL (every other parameter goes to the redis
+/// crate unchanged):
+///
+/// * `prefix=<key prefix>` sets [`RedisOptions::key_prefix`];
+/// * `cluster=true|false` chooses Redis Cluster for a `redis://` URL;
+/// * `wait_replicas=<n>` sets [`RedisOptions::wait_replicas`];
+/// * `wait_timeout_ms=<ms>` sets [`RedisOptions::wait_timeout`].
+///
+/// A parameter in the URL overrides the same setting in the options passed
+/// to [`connect_with`](crate::RedisStore::connect_with).
+pub const URL_PARAMETERS: &[&str] = &["prefix", "cluster", "wait_replicas", "wait_timeout_ms"];
 
 /// Everything [`RedisStore::connect_with`](crate::RedisStore::connect_with)
 /// accepts beside the URL.
@@ -43,6 +59,21 @@ pub struct RedisOptions {
     pub response_timeout: Duration,
     /// How long to wait for a connection to a node. Default 5 s.
     pub connect_timeout: Duration,
+    /// How many replicas must hold an event before `store_event` returns:
+    /// after the append, in the same round trip on the same connection,
+    /// the store sends `WAIT <wait_replicas> <wait_timeout>` to the
+    /// stream's primary. An acknowledged event then survives the primary
+    /// being killed and one of those replicas promoted. If fewer replicas
+    /// acknowledge within [`wait_timeout`](Self::wait_timeout), the append
+    /// fails with an error saying the event was stored on the primary but
+    /// may not survive a failover. Default 0: no waiting (Redis replication
+    /// is asynchronous, and a failover can lose the newest acknowledged
+    /// events). URL parameter `wait_replicas`.
+    pub wait_replicas: u32,
+    /// How long an append waits for [`wait_replicas`](Self::wait_replicas)
+    /// replicas. Above zero and below the response timeout. Default 1 s.
+    /// URL parameter `wait_timeout_ms`.
+    pub wait_timeout: Duration,
 }
 
 impl Default for RedisOptions {
@@ -52,6 +83,8 @@ impl Default for RedisOptions {
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            wait_replicas: 0,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
         }
     }
 }
@@ -81,6 +114,18 @@ impl RedisOptions {
         self
     }
 
+    /// Sets how many replicas each append waits for (0: none).
+    pub fn wait_replicas(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
+    }
+
+    /// Sets how long an append waits for its replicas.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = timeout;
+        self
+    }
+
     /// Checks the options; `connect_with` calls this first.
     pub fn validate(&self) -> Result<()> {
         self.store.validate()?;
@@ -90,6 +135,168 @@ impl RedisOptions {
                 "response_timeout and connect_timeout must be above zero".into(),
             ));
         }
+        if self.wait_replicas > 0 {
+            // `WAIT n 0` would block forever, and a wait the response
+            // timeout cuts short reports a timeout instead of saying how
+            // many replicas acknowledged.
+            if self.wait_timeout.is_zero() || self.wait_timeout >= self.response_timeout {
+                return Err(Error::Config(format!(
+                    "wait_timeout must be above zero and below response_timeout ({:?}), got {:?}",
+                    self.response_timeout, self.wait_timeout
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// The `WAIT` timeout argument, in whole milliseconds (at least 1).
+    pub(crate) fn wait_timeout_ms(&self) -> u64 {
+        u64::try_from(self.wait_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Takes this crate's parameters ([`URL_PARAMETERS`] except `cluster`,
+    /// which [`conn::parse_url`](crate::conn::parse_url) reads) out of
+    /// `url`, applies them over these options, and returns the options and
+    /// the URL without them. Errors never quote the URL, which may hold a
+    /// password.
+    pub(crate) fn apply_url(mut self, url: &str) -> Result<(Self, String)> {
+        let (rest, fragment) = match url.split_once('#') {
+            Some((rest, fragment)) => (rest, Some(fragment)),
+            None => (url, None),
+        };
+        let Some((base, query)) = rest.split_once('?') else {
+            return Ok((self, url.to_owned()));
+        };
+        let mut kept = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match name {
+                "prefix" => self.key_prefix = percent_decode(value, "prefix")?,
+                "wait_replicas" => {
+                    self.wait_replicas = parse_number(value, "wait_replicas")?;
+                }
+                "wait_timeout_ms" => {
+                    self.wait_timeout =
+                        Duration::from_millis(parse_number(value, "wait_timeout_ms")?);
+                }
+                _ => kept.push(pair),
+            }
+        }
+        let mut url = base.to_owned();
+        if !kept.is_empty() {
+            url.push('?');
+            url.push_str(&kept.join("&"));
+        }
+        if let Some(fragment) = fragment {
+            url.push('#');
+            url.push_str(fragment);
+        }
+        Ok((self, url))
+    }
+}
+
+/// A decimal URL parameter.
+fn parse_number<T: std::str::FromStr>(value: &str, name: &str) -> Result<T> {
+    value.parse().map_err(|_| {
+        Error::Config(format!(
+            "the Redis URL parameter `{name}` must be a whole number, got {value:?}"
+        ))
+    })
+}
+
+/// Decodes `%XX` escapes (and `+` as a space, which `validate_prefix` then
+/// refuses) in a URL parameter.
+fn percent_decode(value: &str, name: &str) -> Result<String> {
+    let bad = || {
+        Error::Config(format!(
+            "the Redis URL parameter `{name}` is not valid UTF-8 percent-encoding"
+        ))
+    };
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = value.get(i + 1..i + 3).ok_or_else(bad)?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_url_parameters_are_taken_out() {
+        let (options, url) = RedisOptions::default()
+            .apply_url("redis://:pw@h:1/2?prefix=app%3Aprod&protocol=resp3&wait_replicas=2&wait_timeout_ms=250#insecure")
+            .unwrap();
+        assert_eq!(url, "redis://:pw@h:1/2?protocol=resp3#insecure");
+        assert_eq!(options.key_prefix, "app:prod");
+        assert_eq!(options.wait_replicas, 2);
+        assert_eq!(options.wait_timeout, Duration::from_millis(250));
+        let (options, url) = RedisOptions::default()
+            .key_prefix("from-options")
+            .apply_url("redis+cluster://a:1,b:2?prefix=p&cluster=true")
+            .unwrap();
+        assert_eq!(url, "redis+cluster://a:1,b:2?cluster=true");
+        assert_eq!(options.key_prefix, "p");
+        let (options, url) = RedisOptions::default().apply_url("redis://h").unwrap();
+        assert_eq!(url, "redis://h");
+        assert_eq!(options.key_prefix, DEFAULT_KEY_PREFIX);
+    }
+
+    #[test]
+    fn bad_parameters_are_config_errors_without_the_password() {
+        for url in [
+            "redis://u:hunter2@h?wait_replicas=many",
+            "redis://u:hunter2@h?wait_timeout_ms=-1",
+            "redis://u:hunter2@h?prefix=%zz",
+            "redis://u:hunter2@h?prefix=%ff",
+        ] {
+            let err = RedisOptions::default().apply_url(url).unwrap_err();
+            assert!(matches!(err, Error::Config(_)), "{url}: {err}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn wait_needs_a_timeout_below_the_response_timeout() {
+        let options = RedisOptions::default().wait_replicas(1);
+        options.validate().unwrap();
+        assert_eq!(options.wait_timeout_ms(), 1000);
+        assert!(
+            options
+                .clone()
+                .wait_timeout(Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            options
+                .clone()
+                .wait_timeout(DEFAULT_RESPONSE_TIMEOUT)
+                .validate()
+                .is_err()
+        );
+        RedisOptions::default()
+            .wait_timeout(Duration::ZERO)
+            .validate()
+            .unwrap();
     }
 }

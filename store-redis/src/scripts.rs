@@ -6,12 +6,28 @@
 //! (the retry hint in milliseconds). The metadata hash has `sid` (the stream
 //! id, checked against token collisions), `base` (the first id of this
 //! incarnation of the stream), `last` (the newest id issued), `purged` (the
-//! newest id removed by retention, if any), `bytes` (payload bytes retained)
-//! and `head_t` (a lower bound of the oldest retained entry's `t`).
+//! newest id removed by retention, if any), `bytes` (payload bytes retained),
+//! `head_t` (a lower bound of the oldest retained entry's `t`) and, until a
+//! handle has checked the stream secret after creating it, `pending`.
+//!
+//! # Converging on one secret (C14)
+//!
+//! The stream secret lives in its own key, in another cluster slot than any
+//! stream, so no script can read it. Instead a script says when it *created*
+//! a stream (or a session): only then can the handle's cached secret be out
+//! of date (the backend lost its data, and another handle may have created
+//! a new secret since). A created stream carries `pending` until a handle
+//! has checked the secret (`SET NX` of its cached secret, then `GET`):
+//! every append to a pending stream, by any handle, reports it, so no event
+//! in it is acknowledged before that check. If the secret matches, the
+//! handle clears `pending` with [`CONFIRM`] (which also checks that its
+//! entry still exists); if not, it adopts the stored secret, removes the
+//! stream with [`DISCARD`] and appends again under the right token. Appends
+//! to a stream that exists and is not pending cost nothing extra.
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, Script, ToRedisArgs};
 
 /// Shared by the append and purge scripts: removes a stream's oldest entries
 /// while a limit is exceeded. The age limit may remove every entry; the count
@@ -80,10 +96,13 @@ end
 ///
 /// KEYS: events, meta, gone. ARGV: stream id, payload, retry ms or '', clock ms,
 /// max events or '', max bytes or '', TTL ms or '' (none: `PERSIST`), trim
-/// budget. Returns the new entry id; or the id in a one-element array when
-/// the stream had to start over because half of it was gone (the events key
-/// or the metadata lost to eviction or a manual delete); or -1 when the
-/// token belongs to another stream id.
+/// budget. Returns the new entry id when the stream existed and was
+/// checked; `{id, state}` when the handle must check the stream secret
+/// before answering, with `state` one of `new` (this call created the
+/// stream), `restarted` (the stream had to start over because half of it was
+/// gone: the events key or the metadata lost to eviction or a manual
+/// delete) or `pending` (another handle created it and has not checked the
+/// secret yet); or -1 when the token belongs to another stream id.
 ///
 /// `XADD NOMKSTREAM` detects a lost events key at no extra cost. The new
 /// incarnation's ids start after the newest id the old one issued, and it
@@ -94,7 +113,7 @@ end
 /// and a replay racing the delete sees a new `base`.
 const APPEND: &str = r#"
 local ev, meta = KEYS[1], KEYS[2]
-local state = redis.call('HMGET', meta, 'sid', 'bytes', 'head_t', 'last')
+local state = redis.call('HMGET', meta, 'sid', 'bytes', 'head_t', 'last', 'pending')
 local sid = state[1]
 if sid ~= false and sid ~= ARGV[1] then return -1 end
 local size = #ARGV[2]
@@ -119,7 +138,8 @@ end
 if sid == false and not floor then
   floor = redis.call('GET', KEYS[3])
 end
-if id == false then
+local created = id == false
+if created then
   if floor then
     -- An empty stream whose last id is the old one, so the new ids sort
     -- after every id the lost incarnation issued.
@@ -127,7 +147,8 @@ if id == false then
   end
   id = redis.call('XADD', ev, '*', unpack(fields))
   redis.call('DEL', meta, KEYS[3])
-  redis.call('HSET', meta, 'sid', ARGV[1], 'base', id, 'last', id, 'bytes', size, 'head_t', ARGV[4])
+  redis.call('HSET', meta, 'sid', ARGV[1], 'base', id, 'last', id, 'bytes', size, 'head_t', ARGV[4],
+    'pending', '1')
 else
   local max_n, max_b = tonumber(ARGV[5]), tonumber(ARGV[6])
   local bytes = (tonumber(state[2]) or 0) + size
@@ -148,23 +169,51 @@ else
   redis.call('PEXPIRE', ev, ARGV[7])
   redis.call('PEXPIRE', meta, ARGV[7])
 end
-if restarted then return {id} end
+if restarted then return {id, 'restarted'} end
+if created then return {id, 'new'} end
+if state[5] then return {id, 'pending'} end
 return id
+"#;
+
+/// After the stream secret checked out: clears `pending`, if the entry the
+/// handle appended is still there. KEYS: events, meta. ARGV: entry id,
+/// stream id. Returns 1, or 0 when the entry is gone (the backend lost its
+/// data again since the append), and the handle appends once more.
+const CONFIRM: &str = r#"
+if redis.call('HGET', KEYS[2], 'sid') ~= ARGV[2] then return 0 end
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[2], 'pending')
+return 1
+"#;
+
+/// After the stream secret turned out to have changed: removes a stream
+/// created under the old secret's token, if still pending (nothing in it was
+/// acknowledged). KEYS: events, meta. ARGV: stream id. Returns 1 if removed.
+const DISCARD: &str = r#"
+local m = redis.call('HMGET', KEYS[2], 'sid', 'pending')
+if m[1] ~= ARGV[1] or not m[2] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
 "#;
 
 /// `purge_expired`, for one stream.
 ///
-/// KEYS: events, meta. ARGV: age cut-off (clock ms) or '', max events or '',
-/// max bytes or '', budget. Returns {removed, stream removed (0/1), more (0/1)}.
+/// KEYS: events, meta, gone. ARGV: age cut-off (clock ms) or '', max events
+/// or '', max bytes or '', budget, marker TTL ms. Returns {removed, stream
+/// removed (0/1), more (0/1)}. A stream that expired whole leaves its newest
+/// id in `gone`, as `delete_stream` does, so a stream started again under
+/// the same id (even within the same server millisecond) issues only later
+/// ids.
 const PURGE: &str = r#"
 local ev, meta = KEYS[1], KEYS[2]
-local state = redis.call('HMGET', meta, 'sid', 'bytes', 'head_t')
+local state = redis.call('HMGET', meta, 'sid', 'bytes', 'head_t', 'last')
 if state[1] == false then return {0, 0, 0} end
 local len = redis.call('XLEN', ev)
 local removed, more, updates = trim(ev, len, tonumber(state[2]) or 0, tonumber(state[3]) or 0,
   tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
 if redis.call('XLEN', ev) == 0 then
   redis.call('DEL', ev, meta)
+  if state[4] then redis.call('SET', KEYS[3], state[4], 'PX', ARGV[5]) end
   return {removed, 1, 0}
 end
 if removed > 0 or #updates > 2 then redis.call('HSET', meta, unpack(updates)) end
@@ -172,27 +221,67 @@ return {removed, 0, more and 1 or 0}
 "#;
 
 /// `delete_stream`. KEYS: events, meta, gone. ARGV: stream id, marker TTL
-/// ms. Returns the number of events removed; a token held by another stream
-/// id is left alone. Leaves the stream's newest id in `gone` for the TTL, so
-/// a stream re-created under the same id continues after it.
+/// ms. Returns the number of events removed, or -1 when there is no such
+/// stream (the handle then checks its secret); a token held by another
+/// stream id is left alone. Leaves the stream's newest id in `gone` for the
+/// TTL, so a stream re-created under the same id continues after it.
 const DELETE: &str = r#"
-if redis.call('HGET', KEYS[2], 'sid') ~= ARGV[1] then return 0 end
+local m = redis.call('HMGET', KEYS[2], 'sid', 'last')
+if m[1] == false then return -1 end
+if m[1] ~= ARGV[1] then return 0 end
 local n = redis.call('XLEN', KEYS[1])
-local last = redis.call('HGET', KEYS[2], 'last')
 redis.call('DEL', KEYS[1], KEYS[2])
-if last then redis.call('SET', KEYS[3], last, 'PX', ARGV[2]) end
+if m[2] then redis.call('SET', KEYS[3], m[2], 'PX', ARGV[2]) end
 return n
 "#;
 
+/// `put_session`. KEYS: session. ARGV: session id, state, expiry (clock
+/// ms), TTL ms or '' (none: `PERSIST`). Returns 1 when the handle must check
+/// the stream secret (the session was created here, or is still pending),
+/// else 0.
+const SESSION_PUT: &str = r#"
+local old = redis.call('HMGET', KEYS[1], 'id', 'pending')
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'd', ARGV[2], 'exp', ARGV[3])
+local fresh = old[1] == false
+if fresh then redis.call('HSET', KEYS[1], 'pending', '1') end
+if ARGV[4] == '' then
+  redis.call('PERSIST', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+if fresh or old[2] then return 1 end
+return 0
+"#;
+
+/// After the secret checked out: clears a session's `pending`. KEYS:
+/// session. ARGV: session id. Returns 0 if the session is gone.
+const SESSION_CONFIRM: &str = r#"
+if redis.call('HGET', KEYS[1], 'id') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'pending')
+return 1
+"#;
+
+/// After the secret changed: removes a session put under the old secret's
+/// key, if still pending. KEYS: session. ARGV: session id.
+const SESSION_DISCARD: &str = r#"
+local s = redis.call('HMGET', KEYS[1], 'id', 'pending')
+if s[1] ~= ARGV[1] or not s[2] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"#;
+
 /// `delete_session`. KEYS: session. ARGV: session id, clock ms. Removes the
-/// session even if expired; returns 1 if it existed and had not expired.
+/// session even if expired; returns 1 if it existed and had not expired, 2
+/// if it had expired, -1 if there was none (the handle then checks its
+/// secret).
 const SESSION_DELETE: &str = r#"
 local s = redis.call('HMGET', KEYS[1], 'id', 'exp')
+if s[1] == false then return -1 end
 if s[1] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 local exp = tonumber(s[2])
 if exp ~= nil and exp > tonumber(ARGV[2]) then return 1 end
-return 0
+return 2
 "#;
 
 /// Session expiry during `purge_expired`. KEYS: session. ARGV: clock ms.
@@ -206,25 +295,120 @@ end
 return 0
 "#;
 
-/// The compiled scripts (their SHA1s are computed once).
+/// A script and its source. A node that does not know the script yet (it
+/// restarted, was promoted, or joined the cluster) gets it by `EVAL` of the
+/// source on the one call that found it missing, sent where the call's keys
+/// live: the redis crate's own fallback sends `SCRIPT LOAD` to every node
+/// of a cluster, replicas included, and waits for a node that does not
+/// answer until the response timeout.
+pub struct Lua {
+    source: String,
+    hash: String,
+}
+
+impl Lua {
+    fn new(source: String) -> Self {
+        let hash = Script::new(&source).get_hash().to_owned();
+        Self { source, hash }
+    }
+
+    /// A call of this script, to which keys and arguments are added.
+    pub fn call(&self) -> Call<'_> {
+        Call {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// A script call being built: keys, then arguments.
+pub struct Call<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call<'_> {
+    /// Adds a key (`KEYS[i]`).
+    pub fn key(mut self, key: impl ToRedisArgs) -> Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    /// Adds an argument (`ARGV[i]`).
+    pub fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA <sha1> ...`, or `EVAL <source> ...` when `by_source`.
+    pub fn cmd(&self, by_source: bool) -> Cmd {
+        let mut cmd = if by_source {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(&self.lua.source);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&self.lua.hash);
+            cmd
+        };
+        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        cmd
+    }
+}
+
+/// The scripts (their SHA1s are computed once).
 pub struct Scripts {
     /// See [`APPEND`].
-    pub append: Script,
+    pub append: Lua,
+    /// See [`CONFIRM`].
+    pub confirm: Lua,
+    /// See [`DISCARD`].
+    pub discard: Lua,
     /// See [`PURGE`].
-    pub purge: Script,
+    pub purge: Lua,
     /// See [`DELETE`].
-    pub delete: Script,
+    pub delete: Lua,
+    /// See [`SESSION_PUT`].
+    pub session_put: Lua,
+    /// See [`SESSION_CONFIRM`].
+    pub session_confirm: Lua,
+    /// See [`SESSION_DISCARD`].
+    pub session_discard: Lua,
     /// See [`SESSION_DELETE`].
-    pub session_delete: Script,
+    pub session_delete: Lua,
     /// See [`SESSION_PURGE`].
-    pub session_purge: Script,
+    pub session_purge: Lua,
 }
 
 /// The scripts, shared by every store in the process.
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    append: Script::new(&format!("{TRIM}\n{APPEND}")),
-    purge: Script::new(&format!("{TRIM}\n{PURGE}")),
-    delete: Script::new(DELETE),
-    session_delete: Script::new(SESSION_DELETE),
-    session_purge: Script::new(SESSION_PURGE),
+    append: Lua::new(format!("{TRIM}\n{APPEND}")),
+    confirm: Lua::new(CONFIRM.to_owned()),
+    discard: Lua::new(DISCARD.to_owned()),
+    purge: Lua::new(format!("{TRIM}\n{PURGE}")),
+    delete: Lua::new(DELETE.to_owned()),
+    session_put: Lua::new(SESSION_PUT.to_owned()),
+    session_confirm: Lua::new(SESSION_CONFIRM.to_owned()),
+    session_discard: Lua::new(SESSION_DISCARD.to_owned()),
+    session_delete: Lua::new(SESSION_DELETE.to_owned()),
+    session_purge: Lua::new(SESSION_PURGE.to_owned()),
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_name_the_script_by_hash_or_by_source() {
+        let call = SCRIPTS.delete.call().key("k").arg("a").arg(5u64);
+        let by_hash = call.cmd(false).get_packed_command();
+        let by_source = call.cmd(true).get_packed_command();
+        let text = |packed: &[u8]| String::from_utf8_lossy(packed).into_owned();
+        assert!(text(&by_hash).contains("EVALSHA"));
+        assert!(text(&by_hash).contains(&SCRIPTS.delete.hash));
+        assert!(text(&by_source).contains("redis.call('HMGET', KEYS[2], 'sid', 'last')"));
+        assert!(text(&by_source).ends_with("$1\r\n1\r\n$1\r\nk\r\n$1\r\na\r\n$1\r\n5\r\n"));
+    }
+}

@@ -258,6 +258,23 @@ impl Harness for RedisHarness {
             .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()))
     }
 
+    /// Removes every key under this harness's prefix, on every master of a
+    /// cluster (`SCAN` + `UNLINK`), through a connection of its own while the
+    /// stores stay open: to this store, exactly what a Redis restarted
+    /// without persistence does (the server's loaded scripts stay, which
+    /// only spares the stores one `SCRIPT LOAD`).
+    async fn lose_data(&self) -> bool {
+        let target = crate::conn::parse_url(self.url())
+            .unwrap_or_else(|e| panic!("bad test server URL {}: {e}", self.url()));
+        let conn = crate::conn::open(&target, Duration::from_secs(30), Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()));
+        crate::unlink_matching(&conn, &format!("{}:*", self.prefix()))
+            .await
+            .unwrap_or_else(|e| panic!("removing the keys under {} failed: {e}", self.prefix()));
+        true
+    }
+
     async fn teardown(self) {
         let store = RedisStore::connect_with(self.url(), self.options(StoreOptions::default()))
             .await

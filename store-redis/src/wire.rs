@@ -19,8 +19,7 @@ pub fn parse_entry_id(text: &[u8]) -> Result<Position> {
     }
 }
 
-/// A position as a Redis entry id.
-#[cfg(test)]
+/// A position as a Redis entry id (an inclusive range bound).
 pub fn entry_id(position: Position) -> String {
     format!("{}-{}", position.major, position.minor)
 }

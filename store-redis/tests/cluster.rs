@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use mcp_event_store_core::conformance::{append, test_clock, test_options};
-use mcp_event_store_core::{EventStore, Retention, SessionStore};
+use mcp_event_store_core::{EventStore, NewEvent, Retention, SessionStore};
 use mcp_event_store_redis::testing::RedisHarness;
 use mcp_event_store_redis::{RedisOptions, RedisStore};
 
@@ -130,4 +130,115 @@ async fn every_cluster_url_form_connects() {
         4,
         "marker, secret, events, meta"
     );
+}
+
+/// On a cluster, `WAIT` goes to the master holding the stream, in the same
+/// pipeline as the append: with one master's replica frozen (SIGSTOP),
+/// exactly the appends to streams on that master fail, saying why, and the
+/// others succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_waits_on_the_streams_own_master() {
+    let cluster = tokio::task::spawn_blocking(|| common::Cluster::start_with_replicas(1))
+        .await
+        .expect("cluster start-up");
+    let seed = cluster.node_urls()[0].clone();
+    let topology: String =
+        common::command(&seed, redis::cmd("CLUSTER").arg("NODES")).expect("CLUSTER NODES");
+    // <id> <ip:port@bus> <flags> <master id> ...
+    let lines: Vec<Vec<&str>> = topology
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let port_of = |fields: &Vec<&str>| -> u16 {
+        fields[1]
+            .split(['@', ','])
+            .next()
+            .and_then(|a| a.rsplit(':').next())
+            .and_then(|p| p.parse().ok())
+            .expect("node address")
+    };
+    let masters: Vec<u16> = lines
+        .iter()
+        .filter(|f| f[2].contains("master"))
+        .map(port_of)
+        .collect();
+    assert_eq!(masters.len(), 3, "{topology}");
+    let replica = lines
+        .iter()
+        .find(|f| f[2].contains("slave"))
+        .expect("a replica");
+    let frozen_master = lines
+        .iter()
+        .find(|f| f[0] == replica[3])
+        .map(port_of)
+        .expect("the replica's master");
+    let replica_port = port_of(replica);
+
+    let prefix = mcp_event_store_redis::testing::random_prefix();
+    let store = RedisStore::connect(&format!(
+        "{}?prefix={prefix}&wait_replicas=1&wait_timeout_ms=100",
+        cluster.url()
+    ))
+    .await
+    .unwrap();
+    let frozen = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() == replica_port)
+        .expect("the replica's process");
+    frozen.signal(libc::SIGSTOP);
+
+    let results = futures_util::future::join_all((0..30).map(|i| {
+        let store = store.clone();
+        async move {
+            let stream = format!("s-{i}");
+            let result = store.store_event(&stream, NewEvent::new(b"x")).await;
+            (stream, result)
+        }
+    }))
+    .await;
+    frozen.signal(libc::SIGCONT);
+
+    let master_urls: Vec<String> = masters
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let placement = keys_by_node(&master_urls, &prefix);
+    // Which master holds each stream, failed appends included: their events
+    // are on the primary all the same.
+    let mut node_of_stream = HashMap::new();
+    for (key, node) in &placement {
+        if key.ends_with(":meta") {
+            let sid: String =
+                common::command(node, redis::cmd("HGET").arg(key).arg("sid")).expect("sid");
+            node_of_stream.insert(sid, node.clone());
+        }
+    }
+    let frozen_url = format!("redis://127.0.0.1:{frozen_master}");
+    let (mut failed, mut succeeded) = (0, 0);
+    for (stream, result) in results {
+        let on_frozen = node_of_stream.get(&stream) == Some(&frozen_url);
+        match result {
+            Ok(_) => {
+                succeeded += 1;
+                assert!(
+                    !on_frozen,
+                    "{stream} succeeded although its master's replica is frozen"
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                assert!(e.to_string().contains("may not survive a failover"), "{e}");
+                assert!(
+                    on_frozen,
+                    "{stream} failed on a master with a live replica: {e}"
+                );
+            }
+        }
+    }
+    assert!(
+        failed > 0 && succeeded > 0,
+        "{failed} failed, {succeeded} succeeded"
+    );
+    drop(cluster);
 }

@@ -295,3 +295,82 @@ async fn response_timeout_is_configurable_and_the_store_recovers() {
     }
     drop(server);
 }
+
+/// Appends `data` through `store`, retrying while the handle reconnects to
+/// a restarted server (an attempt that fails before reaching the server
+/// stores nothing).
+async fn append_when_back(store: &RedisStore, stream: &str, data: &[u8]) -> EventId {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match store.store_event(stream, NewEvent::new(data)).await {
+            Ok(id) => return id,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "no append within 30 s of the restart: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// C14 on a real restart: two handles, the server restarted empty (no
+/// persistence), a third handle connecting afterwards (and so storing a new
+/// secret first); all three append to one stream id. One token, and every
+/// event replays from every handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handles_converge_after_a_restart_without_persistence() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = RedisProcess::start(dir.path(), common::free_port(), &["--appendonly", "no"]);
+    let harness = RedisHarness::with_url(server.url()).await;
+    let clock = test_clock();
+    let open = || RedisStore::connect_with(harness.url(), harness.options(test_options(&clock)));
+    let a = open().await.unwrap();
+    let b = open().await.unwrap();
+    let before = append_when_back(&a, "s", b"before").await;
+    assert_eq!(
+        append_when_back(&b, "s", b"before-b").await.token,
+        before.token
+    );
+
+    tokio::task::block_in_place(|| server.restart());
+    let c = open().await.unwrap();
+    let mut ids = Vec::new();
+    for round in 0..3 {
+        for (name, store) in [("c", &c), ("a", &a), ("b", &b)] {
+            let data = format!("{name}-{round}");
+            ids.push((append_when_back(store, "s", data.as_bytes()).await, data));
+        }
+    }
+    let token = ids[0].0.token;
+    for (id, data) in &ids {
+        assert_eq!(
+            id.token, token,
+            "{data} got {id}: the handles disagree on the token"
+        );
+    }
+    assert_ne!(token, before.token, "the restarted server kept nothing");
+    let (first, _) = &ids[0];
+    let want: Vec<&[u8]> = ids[1..].iter().map(|(_, d)| d.as_bytes()).collect();
+    for (name, store) in [("a", &a), ("b", &b), ("c", &c)] {
+        let replay = store.replay_events_after(&first.to_string()).await.unwrap();
+        let events: Vec<_> = replay.events.try_collect().await.unwrap();
+        let got: Vec<&[u8]> = events.iter().map(|e| &e.data[..]).collect();
+        assert_eq!(got, want, "replay through handle {name}");
+        assert_eq!(
+            store
+                .get_stream_id_for_event_id(&ids.last().unwrap().0.to_string())
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("s")
+        );
+    }
+    // The format marker is back too.
+    let marker: Option<String> = common::command(
+        &server.url(),
+        redis::cmd("GET").arg(format!("{}:format", harness.prefix())),
+    )
+    .unwrap();
+    assert_eq!(marker.as_deref(), Some("1"));
+    drop(server);
+}

@@ -499,3 +499,186 @@ async fn a_recreated_stream_never_reissues_old_ids() {
     }
     h.teardown().await;
 }
+
+/// A stream that expired whole and was purged, then started again under the
+/// same id, even within one server millisecond, never issues an id of its
+/// earlier life (the purge leaves the newest id behind, as a delete does).
+#[tokio::test]
+async fn a_stream_purged_whole_never_reissues_old_ids() {
+    let h = RedisHarness::new().await;
+    let clock = test_clock();
+    let store = open(
+        &h,
+        test_options(&clock).retention(Retention::unbounded().max_age(Duration::from_secs(60))),
+    )
+    .await;
+    for round in 0..50 {
+        let mut old_last = append(&store, "s", b"0").await;
+        for i in 1..3u8 {
+            old_last = append(&store, "s", &[i]).await;
+        }
+        clock.advance(Duration::from_secs(61));
+        assert_eq!(store.purge_expired().await.unwrap().streams, 1);
+        let new_first = append(&store, "s", b"new").await;
+        assert!(
+            new_first.position > old_last.position,
+            "round {round}: {new_first} is not after the purged stream's {old_last}"
+        );
+        assert!(matches!(
+            replay_all(&store, &old_last.to_string()).await,
+            Err(Error::UnknownEventId { .. })
+        ));
+        clock.advance(Duration::from_secs(61));
+        assert_eq!(store.purge_expired().await.unwrap().streams, 1);
+    }
+    h.teardown().await;
+}
+
+/// C14 for everything named through the secret, not only appends: after the
+/// server lost its data, a handle with an out-of-date secret finds, puts and
+/// deletes the sessions and streams that handles with the new one see.
+#[tokio::test]
+async fn sessions_and_deletes_converge_after_the_backend_lost_its_data() {
+    let h = RedisHarness::new().await;
+    let clock = test_clock();
+    let ttl = Duration::from_secs(60);
+    let a = open(&h, test_options(&clock)).await;
+    a.put_session("before", b"0", ttl).await.unwrap();
+
+    // A stale handle puts; a handle opened after the loss reads.
+    assert!(h.lose_data().await);
+    let d = open(&h, test_options(&clock)).await;
+    a.put_session("x", b"1", ttl).await.unwrap();
+    assert_eq!(
+        d.get_session("x").await.unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+
+    // A new handle puts; a stale one reads and deletes.
+    assert!(h.lose_data().await);
+    let e = open(&h, test_options(&clock)).await;
+    e.put_session("y", b"2", ttl).await.unwrap();
+    assert_eq!(
+        a.get_session("y").await.unwrap().as_deref(),
+        Some(&b"2"[..])
+    );
+    assert!(
+        d.delete_session("y").await.unwrap(),
+        "the stale handle missed it"
+    );
+    assert_eq!(e.get_session("y").await.unwrap(), None);
+
+    // A new handle appends; a stale one deletes the stream.
+    assert!(h.lose_data().await);
+    let f = open(&h, test_options(&clock)).await;
+    let id = append(&f, "s", b"3").await;
+    assert_eq!(
+        a.delete_stream("s").await.unwrap(),
+        1,
+        "the stale handle missed it"
+    );
+    assert_eq!(
+        f.get_stream_id_for_event_id(&id.to_string()).await.unwrap(),
+        None
+    );
+    h.teardown().await;
+}
+
+/// C14 under concurrency: after the loss, stale handles and a handle opened
+/// afterwards append to one stream at the same time. Whatever the
+/// interleaving (a stream created under the old token, appended to by
+/// another stale handle, then discarded), every acknowledged event carries
+/// the one token and replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_converge_after_the_backend_lost_its_data() {
+    let h = RedisHarness::new().await;
+    let clock = test_clock();
+    let a = open(&h, test_options(&clock)).await;
+    let b = open(&h, test_options(&clock)).await;
+    append(&a, "s", b"before").await;
+    for round in 0..5 {
+        assert!(h.lose_data().await);
+        let d = open(&h, test_options(&clock)).await;
+        let tasks: Vec<_> = [a.clone(), b.clone(), d.clone()]
+            .into_iter()
+            .enumerate()
+            .map(|(n, store)| {
+                tokio::spawn(async move {
+                    let mut ids = Vec::new();
+                    for i in 0..20 {
+                        let data = format!("{round}-{n}-{i}");
+                        let id = store
+                            .store_event("s", NewEvent::new(data.as_bytes()))
+                            .await
+                            .unwrap();
+                        ids.push((id, data));
+                    }
+                    ids
+                })
+            })
+            .collect();
+        let mut acked = Vec::new();
+        for task in tasks {
+            acked.extend(task.await.unwrap());
+        }
+        acked.sort_by_key(|(id, _)| id.position);
+        let token = acked[0].0.token;
+        assert!(
+            acked.iter().all(|(id, _)| id.token == token),
+            "round {round}: two tokens"
+        );
+        let (_, events) = replay_all(&d, &acked[0].0.to_string()).await.unwrap();
+        let replayed: Vec<(String, Vec<u8>)> = events
+            .iter()
+            .map(|e| (e.id.to_string(), e.data.to_vec()))
+            .collect();
+        let want: Vec<(String, Vec<u8>)> = acked[1..]
+            .iter()
+            .map(|(id, data)| (id.to_string(), data.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(replayed, want, "round {round}");
+    }
+    h.teardown().await;
+}
+
+/// `RedisStore::connect` reads this crate's own URL parameters (and takes
+/// them out before the redis crate parses the URL): `prefix` puts every key
+/// under it, `wait_replicas` and `wait_timeout_ms` set the options; the
+/// URL's parameters win over the options given beside it.
+#[tokio::test]
+async fn url_parameters_are_read_by_connect() {
+    let h = RedisHarness::new().await;
+    let prefix = h.prefix().to_owned();
+    let url = format!("{}?prefix={prefix}&wait_timeout_ms=250", h.url());
+    let store = RedisStore::connect(&url).await.unwrap();
+    assert_eq!(store.key_prefix(), prefix);
+    assert_eq!(store.options().wait_timeout, Duration::from_millis(250));
+    assert_eq!(store.options().wait_replicas, 0);
+    let id = append(&store, "s", b"x").await;
+    let mut conn = raw(h.url()).await;
+    let events: bool = redis::cmd("EXISTS")
+        .arg(format!("{prefix}:v1:{{{}}}:events", id.token))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(events, "the stream is not under ?prefix=");
+    let marker: Option<String> = redis::cmd("GET")
+        .arg(format!("{prefix}:format"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(marker.as_deref(), Some("1"));
+
+    let over = RedisStore::connect_with(
+        &format!("{}?prefix={prefix}", h.url()),
+        RedisOptions::default().key_prefix("ignored-prefix"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(over.key_prefix(), prefix);
+    let err = RedisStore::connect(&format!("{}?prefix=a{{b}}", h.url()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    h.teardown().await;
+}

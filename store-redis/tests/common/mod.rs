@@ -96,6 +96,17 @@ impl RedisProcess {
         self.port
     }
 
+    /// Sends `signal` to the server (by pid): `SIGSTOP` freezes it, as a
+    /// partitioned or stalled node, until `SIGCONT`.
+    pub fn signal(&self, signal: i32) {
+        let child = self.child.as_ref().expect("the server is running");
+        let pid = i32::try_from(child.id()).expect("pid fits an i32");
+        // SAFETY: kill(2) on the pid of our own child, which we have not
+        // reaped, so the pid cannot belong to another process.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "kill({pid}, {signal}) failed");
+    }
+
     /// SIGKILLs the server (by pid) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -131,6 +142,49 @@ pub fn command<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> redis::
     cmd.query(&mut conn)
 }
 
+/// Waits until the primary at `url` streams writes to at least one replica
+/// that acknowledges them: a write, then `WAIT 1 100`, until it counts one.
+/// (A replica is "online" before that: Redis 7 starts streaming to a replica
+/// synchronised without disk only after its first `REPLCONF ACK`, which
+/// may take a second.) On a cluster node, the probe key is one of the keys
+/// that node owns.
+pub fn wait_replica_acknowledges(url: &str) {
+    let client = redis::Client::open(url).expect("primary URL");
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .expect("a connection to the primary");
+    let key = (0..10_000)
+        .map(|i| format!("replica-probe-{i}"))
+        .find(|key| {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(1)
+                .query::<()>(&mut conn)
+                .is_ok()
+        })
+        .expect("a key this node owns");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(1)
+            .query(&mut conn)
+            .expect("SET");
+        let acked: u64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(100)
+            .query(&mut conn)
+            .expect("WAIT");
+        if acked >= 1 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replica of {url} acknowledged a write within 30 s"
+        );
+    }
+}
+
 /// A loopback port that is free now, and whose cluster bus port (+10000) is
 /// free too.
 pub fn free_port() -> u16 {
@@ -157,9 +211,16 @@ impl Cluster {
     /// with `redis-cli --cluster create`, and waits for `cluster_state:ok` on
     /// every node.
     pub fn start() -> Self {
+        Self::start_with_replicas(0)
+    }
+
+    /// Starts three masters with `replicas` replicas each (placed by
+    /// `redis-cli --cluster create --cluster-replicas`), and waits until
+    /// every replica is in sync.
+    pub fn start_with_replicas(replicas: usize) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let mut nodes = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..3 * (1 + replicas) {
             let port = free_port();
             let conf = dir.path().join(format!("nodes-{port}.conf"));
             let conf = conf.to_str().expect("UTF-8 temp path").to_owned();
@@ -175,6 +236,9 @@ impl Cluster {
                     "5000",
                     "--appendonly",
                     "no",
+                    // Replicas sync at once (the default waits 5 s for more).
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ],
             ));
         }
@@ -185,7 +249,7 @@ impl Cluster {
         let output = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("redis-cli must be on PATH for the cluster tests");
@@ -197,16 +261,50 @@ impl Cluster {
         );
         let cluster = Self { nodes, _dir: dir };
         cluster.wait_ok();
+        if replicas > 0 {
+            for url in cluster.master_urls() {
+                wait_replica_acknowledges(&url);
+            }
+        }
         cluster
+    }
+
+    /// The masters' plain URLs, from `CLUSTER NODES`.
+    pub fn master_urls(&self) -> Vec<String> {
+        let topology: String = command(&self.nodes[0].url(), redis::cmd("CLUSTER").arg("NODES"))
+            .expect("CLUSTER NODES");
+        topology
+            .lines()
+            .filter(|line| {
+                line.split_whitespace()
+                    .nth(2)
+                    .is_some_and(|f| f.contains("master"))
+            })
+            .filter_map(|line| {
+                let address = line.split_whitespace().nth(1)?;
+                let port = address.split(['@', ',']).next()?.rsplit(':').next()?;
+                Some(format!("redis://127.0.0.1:{port}"))
+            })
+            .collect()
     }
 
     fn wait_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
         for node in &self.nodes {
             loop {
                 let info: String =
                     command(&node.url(), redis::cmd("CLUSTER").arg("INFO")).unwrap_or_default();
-                if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                let replication: String =
+                    command(&node.url(), redis::cmd("INFO").arg("replication")).unwrap_or_default();
+                let synced = replication.contains("role:master")
+                    || replication.contains("master_link_status:up");
+                // Every node sees all the replicas as replicas.
+                let topology: String =
+                    command(&node.url(), redis::cmd("CLUSTER").arg("NODES")).unwrap_or_default();
+                let replicas = topology.lines().filter(|l| l.contains("slave")).count();
+                let placed = replicas == self.nodes.len() - 3;
+                if info.contains("cluster_state:ok") && info.contains(&known) && synced && placed {
                     break;
                 }
                 assert!(
@@ -231,6 +329,11 @@ impl Cluster {
     /// Each node's plain URL (for inspecting what it holds).
     pub fn node_urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisProcess::url).collect()
+    }
+
+    /// The node processes, in start order.
+    pub fn nodes(&self) -> &[RedisProcess] {
+        &self.nodes
     }
 }
 
