@@ -1,15 +1,26 @@
-//! Key and value layouts (format version 1).
+//! Key and value layouts (format version 2).
 //!
 //! Every integer is big-endian, so sled's byte order is numeric order and a
 //! stream's events form one contiguous key range:
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `events` | token (15) ++ seq (8) | [`EventHeader`] (24) ++ payload |
-//! | `streams` | token (15) | era (8) ++ age (8) ++ stream id (UTF-8) |
-//! | `stream_age` | age (8) ++ token (15) | empty |
-//! | `sessions` | session id | expires (8) ++ state |
-//! | `session_expiry` | expires (8) ++ session id | empty |
+//! | `v1/events` | token (15) ++ seq (8) | [`EventHeader`] (24) ++ payload |
+//! | `v2/streams` | token (15) | incarnation (8) ++ age (8) ++ stream id (UTF-8) |
+//! | `v1/stream_age` | age (8) ++ token (15) | empty |
+//! | `v1/sessions` | session id | expires (8) ++ state |
+//! | `v1/session_expiry` | expires (8) ++ session id | empty |
+//!
+//! A tree's name carries the format its layout first appeared in. Format 2
+//! changed only the stream record: format 1 kept it in `v1/streams` with the
+//! era the stream last appended in where the incarnation is now (see
+//! `shared::migrate_format_1`).
+//!
+//! An event's id is `<incarnation>-<seq>` (see
+//! [`dense`](mcp_event_store_core::dense)): the key holds the sequence
+//! number, the stream record the incarnation. A stream holds the events of
+//! one incarnation only: a new one starts after every event of the old one
+//! is removed, with the sequence numbers from 1 again.
 //!
 //! Times are milliseconds since the epoch, stored with the sign bit flipped
 //! ([`encode_time`]) so that they sort correctly even if a clock reports a
@@ -149,8 +160,8 @@ pub(crate) fn payload_len(value: &[u8]) -> Result<u64> {
 /// first and last events, so an append writes only its event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StreamRecord {
-    /// The era the stream last appended in (see the crate docs on crashes).
-    pub era: u64,
+    /// This life of the stream, in every id it issues (see the crate docs).
+    pub incarnation: u64,
     /// The age this stream is filed under in the `stream_age` index: a lower
     /// bound on its oldest event's `stored_at`.
     pub age: u64,
@@ -160,20 +171,22 @@ pub(crate) struct StreamRecord {
 
 pub(crate) fn encode_record(record: &StreamRecord) -> Vec<u8> {
     let mut value = Vec::with_capacity(16 + record.stream_id.len());
-    value.extend_from_slice(&record.era.to_be_bytes());
+    value.extend_from_slice(&record.incarnation.to_be_bytes());
     value.extend_from_slice(&record.age.to_be_bytes());
     value.extend_from_slice(record.stream_id.as_bytes());
     value
 }
 
+/// Reads a stream record. Format 1's records have the same shape, with the
+/// era in place of the incarnation.
 pub(crate) fn decode_record(value: &[u8]) -> Result<StreamRecord> {
-    let era = be_u64(value, 0).ok_or_else(|| corrupt("stream record"))?;
+    let incarnation = be_u64(value, 0).ok_or_else(|| corrupt("stream record"))?;
     let age = be_u64(value, 8).ok_or_else(|| corrupt("stream record"))?;
     let stream_id = std::str::from_utf8(&value[16..])
         .map_err(|_| corrupt("stream record"))?
         .to_owned();
     Ok(StreamRecord {
-        era,
+        incarnation,
         age,
         stream_id,
     })
@@ -265,7 +278,7 @@ mod tests {
     #[test]
     fn records_and_index_keys_round_trip() {
         let record = StreamRecord {
-            era: 3,
+            incarnation: 3,
             age: encode_time(5),
             stream_id: "Δ-漢字-🚀".into(),
         };

@@ -29,18 +29,58 @@
 //! stable for decades, several processes on one file, and mature tooling.
 //! To share events between server instances, use PostgreSQL or Redis.
 //!
+//! # Event ids
+//!
+//! An event's id is `v1.<token>.<incarnation>-<seq>` in hex (the
+//! contract's [`EventId`] scheme, positions as in
+//! [`mcp_event_store_core::dense`]): `seq` numbers the stream's events 1, 2,
+//! 3, ... and `incarnation` names one life of the stream. When a stream is
+//! deleted, or expires whole, and an event is later appended under the same
+//! stream id, it starts a new life at `seq` 1 under a new incarnation. No id
+//! is ever issued twice in the lifetime of a database, whatever was purged
+//! or deleted, and a cursor from an earlier life resumes nothing: replay
+//! refuses it with [`Error::UnknownEventId`] (or [`Error::EventsPurged`] for
+//! a replay under way when the life ended), and lookup finds nothing.
+//!
+//! Incarnations come from sled's id generator (`Db::generate_id`), one
+//! counter for the whole database: monotonic across restarts and crashes
+//! (after a crash it skips past every value it may have handed out
+//! unflushed), under either durability setting, and without a flush of its
+//! own. Nothing is kept per deleted stream. (Each open of a database that
+//! was used before moves the generator on by two million, sled's
+//! safety margin, so incarnations grow by that much per restart; a `u64`
+//! does not run out.)
+//!
 //! # Layout
 //!
 //! A stream's events live in one tree under the key `token ++ seq`, both
 //! big-endian (the 15-byte stream token from the contract's id scheme, and
-//! a dense per-stream sequence number 1, 2, 3, ...), so a replay is one
-//! ordered range scan, read a page at a time, however many other streams the
-//! database holds. Stream records, an age index, sessions and a session
-//! expiry index are separate trees; the metadata tree keeps the format
-//! version ([`FORMAT_VERSION`], checked on open: a database written by a
-//! newer incompatible release is refused with [`Error::IncompatibleFormat`])
-//! and the secret stream key, generated once so ids stay valid across
-//! restarts.
+//! the sequence number), so a replay is one ordered range scan, read a page
+//! at a time, however many other streams the database holds. Each stream's
+//! record (its incarnation, age and stream id), an age index, sessions and
+//! a session expiry index are separate trees; the metadata tree keeps the
+//! format version ([`FORMAT_VERSION`], checked on open) and the secret
+//! stream key, generated once so ids stay valid across restarts.
+//!
+//! # Upgrading from format 1
+//!
+//! Format 2 (this release) added the incarnation. The first open of a
+//! database written by the previous release (format 1) migrates it: each
+//! stream record gets an incarnation (one read of the record and one key
+//! read per stream; events, indexes and sessions are kept as they are), and
+//! then the format version changes. A crash part way repeats the migration
+//! at the next open.
+//!
+//! Every stream keeps its events and goes on in the same life, under one
+//! incarnation above every sequence number format 1 issued, so within a
+//! stream the new ids sort after the old ones, and a stream format 1
+//! deleted starts again with ids after any it ever had. Ids that release
+//! issued (`v1.<token>.<seq>`) still resume and look up their events, which
+//! come back under ids of this format. (A stream that format 1 would have
+//! jumped to a new era at its next append, after a lost relaxed session,
+//! starts a new life then instead.) There is no way back: the previous
+//! release refuses a format 2 database, as this one refuses a newer format,
+//! with [`Error::IncompatibleFormat`].
 //!
 //! Writes are single-key operations ordered so that a crash between two of
 //! them leaves only harmless leftovers. sled's batches and transactions are
@@ -88,11 +128,15 @@
 //!   makes sure they are never reused instead. While a relaxed handle is
 //!   open, a marker in the metadata says so; a clean close removes it. If
 //!   the next open finds it, the previous process died with unflushed,
-//!   acknowledged events, and the database enters a new *era*: each stream's
-//!   next append jumps to `era << 40` + 1, far past any number the lost
-//!   session could have issued, and drops the stream's older events. A client
-//!   resuming from any id before the jump gets [`Error::EventsPurged`] and
-//!   starts over, instead of silently missing events.
+//!   acknowledged events, so each stream's next sequence numbers may have
+//!   been handed out already. The open records an incarnation floor, above
+//!   every incarnation issued so far, lost ones included; each stream below
+//!   it ends its life at its next append (its events are dropped) and
+//!   starts a new one. A client resuming from any id of the old life gets
+//!   [`Error::UnknownEventId`] and starts over, instead of silently missing
+//!   events. A stream created in the lost session is below the floor too if
+//!   it reached the disk; if it did not, its next append starts a new life
+//!   anyway, under an incarnation the id generator never handed out before.
 //!
 //! # One process, many handles
 //!
@@ -127,13 +171,9 @@
 //! limits ever used are kept in the metadata), and removes expired sessions
 //! through an expiry index. All scans run in bounded batches.
 //!
-//! As in the in-memory store, a stream that is deleted or expires entirely
-//! and is later created again under the same stream id numbers its events
-//! from 1 again.
-//!
 //! # Features
 //!
-//! * `conformance`: [`testing::SledHarness`], the harness that runs the
+//! * `conformance`: `testing::SledHarness`, the harness that runs the
 //!   shared conformance suite against this backend.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -449,6 +489,8 @@ struct PageReader {
     shared: Arc<Shared>,
     slot: Arc<shared::Slot>,
     token: mcp_event_store_core::StreamToken,
+    /// The life of the stream this replay reads.
+    incarnation: u64,
     raw: Arc<str>,
     limit: usize,
 }
@@ -464,6 +506,7 @@ impl PageReader {
                 &reader.raw,
                 &reader.token,
                 &reader.slot,
+                reader.incarnation,
                 after,
                 reader.limit,
             )
@@ -478,9 +521,9 @@ impl PageReader {
         let mut first = Some((after, first));
         let ahead: Ahead = Arc::default();
         paged_replay(
-            mcp_event_store_core::Position::seq(after),
+            mcp_event_store_core::dense::position(self.incarnation, after),
             move |position| {
-                let after = position.major;
+                let after = position.minor;
                 let ready = first
                     .take()
                     .filter(|(at, _)| *at == after)
@@ -501,7 +544,7 @@ impl PageReader {
                         page.events.last(),
                         tokio::runtime::Handle::try_current(),
                     ) {
-                        let next = last.id.position.major;
+                        let next = last.id.position.minor;
                         let read = runtime.spawn_blocking(reader.read(next));
                         *shared::lock(&ahead) = Some((next, read));
                     }
@@ -609,12 +652,14 @@ impl EventStore for SledStore {
             let raw: Arc<str> = last_event_id.into();
             // The cursor check and the first page in one blocking call: most
             // resumes miss only a few events.
-            let (stream_id, after, slot, first) = blocking({
+            let (stream_id, incarnation, after, slot, first) = blocking({
                 let raw = raw.clone();
                 move || {
-                    let (stream_id, after, slot) = shared.replay_start(&raw, &cursor)?;
-                    let first = shared.read_page(&raw, &cursor.token, &slot, after, limit)?;
-                    Ok((stream_id, after, slot, first))
+                    let (stream_id, incarnation, after, slot) =
+                        shared.replay_start(&raw, &cursor)?;
+                    let first =
+                        shared.read_page(&raw, &cursor.token, &slot, incarnation, after, limit)?;
+                    Ok((stream_id, incarnation, after, slot, first))
                 }
             })
             .await?;
@@ -622,6 +667,7 @@ impl EventStore for SledStore {
                 shared: self.shared.clone(),
                 slot,
                 token: cursor.token,
+                incarnation,
                 raw,
                 limit,
             });
@@ -637,9 +683,6 @@ impl EventStore for SledStore {
         let Some(id) = EventId::parse(event_id) else {
             return Ok(None);
         };
-        if id.position.minor != 0 {
-            return Ok(None);
-        }
         let shared = self.shared.clone();
         blocking(move || shared.lookup(&id)).await
     }
@@ -747,7 +790,7 @@ mod tests {
             }
             let next = EventId::new(
                 first.token,
-                mcp_event_store_core::Position::seq(written as u64),
+                mcp_event_store_core::dense::position(first.position.major, written as u64),
             );
             assert!(!pending.is_finished(), "returned before the flush");
             let visible = replayed_after(&store, &first).await.unwrap();
@@ -824,7 +867,7 @@ mod tests {
             .await
             .expect("the append waited for the stalled flusher thread")
             .unwrap();
-            assert_eq!(id.position.major, n + 1);
+            assert_eq!(id.position.minor, n + 1);
             assert_eq!(
                 replayed_after(&store, &first).await.unwrap().last(),
                 Some(&id)

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::flusher::{Ack, Publish};
 use crate::keys::{self, EVENT_HEADER_LEN};
-use crate::shared::{ERA_SHIFT, Shared, Slot, StreamMeta, backend};
+use crate::shared::{Incarnations, Shared, Slot, StreamMeta, backend};
 use bytes::Bytes;
 use mcp_event_store_core::dense::{self, DenseStream};
 use mcp_event_store_core::{
@@ -44,95 +44,83 @@ impl Shared {
         relaxed: bool,
     ) -> Result<(EventId, Durable)> {
         let len = (value.len() - EVENT_HEADER_LEN) as u64;
-        let era_base = self.era << ERA_SHIFT;
-        let (id, publish) = self.with_stream(token, |slot, meta| {
-            if let Some(m) = meta.as_mut() {
-                if &*m.stream_id != stream_id {
-                    return Err(Error::Corrupt(format!(
-                        "stream token collision between {stream_id:?} and {:?}",
-                        m.stream_id
-                    )));
-                }
-                if m.era < self.era {
-                    // First append since a relaxed session was lost: the
-                    // stream jumps to this era's numbers, past anything the
-                    // lost session may have handed out, and drops the events
-                    // numbered before the jump (no replay could cross it).
-                    // Only numbers of earlier eras go, so a crash part way
-                    // through this never removes a new-era event.
-                    while m.first_seq <= m.last_seq && m.first_seq <= era_base {
-                        let old = self
-                            .events
-                            .remove(keys::event_key(&token, m.first_seq))
-                            .map_err(backend)?;
-                        m.first_seq += 1;
-                        if let Some(old) = old {
-                            m.bytes = m.bytes.saturating_sub(keys::payload_len(&old)?);
-                        }
+        let (id, publish) = loop {
+            let appended = self.with_stream(token, |slot, meta| {
+                if let Some(m) = meta.as_mut() {
+                    if &*m.stream_id != stream_id {
+                        return Err(Error::Corrupt(format!(
+                            "stream token collision between {stream_id:?} and {:?}",
+                            m.stream_id
+                        )));
                     }
-                    if m.first_seq > m.last_seq {
-                        // Nothing left: start the stream afresh below. Its
-                        // old index entry goes stale and the purge drops it.
-                        *meta = None;
+                    if m.incarnation < self.incarnations.floor {
+                        // First append since a relaxed session was lost: its
+                        // acknowledged events may be gone from disk, so this
+                        // life's next sequence numbers may have been handed
+                        // out already. The life ends (as in a delete) and a
+                        // new one starts, in a new slot, under a new
+                        // incarnation.
+                        self.end_life(&token, slot, meta)?;
+                        return Ok(None);
                     }
                 }
-            }
 
-            let Some(m) = meta.as_mut() else {
-                // A new stream. Index entry, then record, then event: a crash
-                // in between leaves an entry or a record without events,
-                // which reads treat as no stream and the purge cleans up.
-                let seq = era_base + 1;
-                keys::set_cum_bytes(&mut value, len);
-                let fresh = StreamMeta {
-                    stream_id: stream_id.into(),
-                    era: self.era,
-                    age: now,
-                    first_seq: seq,
-                    last_seq: seq,
-                    bytes: len,
-                    last_cum: len,
+                let Some(m) = meta.as_mut() else {
+                    // A new life. Index entry, then record, then event: a
+                    // crash in between leaves an entry or a record without
+                    // events, which reads treat as no stream and the purge
+                    // cleans up.
+                    let incarnation = self.next_incarnation()?;
+                    keys::set_cum_bytes(&mut value, len);
+                    let fresh = StreamMeta {
+                        stream_id: stream_id.into(),
+                        incarnation,
+                        age: now,
+                        first_seq: 1,
+                        last_seq: 1,
+                        bytes: len,
+                        last_cum: len,
+                    };
+                    self.stream_age
+                        .insert(keys::age_key(now, &token), &[])
+                        .map_err(backend)?;
+                    self.put_record(&token, &fresh)?;
+                    self.events
+                        .insert(keys::event_key(&token, 1), std::mem::take(&mut value))
+                        .map_err(backend)?;
+                    *meta = Some(fresh);
+                    return Ok(Some(self.acknowledge(slot, token, incarnation, 1, relaxed)));
                 };
-                self.stream_age
-                    .insert(keys::age_key(now, &token), &[])
-                    .map_err(backend)?;
-                self.put_record(&token, &fresh)?;
-                self.events
-                    .insert(keys::event_key(&token, seq), value)
-                    .map_err(backend)?;
-                *meta = Some(fresh);
-                return Ok(self.acknowledge(slot, token, seq, relaxed));
-            };
 
-            let seq = m
-                .last_seq
-                .checked_add(1)
-                .ok_or_else(|| Error::Corrupt("stream sequence numbers are exhausted".into()))?;
-            let cum = m.last_cum + len;
-            keys::set_cum_bytes(&mut value, cum);
-            self.events
-                .insert(keys::event_key(&token, seq), value)
-                .map_err(backend)?;
-            // The event is written: from here on `meta` must count it and
-            // the watermark must come to cover it, whatever else fails.
-            m.last_seq = seq;
-            m.last_cum = cum;
-            m.bytes += len;
-            if m.era < self.era {
-                // Only after the new event is written, so a crash before
-                // this repeats the jump instead of reusing numbers.
-                m.era = self.era;
-                let m = m.clone();
-                if let Err(e) = self.put_record(&token, &m) {
-                    tracing::warn!(error = %e, "could not record a stream's new era");
+                let seq = m.last_seq.checked_add(1).ok_or_else(|| {
+                    Error::Corrupt("stream sequence numbers are exhausted".into())
+                })?;
+                let cum = m.last_cum + len;
+                keys::set_cum_bytes(&mut value, cum);
+                self.events
+                    .insert(keys::event_key(&token, seq), std::mem::take(&mut value))
+                    .map_err(backend)?;
+                // The event is written: from here on `meta` must count it and
+                // the watermark must come to cover it, whatever else fails.
+                m.last_seq = seq;
+                m.last_cum = cum;
+                m.bytes += len;
+                if let Err(e) = self.trim_to_limits(&token, m, &retention) {
+                    // Best effort: the next append or purge trims again.
+                    tracing::warn!(error = %e, "inline retention failed");
                 }
+                Ok(Some(self.acknowledge(
+                    slot,
+                    token,
+                    m.incarnation,
+                    seq,
+                    relaxed,
+                )))
+            })?;
+            if let Some(appended) = appended {
+                break appended;
             }
-            if let Err(e) = self.trim_to_limits(&token, m, &retention) {
-                // Best effort: the next append or purge trims again.
-                tracing::warn!(error = %e, "inline retention failed");
-            }
-            Ok(self.acknowledge(slot, token, seq, relaxed))
-        })?;
+        };
         // Outside the stream's lock: a flush can take milliseconds, and
         // readers and appenders of the stream need the lock meanwhile.
         Ok((id, publish.map(|p| self.flusher.flush_or_queue(Some(p)))))
@@ -144,10 +132,11 @@ impl Shared {
         &self,
         slot: &Arc<Slot>,
         token: StreamToken,
+        incarnation: u64,
         seq: u64,
         relaxed: bool,
     ) -> (EventId, Option<Publish>) {
-        let id = EventId::new(token, Position::seq(seq));
+        let id = EventId::new(token, dense::position(incarnation, seq));
         if relaxed {
             slot.publish(seq);
             self.flusher.mark_dirty();
@@ -182,38 +171,36 @@ impl Shared {
         Ok(removed)
     }
 
-    /// Checks a replay cursor and returns its stream id, the sequence to
-    /// read after, and the slot to read through.
+    /// Checks a replay cursor and returns its stream id, the incarnation and
+    /// sequence number to read after, and the slot to read through.
     pub(crate) fn replay_start(
         &self,
         raw: &str,
         cursor: &EventId,
-    ) -> Result<(String, u64, Arc<Slot>)> {
+    ) -> Result<(String, u64, u64, Arc<Slot>)> {
         self.with_stream(cursor.token, |slot, meta| {
             let Some(m) = meta.as_ref() else {
                 self.kill(cursor.token, slot);
                 return Err(Error::unknown_event_id(raw));
             };
-            let durable = slot.durable();
-            let after = dense::check_cursor(
-                raw,
-                cursor,
-                DenseStream {
-                    last_seq: durable,
-                    first_retained: (m.first_seq <= durable).then_some(m.first_seq),
-                },
-            )?;
-            Ok((m.stream_id.to_string(), after, slot.clone()))
+            let position = position_in(cursor.position, m.incarnation, &self.incarnations);
+            let cursor = EventId::new(cursor.token, position);
+            let after = dense::check_cursor(raw, &cursor, durable_state(slot, m))?;
+            Ok((m.stream_id.to_string(), m.incarnation, after, slot.clone()))
         })
     }
 
     /// Reads the durable events after `after`, at most `limit`, as one
-    /// range scan.
+    /// range scan. `slot` is the stream's life `incarnation`: once that life
+    /// ends (deleted, expired, or started again after a lost relaxed
+    /// session) the slot is dead and so is the replay, with
+    /// [`Error::EventsPurged`], never an event of a later life.
     pub(crate) fn read_page(
         &self,
         raw: &str,
         token: &StreamToken,
         slot: &Slot,
+        incarnation: u64,
         after: u64,
         limit: usize,
     ) -> Result<Page> {
@@ -239,7 +226,7 @@ impl Shared {
             // this reader (the first event is checked by `check_page`).
             if events
                 .last()
-                .is_some_and(|prev: &StoredEvent| prev.id.position.major + 1 != seq)
+                .is_some_and(|prev: &StoredEvent| prev.id.position.minor + 1 != seq)
             {
                 return Err(Error::events_purged(raw));
             }
@@ -250,7 +237,7 @@ impl Shared {
                 Bytes::copy_from_slice(&value[EVENT_HEADER_LEN..])
             };
             events.push(StoredEvent {
-                id: EventId::new(*token, Position::seq(seq)),
+                id: EventId::new(*token, dense::position(incarnation, seq)),
                 data,
                 retry: header.retry,
             });
@@ -258,28 +245,29 @@ impl Shared {
         dense::check_page(
             raw,
             after,
-            events.first().map(|e| e.id.position.major),
+            events.first().map(|e| e.id.position.minor),
             Some(cap),
         )?;
-        // A delete that raced the scan may have let a new stream of the same
-        // name reuse these numbers; never hand those out under this cursor.
+        // A life that ended while the scan ran may have let a new life of
+        // the same stream id write these keys again; never hand those out
+        // under this cursor.
         if slot.is_dead() {
             return Err(Error::events_purged(raw));
         }
         let last =
-            events.len() < limit || events.last().is_some_and(|e| e.id.position.major >= cap);
+            events.len() < limit || events.last().is_some_and(|e| e.id.position.minor >= cap);
         Ok(Page { events, last })
     }
 
-    /// The stream of a retained, durable event.
+    /// The stream of a retained, durable event of the stream's current life.
     pub(crate) fn lookup(&self, id: &EventId) -> Result<Option<String>> {
         self.with_stream(id.token, |slot, meta| {
             let Some(m) = meta.as_ref() else {
                 self.kill(id.token, slot);
                 return Ok(None);
             };
-            let seq = id.position.major;
-            let retained = m.first_seq <= seq && seq <= slot.durable();
+            let position = position_in(id.position, m.incarnation, &self.incarnations);
+            let retained = durable_state(slot, m).retains(position);
             Ok(retained.then(|| m.stream_id.to_string()))
         })
     }
@@ -287,25 +275,41 @@ impl Shared {
     /// Deletes a stream; returns how many events it had.
     pub(crate) fn delete_stream(&self, token: StreamToken) -> Result<u64> {
         self.with_stream(token, |slot, meta| {
-            let Some(m) = meta.as_mut() else {
+            if meta.is_none() {
                 self.kill(token, slot);
                 return Ok(0);
-            };
-            let count = m.count();
-            // Oldest first, keeping `meta` in step, so a failure part way
-            // leaves a consistent (shorter) stream.
-            while m.first_seq < m.last_seq {
-                self.events
-                    .remove(keys::event_key(&token, m.first_seq))
-                    .map_err(backend)?;
-                m.first_seq += 1;
             }
-            self.events
-                .remove(keys::event_key(&token, m.last_seq))
-                .map_err(backend)?;
-            self.finish_removal(&token, slot, meta)?;
-            Ok(count)
+            self.end_life(&token, slot, meta)
         })
+    }
+
+    /// Ends a stream's current life: removes its events, record and index
+    /// entry, and retires its slot. Returns how many events it had. The
+    /// next append under the stream id starts a new life, under a new
+    /// incarnation.
+    fn end_life(
+        &self,
+        token: &StreamToken,
+        slot: &Arc<Slot>,
+        meta: &mut Option<StreamMeta>,
+    ) -> Result<u64> {
+        let Some(m) = meta.as_mut() else {
+            return Ok(0);
+        };
+        let count = m.count();
+        // Oldest first, keeping `meta` in step, so a failure part way
+        // leaves a consistent (shorter) stream.
+        while m.first_seq < m.last_seq {
+            self.events
+                .remove(keys::event_key(token, m.first_seq))
+                .map_err(backend)?;
+            m.first_seq += 1;
+        }
+        self.events
+            .remove(keys::event_key(token, m.last_seq))
+            .map_err(backend)?;
+        self.finish_removal(token, slot, meta)?;
+        Ok(count)
     }
 
     /// Removes the record and index entry of a stream whose events are all
@@ -541,5 +545,32 @@ impl Shared {
             .remove(keys::expiry_key(expires, id))
             .map_err(backend)?;
         Ok(expires > now)
+    }
+}
+
+/// What readers may see of a stream's life: only what is durable (see the
+/// crate docs on never reissuing an id after a crash).
+fn durable_state(slot: &Slot, meta: &StreamMeta) -> DenseStream {
+    let durable = slot.durable();
+    DenseStream {
+        incarnation: meta.incarnation,
+        last_seq: durable,
+        first_retained: (meta.first_seq <= durable).then_some(meta.first_seq),
+    }
+}
+
+/// The position a cursor names in a stream now in life `incarnation`.
+///
+/// Format 1 spelled an event's position `<seq>`, which parses as
+/// `Position { major: seq, minor: 0 }` and which format 2 never issues.
+/// For a stream migrated from format 1, still in its migrated life, that
+/// spelling names the same event as `<incarnation>-<seq>` does, so clients
+/// holding ids from before the upgrade resume as before. Elsewhere it is
+/// left alone, and refused as a zero part.
+fn position_in(position: Position, incarnation: u64, incarnations: &Incarnations) -> Position {
+    if position.minor == 0 && incarnations.is_migrated(incarnation) {
+        dense::position(incarnation, position.major)
+    } else {
+        position
     }
 }

@@ -23,18 +23,28 @@ use crate::keys::{self, StreamRecord};
 pub(crate) const BACKEND: &str = "sled";
 
 /// The storage format this release writes and reads (C12).
-pub const FORMAT_VERSION: u32 = 1;
+///
+/// * 1: the first format. A stream that was deleted or expired whole and
+///   then written again numbered its events from 1 again, reissuing ids.
+/// * 2: every stream record carries an incarnation, and ids are
+///   `<incarnation>-<seq>`. Opening a format 1 database migrates it once
+///   (see the crate docs); a database of a newer format is refused.
+pub const FORMAT_VERSION: u32 = 2;
 
 pub(crate) const TREE_META: &str = "mcp-event-store/meta";
 pub(crate) const TREE_EVENTS: &str = "mcp-event-store/v1/events";
-pub(crate) const TREE_STREAMS: &str = "mcp-event-store/v1/streams";
+/// Stream records of format 2 (with their incarnation).
+pub(crate) const TREE_STREAMS: &str = "mcp-event-store/v2/streams";
+/// Stream records of format 1 (with their era); emptied by the migration.
+pub(crate) const TREE_STREAMS_V1: &str = "mcp-event-store/v1/streams";
 pub(crate) const TREE_STREAM_AGE: &str = "mcp-event-store/v1/stream_age";
 pub(crate) const TREE_SESSIONS: &str = "mcp-event-store/v1/sessions";
 pub(crate) const TREE_SESSION_EXPIRY: &str = "mcp-event-store/v1/session_expiry";
-const OUR_TREES: [&str; 6] = [
+const OUR_TREES: [&str; 7] = [
     TREE_META,
     TREE_EVENTS,
     TREE_STREAMS,
+    TREE_STREAMS_V1,
     TREE_STREAM_AGE,
     TREE_SESSIONS,
     TREE_SESSION_EXPIRY,
@@ -44,17 +54,62 @@ const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
 pub(crate) const META_FORMAT: &str = "format_version";
 pub(crate) const META_STREAM_KEY: &str = "stream_key";
 pub(crate) const META_CREATED_BY: &str = "created_by";
-/// Bumped after a relaxed session ended without a clean close.
-pub(crate) const META_ERA: &str = "era";
+/// Format 1 only: bumped after a relaxed session ended without a clean
+/// close. Read by the migration, then removed.
+const META_ERA: &str = "era";
+/// Streams whose incarnation is below this start a new life at their next
+/// append; raised after a relaxed session ended without a clean close.
+/// Absent: [`Incarnations::floor`]'s default.
+pub(crate) const META_FLOOR: &str = "incarnation_floor";
+/// The incarnation streams migrated from format 1 went on in; absent in a
+/// database created in format 2.
+const META_MIGRATED: &str = "format_1_incarnation";
 /// Present while a handle with interval durability has the database open.
 pub(crate) const META_RELAXED: &str = "relaxed_open";
 /// The loosest count and byte limits any append has trimmed with.
 pub(crate) const META_LOOSEST: &str = "loosest_limits";
 
-/// How far a stream's numbering jumps in a new era: well beyond anything one
-/// stream can append within one flush interval (at most an hour), and
-/// leaving room for 2^24 eras.
-pub(crate) const ERA_SHIFT: u32 = 40;
+/// Format 1's era jump: after a lost relaxed session, a stream's next
+/// append jumped its sequence numbers to `era << 40` + 1, so every
+/// sequence number format 1 issued is below `(era + 1) << 40`.
+const FORMAT_1_ERA_SHIFT: u32 = 40;
+
+/// How a database hands out and judges incarnations (see the crate docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Incarnations {
+    /// The incarnation streams migrated from format 1 went on in, `None` in
+    /// a database created in format 2. It is above every sequence number
+    /// format 1 issued, so within a stream ids of format 2 sort after the
+    /// ids format 1 spelled `<seq>`. Streams that format 1 would have
+    /// jumped to a new era at their next append got the one below it, under
+    /// the floor.
+    pub(crate) migrated: Option<u64>,
+    /// Streams of a lower incarnation start a new life at their next append
+    /// ([`META_FLOOR`]).
+    pub(crate) floor: u64,
+}
+
+impl Incarnations {
+    /// What new lives' incarnations add to sled's generated ids (which
+    /// start at 0): above every migrated incarnation.
+    fn base(&self) -> u64 {
+        self.migrated.map_or(1, |m| m + 1)
+    }
+
+    /// The incarnation after `generated`, a value of sled's id generator.
+    fn drawn(&self, generated: u64) -> Result<u64> {
+        generated
+            .checked_add(self.base())
+            .ok_or_else(|| Error::Corrupt("the incarnation counter is exhausted".into()))
+    }
+
+    /// Whether `incarnation` is a life migrated from format 1, whose ids
+    /// that format spelled `<seq>`.
+    pub(crate) fn is_migrated(&self, incarnation: u64) -> bool {
+        self.migrated
+            .is_some_and(|m| incarnation == m || incarnation.checked_add(1) == Some(m))
+    }
+}
 
 /// How long a reopen in the process that closed the database retries
 /// sled's lock: sled 0.34's background threads hold the directory lock a
@@ -101,7 +156,8 @@ pub(crate) enum SlotState {
 #[derive(Clone, Debug)]
 pub(crate) struct StreamMeta {
     pub stream_id: Arc<str>,
-    pub era: u64,
+    /// This life of the stream (see the crate docs on ids).
+    pub incarnation: u64,
     /// What the `stream_age` index files it under.
     pub age: u64,
     pub first_seq: u64,
@@ -207,8 +263,8 @@ pub(crate) struct Shared {
     pub(crate) flusher: Flusher,
     pub(crate) path: PathBuf,
     pub(crate) key: StreamKey,
-    /// The current era (see the crate docs on crashes in interval mode).
-    pub(crate) era: u64,
+    /// The incarnation floor and the migrated incarnation.
+    pub(crate) incarnations: Incarnations,
     slots: Mutex<SlotMap>,
     /// Serializes session writes, which touch two trees.
     pub(crate) session_lock: Mutex<()>,
@@ -231,7 +287,7 @@ impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Shared")
             .field("path", &self.path)
-            .field("era", &self.era)
+            .field("incarnations", &self.incarnations)
             .finish_non_exhaustive()
     }
 }
@@ -344,7 +400,11 @@ impl Shared {
 
     fn open_new(path: &Path, db: sled::Db) -> Result<Arc<Self>> {
         let meta = open_meta(&db, path)?;
-        let Loaded { key, era, loosest } = load_meta(&db, &meta)?;
+        let Loaded {
+            key,
+            incarnations,
+            loosest,
+        } = load_meta(&db, &meta)?;
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         let relaxed = Arc::new(AtomicBool::new(false));
         let flusher = Flusher::start(db.clone(), meta.clone(), relaxed.clone()).map_err(backend)?;
@@ -352,7 +412,7 @@ impl Shared {
             flusher,
             path: path.to_owned(),
             key,
-            era,
+            incarnations,
             slots: Mutex::new(SlotMap {
                 map: HashMap::new(),
                 sweep_at: SLOT_CACHE,
@@ -493,7 +553,7 @@ impl Shared {
             .ok_or_else(|| Error::Corrupt("stream byte counts are inconsistent".into()))?;
         Ok(Some(StreamMeta {
             stream_id: record.stream_id.into(),
-            era: record.era,
+            incarnation: record.incarnation,
             age: record.age,
             first_seq: keys::event_key_seq(&first_key)?,
             last_seq: keys::event_key_seq(&last_key)?,
@@ -502,10 +562,20 @@ impl Shared {
         }))
     }
 
+    /// An incarnation for a new life of a stream, never handed out before
+    /// in this database: sled's generated ids are monotonic across
+    /// restarts, crashes included (a restart skips past every id that may
+    /// have been handed out unflushed), so this holds under every
+    /// durability setting, with no flush of its own.
+    pub(crate) fn next_incarnation(&self) -> Result<u64> {
+        self.incarnations
+            .drawn(self.db.generate_id().map_err(backend)?)
+    }
+
     /// Writes a stream's record.
     pub(crate) fn put_record(&self, token: &StreamToken, meta: &StreamMeta) -> Result<()> {
         let record = StreamRecord {
-            era: meta.era,
+            incarnation: meta.incarnation,
             age: meta.age,
             stream_id: meta.stream_id.to_string(),
         };
@@ -562,12 +632,13 @@ fn limits(retention: &mcp_event_store_core::Retention) -> (u64, u64) {
 /// What the metadata tree holds, once checked.
 struct Loaded {
     key: StreamKey,
-    era: u64,
+    incarnations: Incarnations,
     loosest: (u64, u64),
 }
 
-/// Checks the format version (initializing a new database) and loads the
-/// stream key, era and loosest limits.
+/// Checks the format version (initializing a new database, migrating an
+/// older one) and loads the stream key, incarnation floor and loosest
+/// limits.
 fn load_meta(db: &sled::Db, meta: &sled::Tree) -> Result<Loaded> {
     match meta.get(META_FORMAT).map_err(backend)? {
         Some(raw) => {
@@ -583,7 +654,7 @@ fn load_meta(db: &sled::Db, meta: &sled::Tree) -> Result<Loaded> {
                     .unwrap_or_else(|| "an unknown release".into());
                 return Err(Error::IncompatibleFormat(format!(
                     "this sled database uses storage format {version} (created by {writer}); \
-                     mcp-event-store-sled {} reads format {FORMAT_VERSION} only. Upgrade \
+                     mcp-event-store-sled {} reads formats 1 to {FORMAT_VERSION} only. Upgrade \
                      mcp-event-store-sled, or point it at another directory",
                     env!("CARGO_PKG_VERSION")
                 )));
@@ -591,7 +662,10 @@ fn load_meta(db: &sled::Db, meta: &sled::Tree) -> Result<Loaded> {
             if version == 0 {
                 return Err(Error::Corrupt("format version 0 was never written".into()));
             }
-            // Older formats would be migrated here; format 1 is the first.
+            if version == 1 {
+                migrate_format_1(db, meta)?;
+            }
+            clear_format_1_records(db)?;
         }
         None => {
             let key = StreamKey::generate()?;
@@ -614,22 +688,27 @@ fn load_meta(db: &sled::Db, meta: &sled::Tree) -> Result<Loaded> {
         .map_err(backend)?
         .ok_or_else(|| Error::Corrupt("the stream key is missing".into()))?;
     let key = StreamKey::from_bytes(&key)?;
-    let mut era = read_u64(meta, META_ERA)?.unwrap_or(0);
+    let migrated = read_u64(meta, META_MIGRATED)?;
+    let mut incarnations = Incarnations {
+        migrated,
+        floor: read_u64(meta, META_FLOOR)?.unwrap_or(migrated.unwrap_or(0)),
+    };
     if meta.get(META_RELAXED).map_err(backend)?.is_some() {
         // A handle with interval durability had the database open and the
         // process ended without closing it: acknowledged events may be lost,
-        // so no stream may reuse their numbers (see the crate docs).
-        era += 1;
-        if era >= 1 << (64 - ERA_SHIFT) {
-            return Err(Error::Corrupt("the era counter is exhausted".into()));
-        }
-        meta.insert(META_ERA, &era.to_be_bytes()).map_err(backend)?;
+        // so no stream may reuse their sequence numbers (see the crate
+        // docs). Every incarnation handed out so far, lost ones included,
+        // is below a freshly generated one.
+        let floor = incarnations.drawn(db.generate_id().map_err(backend)?)?;
+        incarnations.floor = floor;
+        meta.insert(META_FLOOR, &floor.to_be_bytes())
+            .map_err(backend)?;
         meta.remove(META_RELAXED).map_err(backend)?;
         db.flush().map_err(backend)?;
         tracing::warn!(
-            era,
+            floor,
             "the sled database was not closed cleanly while using interval durability; \
-             streams continue with new sequence numbers"
+             each stream starts a new life, with new ids, at its next append"
         );
     }
     let loosest = match meta.get(META_LOOSEST).map_err(backend)? {
@@ -644,5 +723,87 @@ fn load_meta(db: &sled::Db, meta: &sled::Tree) -> Result<Loaded> {
         }
         Some(_) => return Err(Error::Corrupt("the recorded limits are malformed".into())),
     };
-    Ok(Loaded { key, era, loosest })
+    Ok(Loaded {
+        key,
+        incarnations,
+        loosest,
+    })
+}
+
+/// Migrates a format 1 database to format 2, at open, before any handle
+/// can use it: every stream record gets an incarnation and moves to
+/// [`TREE_STREAMS`]. Events, indexes and sessions keep their layout, so
+/// this reads one record and one event key per stream.
+///
+/// A migrated stream keeps its events and sequence numbers, and goes on in
+/// incarnation [`Incarnations::migrated`], `(era + 1) << 40`: above every
+/// sequence number format 1 issued, to this stream id or to any other. A
+/// stream format 1 would have jumped to a new era at its next append (it
+/// had not appended since the database last lost a relaxed session) gets
+/// the incarnation below, under the floor: it starts a new life then
+/// instead.
+///
+/// Crash-safe: the new records go to their own tree, and the format version
+/// changes only once they are all on disk, so an interrupted migration
+/// starts over at the next open.
+fn migrate_format_1(db: &sled::Db, meta: &sled::Tree) -> Result<()> {
+    let era = read_u64(meta, META_ERA)?.unwrap_or(0);
+    // Format 1 numbered events appended in era `era` from `era_base` + 1 on.
+    let out_of_range = || Error::Corrupt(format!("the format 1 era {era} is out of range"));
+    let era_base =
+        u64::try_from(u128::from(era) << FORMAT_1_ERA_SHIFT).map_err(|_| out_of_range())?;
+    let migrated =
+        u64::try_from((u128::from(era) + 1) << FORMAT_1_ERA_SHIFT).map_err(|_| out_of_range())?;
+    let old = db.open_tree(TREE_STREAMS_V1).map_err(backend)?;
+    let new = db.open_tree(TREE_STREAMS).map_err(backend)?;
+    let events = db.open_tree(TREE_EVENTS).map_err(backend)?;
+    // Whatever an interrupted migration wrote.
+    new.clear().map_err(backend)?;
+    let (mut streams, mut stale) = (0u64, 0u64);
+    for item in old.iter() {
+        let (key, value) = item.map_err(backend)?;
+        let token = StreamToken::from_bytes(&key)
+            .ok_or_else(|| Error::Corrupt("malformed stream key".into()))?;
+        let mut record = keys::decode_record(&value)?;
+        let range = keys::event_key(&token, 0)..=keys::event_key(&token, u64::MAX);
+        let Some(last) = events.range(range).keys().next_back() else {
+            // A record without events is no stream, in either format.
+            continue;
+        };
+        record.incarnation = if keys::event_key_seq(&last.map_err(backend)?)? > era_base {
+            migrated
+        } else {
+            stale += 1;
+            migrated - 1
+        };
+        new.insert(&key, keys::encode_record(&record))
+            .map_err(backend)?;
+        streams += 1;
+    }
+    meta.insert(META_MIGRATED, &migrated.to_be_bytes())
+        .map_err(backend)?;
+    db.flush().map_err(backend)?;
+    meta.insert(META_FORMAT, &FORMAT_VERSION.to_be_bytes())
+        .map_err(backend)?;
+    meta.remove(META_ERA).map_err(backend)?;
+    db.flush().map_err(backend)?;
+    tracing::info!(
+        streams,
+        stale,
+        "migrated the sled database from storage format 1 to {FORMAT_VERSION}"
+    );
+    Ok(())
+}
+
+/// Empties format 1's stream records once the migration is on disk (right
+/// after it, or at a later open if a crash came first). Nothing reads them.
+fn clear_format_1_records(db: &sled::Db) -> Result<()> {
+    let name = TREE_STREAMS_V1.as_bytes();
+    if !db.tree_names().iter().any(|n| &n[..] == name) {
+        return Ok(());
+    }
+    db.open_tree(name)
+        .map_err(backend)?
+        .clear()
+        .map_err(backend)
 }

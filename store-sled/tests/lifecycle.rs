@@ -1,9 +1,12 @@
-//! Opening, closing, format versions (C12), URLs and the relaxed-crash era.
+//! Opening, closing, format versions and the migration from format 1
+//! (C12), URLs, and new lives of streams (after a delete, or after a lost
+//! relaxed session).
 
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use mcp_event_store_core::{Error, EventId, EventStore, NewEvent, Position, StoreOptions};
+use mcp_event_store_core::dense::position;
+use mcp_event_store_core::{Error, EventId, EventStore, NewEvent, StoreOptions};
 use mcp_event_store_sled::{Durability, FORMAT_VERSION, SledOptions, SledStore};
 
 const META: &str = "mcp-event-store/meta";
@@ -35,14 +38,15 @@ async fn a_newer_format_is_refused_with_a_clear_error() {
     });
     match open(dir.path()).await {
         Err(Error::IncompatibleFormat(message)) => {
-            assert!(message.contains("format 2"), "{message}");
+            let newer = format!("format {}", FORMAT_VERSION + 1);
+            assert!(message.contains(&newer), "{message}");
             assert!(message.contains("mcp-event-store-sled 9.0.0"), "{message}");
             assert!(message.contains("Upgrade"), "{message}");
         }
         other => panic!("expected IncompatibleFormat, got {other:?}"),
     }
 
-    // Nothing was changed by the refused open: back to format 1, it works.
+    // Nothing was changed by the refused open: back to this format, it works.
     with_raw_meta(dir.path(), |meta| {
         meta.insert("format_version", &FORMAT_VERSION.to_be_bytes())
             .unwrap();
@@ -95,9 +99,10 @@ async fn close_and_reopen_repeatedly_in_one_process() {
             .store_event("s", NewEvent::new(&round.to_be_bytes()))
             .await
             .unwrap();
-        assert_eq!(id.position, Position::seq(u64::from(round) + 1));
+        assert_eq!(id.position.minor, u64::from(round) + 1);
         if let Some(last) = last {
             assert_eq!(id.token, last.token, "the stream key persists");
+            assert_eq!(id.position.major, last.position.major, "one life");
         }
         last = Some(id);
         if round % 2 == 0 {
@@ -170,25 +175,75 @@ async fn interval_mode_is_visible_at_once_and_flushed_on_close() {
     );
     store.close().await.unwrap();
 
-    // A clean close: no era jump, numbering simply continues.
+    // A clean close: the stream's life and numbering simply continue.
     let store = open(dir.path()).await.unwrap();
     let third = store.store_event("s", NewEvent::new(b"3")).await.unwrap();
-    assert_eq!(third.position, Position::seq(3));
+    assert_eq!(third.position, position(first.position.major, 3));
     let replay = store.replay_events_after(&first.to_string()).await.unwrap();
     let got: Vec<_> = replay.events.try_collect().await.unwrap();
     assert_eq!(got.len(), 2);
     store.close().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_lost_relaxed_session_streams_jump_to_a_new_era() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await.unwrap();
-    let old = store.store_event("s", NewEvent::new(b"old")).await.unwrap();
+/// Opens with one event per replay page, so a replay reads its stream in
+/// several steps.
+async fn open_paging_by_one(dir: &std::path::Path) -> SledStore {
+    let options = SledOptions::default().store(StoreOptions::default().page_size(1));
+    SledStore::open(dir, options).await.unwrap()
+}
+
+async fn append(store: &SledStore, stream: &str, data: &str) -> EventId {
     store
-        .store_event("s", NewEvent::new(b"old 2"))
+        .store_event(stream, NewEvent::new(data.as_bytes()))
+        .await
+        .unwrap()
+}
+
+/// Reads a replay to its end: the payloads, then the error if it failed.
+async fn drain(events: mcp_event_store_core::Replay) -> (Vec<String>, Option<Error>) {
+    let mut events = events.events;
+    let mut data = Vec::new();
+    loop {
+        match events.try_next().await {
+            Ok(Some(event)) => data.push(String::from_utf8(event.data.to_vec()).unwrap()),
+            Ok(None) => return (data, None),
+            Err(e) => return (data, Some(e)),
+        }
+    }
+}
+
+/// Replays after `cursor` to the end, as payloads.
+async fn replay(store: &SledStore, cursor: &EventId) -> Result<Vec<String>, Error> {
+    let replay = store.replay_events_after(&cursor.to_string()).await?;
+    match drain(replay).await {
+        (data, None) => Ok(data),
+        (_, Some(e)) => Err(e),
+    }
+}
+
+/// Checks that `cursor`, an id of an earlier life of its stream, resumes
+/// nothing and finds nothing.
+async fn assert_gone(store: &SledStore, cursor: &EventId) {
+    match replay(store, cursor).await {
+        Err(Error::UnknownEventId { .. } | Error::EventsPurged { .. }) => {}
+        other => panic!("replay after {cursor} of an earlier life gave {other:?}"),
+    }
+    let found = store
+        .get_stream_id_for_event_id(&cursor.to_string())
         .await
         .unwrap();
+    assert_eq!(found, None, "lookup of {cursor} of an earlier life");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_lost_relaxed_session_each_stream_starts_a_new_life() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await.unwrap();
+    let mut old = Vec::new();
+    for i in 0..3 {
+        old.push(append(&store, "s", &format!("old-{i}")).await);
+    }
+    let t_old = append(&store, "t", "t-old").await;
     store.close().await.unwrap();
 
     // What a relaxed handle leaves behind when its process is killed.
@@ -196,53 +251,386 @@ async fn after_a_lost_relaxed_session_streams_jump_to_a_new_era() {
         meta.insert("relaxed_open", &[1u8][..]).unwrap();
     });
 
-    let store = open(dir.path()).await.unwrap();
+    let store = open_paging_by_one(dir.path()).await;
     // Before the stream appends again, old cursors still replay.
-    let replay = store.replay_events_after(&old.to_string()).await.unwrap();
-    assert_eq!(
-        replay.events.try_collect::<Vec<_>>().await.unwrap().len(),
-        1
-    );
-    // A lost id (never durable here) is unknown, not an empty replay.
-    let lost = EventId::new(old.token, Position::seq(3));
+    assert_eq!(replay(&store, &old[0]).await.unwrap(), ["old-1", "old-2"]);
+    // An id the lost session may have acknowledged, never on disk here, is
+    // unknown, not an empty replay.
+    let lost = EventId::new(old[0].token, position(old[0].position.major, 4));
     assert!(matches!(
-        store.replay_events_after(&lost.to_string()).await,
+        replay(&store, &lost).await,
         Err(Error::UnknownEventId { .. })
     ));
+    // A replay under way when the life ends.
+    let pending = store
+        .replay_events_after(&old[0].to_string())
+        .await
+        .unwrap();
 
-    let jumped = store.store_event("s", NewEvent::new(b"new")).await.unwrap();
-    assert_eq!(jumped.position, Position::seq((1 << 40) + 1));
-    let next = store
-        .store_event("s", NewEvent::new(b"new 2"))
-        .await
-        .unwrap();
-    assert_eq!(next.position, Position::seq((1 << 40) + 2));
-    for cursor in [old, lost] {
-        assert!(
-            matches!(
-                store.replay_events_after(&cursor.to_string()).await,
-                Err(Error::EventsPurged { .. })
-            ),
-            "{cursor} must be told to start over"
-        );
+    // The next append starts a new life: numbers the lost session may have
+    // handed out are never handed out again.
+    let mut new = Vec::new();
+    for i in 0..4 {
+        new.push(append(&store, "s", &format!("new-{i}")).await);
     }
-    let replay = store
-        .replay_events_after(&jumped.to_string())
-        .await
-        .unwrap();
+    assert_eq!(new[0].position.minor, 1, "{}", new[0]);
+    assert_eq!(new[3].position, position(new[0].position.major, 4));
+    assert!(new[0].position > t_old.position && new[0].position > old[2].position);
+    let (data, error) = drain(pending).await;
     assert_eq!(
-        replay.events.try_collect::<Vec<_>>().await.unwrap().len(),
-        1
+        data,
+        ["old-1"],
+        "the replay under way went on into the new life"
     );
-    // New streams start in the new era too.
-    let other = store.store_event("t", NewEvent::new(b"x")).await.unwrap();
-    assert_eq!(other.position, Position::seq((1 << 40) + 1));
+    assert!(
+        matches!(error, Some(Error::EventsPurged { .. })),
+        "{error:?}"
+    );
+    for cursor in old.iter().chain([&lost]) {
+        assert_gone(&store, cursor).await;
+    }
+    assert_eq!(replay(&store, &new[2]).await.unwrap(), ["new-3"]);
+    // Every stream does, each under its own new incarnation.
+    let t_new = append(&store, "t", "t-new").await;
+    assert_eq!(t_new.position.minor, 1);
+    assert!(t_new.position.major > t_old.position.major);
+    assert_gone(&store, &t_old).await;
     store.close().await.unwrap();
 
-    // The jump happened once: a clean reopen continues the numbering.
+    // The new life began once: a clean reopen continues it.
     let store = open(dir.path()).await.unwrap();
-    let after = store.store_event("s", NewEvent::new(b"x")).await.unwrap();
-    assert_eq!(after.position, Position::seq((1 << 40) + 3));
+    let after = append(&store, "s", "new-4").await;
+    assert_eq!(after.position, position(new[0].position.major, 5));
+    assert_eq!(replay(&store, &new[2]).await.unwrap(), ["new-3", "new-4"]);
+    store.close().await.unwrap();
+}
+
+/// A replay whose stream is deleted and started again while it runs ends
+/// with `EventsPurged` at its next page, never reading the new life, whose
+/// events sit under the same keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_never_reads_on_into_the_next_life_of_its_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_paging_by_one(dir.path()).await;
+    let mut old = Vec::new();
+    for i in 0..5 {
+        old.push(append(&store, "s", &format!("old-{i}")).await);
+    }
+    let pending = store
+        .replay_events_after(&old[0].to_string())
+        .await
+        .unwrap();
+    assert_eq!(store.delete_stream("s").await.unwrap(), 5);
+    let mut new = Vec::new();
+    for i in 0..6 {
+        new.push(append(&store, "s", &format!("new-{i}")).await);
+    }
+    assert!(new[0].position > old[4].position);
+    let (data, error) = drain(pending).await;
+    assert_eq!(data, ["old-1"], "the replay went on into the new life");
+    assert!(
+        matches!(error, Some(Error::EventsPurged { .. })),
+        "{error:?}"
+    );
+    for cursor in &old {
+        assert_gone(&store, cursor).await;
+    }
+    store.close().await.unwrap();
+}
+
+/// What the previous release (storage format 1) wrote, with sled directly:
+/// the layout of `mcp-event-store-sled` 0.1.0, byte for byte.
+mod format_1 {
+    use mcp_event_store_core::{EventId, Position, StreamKey};
+
+    pub const EVENTS: &str = "mcp-event-store/v1/events";
+    pub const STREAMS: &str = "mcp-event-store/v1/streams";
+    pub const STREAM_AGE: &str = "mcp-event-store/v1/stream_age";
+    pub const SESSIONS: &str = "mcp-event-store/v1/sessions";
+    pub const SESSION_EXPIRY: &str = "mcp-event-store/v1/session_expiry";
+
+    /// Format 1's era jump: after a lost relaxed session, a stream's next
+    /// append went on at `era << 40` + 1.
+    pub const fn era_base(era: u64) -> u64 {
+        era << 40
+    }
+
+    /// Times as format 1 stored them (sign bit flipped, big-endian).
+    fn time(millis: i64) -> [u8; 8] {
+        ((millis as u64) ^ (1 << 63)).to_be_bytes()
+    }
+
+    pub struct Db {
+        pub db: sled::Db,
+        pub key: StreamKey,
+        now: i64,
+    }
+
+    impl Db {
+        /// A format 1 database whose last lost relaxed session began `era`
+        /// (0: none).
+        pub fn create(dir: &std::path::Path, era: u64) -> Self {
+            let db = sled::open(dir).unwrap();
+            let key = StreamKey::generate().unwrap();
+            let meta = db.open_tree(super::META).unwrap();
+            meta.insert("stream_key", &key.as_bytes()[..]).unwrap();
+            meta.insert("created_by", &b"mcp-event-store-sled 0.1.0"[..])
+                .unwrap();
+            meta.insert("format_version", &1u32.to_be_bytes()).unwrap();
+            if era > 0 {
+                meta.insert("era", &era.to_be_bytes()).unwrap();
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            Self { db, key, now }
+        }
+
+        /// A stream that last appended in `era`, retaining events `seqs`
+        /// (payloads `<stream_id>-<seq>`), as format 1 kept it. Returns the
+        /// ids format 1 issued for them.
+        pub fn stream(
+            &self,
+            stream_id: &str,
+            era: u64,
+            seqs: std::ops::RangeInclusive<u64>,
+        ) -> Vec<EventId> {
+            let token = self.key.token(stream_id);
+            let events = self.db.open_tree(EVENTS).unwrap();
+            let mut ids = Vec::new();
+            let mut cum = 0u64;
+            for seq in seqs {
+                let data = format!("{stream_id}-{seq}");
+                cum += data.len() as u64;
+                let mut value = time(self.now).to_vec();
+                value.extend_from_slice(&u64::MAX.to_be_bytes()); // no retry hint
+                value.extend_from_slice(&cum.to_be_bytes());
+                value.extend_from_slice(data.as_bytes());
+                events
+                    .insert([&token.as_bytes()[..], &seq.to_be_bytes()].concat(), value)
+                    .unwrap();
+                ids.push(EventId::new(token, Position::seq(seq)));
+            }
+            self.record(stream_id, era);
+            ids
+        }
+
+        /// A stream record and its age index entry.
+        pub fn record(&self, stream_id: &str, era: u64) {
+            let token = self.key.token(stream_id);
+            let record = [
+                &era.to_be_bytes()[..],
+                &time(self.now),
+                stream_id.as_bytes(),
+            ]
+            .concat();
+            self.db
+                .open_tree(STREAMS)
+                .unwrap()
+                .insert(token.as_bytes(), record)
+                .unwrap();
+            self.db
+                .open_tree(STREAM_AGE)
+                .unwrap()
+                .insert([&time(self.now)[..], &token.as_bytes()[..]].concat(), &[])
+                .unwrap();
+        }
+
+        /// A session valid for an hour.
+        pub fn session(&self, session_id: &str, state: &[u8]) {
+            let expires = time(self.now + 3_600_000);
+            self.db
+                .open_tree(SESSIONS)
+                .unwrap()
+                .insert(session_id, [&expires[..], state].concat())
+                .unwrap();
+            self.db
+                .open_tree(SESSION_EXPIRY)
+                .unwrap()
+                .insert([&expires[..], session_id.as_bytes()].concat(), &[])
+                .unwrap();
+        }
+
+        pub fn close(self) {
+            self.db.flush().unwrap();
+        }
+    }
+}
+
+/// C12: a database the previous release wrote (format 1) is migrated on
+/// open and keeps serving: its streams keep their events and go on in the
+/// same life, ids that release issued still resume (and what it never
+/// issued or purged is still refused), sessions stay; a stream format 1
+/// would have jumped to a new era starts a new life instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_1_database_is_migrated_and_keeps_serving_its_events() {
+    use mcp_event_store_core::{Position, SessionStore};
+    let dir = tempfile::tempdir().unwrap();
+    let era = 1;
+    let base = format_1::era_base(era);
+    let old = format_1::Db::create(dir.path(), era);
+    // Appended since the lost session: numbered after the era jump.
+    let current = old.stream("current", era, base + 1..=base + 3);
+    // Not appended since: format 1 would jump it at its next append.
+    let stale = old.stream("stale", 0, 1..=3);
+    // Trimmed by retention: its first events are gone.
+    let trimmed = old.stream("trimmed", era, base + 5..=base + 7);
+    // A record whose events never made it (a crash mid-create): no stream.
+    old.record("ghost", era);
+    old.session("sess", b"state");
+    old.close();
+
+    let store = open(dir.path()).await.unwrap();
+    // Ids of the previous release resume as before; events come back under
+    // ids of this format, `<incarnation>-<seq>`, in one life per stream.
+    let replayed = store
+        .replay_events_after(&current[0].to_string())
+        .await
+        .unwrap();
+    assert_eq!(replayed.stream_id, "current");
+    let events: Vec<_> = replayed.events.try_collect().await.unwrap();
+    let life = events[0].id.position.major;
+    let ids: Vec<_> = events.iter().map(|e| e.id).collect();
+    assert_eq!(
+        ids,
+        [
+            EventId::new(current[0].token, position(life, base + 2)),
+            EventId::new(current[0].token, position(life, base + 3)),
+        ]
+    );
+    let data: Vec<_> = events.iter().map(|e| e.data.to_vec()).collect();
+    assert_eq!(
+        data,
+        [
+            format!("current-{}", base + 2).into_bytes(),
+            format!("current-{}", base + 3).into_bytes()
+        ]
+    );
+    // Within a stream, ids of this format sort after those format 1 issued.
+    assert!(ids.iter().all(|id| id.position > current[2].position));
+    // The same event in either spelling.
+    let respelled = EventId::new(current[0].token, position(life, base + 1));
+    assert_eq!(
+        replay(&store, &respelled).await.unwrap(),
+        replay(&store, &current[0]).await.unwrap()
+    );
+    for id in current.iter().chain(&stale).chain(&trimmed) {
+        let found = store
+            .get_stream_id_for_event_id(&id.to_string())
+            .await
+            .unwrap();
+        assert!(found.is_some(), "lookup of {id}, issued by format 1");
+    }
+    assert_eq!(
+        replay(&store, &stale[0]).await.unwrap(),
+        ["stale-2", "stale-3"]
+    );
+    assert_eq!(
+        replay(&store, &trimmed[1]).await.unwrap(),
+        [format!("trimmed-{}", base + 7)]
+    );
+    // What format 1 never issued, or purged, is still refused. (`base`,
+    // the number its era jump skipped, passes as a cursor just before the
+    // first retained event, as it did in format 1: it resumes the whole
+    // stream, without a gap.)
+    let token = current[0].token;
+    for never in [0, 1, base - 1, base + 4, u64::MAX] {
+        let id = EventId::new(token, Position::seq(never));
+        assert!(
+            matches!(
+                replay(&store, &id).await,
+                Err(Error::UnknownEventId { .. } | Error::EventsPurged { .. })
+            ),
+            "{id}"
+        );
+        let found = store
+            .get_stream_id_for_event_id(&id.to_string())
+            .await
+            .unwrap();
+        assert_eq!(found, None, "lookup of {id}");
+    }
+    assert!(matches!(
+        replay(
+            &store,
+            &EventId::new(trimmed[0].token, Position::seq(base + 3))
+        )
+        .await,
+        Err(Error::EventsPurged { .. })
+    ));
+    assert_eq!(
+        store.get_session("sess").await.unwrap().as_deref(),
+        Some(&b"state"[..])
+    );
+
+    // "current" goes on in the same life, after its last number.
+    let next = append(&store, "current", "next").await;
+    assert_eq!(next.position, position(life, base + 4));
+    assert_eq!(replay(&store, &current[2]).await.unwrap(), ["next"]);
+    // "stale" starts a new life, as format 1 would have jumped it.
+    let restarted = append(&store, "stale", "again").await;
+    assert_eq!(restarted.position.minor, 1);
+    assert!(restarted.position.major > life);
+    assert!(stale.iter().all(|id| restarted.position > id.position));
+    for id in &stale {
+        assert_gone(&store, id).await;
+    }
+    // "ghost" never existed: it starts a life of its own, whose ids sort
+    // after any id format 1 could have issued to a stream of that name
+    // before deleting it.
+    let ghost = append(&store, "ghost", "boo").await;
+    assert_eq!(ghost.position.minor, 1);
+    assert!(ghost.position.major > life);
+    assert_ne!(ghost.position.major, restarted.position.major);
+    assert!(ghost.position > Position::seq(format_1::era_base(era + 1) - 1));
+    store.close().await.unwrap();
+
+    // Migrated once, to this format; format 1's records are gone.
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let meta = db.open_tree(META).unwrap();
+        assert_eq!(
+            meta.get("format_version").unwrap().as_deref(),
+            Some(&FORMAT_VERSION.to_be_bytes()[..])
+        );
+        assert_eq!(meta.get("era").unwrap(), None);
+        assert!(db.open_tree(format_1::STREAMS).unwrap().is_empty());
+    }
+    let store = open(dir.path()).await.unwrap();
+    assert_eq!(replay(&store, &current[1]).await.unwrap().len(), 2);
+    assert_eq!(replay(&store, &restarted).await.unwrap().len(), 0);
+    let after = append(&store, "current", "x").await;
+    assert_eq!(after.position, position(life, base + 5));
+    store.close().await.unwrap();
+}
+
+/// A format 1 database whose relaxed session was lost is migrated, then
+/// every stream starts a new life at its next append, as format 1 would
+/// have jumped every stream to a new era.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_1_database_left_by_a_lost_relaxed_session_is_migrated_then_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = format_1::Db::create(dir.path(), 0);
+    let ids = old.stream("s", 0, 1..=3);
+    old.db
+        .open_tree(META)
+        .unwrap()
+        .insert("relaxed_open", &[1u8][..])
+        .unwrap();
+    old.close();
+
+    let store = open(dir.path()).await.unwrap();
+    assert_eq!(replay(&store, &ids[0]).await.unwrap(), ["s-2", "s-3"]);
+    let lost = EventId::new(ids[0].token, mcp_event_store_core::Position::seq(4));
+    assert!(matches!(
+        replay(&store, &lost).await,
+        Err(Error::UnknownEventId { .. })
+    ));
+    let new = append(&store, "s", "new").await;
+    assert_eq!(new.position.minor, 1);
+    for id in ids.iter().chain([&lost]) {
+        assert_gone(&store, id).await;
+    }
     store.close().await.unwrap();
 }
 

@@ -1,5 +1,5 @@
 //! Tests with a second process: the database lock (one process at a time)
-//! and crash recovery after SIGKILL (C10).
+//! and crash recovery after SIGKILL (C10), ids never reissued after it (C2).
 //!
 //! The child processes are this test binary run again with `--exact` on an
 //! ignored helper test, told what to do through environment variables. Each
@@ -7,7 +7,7 @@
 //! when dropped, so a failing test never leaves one behind; every child also
 //! exits on its own after a minute.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -15,16 +15,20 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
-use mcp_event_store_core::{Error, EventId, EventStore, NewEvent, Position};
+use mcp_event_store_core::dense::position;
+use mcp_event_store_core::{Error, EventId, EventStore, NewEvent};
 use mcp_event_store_sled::{Durability, SledOptions, SledStore};
 
 const CHILD_DIR: &str = "MCP_EVENT_STORE_SLED_TEST_DIR";
 const CHILD_INTERVAL_MS: &str = "MCP_EVENT_STORE_SLED_TEST_INTERVAL_MS";
 /// A child never outlives this, even if nobody kills it.
 const CHILD_LIFETIME: Duration = Duration::from_secs(60);
-/// Streams with one writer each, and one stream shared by many writers.
+/// Streams with one writer each, one stream shared by many writers, and
+/// streams deleted and started again every [`CHURN_LIFE`] events.
 const SOLO_STREAMS: usize = 4;
 const HOT_WRITERS: usize = 8;
+const CHURN_STREAMS: usize = 2;
+const CHURN_LIFE: u64 = 3;
 /// Acknowledgements to see before pulling the plug.
 const KILL_AFTER_ACKS: usize = 400;
 /// What a child prints before each acknowledged id.
@@ -149,7 +153,9 @@ fn child_holds_the_database() {
 }
 
 /// Child: appends as fast as it can from several tasks and prints every
-/// acknowledged id as `ACK <stream> <id> <payload>`.
+/// acknowledged id as `ACK <stream> <id> <payload>`. The `churn-*` writers
+/// delete their stream after every [`CHURN_LIFE`] events, so it starts new
+/// lives all along.
 #[test]
 #[ignore = "helper: run as a child process by the crash tests"]
 fn child_appends_until_killed() {
@@ -165,7 +171,8 @@ fn child_appends_until_killed() {
         let mut writers = Vec::new();
         let streams = (0..SOLO_STREAMS)
             .map(|s| format!("solo-{s}"))
-            .chain((0..HOT_WRITERS).map(|_| "hot".to_string()));
+            .chain((0..HOT_WRITERS).map(|_| "hot".to_string()))
+            .chain((0..CHURN_STREAMS).map(|s| format!("churn-{s}")));
         for (w, stream) in streams.enumerate() {
             let store = store.clone();
             writers.push(tokio::spawn(async move {
@@ -176,6 +183,9 @@ fn child_appends_until_killed() {
                         .await
                         .expect("append");
                     say(&format!("{ACK}{stream} {id} {payload}"));
+                    if stream.starts_with("churn") && i % CHURN_LIFE == CHURN_LIFE - 1 {
+                        store.delete_stream(&stream).await.expect("delete");
+                    }
                 }
             }));
         }
@@ -249,6 +259,7 @@ fn append_then_kill(dir: &Path, env: &[(&str, String)]) -> Acks {
     lines.extend(child.drain().into_iter().filter(|l| l.contains(ACK)));
 
     let mut acks = Acks::new();
+    let mut seen = HashSet::new();
     for line in lines {
         // libtest may have printed `test <name> ... ` before the first one.
         let (_, ack) = line.split_once(ACK).expect("filtered above");
@@ -258,26 +269,63 @@ fn append_then_kill(dir: &Path, env: &[(&str, String)]) -> Acks {
             panic!("malformed child line {line:?}");
         };
         let id: EventId = id.parse().expect("the child printed a valid id");
+        // C2: not even a deleted stream started again gets an id twice.
+        assert!(seen.insert(id), "{id} was acknowledged twice ({stream})");
         acks.entry(stream.to_owned())
             .or_default()
             .push((id, payload.to_owned()));
     }
-    assert!(acks.len() > 1, "expected several streams, got {acks:?}");
+    assert_eq!(
+        acks.len(),
+        SOLO_STREAMS + 1 + CHURN_STREAMS,
+        "expected every stream, got {acks:?}"
+    );
     acks
 }
 
-/// Replays a whole stream from before its first event.
-async fn replay_whole(store: &SledStore, any_id: &EventId) -> Vec<(EventId, String)> {
-    let start = EventId::new(any_id.token, Position::seq(0));
-    let replay = store
-        .replay_events_after(&start.to_string())
+/// Replays a stream of one life whole: its first event `<life>-1` is
+/// checked by lookup (a replay starts after its cursor), the rest replayed.
+async fn replay_whole(
+    store: &SledStore,
+    stream: &str,
+    any_id: &EventId,
+) -> (EventId, Vec<(EventId, String)>) {
+    let first = EventId::new(any_id.token, position(any_id.position.major, 1));
+    let found = store
+        .get_stream_id_for_event_id(&first.to_string())
         .await
-        .unwrap_or_else(|e| panic!("replay of {start} after restart: {e}"));
+        .unwrap();
+    assert_eq!(found.as_deref(), Some(stream), "{first} after restart");
+    let replay = store
+        .replay_events_after(&first.to_string())
+        .await
+        .unwrap_or_else(|e| panic!("replay of {first} after restart: {e}"));
     let events: Vec<_> = replay.events.try_collect().await.expect("replay");
-    events
+    let events = events
         .into_iter()
         .map(|e| (e.id, String::from_utf8(e.data.to_vec()).unwrap()))
-        .collect()
+        .collect();
+    (first, events)
+}
+
+/// Appends after the restart and checks the new id was never issued: it
+/// sorts after every id acknowledged before the kill. Returns it.
+async fn append_after_restart(
+    store: &SledStore,
+    stream: &str,
+    acked: &[(EventId, String)],
+) -> EventId {
+    let next = store
+        .store_event(stream, NewEvent::new(b"after restart"))
+        .await
+        .unwrap();
+    for (id, _) in acked {
+        assert!(
+            next.position > id.position,
+            "{stream}: new event {next} does not come after acknowledged {id}"
+        );
+    }
+    next
 }
 
 #[test]
@@ -292,14 +340,24 @@ fn acknowledged_events_survive_sigkill() {
             .await
             .expect("reopen after SIGKILL");
         for (stream, acked) in &acks {
-            let replayed = replay_whole(&store, &acked[0].0).await;
+            if stream.starts_with("churn") {
+                // Earlier lives were deleted; numbering never goes back.
+                append_after_restart(&store, stream, acked).await;
+                continue;
+            }
+            let life = acked[0].0.position.major;
+            assert!(
+                acked.iter().all(|(id, _)| id.position.major == life),
+                "{stream}: one life"
+            );
+            let (first, replayed) = replay_whole(&store, stream, &acked[0].0).await;
             // Dense, in order, from 1.
             for (i, (id, _)) in replayed.iter().enumerate() {
-                assert_eq!(id.position, Position::seq(i as u64 + 1), "{stream}");
+                assert_eq!(id.position, position(life, i as u64 + 2), "{stream}");
             }
             let by_id: HashMap<EventId, &String> =
                 replayed.iter().map(|(id, p)| (*id, p)).collect();
-            for (id, payload) in acked {
+            for (id, payload) in acked.iter().filter(|(id, _)| *id != first) {
                 assert_eq!(
                     by_id.get(id).copied(),
                     Some(payload),
@@ -310,13 +368,9 @@ fn acknowledged_events_survive_sigkill() {
             if stream.starts_with("solo") {
                 assert!(acked.windows(2).all(|w| w[0].0.position < w[1].0.position));
             }
-            // Numbering continues after everything acknowledged.
-            let next = store
-                .store_event(stream, NewEvent::new(b"after restart"))
-                .await
-                .unwrap();
-            let newest = acked.iter().map(|(id, _)| id.position).max().unwrap();
-            assert!(next.position > newest, "{stream}: {next} reuses a number");
+            // Numbering continues after everything acknowledged, in this life.
+            let next = append_after_restart(&store, stream, acked).await;
+            assert_eq!(next.position.major, life, "{stream}: {next}");
         }
         store.close().await.unwrap();
     });
@@ -336,19 +390,21 @@ fn interval_mode_never_reissues_an_acknowledged_id_after_sigkill() {
             .await
             .expect("reopen after SIGKILL");
         for (stream, acked) in &acks {
-            let fresh = store
-                .store_event(stream, NewEvent::new(b"after restart"))
-                .await
-                .unwrap();
-            assert!(
-                fresh.position.major > 1 << 40,
+            if stream.starts_with("churn") {
+                let lives: HashSet<u64> = acked.iter().map(|(id, _)| id.position.major).collect();
+                assert!(
+                    lives.len() > 1,
+                    "{stream}: the child never started it again"
+                );
+            }
+            // Every stream starts a new life, past every incarnation handed
+            // out before the kill, lost ones included.
+            let fresh = append_after_restart(&store, stream, acked).await;
+            assert_eq!(
+                fresh.position.minor, 1,
                 "{stream}: the unclean relaxed shutdown was not detected ({fresh})"
             );
             for (id, _) in acked {
-                assert!(
-                    fresh.position > id.position,
-                    "{stream}: new event {fresh} does not come after acknowledged {id}"
-                );
                 // From any acknowledged id, a client either gets a replay
                 // that includes the new event, or is told to start over.
                 match store.replay_events_after(&id.to_string()).await {
