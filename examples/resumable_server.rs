@@ -6,6 +6,7 @@
 //! cargo run --example resumable_server --features rmcp -- --stateless
 //! cargo run --example resumable_server --features full -- --store postgres://postgres@127.0.0.1/postgres
 //! cargo run --example resumable_server --features rmcp -- --poll-every 3 --retry-ms 500
+//! cargo run --example resumable_server --features rmcp -- --max-age 900 --max-events 1000
 //! ```
 //!
 //! Options:
@@ -20,6 +21,13 @@
 //!   JSON-RPC messages, with a `retry:` hint; the client comes back with
 //!   `Last-Event-ID` and gets the rest from the store;
 //! * `--retry-ms MS`: the `retry` hint of the priming events (default 3000);
+//! * `--max-age SECS`: keep events this many seconds (default 3600); a
+//!   stream stays bound to its session (and resumable) as long;
+//! * `--max-events N`: keep at most `N` events per stream (default 10000);
+//! * `--session-check-ms MS`: how often, at most, each session held in
+//!   memory is looked up in the store, so that one deleted or expired on
+//!   another instance answers 404 here too (default 1000; 0 = on every
+//!   request);
 //! * `--allow-host HOST`: accept this `Host` header (repeatable; default:
 //!   loopback names only, rmcp's DNS-rebinding protection).
 //!
@@ -33,7 +41,9 @@
 //! `LocalSessionManager` does, stores each session's `initialize` parameters
 //! in the store (so another instance on the same PostgreSQL or Redis
 //! restores it), and binds every stream to its session: a `Last-Event-ID`
-//! of another session's stream is refused.
+//! of another session's stream is refused. A session deleted (`DELETE`) or
+//! expired on one instance answers 404 on every instance within
+//! `--session-check-ms`.
 //!
 //! Logs go to stderr through `tracing` (`RUST_LOG=debug` for the store's
 //! spans). Ctrl-C (or SIGTERM) stops accepting connections, ends the open
@@ -48,7 +58,7 @@ use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
 use mcp_event_store::rmcp::{IntoRmcp, SessionScoped};
-use mcp_event_store::{DynStore, PurgeTask};
+use mcp_event_store::{DynStore, PurgeTask, Retention, StoreOptions};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
@@ -79,6 +89,12 @@ pub struct Options {
     pub poll_every: Option<usize>,
     /// The `retry` hint of priming events.
     pub retry: Duration,
+    /// How long and how much the store keeps; also how long a stream stays
+    /// bound to its session.
+    pub retention: Retention,
+    /// How often, at most, a session held in memory is looked up in the
+    /// store.
+    pub session_check: Duration,
     /// Extra accepted `Host` headers.
     pub allowed_hosts: Vec<String>,
 }
@@ -91,13 +107,25 @@ impl Default for Options {
             stateless: false,
             poll_every: None,
             retry: Duration::from_secs(3),
+            retention: Retention::default(),
+            session_check: mcp_event_store::rmcp::DEFAULT_SESSION_CHECK_INTERVAL,
             allowed_hosts: Vec::new(),
         }
     }
 }
 
 const USAGE: &str = "usage: resumable_server [--store URL] [--bind ADDR] [--stateless] \
-[--poll-every N] [--retry-ms MS] [--allow-host HOST]...";
+[--poll-every N] [--retry-ms MS] [--max-age SECS] [--max-events N] [--session-check-ms MS] \
+[--allow-host HOST]...";
+
+/// A positive whole number, or an error naming the option.
+fn positive(flag: &str, value: &str) -> Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(0) => Err(format!("{flag} must be at least 1\n{USAGE}")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{flag} {value:?}: {e}\n{USAGE}")),
+    }
+}
 
 impl Options {
     /// Parses command-line arguments (without the program name).
@@ -135,12 +163,32 @@ impl Options {
                         ms.parse().map_err(|e| format!("--retry-ms {ms:?}: {e}"))?,
                     );
                 }
+                "--max-age" => {
+                    let secs = positive(&flag, &value()?)?;
+                    options.retention = options.retention.max_age(Duration::from_secs(secs));
+                }
+                "--max-events" => {
+                    let events = positive(&flag, &value()?)?;
+                    options.retention = options.retention.max_events_per_stream(events);
+                }
+                "--session-check-ms" => {
+                    let ms = value()?;
+                    options.session_check = Duration::from_millis(
+                        ms.parse()
+                            .map_err(|e| format!("--session-check-ms {ms:?}: {e}"))?,
+                    );
+                }
                 "--allow-host" => options.allowed_hosts.push(value()?),
                 "-h" | "--help" => return Err(USAGE.into()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             }
         }
         Ok(options)
+    }
+
+    /// The options the store is opened with: the retention.
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions::default().retention(self.retention)
     }
 }
 
@@ -269,11 +317,17 @@ pub fn router(store: DynStore, options: &Options, shutdown: &CancellationToken) 
             StreamableHttpService::new(|| Ok(SlowCounter), Arc::new(sessions), config),
         )
     } else {
-        config.session_store = Some(store.clone().into_rmcp_sessions());
+        let session_store = store.clone().into_rmcp_sessions();
+        config.session_store = Some(session_store.clone());
         let mut local = LocalSessionManager::default();
         local.session_config.sse_retry = Some(options.retry);
         let local = local.with_event_store(store.clone().into_rmcp());
-        let sessions = SessionScoped::new(local, store);
+        // Streams stay bound as long as their events are kept; sessions
+        // deleted or expired in the store end here too.
+        let sessions = SessionScoped::new(local, store)
+            .with_retention(options.retention)
+            .with_session_store(&session_store)
+            .with_session_check_interval(options.session_check);
         axum::Router::new().nest_service(
             "/mcp",
             StreamableHttpService::new(|| Ok(SlowCounter), Arc::new(sessions), config),
@@ -359,7 +413,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let store = mcp_event_store::connect(&options.store).await?;
+    let store = mcp_event_store::connect_with(&options.store, options.store_options()).await?;
     let purger = PurgeTask::spawn(store.clone(), Duration::from_secs(30));
     let cancel = CancellationToken::new();
     let app = router(store, &options, &cancel);
@@ -368,6 +422,8 @@ pub async fn serve(
         store = %redact(&options.store),
         mode = if options.stateless { "stateless" } else { "sessions" },
         poll_every = ?options.poll_every,
+        max_age = ?options.retention.max_age,
+        max_events_per_stream = ?options.retention.max_events_per_stream,
         "serving MCP at /mcp"
     );
     let stop = cancel.clone();

@@ -13,6 +13,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 
 use crate::harness::{ChildServer, Fixture, Mode, RETRY, Server};
+use crate::server;
 use crate::wire::{Client, Event};
 
 /// Steps of the slow tool in the drop-and-resume cases.
@@ -378,4 +379,75 @@ pub async fn rmcp_client_polls_through(fixture: &Fixture, mode: Mode) {
     );
     client.cancel().await.expect("close the client");
     server.stop().await;
+}
+
+/// The session-store key binding the stream of `event_id` to its session
+/// (`SessionScoped`'s default prefix).
+fn binding_key(event_id: &str) -> String {
+    let id = mcp_event_store::EventId::parse(event_id).expect("one of our ids");
+    format!(
+        "{}{}",
+        mcp_event_store::rmcp::DEFAULT_BINDING_KEY_PREFIX,
+        id.token
+    )
+}
+
+/// Three servers on one store. A session begun on A and restored on B is
+/// deleted (`DELETE`) on A: from then on B, A and a third server C all
+/// answer 404 for it, and the bindings of its streams on A and on B are
+/// gone from the store.
+pub async fn deleted_session_is_gone_everywhere(fixture: &Fixture, mode: Mode) {
+    assert_eq!(mode, Mode::Sessions, "sessions only");
+    let options = server::Options {
+        store: fixture.url().to_owned(),
+        retry: RETRY,
+        // Look the session up on every request, so B's first request after
+        // the DELETE sees it; the default (1 s) only delays that.
+        session_check: Duration::ZERO,
+        ..server::Options::default()
+    };
+    let a = Server::start_with(options.clone()).await;
+    let b = Server::start_with(options.clone()).await;
+    let c = Server::start_with(options.clone()).await;
+    let mut on_a = Client::new(&a.url);
+    on_a.initialize().await;
+    let on_b = on_a.on(&b.url);
+    let on_c = on_a.on(&c.url);
+
+    // B restores the session from the store and serves it from memory.
+    let streamed_on_b = finished_call(&on_b, 2).await;
+    let streamed_on_a = finished_call(&on_a, 3).await;
+    assert_eq!(on_b.call_status(4).await, 200, "B serves the session");
+
+    assert_eq!(on_a.delete().await, 202, "DELETE on A");
+    assert_eq!(
+        on_b.call_status(5).await,
+        404,
+        "B must forget a deleted session"
+    );
+    let resume = on_b
+        .get_with_last_event_id(HeaderValue::from_str(&streamed_on_b[0]).unwrap())
+        .await;
+    assert_eq!(resume.status(), 404, "nor resume its streams");
+    assert_eq!(on_a.call_status(6).await, 404, "A");
+    assert_eq!(on_c.call_status(7).await, 404, "C");
+    assert_eq!(on_b.call_status(8).await, 404, "B, again");
+
+    // Its bindings go: A's at once (its session store is linked), B's when
+    // B found the session gone. Both are removed in the background.
+    let store = mcp_event_store::connect(fixture.url()).await.expect("open");
+    for event_id in [&streamed_on_a[0], &streamed_on_b[0]] {
+        let key = binding_key(event_id);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while store.get_session(&key).await.expect("read").is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{key} still in the store 20 s after the DELETE"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for server in [a, b, c] {
+        server.stop().await;
+    }
 }

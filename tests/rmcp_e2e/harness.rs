@@ -114,16 +114,23 @@ pub struct Server {
 
 impl Server {
     pub async fn start(store_url: &str, mode: Mode, poll_every: Option<usize>) -> Self {
-        let store = mcp_event_store::connect(store_url)
-            .await
-            .unwrap_or_else(|e| panic!("opening {store_url}: {e}"));
-        let options = server::Options {
+        Self::start_with(server::Options {
             store: store_url.to_owned(),
             stateless: mode == Mode::Stateless,
             poll_every,
             retry: RETRY,
             ..server::Options::default()
-        };
+        })
+        .await
+    }
+
+    /// The example server with these options (the listening address is
+    /// ignored: a free loopback port is taken).
+    pub async fn start_with(options: server::Options) -> Self {
+        let store_url = &options.store;
+        let store = mcp_event_store::connect_with(store_url, options.store_options())
+            .await
+            .unwrap_or_else(|e| panic!("opening {store_url}: {e}"));
         let cancel = CancellationToken::new();
         let resumes = Arc::new(AtomicUsize::new(0));
         let counter = resumes.clone();

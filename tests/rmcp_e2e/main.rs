@@ -13,6 +13,7 @@ mod server;
 
 mod cases;
 mod harness;
+mod measure;
 mod wire;
 
 use harness::{CHILD_ENV, Fixture, Mode};
@@ -53,6 +54,7 @@ macro_rules! e2e_tests {
     (@shared $fixture:expr) => {
         e2e_case!($fixture, sessions_stream_begun_on_one_server_resumes_on_another, resume_on_another_instance, Mode::Sessions);
         e2e_case!($fixture, stateless_stream_begun_on_one_server_resumes_on_another, resume_on_another_instance, Mode::Stateless);
+        e2e_case!($fixture, sessions_deleted_on_one_server_are_gone_on_every_server, deleted_session_is_gone_everywhere, Mode::Sessions);
     };
 }
 
@@ -84,4 +86,52 @@ async fn child_server() {
     server::serve(options, listener, std::future::pending())
         .await
         .expect("the server runs");
+}
+
+/// The example server's retention and session-check options reach the
+/// store's options; nonsense is refused with the usage.
+#[test]
+fn server_options_set_retention_and_session_check() {
+    use std::time::Duration;
+    let parse = |args: &[&str]| server::Options::parse(args.iter().map(|a| a.to_string()));
+    let defaults = parse(&[]).unwrap();
+    assert_eq!(
+        defaults.store_options().retention,
+        mcp_event_store::Retention::default()
+    );
+    assert_eq!(defaults.session_check, Duration::from_secs(1));
+
+    let options = parse(&[
+        "--max-age",
+        "900",
+        "--max-events=250",
+        "--session-check-ms",
+        "0",
+    ])
+    .unwrap();
+    let retention = options.store_options().retention;
+    assert_eq!(retention.max_age, Some(Duration::from_secs(900)));
+    assert_eq!(retention.max_events_per_stream, Some(250));
+    assert_eq!(
+        retention.max_bytes_per_stream,
+        mcp_event_store::Retention::default().max_bytes_per_stream
+    );
+    assert_eq!(options.session_check, Duration::ZERO);
+
+    for bad in [
+        &["--max-age", "0"][..],
+        &["--max-age", "-5"],
+        &["--max-events", "x"],
+        &["--max-events"],
+        &["--session-check-ms", "soon"],
+    ] {
+        let Err(message) = parse(bad) else {
+            panic!("{bad:?} accepted");
+        };
+        assert!(
+            message.contains("usage:") || message.contains(bad[0]),
+            "{bad:?}: {message}"
+        );
+    }
+    assert!(parse(&["--help"]).unwrap_err().contains("--max-age SECS"));
 }

@@ -278,3 +278,26 @@ impl Client {
         Sse::new(response)
     }
 }
+
+impl Client {
+    /// `DELETE`: ends the session; the status.
+    pub async fn delete(&self) -> StatusCode {
+        self.http
+            .delete(&self.url)
+            .headers(self.headers())
+            .send()
+            .await
+            .expect("DELETE")
+            .status()
+    }
+
+    /// Calls `slow_count` (1 step); only the status, the body is dropped.
+    pub async fn call_status(&self, id: u64) -> StatusCode {
+        self.post(json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "slow_count", "arguments": {"count": 1, "interval_ms": 0}}
+        }))
+        .await
+        .status()
+    }
+}

@@ -13,7 +13,9 @@
 //!
 //! And [`SessionScoped`] wraps rmcp's `LocalSessionManager` so that a
 //! `Last-Event-ID` only resumes streams of the session presenting it (rmcp
-//! 3.9 alone replays any stream the id names, whatever the session).
+//! alone replays any stream the id names, whatever the session), and so that
+//! a session deleted or expired in the shared session store ends on every
+//! instance (rmcp alone keeps serving a session it restored from memory).
 //!
 //! One line each, with [`IntoRmcp`] on any `Arc` of a store (a `DynStore`
 //! from `connect` included):
@@ -21,18 +23,23 @@
 //! ```no_run
 //! # async fn demo() -> mcp_event_store_core::Result<()> {
 //! use std::sync::Arc;
-//! use mcp_event_store_core::MemoryStore;
+//! use mcp_event_store_core::{MemoryStore, Retention};
 //! use mcp_event_store_core::rmcp::{IntoRmcp, SessionScoped};
 //! use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 //! use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 //!
-//! let store = Arc::new(MemoryStore::new()); // or mcp_event_store::connect(url).await?
+//! let retention = Retention::default(); // what the store was opened with
+//! let store = Arc::new(MemoryStore::new()); // or mcp_event_store::connect_with(url, options).await?
 //! // Stateless mode takes the event store alone:
 //! let stateless = NeverSessionManager::default().with_event_store(store.clone().into_rmcp());
-//! // Session mode: LocalSessionManager with the event store, resumes scoped.
-//! let sessions = SessionScoped::local(store.clone());
+//! // Session mode: LocalSessionManager with the event store, resumes scoped,
+//! // bindings kept as long as events, sessions checked against the store.
+//! let session_store = store.clone().into_rmcp_sessions();
+//! let sessions = SessionScoped::local(store)
+//!     .with_retention(retention)
+//!     .with_session_store(&session_store);
 //! let mut config = StreamableHttpServerConfig::default();
-//! config.session_store = Some(store.into_rmcp_sessions());
+//! config.session_store = Some(session_store);
 //! # let _ = (stateless, sessions, config);
 //! # Ok(()) }
 //! ```
@@ -112,10 +119,14 @@ mod codec;
 mod events;
 mod scoped;
 mod sessions;
+mod tracker;
 
 pub use codec::{DecodeError, decode, encode, replays_exactly};
 pub use events::RmcpEventStore;
-pub use scoped::{DEFAULT_BINDING_KEY_PREFIX, DEFAULT_BINDING_TTL, ScopedError, SessionScoped};
+pub use scoped::{
+    DEFAULT_BINDING_KEY_PREFIX, DEFAULT_BINDING_TTL, DEFAULT_SESSION_CHECK_INTERVAL, ScopedError,
+    SessionScoped,
+};
 pub use sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL, RmcpSessionStore};
 
 use std::sync::Arc;
@@ -198,5 +209,7 @@ impl<S: ?Sized> IntoRmcp<S> for Arc<S> {
     }
 }
 
+#[cfg(test)]
+mod across_instances;
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! rmcp's `SessionStore` over ours.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,6 +10,7 @@ use rmcp::transport::streamable_http_server::session::{
 };
 
 use super::AdapterError;
+use super::tracker::Tracker;
 use crate::error::Error;
 use crate::options::validate_session_id;
 use crate::store::SessionStore;
@@ -41,11 +42,18 @@ pub const DEFAULT_SESSION_KEY_PREFIX: &str = "rmcp/";
 /// * Session ids come from the client's `Mcp-Session-Id` header. One that
 ///   our store could not hold (empty, or with the prefix over 1024 bytes) is
 ///   simply unknown: `load` answers `None`, so rmcp answers 404, not 500.
+///
+/// Hand the same `Arc` to
+/// [`SessionScoped::with_session_store`](super::SessionScoped::with_session_store):
+/// the manager then reads this store's keys to learn that a session was
+/// deleted or expired, and this store tells it which sessions it wrote.
 pub struct RmcpSessionStore<S: ?Sized> {
     store: Arc<S>,
     ttl: Duration,
     prefix: String,
     refresh_on_load: bool,
+    /// Managers to tell when a session's state is written.
+    linked: RwLock<Vec<Weak<Tracker>>>,
 }
 
 impl<S: ?Sized> RmcpSessionStore<S> {
@@ -57,6 +65,7 @@ impl<S: ?Sized> RmcpSessionStore<S> {
             ttl: DEFAULT_SESSION_TTL,
             prefix: DEFAULT_SESSION_KEY_PREFIX.to_owned(),
             refresh_on_load: true,
+            linked: RwLock::default(),
         }
     }
 
@@ -90,6 +99,36 @@ impl<S: ?Sized> RmcpSessionStore<S> {
         &self.store
     }
 
+    /// The prefix put before session ids in the store.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Tells `tracker` about every session stored from now on; managers
+    /// that are gone are forgotten on the way.
+    pub(super) fn link(&self, tracker: &Arc<Tracker>) {
+        let mut linked = self.linked.write().unwrap_or_else(PoisonError::into_inner);
+        linked.retain(|t| t.strong_count() > 0);
+        linked.push(Arc::downgrade(tracker));
+    }
+
+    fn linked(&self) -> Vec<Arc<Tracker>> {
+        let linked = self.linked.read().unwrap_or_else(PoisonError::into_inner);
+        linked.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    fn stored(&self, session_id: &str) {
+        for tracker in self.linked() {
+            tracker.mark_stored(session_id);
+        }
+    }
+
+    fn deleted(&self, session_id: &str) {
+        for tracker in self.linked() {
+            tracker.deleted(session_id);
+        }
+    }
+
     /// The key in our store, or `None` if the session id cannot be one.
     fn key(&self, session_id: &str) -> Option<String> {
         let key = format!("{}{}", self.prefix, session_id);
@@ -103,6 +142,14 @@ impl<S: ?Sized> fmt::Debug for RmcpSessionStore<S> {
             .field("ttl", &self.ttl)
             .field("prefix", &self.prefix)
             .field("refresh_on_load", &self.refresh_on_load)
+            .field(
+                "linked",
+                &self
+                    .linked
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -156,6 +203,7 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
             .put_session(&key, &bytes, self.ttl)
             .await
             .map_err(|e| AdapterError::store("store session", e))?;
+        self.stored(session_id);
         Ok(())
     }
 
@@ -164,7 +212,10 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
             return Ok(());
         };
         match self.store.delete_session(&key).await {
-            Ok(_) | Err(Error::InvalidSessionId { .. }) => Ok(()),
+            Ok(_) | Err(Error::InvalidSessionId { .. }) => {
+                self.deleted(session_id);
+                Ok(())
+            }
             Err(e) => Err(AdapterError::store("delete session", e).into()),
         }
     }
