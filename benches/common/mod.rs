@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use mcp_event_store::dense;
 use mcp_event_store::{
     DynStore, EventId, EventStore, MemoryStore, NewEvent, Position, Retention, StoreOptions,
     StreamKey, StreamToken,
@@ -215,18 +216,19 @@ impl Raw {
     pub async fn read_after(&self, after: Position) -> Vec<RawEvent> {
         match self {
             Raw::Memory(events) => events
-                .range(after.major + 1..)
+                .range(after.minor + 1..)
                 .map(|(seq, (data, retry))| {
                     (
-                        Position::seq(*seq),
+                        dense::position(after.major, *seq),
                         data.clone(),
                         retry.map(|r| r.as_millis() as i64),
                     )
                 })
                 .collect(),
             Raw::Sqlite { pool, token } => {
+                let incarnation = after.major;
                 let mut out = Vec::new();
-                let mut after = after.major as i64;
+                let mut after = after.minor as i64;
                 loop {
                     let rows = sqlx::query(
                         "SELECT seq, retry_ms, payload FROM mes_events \
@@ -244,7 +246,11 @@ impl Raw {
                         let retry: Option<i64> = row.get(1);
                         let data: Vec<u8> = row.get(2);
                         after = seq;
-                        out.push((Position::seq(seq as u64), Bytes::from(data), retry));
+                        out.push((
+                            dense::position(incarnation, seq as u64),
+                            Bytes::from(data),
+                            retry,
+                        ));
                     }
                     if n < RAW_PAGE {
                         return out;
@@ -252,8 +258,9 @@ impl Raw {
                 }
             }
             Raw::Postgres { pool, sql, token } => {
+                let incarnation = after.major;
                 let mut out = Vec::new();
-                let mut after = after.major as i64;
+                let mut after = after.minor as i64;
                 loop {
                     let rows = sqlx::query(AssertSqlSafe(sql.clone()))
                         .bind(&token[..])
@@ -268,7 +275,11 @@ impl Raw {
                         let retry: Option<i64> = row.get(1);
                         let data: Vec<u8> = row.get(2);
                         after = seq;
-                        out.push((Position::seq(seq as u64), Bytes::from(data), retry));
+                        out.push((
+                            dense::position(incarnation, seq as u64),
+                            Bytes::from(data),
+                            retry,
+                        ));
                     }
                     if n < RAW_PAGE {
                         return out;
@@ -316,7 +327,7 @@ impl Raw {
             }
             Raw::Sled { tree, token } => {
                 let mut start = token.clone();
-                start.extend_from_slice(&(after.major + 1).to_be_bytes());
+                start.extend_from_slice(&(after.minor + 1).to_be_bytes());
                 let mut end = token.clone();
                 end.extend_from_slice(&u64::MAX.to_be_bytes());
                 tree.range(start..end)
@@ -325,7 +336,7 @@ impl Raw {
                         let seq = u64::from_be_bytes(key[15..23].try_into().expect("key"));
                         let retry = u64::from_be_bytes(value[8..16].try_into().expect("header"));
                         (
-                            Position::seq(seq),
+                            dense::position(after.major, seq),
                             Bytes::copy_from_slice(&value[24..]),
                             (retry != u64::MAX).then_some(retry as i64),
                         )
@@ -403,8 +414,11 @@ pub async fn load(backend: Backend, plan: &[StreamPlan]) -> Loaded {
     }
 }
 
-fn dense(len: u64) -> Vec<Position> {
-    (1..=len).map(Position::seq).collect()
+/// The positions of a stream of `len` events in its life `incarnation`.
+fn dense_positions(incarnation: u64, len: u64) -> Vec<Position> {
+    (1..=len)
+        .map(|seq| dense::position(incarnation, seq))
+        .collect()
 }
 
 async fn load_memory(plan: &[StreamPlan]) -> Loaded {
@@ -417,13 +431,14 @@ async fn load_memory(plan: &[StreamPlan]) -> Loaded {
             .await
             .expect("append");
         if i as usize == plan.len() - 1 {
-            probe = Some(id.token);
+            probe = Some(id);
         }
     }
+    let probe = probe.expect("a probe stream");
     Loaded {
         store: Arc::new(store),
-        token: probe.expect("a probe stream"),
-        positions: dense(plan[plan.len() - 1].len),
+        token: probe.token,
+        positions: dense_positions(probe.position.major, plan[plan.len() - 1].len),
         cleanup: Cleanup::Memory,
         sqlite_path: None,
         pg: None,
@@ -459,9 +474,12 @@ async fn load_sqlite(plan: &[StreamPlan]) -> Loaded {
         .expect("plan table");
     for stream in plan {
         let token = key.token(&stream.stream_id);
+        // Each row takes the next incarnation; the store's trigger moves
+        // the counter.
         sqlx::query(
-            "INSERT INTO mes_streams (token, stream_id, last_seq, bytes, updated_at) \
-             VALUES (?1, ?2, 0, 0, ?3)",
+            "INSERT INTO mes_streams (token, stream_id, incarnation, last_seq, bytes, updated_at) \
+             VALUES (?1, ?2, (SELECT value + 1 FROM mes_meta WHERE key = 'last_incarnation'), \
+                     0, 0, ?3)",
         )
         .bind(&token.as_bytes()[..])
         .bind(&stream.stream_id)
@@ -497,12 +515,18 @@ async fn load_sqlite(plan: &[StreamPlan]) -> Loaded {
         .execute(&mut conn)
         .await
         .expect("analyze");
-    conn.close().await.expect("close");
     let probe = &plan[plan.len() - 1];
+    let incarnation: i64 =
+        sqlx::query_scalar("SELECT incarnation FROM mes_streams WHERE token = ?1")
+            .bind(&key.token(&probe.stream_id).as_bytes()[..])
+            .fetch_one(&mut conn)
+            .await
+            .expect("the probe's incarnation");
+    conn.close().await.expect("close");
     Loaded {
         store: Arc::new(store.clone()),
         token: key.token(&probe.stream_id),
-        positions: dense(probe.len),
+        positions: dense_positions(incarnation as u64, probe.len),
         cleanup: Cleanup::Sqlite(store, dir),
         sqlite_path: Some(path),
         pg: None,
@@ -550,8 +574,8 @@ async fn load_postgres(plan: &[StreamPlan]) -> Loaded {
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO \"{schema}\".streams \
          (token, stream_id, incarnation, first_seq, last_seq, clean_seq, total_bytes, last_stored_at) \
-         SELECT t, i, n, 1, l, 1, l * $4, $5 \
-           FROM unnest($1::bytea[], $2::bytea[], $3::int8[]) WITH ORDINALITY AS u(t, i, l, n)"
+         SELECT t, i, nextval('\"{schema}\".incarnations'), 1, l, 1, l * $4, $5 \
+           FROM unnest($1::bytea[], $2::bytea[], $3::int8[]) AS u(t, i, l)"
     )))
     .bind(&tokens)
     .bind(&ids)
@@ -584,12 +608,19 @@ async fn load_postgres(plan: &[StreamPlan]) -> Loaded {
         .await
         .expect("vacuum analyze");
     }
-    conn.close().await.expect("close");
     let probe = &plan[plan.len() - 1];
+    let incarnation: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT incarnation FROM \"{schema}\".streams WHERE token = $1"
+    )))
+    .bind(key.token(&probe.stream_id).as_bytes().to_vec())
+    .fetch_one(&mut conn)
+    .await
+    .expect("the probe's incarnation");
+    conn.close().await.expect("close");
     Loaded {
         store: Arc::new(store.clone()),
         token: key.token(&probe.stream_id),
-        positions: dense(probe.len),
+        positions: dense_positions(incarnation as u64, probe.len),
         cleanup: Cleanup::Postgres(store, url.clone(), schema.clone()),
         sqlite_path: None,
         pg: Some((url, schema)),
@@ -660,7 +691,7 @@ async fn load_sled(plan: &[StreamPlan]) -> Loaded {
     .expect("open sled");
     let probe = plan.len() as u32 - 1;
     let data = payload();
-    let tokens: Vec<StreamToken> = futures_util::stream::iter(schedule(plan))
+    let probes: Vec<EventId> = futures_util::stream::iter(schedule(plan))
         .map(|i| {
             let store = &builder;
             let data = &data;
@@ -669,7 +700,7 @@ async fn load_sled(plan: &[StreamPlan]) -> Loaded {
                     .store_event(&plan[i as usize].stream_id, NewEvent::new(data))
                     .await
                     .expect("append");
-                (i == probe).then_some(id.token)
+                (i == probe).then_some(id)
             }
         })
         .buffer_unordered(64)
@@ -682,8 +713,8 @@ async fn load_sled(plan: &[StreamPlan]) -> Loaded {
         .expect("reopen sled");
     Loaded {
         store: Arc::new(store.clone()),
-        token: tokens[0],
-        positions: dense(plan[plan.len() - 1].len),
+        token: probes[0].token,
+        positions: dense_positions(probes[0].position.major, plan[plan.len() - 1].len),
         cleanup: Cleanup::Sled(store, dir),
         sqlite_path: None,
         pg: None,
