@@ -11,6 +11,8 @@
 //! * [`Error`], one error enum named by meaning;
 //! * [`Retention`], [`PurgeReport`] and [`PurgeTask`], so nothing grows
 //!   without bound;
+//! * [`EventStore::follow_events_after`], the replay that stays open while
+//!   a call is still running (C13), built from the pieces in [`follow`];
 //! * [`MemoryStore`], a complete in-memory backend;
 //! * with the `conformance` feature, the shared test suite
 //!   ([`conformance`]) that every backend passes;
@@ -31,6 +33,7 @@ mod options;
 mod store;
 
 pub mod dense;
+pub mod follow;
 pub mod observe;
 
 #[cfg(feature = "conformance")]
@@ -41,6 +44,7 @@ pub mod rmcp;
 
 pub use error::{BoxError, Error, Result};
 pub use event::{NewEvent, StoredEvent, retry_from_millis, retry_to_millis};
+pub use follow::FollowOptions;
 pub use id::{EventId, MAX_EVENT_ID_LEN, Position, STREAM_KEY_LEN, StreamKey, StreamToken};
 pub use maintenance::PurgeTask;
 pub use memory::MemoryStore;

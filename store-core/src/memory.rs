@@ -10,6 +10,7 @@ use bytes::Bytes;
 use crate::dense::{self, DenseStream};
 use crate::error::{Error, Result};
 use crate::event::{NewEvent, StoredEvent};
+use crate::follow::{self, FollowOptions, Wakeups};
 use crate::id::{EventId, StreamKey, StreamToken};
 use crate::observe;
 use crate::options::{PurgeReport, StoreOptions};
@@ -47,6 +48,8 @@ struct Inner {
     key: StreamKey,
     options: StoreOptions,
     state: Arc<Mutex<State>>,
+    /// Shared by every handle on the same data, like `state`.
+    wakeups: Arc<Wakeups>,
 }
 
 #[derive(Debug, Default)]
@@ -56,6 +59,10 @@ struct State {
     /// The last incarnation handed to a stream; never handed out twice.
     last_incarnation: u64,
 }
+
+/// Every append wakes its followers in process, so the periodic re-read is
+/// only a safety net.
+const RECHECK: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 struct Stream {
@@ -123,6 +130,7 @@ impl MemoryStore {
                 key: StreamKey::generate()?,
                 options,
                 state: Arc::default(),
+                wakeups: Arc::default(),
             }),
         })
     }
@@ -136,6 +144,7 @@ impl MemoryStore {
                 key: self.inner.key.clone(),
                 options,
                 state: self.inner.state.clone(),
+                wakeups: self.inner.wakeups.clone(),
             }),
         })
     }
@@ -236,7 +245,9 @@ impl EventStore for MemoryStore {
             self.inner
                 .options
                 .check_append(stream_id, event.data.len())?;
-            Ok(self.append(stream_id, event))
+            let id = self.append(stream_id, event);
+            self.inner.wakeups.wake(&id.token);
+            Ok(id)
         })
         .await
     }
@@ -315,6 +326,33 @@ impl EventStore for MemoryStore {
             Ok(report)
         })
         .await
+    }
+
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        let cursor: EventId = last_event_id.parse()?;
+        // Subscribe before the first read, so no append falls in between.
+        let subscription = self.inner.wakeups.subscribe(cursor.token);
+        let first = self.replay_events_after(last_event_id).await?;
+        let store = self.clone();
+        Ok(follow::follow(
+            first,
+            subscription,
+            last_event_id.to_owned(),
+            RECHECK,
+            options,
+            move |cursor| {
+                let store = store.clone();
+                async move { store.replay_events_after(&cursor).await }
+            },
+        ))
+    }
+
+    fn open_follows(&self) -> usize {
+        self.inner.wakeups.followers()
     }
 }
 

@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 
 use crate::error::Result;
 use crate::event::{NewEvent, StoredEvent};
+use crate::follow::FollowOptions;
 use crate::id::{EventId, Position};
 use crate::options::PurgeReport;
 
@@ -62,6 +63,44 @@ pub trait EventStore: Send + Sync + 'static {
 
     /// Applies the retention limits now (C8), and removes expired sessions.
     async fn purge_expired(&self) -> Result<PurgeReport>;
+
+    /// A replay that stays open (C13): the events stored after
+    /// `last_event_id`, then each event appended to that stream afterwards,
+    /// through any handle or process sharing the storage, in order, each
+    /// once.
+    ///
+    /// Fails at once as [`replay_events_after`](EventStore::replay_events_after)
+    /// does. The event stream ends when dropped (releasing everything it
+    /// held), when [`FollowOptions::max_hold`] passes, or after yielding an
+    /// error: [`Error::EventsPurged`](crate::Error::EventsPurged) if
+    /// retention overtakes a slow follower.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mcp_event_store_core::Result<()> {
+    /// use futures_util::StreamExt;
+    /// use mcp_event_store_core::{EventStore, FollowOptions, MemoryStore, NewEvent};
+    ///
+    /// let store = MemoryStore::new();
+    /// let first = store.store_event("call-7", NewEvent::new(b"progress 1")).await?;
+    /// let mut follow = store
+    ///     .follow_events_after(&first.to_string(), FollowOptions::default())
+    ///     .await?;
+    /// // Appended after the follow opened: delivered live.
+    /// store.store_event("call-7", NewEvent::new(b"result")).await?;
+    /// let next = follow.events.next().await.unwrap()?;
+    /// assert_eq!(&next.data[..], b"result");
+    /// # Ok(()) }
+    /// ```
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay>;
+
+    /// How many follows are open on this handle now; a dropped follow is
+    /// no longer counted (C13).
+    fn open_follows(&self) -> usize;
 }
 
 /// Opaque session state with a time to live, keyed by session id.

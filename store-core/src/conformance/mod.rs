@@ -13,8 +13,10 @@
 //! features among its dev-dependencies.
 
 mod cases;
+mod follow;
 
 pub use cases::*;
+pub use follow::*;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -131,7 +133,15 @@ macro_rules! conformance_tests {
             newest_event_survives_the_byte_limit, delete_stream_removes_only_that_stream,
             delete_unknown_stream_removes_nothing, purge_with_nothing_expired_removes_nothing,
             replay_pages_through_long_streams, session_round_trip, session_expires,
-            session_ids_are_data, two_handles_share_events
+            session_ids_are_data, two_handles_share_events,
+            follow_yields_the_stored_rest_then_live_events,
+            follow_from_the_newest_event_waits_for_the_next,
+            follow_delivers_appends_from_another_handle,
+            follow_under_concurrent_appends_has_no_gap_and_no_duplicate,
+            dropped_follow_releases_everything, follow_ends_after_its_maximum_hold,
+            follow_never_yields_another_streams_events,
+            retention_overtaking_a_follower_is_events_purged,
+            follow_of_an_unknown_id_is_refused
         );
     };
     ($harness:expr, persistent) => {

@@ -1,0 +1,276 @@
+//! Following a stream (C13): the replay that stays open.
+//!
+//! [`EventStore::follow_events_after`](crate::EventStore::follow_events_after)
+//! yields the stored events after a cursor, then each event appended to that
+//! stream afterwards, until it is dropped, its maximum hold passes, or an
+//! error ends it. Every backend builds it from the two pieces here:
+//!
+//! * [`Wakeups`], a per-handle hub of per-stream wake-up counters. A backend
+//!   calls [`Wakeups::wake`] after an append is committed (and from its
+//!   native notification: `LISTEN`, `XREAD BLOCK`, `PRAGMA data_version`).
+//! * [`follow`], the loop: subscribe, read by cursor, wait for a wake-up (or
+//!   the backend's periodic re-check), read by cursor again.
+//!
+//! A wake-up carries no payload: it only prompts a re-read from the store
+//! by cursor. Correctness never depends on a notification arriving (the
+//! periodic re-check finds what a lost one would have announced), and no
+//! follower holds a queue of events that could grow without bound: the
+//! store is the queue.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_core::stream::BoxStream;
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::Result;
+use crate::event::StoredEvent;
+use crate::id::StreamToken;
+use crate::store::Replay;
+
+/// How a follow ends, besides being dropped or failing.
+///
+/// ```
+/// use std::time::Duration;
+/// use mcp_event_store_core::FollowOptions;
+///
+/// // Hand the client back after 30 s; it resumes with its newest id.
+/// let options = FollowOptions::default().max_hold(Duration::from_secs(30));
+/// assert_eq!(options.max_hold, Some(Duration::from_secs(30)));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FollowOptions {
+    /// End the follow this long after it opened, even if events may still
+    /// come; `None` (the default) follows until dropped.
+    pub max_hold: Option<Duration>,
+}
+
+impl FollowOptions {
+    /// Ends the follow `hold` after it opened.
+    pub fn max_hold(mut self, hold: Duration) -> Self {
+        self.max_hold = Some(hold);
+        self
+    }
+}
+
+/// Per-stream wake-up counters shared by one store handle's followers.
+///
+/// Only streams with a follower have an entry; the entry goes with the
+/// last follower, so the hub's size is bounded by the followers open.
+/// Cheap when nobody follows: [`wake`](Wakeups::wake) is one lock and one
+/// hash lookup.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// use mcp_event_store_core::{StreamKey, follow::Wakeups};
+///
+/// let hub = Arc::new(Wakeups::default());
+/// let token = StreamKey::generate().unwrap().token("stream-a");
+/// let mut follower = hub.subscribe(token);
+/// assert_eq!(hub.followers(), 1);
+/// hub.wake(&token);
+/// follower.changed().await; // returns at once: a wake-up is pending
+/// drop(follower);
+/// assert_eq!(hub.followers(), 0);
+/// # }
+/// ```
+#[derive(Debug, Default)]
+pub struct Wakeups {
+    streams: Mutex<HashMap<StreamToken, watch::Sender<u64>>>,
+}
+
+impl Wakeups {
+    fn streams(&self) -> MutexGuard<'_, HashMap<StreamToken, watch::Sender<u64>>> {
+        // Every critical section completes its one map operation, so a
+        // poisoned lock holds nothing half-done.
+        self.streams
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Wakes the followers of one stream: call it after an append to that
+    /// stream is committed, so the re-read it prompts sees the event.
+    pub fn wake(&self, token: &StreamToken) {
+        if let Some(sender) = self.streams().get(token) {
+            sender.send_modify(|version| *version = version.wrapping_add(1));
+        }
+    }
+
+    /// Wakes every follower of this handle: for a backend that learns that
+    /// *something* changed (another process wrote) but not which stream.
+    pub fn wake_all(&self) {
+        for sender in self.streams().values() {
+            sender.send_modify(|version| *version = version.wrapping_add(1));
+        }
+    }
+
+    /// The streams that have at least one follower now.
+    pub fn followed(&self) -> Vec<StreamToken> {
+        self.streams().keys().copied().collect()
+    }
+
+    /// How many followers are open on this handle.
+    pub fn followers(&self) -> usize {
+        self.streams()
+            .values()
+            .map(watch::Sender::receiver_count)
+            .sum()
+    }
+
+    /// Registers a follower of `token`; its wake-ups start now.
+    pub fn subscribe(self: &Arc<Self>, token: StreamToken) -> Subscription {
+        let receiver = {
+            let mut streams = self.streams();
+            let sender = streams.entry(token).or_insert_with(|| watch::channel(0).0);
+            let mut receiver = sender.subscribe();
+            receiver.mark_unchanged();
+            receiver
+        };
+        Subscription {
+            hub: self.clone(),
+            token,
+            receiver: Some(receiver),
+        }
+    }
+}
+
+/// One follower's registration in a [`Wakeups`] hub; dropping it
+/// unregisters the follower (and the stream's entry with its last one).
+#[derive(Debug)]
+pub struct Subscription {
+    hub: Arc<Wakeups>,
+    token: StreamToken,
+    receiver: Option<watch::Receiver<u64>>,
+}
+
+impl Subscription {
+    /// Marks every wake-up so far as seen: call it before a re-read, so any
+    /// append committed after the re-read started wakes the next
+    /// [`changed`](Subscription::changed).
+    pub fn mark_seen(&mut self) {
+        if let Some(receiver) = &mut self.receiver {
+            receiver.mark_unchanged();
+        }
+    }
+
+    /// Waits for a wake-up not yet marked seen.
+    pub async fn changed(&mut self) {
+        match &mut self.receiver {
+            // The hub keeps the sender while a receiver exists, so this
+            // only fails if the hub itself is gone; then wait for the
+            // re-check instead of spinning.
+            Some(receiver) => {
+                if receiver.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        drop(self.receiver.take());
+        let mut streams = self.hub.streams();
+        if streams
+            .get(&self.token)
+            .is_some_and(|sender| sender.receiver_count() == 0)
+        {
+            streams.remove(&self.token);
+        }
+    }
+}
+
+/// Builds a follow from a backend's replay.
+///
+/// `first` is the replay after the follower's cursor, opened *after*
+/// `subscription` was registered, so no wake-up between the two is lost.
+/// `reread(cursor)` replays after the newest id delivered; the loop calls
+/// it after each wake-up and, whatever else happens, every `recheck` (the
+/// safety net for a lost notification, and the way a backend without
+/// native notifications finds other processes' appends). Events are yielded
+/// in order, each once: every read starts strictly after the last id
+/// yielded (C3, C6). An error from a read is yielded and ends the follow.
+pub fn follow<F, Fut>(
+    first: Replay,
+    subscription: Subscription,
+    cursor: String,
+    recheck: Duration,
+    options: FollowOptions,
+    reread: F,
+) -> Replay
+where
+    F: FnMut(String) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Replay>> + Send + 'static,
+{
+    struct State<F> {
+        cursor: String,
+        events: Option<BoxStream<'static, Result<StoredEvent>>>,
+        subscription: Subscription,
+        reread: F,
+        recheck: Duration,
+        deadline: Option<Instant>,
+        done: bool,
+    }
+    let state = State {
+        cursor,
+        events: Some(first.events),
+        subscription,
+        reread,
+        recheck,
+        deadline: options.max_hold.map(|hold| Instant::now() + hold),
+        done: false,
+    };
+    let events = futures_util::stream::unfold(state, |mut state| async move {
+        if state.done {
+            return None;
+        }
+        loop {
+            if let Some(events) = &mut state.events {
+                match events.next().await {
+                    Some(Ok(event)) => {
+                        state.cursor = event.id.to_string();
+                        return Some((Ok(event), state));
+                    }
+                    Some(Err(error)) => {
+                        state.done = true;
+                        return Some((Err(error), state));
+                    }
+                    None => state.events = None,
+                }
+            }
+            let recheck = state.recheck;
+            let subscription = &mut state.subscription;
+            let wait = async {
+                tokio::select! {
+                    () = subscription.changed() => {}
+                    () = tokio::time::sleep(recheck) => {}
+                }
+            };
+            match state.deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, wait).await.ok()?,
+                None => wait.await,
+            }
+            state.subscription.mark_seen();
+            match (state.reread)(state.cursor.clone()).await {
+                Ok(replay) => state.events = Some(replay.events),
+                Err(error) => {
+                    state.done = true;
+                    return Some((Err(error), state));
+                }
+            }
+        }
+    });
+    Replay {
+        stream_id: first.stream_id,
+        events: events.boxed(),
+    }
+}
