@@ -12,8 +12,8 @@ use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use mcp_event_store_core::conformance::{self, Harness};
 use mcp_event_store_core::{
-    EventId, EventStore, MemoryStore, NewEvent, PurgeReport, Replay, Result, SessionStore,
-    StoreOptions,
+    EventId, EventStore, FollowOptions, MemoryStore, NewEvent, PurgeReport, Replay, Result,
+    SessionStore, StoreOptions,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -26,6 +26,8 @@ enum Flaw {
     NeverPurges,
     /// Sessions never expire.
     SessionsNeverExpire,
+    /// A follow ends with what is stored, as a plain replay does.
+    FollowEndsWithTheStoredEvents,
 }
 
 struct Flawed {
@@ -68,6 +70,23 @@ impl EventStore for Flawed {
             Flaw::NeverPurges => Ok(PurgeReport::default()),
             _ => self.inner.purge_expired().await,
         }
+    }
+
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        match self.flaw {
+            Flaw::FollowEndsWithTheStoredEvents => {
+                self.inner.replay_events_after(last_event_id).await
+            }
+            _ => self.inner.follow_events_after(last_event_id, options).await,
+        }
+    }
+
+    fn open_follows(&self) -> usize {
+        self.inner.open_follows()
     }
 }
 
@@ -161,6 +180,18 @@ async fn sessions_that_never_expire_fail() {
     .await;
 }
 
+#[tokio::test]
+async fn a_follow_that_ends_with_the_stored_events_fails() {
+    assert_case_fails(Flaw::FollowEndsWithTheStoredEvents, |h| async move {
+        conformance::follow_yields_the_stored_rest_then_live_events(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::FollowEndsWithTheStoredEvents, |h| async move {
+        conformance::follow_from_the_newest_event_waits_for_the_next(&h).await
+    })
+    .await;
+}
+
 /// The same cases pass on the unflawed store, so the failures above are the
 /// flaws' doing.
 #[tokio::test]
@@ -172,4 +203,7 @@ async fn the_cases_pass_on_a_sound_store() {
     conformance::retention_by_age(&h).await;
     let h = conformance::MemoryHarness::new().await;
     conformance::session_expires(&h).await;
+    let h = conformance::MemoryHarness::new().await;
+    conformance::follow_yields_the_stored_rest_then_live_events(&h).await;
+    conformance::follow_from_the_newest_event_waits_for_the_next(&h).await;
 }

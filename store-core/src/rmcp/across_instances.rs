@@ -58,6 +58,16 @@ impl EventStore for Counting {
     async fn purge_expired(&self) -> crate::Result<PurgeReport> {
         self.inner.purge_expired().await
     }
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: crate::FollowOptions,
+    ) -> crate::Result<Replay> {
+        self.inner.follow_events_after(last_event_id, options).await
+    }
+    fn open_follows(&self) -> usize {
+        self.inner.open_follows()
+    }
 }
 
 #[async_trait]

@@ -529,6 +529,16 @@ impl EventStore for BreaksMidReplay {
     async fn purge_expired(&self) -> crate::Result<crate::PurgeReport> {
         self.0.purge_expired().await
     }
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        _: crate::FollowOptions,
+    ) -> crate::Result<crate::Replay> {
+        self.replay_events_after(last_event_id).await
+    }
+    fn open_follows(&self) -> usize {
+        0
+    }
 }
 
 #[tokio::test]
