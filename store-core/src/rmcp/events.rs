@@ -4,10 +4,12 @@ use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_core::Stream;
 use futures_core::stream::BoxStream;
+use rmcp::model::ServerJsonRpcMessage;
 use rmcp::transport::streamable_http_server::session::{
     EventStore as RmcpEventStoreTrait, EventStoreError, EventStream, ServerSseMessage,
 };
@@ -16,6 +18,7 @@ use super::AdapterError;
 use super::codec::{decode, encode};
 use crate::error::Result;
 use crate::event::{NewEvent, StoredEvent};
+use crate::follow::FollowOptions;
 use crate::store::EventStore;
 
 /// Any of our [`EventStore`]s as rmcp's
@@ -26,16 +29,69 @@ use crate::store::EventStore;
 /// `LocalSessionManager::with_event_store` (session mode) or
 /// `NeverSessionManager::with_event_store` (stateless mode).
 ///
+/// A resume *follows* its stream by default (C13): it delivers what is
+/// stored after `Last-Event-ID`, then each message appended afterwards by
+/// any server instance sharing the store, and ends right after the JSON-RPC
+/// response (or error) that answers the stream's request. The standalone
+/// stream (`<session>:common`), and a request stream whose answer has not
+/// come, end after [`DEFAULT_FOLLOW_HOLD`] (see
+/// [`with_follow_hold`](RmcpEventStore::with_follow_hold)); the client then
+/// resumes again with the newest id it received (SEP-1699).
+/// [`without_follow`](RmcpEventStore::without_follow) restores plain
+/// replays that end with what is stored.
+///
 /// See the [module documentation](super) for how messages are stored and
 /// what happens when a replay fails half way.
 pub struct RmcpEventStore<S: ?Sized> {
     store: Arc<S>,
+    follow_hold: Option<Duration>,
 }
 
+/// How long a resume keeps following a stream with no answer to end it:
+/// five minutes, long enough for most tool calls to finish within one
+/// resume, short enough that an idle standalone stream is handed back.
+pub const DEFAULT_FOLLOW_HOLD: Duration = Duration::from_secs(300);
+
 impl<S: ?Sized> RmcpEventStore<S> {
-    /// Wraps a store.
+    /// Wraps a store; resumes follow their stream for at most
+    /// [`DEFAULT_FOLLOW_HOLD`].
     pub fn new(store: Arc<S>) -> Self {
-        Self { store }
+        Self {
+            store,
+            follow_hold: Some(DEFAULT_FOLLOW_HOLD),
+        }
+    }
+
+    /// Follows a resumed stream for at most `hold` when no answer ends it
+    /// sooner.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use mcp_event_store_core::MemoryStore;
+    /// use mcp_event_store_core::rmcp::RmcpEventStore;
+    ///
+    /// let events = RmcpEventStore::new(Arc::new(MemoryStore::new()))
+    ///     .with_follow_hold(Duration::from_secs(30));
+    /// assert_eq!(events.follow_hold(), Some(Duration::from_secs(30)));
+    /// // Hand rmcp an `Arc` of it, as `into_rmcp` does.
+    /// let events = Arc::new(events);
+    /// ```
+    pub fn with_follow_hold(mut self, hold: Duration) -> Self {
+        self.follow_hold = Some(hold);
+        self
+    }
+
+    /// Resumes replay what is stored and end there, as before following
+    /// existed: the client polls again for what comes later.
+    pub fn without_follow(mut self) -> Self {
+        self.follow_hold = None;
+        self
+    }
+
+    /// How long a resume follows its stream, or `None` if it does not.
+    pub fn follow_hold(&self) -> Option<Duration> {
+        self.follow_hold
     }
 
     /// The wrapped store.
@@ -48,13 +104,16 @@ impl<S: ?Sized> Clone for RmcpEventStore<S> {
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
+            follow_hold: self.follow_hold,
         }
     }
 }
 
 impl<S: ?Sized> fmt::Debug for RmcpEventStore<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RmcpEventStore").finish_non_exhaustive()
+        f.debug_struct("RmcpEventStore")
+            .field("follow_hold", &self.follow_hold)
+            .finish_non_exhaustive()
     }
 }
 
@@ -84,19 +143,32 @@ impl<S: EventStore + ?Sized> RmcpEventStoreTrait for RmcpEventStore<S> {
         &self,
         last_event_id: &str,
     ) -> std::result::Result<EventStream, EventStoreError> {
-        let replay = self
-            .store
-            .replay_events_after(last_event_id)
-            .await
-            .map_err(|e| AdapterError::store("replay", e))?;
+        let replay = match self.follow_hold {
+            Some(hold) => self
+                .store
+                .follow_events_after(last_event_id, FollowOptions::default().max_hold(hold))
+                .await
+                .map_err(|e| AdapterError::store("replay", e))?,
+            None => self
+                .store
+                .replay_events_after(last_event_id)
+                .await
+                .map_err(|e| AdapterError::store("replay", e))?,
+        };
         Ok(Box::pin(ReplayStream {
             events: Mutex::new(replay.events),
+            end_after_answer: self.follow_hold.is_some()
+                && !replay.stream_id.ends_with(STANDALONE_STREAM_SUFFIX),
             stream_id: replay.stream_id,
             last_event_id: last_event_id.to_owned(),
             done: false,
         }))
     }
 }
+
+/// rmcp's name for a session's standalone (GET) stream ends with this; it
+/// carries no answers, so only the hold ends a follow of it.
+const STANDALONE_STREAM_SUFFIX: &str = ":common";
 
 /// A replay as rmcp wants it: `Send + Sync`, no error items.
 ///
@@ -109,6 +181,9 @@ struct ReplayStream {
     /// The newest id handed out so far (initially the client's cursor), for
     /// the log line if the replay breaks off.
     last_event_id: String,
+    /// A followed request stream ends after the message answering its
+    /// request, as rmcp ends the live response.
+    end_after_answer: bool,
     done: bool,
 }
 
@@ -134,6 +209,16 @@ impl Stream for ReplayStream {
                 Ok(message) => {
                     if let Some(id) = &message.event_id {
                         this.last_event_id.clone_from(id);
+                    }
+                    if this.end_after_answer
+                        && message.message.as_deref().is_some_and(|message| {
+                            matches!(
+                                message,
+                                ServerJsonRpcMessage::Response(_) | ServerJsonRpcMessage::Error(_)
+                            )
+                        })
+                    {
+                        this.done = true;
                     }
                     return Poll::Ready(Some(message));
                 }

@@ -86,9 +86,20 @@
 //! clean end of stream, comes back with the `Last-Event-ID` of the last event
 //! it received, and either gets the rest or, if it is gone, an empty stream.
 //!
-//! Replays are finite: they end at the newest stored event. rmcp's clients
-//! treat the end of a resumed stream as a SEP-1699 close and poll again with
-//! their newest `Last-Event-ID` after the `retry` interval.
+//! # Resumes follow the call to its answer
+//!
+//! A resume *follows* its stream (C13, [`EventStore::follow_events_after`]):
+//! the client gets what is stored after its `Last-Event-ID`, then, in the
+//! same response, each message the server goes on sending, from this or any
+//! other instance sharing the store. A request stream ends right after the
+//! JSON-RPC response or error that answers its request, as rmcp ends a live
+//! one; the standalone stream (`<session>:common`), and a request stream
+//! whose answer has not come, end after [`DEFAULT_FOLLOW_HOLD`] (five
+//! minutes), and the client resumes again with its newest id.
+//! [`RmcpEventStore::with_follow_hold`] sets another hold,
+//! [`RmcpEventStore::without_follow`] makes every resume a plain replay
+//! that ends at the newest stored event (a poll), and
+//! [`SessionScoped::local_with_events`] takes the configured event store.
 //!
 //! # SEP-1699 polling in rmcp 3.9
 //!
@@ -108,7 +119,8 @@
 //!   example does that (`--poll-every N`).
 //! * **Resuming.** A `GET` with `Last-Event-ID` (with `Mcp-Session-Id` in
 //!   session mode) is answered from the event store, in session mode
-//!   without re-attaching to the live stream: every resume is a poll.
+//!   without re-attaching to rmcp's live channel: the follow above is what
+//!   keeps the response open until the answer.
 //!   Refused resumes get an empty stream with status 200.
 //! * **The client.** rmcp's `StreamableHttpClientTransport` reconnects when a
 //!   stream ends gracefully, waits for the server's `retry` hint (or its
@@ -122,7 +134,7 @@ mod sessions;
 mod tracker;
 
 pub use codec::{DecodeError, decode, encode, replays_exactly};
-pub use events::RmcpEventStore;
+pub use events::{DEFAULT_FOLLOW_HOLD, RmcpEventStore};
 pub use scoped::{
     DEFAULT_BINDING_KEY_PREFIX, DEFAULT_BINDING_TTL, DEFAULT_SESSION_CHECK_INTERVAL, ScopedError,
     SessionScoped,

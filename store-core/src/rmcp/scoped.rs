@@ -195,7 +195,27 @@ impl<S: Store + ?Sized> SessionScoped<LocalSessionManager, S> {
     /// rmcp's `LocalSessionManager` (default configuration) with `store` as
     /// its event store, its resumes scoped to their session.
     pub fn local(store: Arc<S>) -> Self {
-        let events: Arc<dyn RmcpEventStoreTrait> = Arc::new(RmcpEventStore::new(store.clone()));
+        Self::local_with_events(RmcpEventStore::new(store))
+    }
+
+    /// Like [`local`](Self::local), with the event store configured, for
+    /// example to follow resumed streams for another hold or not at all
+    /// ([`RmcpEventStore::without_follow`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use mcp_event_store_core::MemoryStore;
+    /// use mcp_event_store_core::rmcp::{RmcpEventStore, SessionScoped};
+    ///
+    /// let events = RmcpEventStore::new(Arc::new(MemoryStore::new()))
+    ///     .with_follow_hold(Duration::from_secs(60));
+    /// let sessions = SessionScoped::local_with_events(events);
+    /// # let _ = sessions;
+    /// ```
+    pub fn local_with_events(events: RmcpEventStore<S>) -> Self {
+        let store = events.inner().clone();
+        let events: Arc<dyn RmcpEventStoreTrait> = Arc::new(events);
         Self::new(
             LocalSessionManager::default().with_event_store(events),
             store,

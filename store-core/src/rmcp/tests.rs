@@ -14,6 +14,12 @@ use serde_json::{Value, json};
 use super::*;
 use crate::{EventId, EventStore, MemoryStore, NewEvent, SessionStore, StoredEvent};
 
+/// The adapter with plain replays, which end at the newest stored event:
+/// what these tests collect.
+fn replaying<S: EventStore + ?Sized>(store: Arc<S>) -> Arc<RmcpEventStore<S>> {
+    Arc::new(RmcpEventStore::new(store).without_follow())
+}
+
 /// The bytes rmcp writes for a message on a live stream.
 fn wire(message: &ServerJsonRpcMessage) -> String {
     serde_json::to_string(message).unwrap()
@@ -23,7 +29,7 @@ fn wire(message: &ServerJsonRpcMessage) -> String {
 /// must be the live one, byte for byte.
 async fn assert_replays_exactly(name: &str, message: ServerJsonRpcMessage) {
     let store = Arc::new(MemoryStore::new());
-    let rmcp_store = store.clone().into_rmcp();
+    let rmcp_store = replaying(store.clone());
     let live = wire(&message);
     let cursor = rmcp_store
         .store_event("s", &ServerSseMessage::retry(Duration::from_secs(1)))
@@ -401,7 +407,7 @@ async fn replayed_ids(
 
 #[tokio::test]
 async fn priming_events_and_retry_hints_round_trip() {
-    let store = Arc::new(MemoryStore::new()).into_rmcp();
+    let store = replaying(Arc::new(MemoryStore::new()));
     let cursor = store.store_event("s", &text_notification(0)).await.unwrap();
     let priming = store
         .store_event("s", &ServerSseMessage::retry(Duration::from_millis(2500)))
@@ -445,7 +451,7 @@ async fn priming_events_and_retry_hints_round_trip() {
 
 #[tokio::test]
 async fn resuming_from_any_replayed_id_gives_the_rest() {
-    let store = Arc::new(MemoryStore::new()).into_rmcp();
+    let store = replaying(Arc::new(MemoryStore::new()));
     let mut ids = Vec::new();
     for n in 0..10 {
         ids.push(store.store_event("s", &text_notification(n)).await.unwrap());
@@ -678,4 +684,102 @@ async fn unreadable_session_state_is_an_error_with_its_source() {
     let adapter = err.downcast_ref::<AdapterError>().unwrap();
     assert!(matches!(adapter, AdapterError::SessionState { .. }));
     assert!(std::error::Error::source(adapter).is_some());
+}
+
+/// An rmcp response answering request 7 on stream `s`.
+fn answer() -> ServerSseMessage {
+    ServerSseMessage::from_message(response(ServerResult::EmptyResult(EmptyObject {})))
+}
+
+#[tokio::test]
+async fn a_resume_mid_call_follows_the_stream_to_its_answer() {
+    let store = Arc::new(MemoryStore::new()).into_rmcp();
+    let cursor = store
+        .store_event("s:1", &text_notification(0))
+        .await
+        .unwrap();
+    let stored = store
+        .store_event("s:1", &text_notification(1))
+        .await
+        .unwrap();
+    let mut resumed = store.replay_events_after(&cursor).await.unwrap();
+    let first = resumed.next().await.unwrap();
+    assert_eq!(first.event_id.as_deref(), Some(stored.as_str()));
+    // The call goes on after the resume: progress, then its answer, then
+    // (on a misbehaving server) more; the resume ends with the answer.
+    let live = store
+        .store_event("s:1", &text_notification(2))
+        .await
+        .unwrap();
+    let answered = store.store_event("s:1", &answer()).await.unwrap();
+    store
+        .store_event("s:1", &text_notification(3))
+        .await
+        .unwrap();
+    let rest: Vec<_> = tokio::time::timeout(Duration::from_secs(30), resumed.collect::<Vec<_>>())
+        .await
+        .expect("the resume ends after the answer");
+    let ids: Vec<_> = rest.iter().map(|m| m.event_id.clone().unwrap()).collect();
+    assert_eq!(ids, [live, answered]);
+    assert_eq!(store.inner().open_follows(), 0);
+}
+
+#[tokio::test]
+async fn a_resume_of_an_answered_call_ends_after_the_stored_answer() {
+    let store = Arc::new(MemoryStore::new()).into_rmcp();
+    let cursor = store
+        .store_event("s:1", &text_notification(0))
+        .await
+        .unwrap();
+    let answered = store.store_event("s:1", &answer()).await.unwrap();
+    let replayed = tokio::time::timeout(Duration::from_secs(30), replayed_ids(&*store, &cursor))
+        .await
+        .expect("no wait for what is stored");
+    assert_eq!(replayed, [answered]);
+}
+
+#[tokio::test]
+async fn the_standalone_stream_is_followed_until_the_hold() {
+    let store = Arc::new(
+        RmcpEventStore::new(Arc::new(MemoryStore::new()))
+            .with_follow_hold(Duration::from_millis(300)),
+    );
+    let cursor = store
+        .store_event("session:common", &text_notification(0))
+        .await
+        .unwrap();
+    let mut resumed = store.replay_events_after(&cursor).await.unwrap();
+    // An answer-shaped message does not end the standalone stream.
+    let live = store
+        .store_event("session:common", &answer())
+        .await
+        .unwrap();
+    let next = store
+        .store_event("session:common", &text_notification(1))
+        .await
+        .unwrap();
+    assert_eq!(resumed.next().await.unwrap().event_id, Some(live));
+    assert_eq!(resumed.next().await.unwrap().event_id, Some(next));
+    let end = tokio::time::timeout(Duration::from_secs(30), resumed.next())
+        .await
+        .expect("the hold ends the follow");
+    assert!(end.is_none());
+}
+
+#[tokio::test]
+async fn without_follow_a_resume_ends_with_what_is_stored() {
+    let store = replaying(Arc::new(MemoryStore::new()));
+    let cursor = store
+        .store_event("s:1", &text_notification(0))
+        .await
+        .unwrap();
+    let stored = store
+        .store_event("s:1", &text_notification(1))
+        .await
+        .unwrap();
+    let replayed = tokio::time::timeout(Duration::from_secs(30), replayed_ids(&*store, &cursor))
+        .await
+        .expect("a plain replay ends");
+    assert_eq!(replayed, [stored]);
+    assert_eq!(store.follow_hold(), None);
 }
