@@ -28,6 +28,9 @@
 //!   memory is looked up in the store, so that one deleted or expired on
 //!   another instance answers 404 here too (default 1000; 0 = on every
 //!   request);
+//! * `--follow-hold SECS`: a resume follows its stream live until the call
+//!   is answered, or for at most this long (default 300); `0` turns
+//!   following off, so a resume ends with what is stored (a poll);
 //! * `--allow-host HOST`: accept this `Host` header (repeatable; default:
 //!   loopback names only, rmcp's DNS-rebinding protection).
 //!
@@ -35,7 +38,10 @@
 //! waiting `interval_ms` (default 500) between steps and sending a progress
 //! notification for each (if the request carries a `progressToken`), then
 //! answers `counted to N`. Drop the connection half way and resume with
-//! `Last-Event-ID`: the store gives back everything that was sent since.
+//! `Last-Event-ID`: the store gives back everything that was sent since,
+//! and the same response goes on with the remaining progress and the
+//! result as the call produces them, on this instance or any other sharing
+//! the store.
 //!
 //! In session mode the server keeps sessions in memory as rmcp's
 //! `LocalSessionManager` does, stores each session's `initialize` parameters
@@ -57,8 +63,8 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
-use mcp_event_store::rmcp::{IntoRmcp, SessionScoped};
-use mcp_event_store::{DynStore, PurgeTask, Retention, StoreOptions};
+use mcp_event_store::rmcp::{IntoRmcp, RmcpEventStore, SessionScoped};
+use mcp_event_store::{DynStore, PurgeTask, Retention, Store, StoreOptions};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
@@ -95,6 +101,8 @@ pub struct Options {
     /// How often, at most, a session held in memory is looked up in the
     /// store.
     pub session_check: Duration,
+    /// How long a resume follows its stream; `None` replays what is stored.
+    pub follow_hold: Option<Duration>,
     /// Extra accepted `Host` headers.
     pub allowed_hosts: Vec<String>,
 }
@@ -109,6 +117,7 @@ impl Default for Options {
             retry: Duration::from_secs(3),
             retention: Retention::default(),
             session_check: mcp_event_store::rmcp::DEFAULT_SESSION_CHECK_INTERVAL,
+            follow_hold: Some(mcp_event_store::rmcp::DEFAULT_FOLLOW_HOLD),
             allowed_hosts: Vec::new(),
         }
     }
@@ -116,7 +125,7 @@ impl Default for Options {
 
 const USAGE: &str = "usage: resumable_server [--store URL] [--bind ADDR] [--stateless] \
 [--poll-every N] [--retry-ms MS] [--max-age SECS] [--max-events N] [--session-check-ms MS] \
-[--allow-host HOST]...";
+[--follow-hold SECS] [--allow-host HOST]...";
 
 /// A positive whole number, or an error naming the option.
 fn positive(flag: &str, value: &str) -> Result<u64, String> {
@@ -177,6 +186,13 @@ impl Options {
                         ms.parse()
                             .map_err(|e| format!("--session-check-ms {ms:?}: {e}"))?,
                     );
+                }
+                "--follow-hold" => {
+                    let secs = value()?;
+                    let secs: u64 = secs
+                        .parse()
+                        .map_err(|e| format!("--follow-hold {secs:?}: {e}\n{USAGE}"))?;
+                    options.follow_hold = (secs > 0).then(|| Duration::from_secs(secs));
                 }
                 "--allow-host" => options.allowed_hosts.push(value()?),
                 "-h" | "--help" => return Err(USAGE.into()),
@@ -297,6 +313,16 @@ impl ServerHandler for SlowCounter {
     }
 }
 
+/// The store as rmcp's event store, following resumed streams for the
+/// configured hold.
+fn events(store: DynStore, options: &Options) -> RmcpEventStore<dyn Store> {
+    let events = RmcpEventStore::new(store);
+    match options.follow_hold {
+        Some(hold) => events.with_follow_hold(hold),
+        None => events.without_follow(),
+    }
+}
+
 /// The axum router serving MCP at `/mcp` on `store`.
 ///
 /// `shutdown` ends every open SSE stream when cancelled.
@@ -311,7 +337,7 @@ pub fn router(store: DynStore, options: &Options, shutdown: &CancellationToken) 
     }
     let router = if options.stateless {
         config = config.with_legacy_session_mode(false);
-        let sessions = NeverSessionManager::default().with_event_store(store.into_rmcp());
+        let sessions = NeverSessionManager::default().with_event_store(Arc::new(events(store, options)));
         axum::Router::new().nest_service(
             "/mcp",
             StreamableHttpService::new(|| Ok(SlowCounter), Arc::new(sessions), config),
@@ -321,7 +347,7 @@ pub fn router(store: DynStore, options: &Options, shutdown: &CancellationToken) 
         config.session_store = Some(session_store.clone());
         let mut local = LocalSessionManager::default();
         local.session_config.sse_retry = Some(options.retry);
-        let local = local.with_event_store(store.clone().into_rmcp());
+        let local = local.with_event_store(Arc::new(events(store.clone(), options)));
         // Streams stay bound as long as their events are kept; sessions
         // deleted or expired in the store end here too.
         let sessions = SessionScoped::new(local, store)

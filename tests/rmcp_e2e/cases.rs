@@ -28,7 +28,12 @@ const CALL: u64 = 2;
 /// Starts a tool call, reads it until `DROP_AFTER` progress notifications
 /// arrived, and drops the connection. Returns the id of the last event read.
 async fn call_and_drop(client: &Client) -> String {
-    let mut sse = client.call_slow_count(CALL, COUNT, INTERVAL_MS).await;
+    call_and_drop_every(client, INTERVAL_MS).await
+}
+
+/// [`call_and_drop`] with `interval_ms` between the tool's steps.
+async fn call_and_drop_every(client: &Client, interval_ms: u64) -> String {
+    let mut sse = client.call_slow_count(CALL, COUNT, interval_ms).await;
     let first = sse.next().await.expect("a priming event");
     assert!(first.data.is_empty(), "priming first: {first:?}");
     assert!(first.id.is_some() && first.retry.is_some(), "{first:?}");
@@ -175,6 +180,88 @@ pub async fn resume_on_another_instance(fixture: &Fixture, mode: Mode) {
     }
     a.stop().await;
     b.stop().await;
+}
+
+/// Milliseconds between steps in the live-resume cases: the five steps
+/// left after the drop take a second, so the resume lands mid-call.
+const LIVE_INTERVAL_MS: u64 = 200;
+
+/// C13 over HTTP: the client drops the connection half way through a tool
+/// call and resumes once, while the call is still running: that one
+/// response carries the rest of the progress as it is produced, then the
+/// result, and ends.
+pub async fn one_resume_mid_call_streams_the_rest(fixture: &Fixture, mode: Mode) {
+    let server = Server::start(fixture.url(), mode, None).await;
+    let mut client = Client::new(&server.url);
+    if mode == Mode::Sessions {
+        client.initialize().await;
+    }
+    let dropped_at = call_and_drop_every(&client, LIVE_INTERVAL_MS).await;
+    let resumed = client.resume(&dropped_at).await.collect_all().await;
+    assert_exact_tail(&resumed);
+    assert_eq!(server.resumes(), 1, "one resume got it all");
+    server.stop().await;
+}
+
+/// The same across instances: the call runs on A, the client resumes on B
+/// mid-call, and B streams what A goes on producing.
+pub async fn one_resume_on_another_instance_streams_the_rest(fixture: &Fixture, mode: Mode) {
+    let a = Server::start(fixture.url(), mode, None).await;
+    let b = Server::start(fixture.url(), mode, None).await;
+    let mut on_a = Client::new(&a.url);
+    if mode == Mode::Sessions {
+        on_a.initialize().await;
+    }
+    let on_b = on_a.on(&b.url);
+    let dropped_at = call_and_drop_every(&on_a, LIVE_INTERVAL_MS).await;
+    let resumed = on_b.resume(&dropped_at).await.collect_all().await;
+    assert_exact_tail(&resumed);
+    assert_eq!(b.resumes(), 1, "one resume on B got it all");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// rmcp's own client: the server cuts the call's live response after two
+/// messages; the client resumes once, mid-call, and that resume delivers
+/// every remaining progress notification and the result.
+pub async fn rmcp_client_resumes_once_mid_call(fixture: &Fixture, mode: Mode) {
+    const STEPS: u64 = 8;
+    let server = Server::start_cutting_posts(fixture.url(), mode, 2).await;
+    let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str());
+    let mut retry = FixedInterval::default();
+    retry.duration = RETRY;
+    config.retry_config = Arc::new(retry);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let progress = ProgressLog::default();
+    let client = progress.clone().serve(transport).await.expect("connect");
+    let mut arguments = serde_json::Map::new();
+    arguments.insert("count".into(), STEPS.into());
+    arguments.insert("interval_ms".into(), 100.into());
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        client.call_tool(CallToolRequestParams::new("slow_count").with_arguments(arguments)),
+    )
+    .await
+    .expect("the call completes within a minute")
+    .expect("the call succeeds");
+    let text = result.content[0]
+        .as_text()
+        .unwrap_or_else(|| panic!("a text result: {result:?}"));
+    assert_eq!(text.text, format!("counted to {STEPS}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while progress.0.lock().unwrap().len() < STEPS as usize
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut received = progress.0.lock().unwrap().clone();
+    received.sort_by(f64::total_cmp);
+    let expected: Vec<f64> = (1..=STEPS).map(|n| n as f64).collect();
+    assert_eq!(received, expected, "every progress notification, once");
+    assert_eq!(server.resumes(), 1, "one resume carried the rest of the call");
+    client.cancel().await.expect("close the client");
+    server.stop().await;
 }
 
 /// Every id of a finished tool call's stream.

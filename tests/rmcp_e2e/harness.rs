@@ -124,9 +124,29 @@ impl Server {
         .await
     }
 
+    /// The example server whose `POST` responses (the live streams) end
+    /// after `messages` JSON-RPC messages, while resumes are left alone:
+    /// the client must resume once, mid-call, and get the rest there.
+    pub async fn start_cutting_posts(store_url: &str, mode: Mode, messages: usize) -> Self {
+        Self::start_layered(
+            server::Options {
+                store: store_url.to_owned(),
+                stateless: mode == Mode::Stateless,
+                retry: RETRY,
+                ..server::Options::default()
+            },
+            Some(messages),
+        )
+        .await
+    }
+
     /// The example server with these options (the listening address is
     /// ignored: a free loopback port is taken).
     pub async fn start_with(options: server::Options) -> Self {
+        Self::start_layered(options, None).await
+    }
+
+    async fn start_layered(options: server::Options, cut_posts_after: Option<usize>) -> Self {
         let store_url = &options.store;
         let store = mcp_event_store::connect_with(store_url, options.store_options())
             .await
@@ -134,7 +154,21 @@ impl Server {
         let cancel = CancellationToken::new();
         let resumes = Arc::new(AtomicUsize::new(0));
         let counter = resumes.clone();
-        let app = server::router(store, &options, &cancel).layer(axum::middleware::map_request(
+        let mut app = server::router(store, &options, &cancel);
+        if let Some(messages) = cut_posts_after {
+            app = app.layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+                    let post = request.method() == axum::http::Method::POST;
+                    let response = next.run(request).await;
+                    if post {
+                        server::close_after(response, messages, RETRY)
+                    } else {
+                        response
+                    }
+                },
+            ));
+        }
+        let app = app.layer(axum::middleware::map_request(
             move |request: axum::extract::Request| {
                 if request.method() == axum::http::Method::GET
                     && request.headers().contains_key("last-event-id")

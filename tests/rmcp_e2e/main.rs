@@ -44,6 +44,10 @@ macro_rules! e2e_tests {
             e2e_case!($fixture, stateless_forged_and_garbage_ids_replay_nothing, foreign_ids_yield_nothing, Mode::Stateless);
             e2e_case!($fixture, sessions_rmcp_client_completes_while_the_server_closes_streams, rmcp_client_polls_through, Mode::Sessions);
             e2e_case!($fixture, stateless_rmcp_client_completes_while_the_server_closes_streams, rmcp_client_polls_through, Mode::Stateless);
+            e2e_case!($fixture, sessions_one_resume_mid_call_streams_the_rest, one_resume_mid_call_streams_the_rest, Mode::Sessions);
+            e2e_case!($fixture, stateless_one_resume_mid_call_streams_the_rest, one_resume_mid_call_streams_the_rest, Mode::Stateless);
+            e2e_case!($fixture, sessions_rmcp_client_resumes_once_mid_call, rmcp_client_resumes_once_mid_call, Mode::Sessions);
+            e2e_case!($fixture, stateless_rmcp_client_resumes_once_mid_call, rmcp_client_resumes_once_mid_call, Mode::Stateless);
             $( e2e_tests!(@$tag $fixture); )*
         }
     };
@@ -55,6 +59,8 @@ macro_rules! e2e_tests {
         e2e_case!($fixture, sessions_stream_begun_on_one_server_resumes_on_another, resume_on_another_instance, Mode::Sessions);
         e2e_case!($fixture, stateless_stream_begun_on_one_server_resumes_on_another, resume_on_another_instance, Mode::Stateless);
         e2e_case!($fixture, sessions_deleted_on_one_server_are_gone_on_every_server, deleted_session_is_gone_everywhere, Mode::Sessions);
+        e2e_case!($fixture, sessions_one_resume_on_another_instance_streams_the_rest, one_resume_on_another_instance_streams_the_rest, Mode::Sessions);
+        e2e_case!($fixture, stateless_one_resume_on_another_instance_streams_the_rest, one_resume_on_another_instance_streams_the_rest, Mode::Stateless);
     };
 }
 
@@ -100,6 +106,15 @@ fn server_options_set_retention_and_session_check() {
         mcp_event_store::Retention::default()
     );
     assert_eq!(defaults.session_check, Duration::from_secs(1));
+    assert_eq!(
+        defaults.follow_hold,
+        Some(mcp_event_store::rmcp::DEFAULT_FOLLOW_HOLD)
+    );
+    assert_eq!(
+        parse(&["--follow-hold", "30"]).unwrap().follow_hold,
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(parse(&["--follow-hold=0"]).unwrap().follow_hold, None);
 
     let options = parse(&[
         "--max-age",
@@ -124,6 +139,7 @@ fn server_options_set_retention_and_session_check() {
         &["--max-events", "x"],
         &["--max-events"],
         &["--session-check-ms", "soon"],
+        &["--follow-hold", "-1"],
     ] {
         let Err(message) = parse(bad) else {
             panic!("{bad:?} accepted");
