@@ -1,0 +1,225 @@
+//! Following (C13): how soon a follower on one handle gets an event
+//! appended through another, and what idle followers cost the append path.
+//!
+//! * `follow/<backend>/latency`: `store_event` returns on handle A, then the
+//!   time until the event is in the hands of a follower on handle B (for
+//!   memory, A and B are one handle; for sled, two handles in one process,
+//!   as sled allows). Besides criterion's estimate, 1,000 single deliveries
+//!   are timed and their median and 99th percentile written to
+//!   `<criterion dir>/follow/<backend>/latency/percentiles.json` (printed
+//!   too), for the README's table and chart.
+//! * `follow/<backend>/append/idle_followers/{0,1000}`: appends to one
+//!   stream while 0, then 1,000 followers wait on 1,000 other streams of
+//!   the same handle. The 0 case is the baseline: the ratio is what idle
+//!   followers cost.
+//!
+//! ```text
+//! cargo bench --bench follow
+//! cargo bench --bench follow -- postgres/
+//! ```
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Backend;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use futures_util::StreamExt;
+use mcp_event_store_core::conformance::{Harness, MemoryHarness};
+use mcp_event_store::{DynStore, EventId, FollowOptions, NewEvent, Replay};
+use mcp_event_store_postgres::testing::PostgresHarness;
+use mcp_event_store_redis::testing::RedisHarness;
+use mcp_event_store_sled::testing::SledHarness;
+use mcp_event_store_sqlite::testing::SqliteHarness;
+use std::sync::Arc;
+
+/// Removes a bench's storage once its handles are dropped.
+type Teardown = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+/// Two handles on one fresh storage of `backend` (the backend's own test
+/// harness: a temporary file or directory, a schema, a key prefix), and
+/// what removes it.
+async fn two_handles(backend: Backend) -> (DynStore, DynStore, Teardown) {
+    async fn open<H: Harness>(harness: H) -> (DynStore, DynStore, Teardown) {
+        let a = harness.open(common::unbounded()).await;
+        let b = harness.open(common::unbounded()).await;
+        (Arc::new(a), Arc::new(b), Box::pin(harness.teardown()))
+    }
+    match backend {
+        Backend::Memory => open(MemoryHarness::new().await).await,
+        Backend::Sqlite => open(SqliteHarness::new().await).await,
+        Backend::Postgres => open(PostgresHarness::new().await).await,
+        Backend::Redis => open(RedisHarness::new().await).await,
+        Backend::Sled => open(SledHarness::new().await).await,
+    }
+}
+
+async fn follow(store: &DynStore, after: &EventId) -> Replay {
+    store
+        .follow_events_after(&after.to_string(), FollowOptions::default())
+        .await
+        .expect("follow")
+}
+
+/// Appends on `writer`, then waits until `follower` yields that event;
+/// returns the time from the append's return to the delivery.
+async fn one_delivery(writer: &DynStore, follower: &mut Replay, data: &[u8]) -> Duration {
+    let id = writer
+        .store_event("followed", NewEvent::new(data))
+        .await
+        .expect("append");
+    let appended = Instant::now();
+    let event = tokio::time::timeout(Duration::from_secs(30), follower.events.next())
+        .await
+        .expect("delivered within 30 s")
+        .expect("the follow goes on")
+        .expect("no error");
+    assert_eq!(event.id, id, "the follower got another event");
+    appended.elapsed()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let at = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[at]
+}
+
+fn criterion_dir() -> std::path::PathBuf {
+    std::env::var_os("CRITERION_HOME")
+        .map(Into::into)
+        .unwrap_or_else(|| {
+            std::path::Path::new(
+                &std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()),
+            )
+            .join("criterion")
+        })
+}
+
+fn latency(c: &mut Criterion) {
+    let rt = common::runtime();
+    let data = common::payload();
+    let samples = if common::quick() { 20 } else { 1_000 };
+    for backend in common::selected() {
+        let (writer, reader, cleanup) = rt.block_on(two_handles(backend));
+        let start = rt.block_on(async {
+            writer
+                .store_event("followed", NewEvent::new(&data))
+                .await
+                .expect("append")
+        });
+        let mut follower = rt.block_on(follow(&reader, &start));
+
+        // Single deliveries, for the median and the tail.
+        let mut times: Vec<Duration> = rt.block_on(async {
+            let mut times = Vec::with_capacity(samples);
+            for _ in 0..samples {
+                times.push(one_delivery(&writer, &mut follower, &data).await);
+            }
+            times
+        });
+        times.sort();
+        let (median, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
+        println!(
+            "follow/{}/latency: median {:.3} ms, p99 {:.3} ms over {samples} deliveries",
+            backend.name(),
+            median.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3,
+        );
+        if !common::quick() {
+            let dir = criterion_dir()
+                .join("follow")
+                .join(backend.name())
+                .join("latency");
+            std::fs::create_dir_all(&dir).expect("the criterion directory");
+            let json = format!(
+                "{{\"backend\":\"{}\",\"samples\":{samples},\"median_ns\":{},\"p99_ns\":{}}}\n",
+                backend.name(),
+                median.as_nanos(),
+                p99.as_nanos()
+            );
+            std::fs::write(dir.join("percentiles.json"), json).expect("write percentiles");
+        }
+
+        let mut group = c.benchmark_group(format!("follow/{}", backend.name()));
+        group.sample_size(30);
+        group.measurement_time(Duration::from_secs(5));
+        group.bench_function("latency", |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        total += one_delivery(&writer, &mut follower, &data).await;
+                    }
+                    total
+                })
+            })
+        });
+        group.finish();
+        drop(follower);
+        drop(reader);
+        drop(writer);
+        rt.block_on(cleanup);
+    }
+}
+
+fn idle_followers(c: &mut Criterion) {
+    let rt = common::runtime();
+    let data = common::payload();
+    let idle = if common::quick() { 10 } else { 1_000 };
+    for backend in common::selected() {
+        let (store, other, cleanup) = rt.block_on(two_handles(backend));
+        drop(other);
+        let mut group = c.benchmark_group(format!("follow/{}/append", backend.name()));
+        group.throughput(Throughput::Elements(1));
+        group.sample_size(30);
+        group.measurement_time(Duration::from_secs(5));
+        group.bench_with_input(BenchmarkId::new("idle_followers", 0), &0, |b, _| {
+            b.to_async(&rt).iter(|| async {
+                store
+                    .store_event("appended", NewEvent::new(&data))
+                    .await
+                    .expect("append")
+            })
+        });
+        // Each idle follower is driven by a task of its own, waiting as an
+        // SSE response would (with its periodic re-check).
+        let followers: Vec<tokio::task::JoinHandle<()>> = rt.block_on(async {
+            let mut followers = Vec::with_capacity(idle);
+            for i in 0..idle {
+                let id = store
+                    .store_event(&format!("idle-{i}"), NewEvent::new(&data))
+                    .await
+                    .expect("append");
+                let mut follower = follow(&store, &id).await;
+                followers.push(tokio::spawn(async move {
+                    while let Some(event) = follower.events.next().await {
+                        event.expect("an idle follower fails");
+                    }
+                }));
+            }
+            followers
+        });
+        assert_eq!(store.open_follows(), idle);
+        group.bench_with_input(BenchmarkId::new("idle_followers", idle), &idle, |b, _| {
+            b.to_async(&rt).iter(|| async {
+                store
+                    .store_event("appended", NewEvent::new(&data))
+                    .await
+                    .expect("append")
+            })
+        });
+        group.finish();
+        for follower in &followers {
+            follower.abort();
+        }
+        rt.block_on(async {
+            for follower in followers {
+                let _ = follower.await;
+            }
+        });
+        drop(store);
+        rt.block_on(cleanup);
+    }
+}
+
+criterion_group!(benches, latency, idle_followers);
+criterion_main!(benches);
