@@ -250,6 +250,7 @@
 #![forbid(unsafe_code)]
 
 mod batch;
+mod follow;
 mod options;
 mod purge;
 mod setup;
@@ -260,8 +261,8 @@ mod store;
 pub mod testing;
 
 pub use options::{
-    DEFAULT_APPLICATION_NAME, DEFAULT_SCHEMA, MAX_PAGE_SIZE, PostgresOptions, VACUUM_MIN_ROWS,
-    Vacuum, validate_schema_name,
+    DEFAULT_APPLICATION_NAME, DEFAULT_FOLLOW_RECHECK, DEFAULT_SCHEMA, MAX_PAGE_SIZE,
+    PostgresOptions, VACUUM_MIN_ROWS, Vacuum, validate_schema_name,
 };
 pub use purge::BATCH;
 pub use setup::FORMAT_VERSION;

@@ -57,6 +57,11 @@ impl Vacuum {
 /// Rows a handle's purges delete at least before [`Vacuum::Auto`] vacuums.
 pub const VACUUM_MIN_ROWS: u64 = 1_000;
 
+/// How often a follower re-reads its stream when no wake-up came, unless
+/// [`PostgresOptions::follow_recheck`] says otherwise: the safety net for a
+/// notification lost with the listener's connection.
+pub const DEFAULT_FOLLOW_RECHECK: Duration = Duration::from_secs(5);
+
 /// Options for [`PostgresStore::connect_with`](crate::PostgresStore::connect_with).
 ///
 /// ```
@@ -94,6 +99,14 @@ pub struct PostgresOptions {
     /// Whether purges vacuum the store's tables (default [`Vacuum::Off`]:
     /// autovacuum's job).
     pub vacuum: Vacuum,
+    /// How often a follower re-reads its stream by itself, when no
+    /// wake-up came (default [`DEFAULT_FOLLOW_RECHECK`], 5 s). Wake-ups
+    /// (in process, and `LISTEN`/`NOTIFY` between handles) deliver events
+    /// within about a millisecond; this only bounds how late an event is
+    /// whose notification was lost (the listener's connection died). Each
+    /// recheck costs every idle follower one indexed read. URL parameter
+    /// `follow_recheck_ms=`.
+    pub follow_recheck: Duration,
 }
 
 impl Default for PostgresOptions {
@@ -106,6 +119,7 @@ impl Default for PostgresOptions {
             acquire_timeout: Duration::from_secs(10),
             application_name: None,
             vacuum: Vacuum::Off,
+            follow_recheck: DEFAULT_FOLLOW_RECHECK,
         }
     }
 }
@@ -153,12 +167,20 @@ impl PostgresOptions {
         self
     }
 
+    /// Sets how often an idle follower re-reads its stream by itself.
+    pub fn follow_recheck(mut self, every: Duration) -> Self {
+        self.follow_recheck = every;
+        self
+    }
+
     /// Takes this crate's own parameters out of a connection URL, applying
     /// them over these options, and returns the options and the URL left
     /// for the driver (which would otherwise ignore them):
     ///
     /// * `schema=name`: [`PostgresOptions::schema`];
-    /// * `vacuum=off|auto`: [`PostgresOptions::vacuum`].
+    /// * `vacuum=off|auto`: [`PostgresOptions::vacuum`];
+    /// * `follow_recheck_ms=N`: [`PostgresOptions::follow_recheck`], in
+    ///   milliseconds (at least 1).
     ///
     /// Every other parameter (`sslmode`, `application_name`, ...) stays in
     /// the URL for sqlx. A parameter of ours given twice, or with a value
@@ -168,10 +190,13 @@ impl PostgresOptions {
     /// use mcp_event_store_postgres::{PostgresOptions, Vacuum};
     ///
     /// let (options, url) = PostgresOptions::default()
-    ///     .with_url_parameters("postgres://app@db/app?schema=tenant_a&sslmode=require&vacuum=auto")
+    ///     .with_url_parameters(
+    ///         "postgres://app@db/app?schema=tenant_a&sslmode=require&vacuum=auto&follow_recheck_ms=2000",
+    ///     )
     ///     .unwrap();
     /// assert_eq!(options.schema, "tenant_a");
     /// assert_eq!(options.vacuum, Vacuum::Auto);
+    /// assert_eq!(options.follow_recheck, std::time::Duration::from_secs(2));
     /// assert_eq!(url, "postgres://app@db/app?sslmode=require");
     /// ```
     pub fn with_url_parameters(mut self, url: &str) -> Result<(Self, String)> {
@@ -183,13 +208,14 @@ impl PostgresOptions {
             Some((query, fragment)) => (query, Some(fragment)),
             None => (query, None),
         };
-        let (mut schema, mut vacuum) = (None, None);
+        let (mut schema, mut vacuum, mut recheck) = (None, None, None);
         let mut rest = Vec::new();
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             let slot = match key {
                 "schema" => &mut schema,
                 "vacuum" => &mut vacuum,
+                "follow_recheck_ms" => &mut recheck,
                 _ => {
                     rest.push(pair);
                     continue;
@@ -207,6 +233,9 @@ impl PostgresOptions {
         }
         if let Some(vacuum) = vacuum {
             self.vacuum = Vacuum::parse(vacuum)?;
+        }
+        if let Some(recheck) = recheck {
+            self.follow_recheck = parse_recheck_ms(recheck)?;
         }
         let mut url = base.to_owned();
         if !rest.is_empty() {
@@ -227,7 +256,21 @@ impl PostgresOptions {
         if self.max_connections == 0 {
             return Err(Error::Config("max_connections must be at least 1".into()));
         }
+        if self.follow_recheck < Duration::from_millis(1) {
+            return Err(Error::Config("follow_recheck must be at least 1 ms".into()));
+        }
         Ok(())
+    }
+}
+
+fn parse_recheck_ms(value: &str) -> Result<Duration> {
+    match value.parse::<u64>() {
+        Ok(ms) if ms >= 1 => Ok(Duration::from_millis(ms)),
+        _ => Err(Error::Config(format!(
+            "the postgres URL parameter follow_recheck_ms takes a whole number of \
+             milliseconds, at least 1, not {:?}",
+            value.chars().take(80).collect::<String>()
+        ))),
     }
 }
 
@@ -304,6 +347,12 @@ mod tests {
                 .is_err()
         );
         assert!(PostgresOptions::default().schema("").validate().is_err());
+        assert!(
+            PostgresOptions::default()
+                .follow_recheck(Duration::ZERO)
+                .validate()
+                .is_err()
+        );
     }
 
     #[test]
@@ -343,6 +392,14 @@ mod tests {
             .unwrap();
         assert_eq!(options.vacuum, Vacuum::Off, "the URL wins");
 
+        let (options, url) = base
+            .clone()
+            .with_url_parameters("postgres://u@h/db?follow_recheck_ms=250&sslmode=disable")
+            .unwrap();
+        assert_eq!(options.follow_recheck, Duration::from_millis(250));
+        assert_eq!(url, "postgres://u@h/db?sslmode=disable");
+        assert_eq!(base.follow_recheck, DEFAULT_FOLLOW_RECHECK);
+
         for bad in [
             "postgres://u@h/db?schema=Bad",
             "postgres://u@h/db?schema=",
@@ -352,6 +409,10 @@ mod tests {
             "postgres://u@h/db?vacuum=",
             "postgres://u@h/db?schema=a&schema=b",
             "postgres://u@h/db?vacuum=off&vacuum=off",
+            "postgres://u@h/db?follow_recheck_ms=0",
+            "postgres://u@h/db?follow_recheck_ms=-5",
+            "postgres://u@h/db?follow_recheck_ms=1s",
+            "postgres://u@h/db?follow_recheck_ms=",
         ] {
             assert!(
                 matches!(base.clone().with_url_parameters(bad), Err(Error::Config(_))),

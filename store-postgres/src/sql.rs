@@ -20,6 +20,12 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 /// for every event, since PostgreSQL builds the row it proposes before it
 /// finds the conflict; an existing row keeps its own.
 ///
+/// Each stream appended to is announced with `pg_notify('{c}', <token in
+/// hex>)` on the store's channel (see [`crate::follow`]): once per row of
+/// `s`, that is once per distinct stream of a batch. PostgreSQL delivers
+/// the notification to listeners when, and only if, the transaction
+/// commits, so a follower woken by it reads the event.
+///
 /// $1 tokens, $2 stream ids, $3 payload lengths, $4 now (ms), $5 retries
 /// (ms), $6 payloads (arrays, one element per event); $7 max events, $8 max
 /// bytes. Returns `(token, incarnation, seq)` for each event stored; a token
@@ -56,7 +62,7 @@ WITH i AS (
     SELECT s.token, s.last_seq, i.stored_at, s.total_bytes - i.len, i.retry_ms, i.data
       FROM s JOIN i ON i.token = s.token
 )
-SELECT token, incarnation, last_seq FROM s
+SELECT token, incarnation, last_seq, pg_notify('{c}', encode(token, 'hex'))::text FROM s
 "#;
 
 /// One replay page and, in one snapshot, the stream's state: event rows
@@ -287,11 +293,18 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
-    /// `quoted_schema` must come from [`crate::options::quote_schema`].
-    pub(crate) fn new(quoted_schema: &str) -> Self {
+    /// `quoted_schema` must come from [`crate::options::quote_schema`],
+    /// `channel` from [`crate::follow::channel`] (letters, digits, `_`
+    /// and `.` only, so it needs no escaping inside a string literal).
+    pub(crate) fn new(quoted_schema: &str, channel: &str) -> Self {
+        debug_assert!(
+            channel
+                .bytes()
+                .all(|b| b == b'_' || b == b'.' || b.is_ascii_lowercase() || b.is_ascii_digit())
+        );
         let make = |template: &str| render(template, quoted_schema);
         Self {
-            append: make(APPEND),
+            append: make(&APPEND.replace("{c}", channel)),
             page: make(PAGE),
             lookup: make(LOOKUP),
             delete_mark: make(DELETE_MARK),

@@ -12,13 +12,15 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Executor, Row};
 
 use mcp_event_store_core::dense::{self, DenseStream};
+use mcp_event_store_core::follow;
 use mcp_event_store_core::{
-    Error, EventId, EventStore, NewEvent, Page, PurgeReport, Replay, Result, SessionStore,
-    StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay, retry_from_millis,
-    retry_to_millis, validate_session_id, validate_stream_id,
+    Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay, Result,
+    SessionStore, StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay,
+    retry_from_millis, retry_to_millis, validate_session_id, validate_stream_id,
 };
 
 use crate::batch::{AppendRequest, Batcher, Limits};
+use crate::follow::{Follows, channel};
 use crate::options::{
     DEFAULT_APPLICATION_NAME, MAX_PAGE_SIZE, PostgresOptions, VACUUM_MIN_ROWS, Vacuum, quote_schema,
 };
@@ -59,6 +61,8 @@ struct Inner {
     deleted_since_vacuum: AtomicU64,
     /// Runs appends alone or batched with concurrent ones.
     batcher: Batcher,
+    /// The wake-up hub and the listener of this handle's follows.
+    follows: Follows,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -99,6 +103,7 @@ impl PostgresStore {
             None => {}
         }
         let key = setup::prepare(&connect, &options).await?;
+        let listener_connect = connect.clone();
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -107,7 +112,7 @@ impl PostgresStore {
             // fails its one call and the pool replaces it.
             .test_before_acquire(false)
             .connect_lazy_with(connect);
-        Self::build(pool, key, options)
+        Self::build(pool, listener_connect, key, options)
     }
 
     /// A store on an existing pool, for applications that share one pool
@@ -115,17 +120,32 @@ impl PostgresStore {
     /// every statement, so the pool needs no `search_path`; migrations run on
     /// a separate connection made with the pool's connect options.
     /// `options.max_connections`, `acquire_timeout` and `application_name`
-    /// are ignored: the pool's own settings apply.
+    /// are ignored: the pool's own settings apply. Following opens its one
+    /// listening connection (see the crate docs, "Following") with the
+    /// pool's connect options, outside the pool.
     pub async fn from_pool(pool: PgPool, options: PostgresOptions) -> Result<Self> {
         options.validate()?;
         let connect = pool.connect_options();
         let key = setup::prepare(&connect, &options).await?;
-        Self::build(pool, key, options)
+        let listener_connect = (*connect).clone();
+        Self::build(pool, listener_connect, key, options)
     }
 
-    fn build(pool: PgPool, key: StreamKey, options: PostgresOptions) -> Result<Self> {
+    fn build(
+        pool: PgPool,
+        listener_connect: PgConnectOptions,
+        key: StreamKey,
+        options: PostgresOptions,
+    ) -> Result<Self> {
         let page_size = options.store.page_size.min(MAX_PAGE_SIZE) as i64;
-        let sql = Sql::new(&quote_schema(&options.schema));
+        let channel = channel(&options.schema);
+        let sql = Sql::new(&quote_schema(&options.schema), &channel);
+        let follows = Follows::new(
+            channel,
+            listener_connect,
+            pool.options().get_acquire_timeout(),
+            options.follow_recheck,
+        );
         let batcher = Batcher::start(
             pool.clone(),
             sql.append.clone(),
@@ -142,6 +162,7 @@ impl PostgresStore {
                 options: options.store,
                 vacuum: options.vacuum,
                 deleted_since_vacuum: AtomicU64::new(0),
+                follows,
             }),
         })
     }
@@ -166,9 +187,19 @@ impl PostgresStore {
         self.inner.vacuum
     }
 
-    /// Closes the pool: waits for calls in flight, then closes every
-    /// connection. Later calls fail.
+    /// The `LISTEN`/`NOTIFY` channel of this store's appends:
+    /// `mcp_event_store.<schema>` (hashed to fit 63 bytes for long schema
+    /// names). See the crate docs, "Following".
+    pub fn notify_channel(&self) -> &str {
+        self.inner.follows.channel()
+    }
+
+    /// Closes the store: stops the follow listener (closing its
+    /// connection), then closes the pool, waiting for calls in flight.
+    /// Later calls fail; open follows end with an error at their next
+    /// read.
     pub async fn close(&self) {
+        self.inner.follows.close().await;
         self.inner.pool.close().await;
     }
 
@@ -218,6 +249,10 @@ impl PostgresStore {
                 now: self.now(),
             })
             .await?;
+        if appended.is_some() {
+            // Committed: the followers' re-read will see it.
+            self.inner.follows.hub().wake(&token);
+        }
         let Some((incarnation, seq)) = appended else {
             // The stream row's stored id differs from ours: two stream ids
             // share a 120-bit token. Never mix their events.
@@ -493,6 +528,37 @@ impl EventStore for PostgresStore {
 
     async fn purge_expired(&self) -> Result<PurgeReport> {
         observe::purge(BACKEND, purge::purge(self)).await
+    }
+
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        let cursor: EventId = last_event_id.parse()?;
+        let follows = &self.inner.follows;
+        // Listening, and subscribed, before the first read: an append
+        // committed after that read is announced, by the listener or by
+        // this handle's own append.
+        follows.listen().await?;
+        let subscription = follows.hub().subscribe(cursor.token);
+        let first = self.replay_events_after(last_event_id).await?;
+        let store = self.clone();
+        Ok(follow::follow(
+            first,
+            subscription,
+            last_event_id.to_owned(),
+            follows.recheck(),
+            options,
+            move |cursor| {
+                let store = store.clone();
+                async move { store.replay_events_after(&cursor).await }
+            },
+        ))
+    }
+
+    fn open_follows(&self) -> usize {
+        self.inner.follows.hub().followers()
     }
 }
 

@@ -1,0 +1,342 @@
+//! Following (C13): wake-ups by `LISTEN`/`NOTIFY`, fanned out in process.
+//!
+//! Every append statement announces each stream it appended to with
+//! `pg_notify(<channel>, <token in hex>)` (see [`crate::sql::APPEND`]);
+//! PostgreSQL delivers it at commit, to every session listening on the
+//! channel, in any process. The channel is derived from the store's schema
+//! ([`channel`]), so stores in two schemas never wake each other.
+//!
+//! A store handle opens **one** listening connection, on its first follow,
+//! whatever the number of followers: a task that reads notifications and
+//! wakes the followers of the named stream in the handle's [`Wakeups`] hub.
+//! Appends through the handle itself wake its hub directly once they have
+//! committed, without waiting for the round trip through the server.
+//!
+//! Wake-ups only prompt a re-read by cursor, so nothing depends on a
+//! notification arriving. When the listening connection is lost, the
+//! notifications sent meanwhile are gone: the task connects again, listens
+//! again, and then wakes every follower of the handle to re-read (an append
+//! committed before the new `LISTEN` is found by that re-read, one after it
+//! is announced). Followers also re-read on their own every
+//! [`PostgresOptions::follow_recheck`](crate::PostgresOptions::follow_recheck),
+//! the safety net for anything else.
+//!
+//! The task ends, closing its connection, when the handle (every clone of
+//! it, and every follow it opened) is dropped, or when
+//! [`PostgresStore::close`](crate::PostgresStore::close) is called.
+
+use std::mem;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use mcp_event_store_core::follow::Wakeups;
+use mcp_event_store_core::{Error, Result, StreamToken};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// The prefix of every store's notification channel.
+const CHANNEL_PREFIX: &str = "mcp_event_store.";
+
+/// The longest channel name PostgreSQL takes (`NAMEDATALEN - 1`).
+const MAX_CHANNEL_LEN: usize = 63;
+
+/// The first pause before connecting again after a failed attempt; it
+/// doubles with each failure, up to the follow recheck interval.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The notification channel of the store in `schema`:
+/// `mcp_event_store.<schema>`, or, for a schema name longer than 47
+/// characters (a channel name has at most 63 bytes),
+/// `mcp_event_store.<first 30 characters>.<16 hex digits of the name's
+/// 64-bit FNV-1a hash>`. Every release and process derives the same name.
+pub(crate) fn channel(schema: &str) -> String {
+    let plain = format!("{CHANNEL_PREFIX}{schema}");
+    if plain.len() <= MAX_CHANNEL_LEN {
+        return plain;
+    }
+    // Schema names are ASCII (validated), so any byte index is a boundary.
+    let head = &schema[..schema.len().min(30)];
+    format!("{CHANNEL_PREFIX}{head}.{:016x}", fnv1a64(schema.as_bytes()))
+}
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
+        (hash ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The stream a notification names: its payload is the token in hex, as
+/// `encode(token, 'hex')` writes it. Anything else (a notification some
+/// other client sent on the channel) is ignored.
+fn token_of(payload: &str) -> Option<StreamToken> {
+    let hex = payload.as_bytes();
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
+    };
+    let bytes: Option<Vec<u8>> = hex
+        .chunks_exact(2)
+        .map(|pair| Some((digit(pair[0])? << 4) | digit(pair[1])?))
+        .collect();
+    StreamToken::from_bytes(&bytes?)
+}
+
+/// One store handle's following: its wake-up hub and its listener.
+pub(crate) struct Follows {
+    hub: Arc<Wakeups>,
+    channel: String,
+    /// How the listener connects: the pool's own connect options.
+    connect: PgConnectOptions,
+    acquire_timeout: Duration,
+    recheck: Duration,
+    listener: Mutex<Listening>,
+}
+
+enum Listening {
+    /// No follow yet: no connection, no task.
+    NotStarted,
+    Running(Listener),
+    /// The store was closed; follows are refused.
+    Closed,
+}
+
+/// The listener task of a handle. Dropping it (with the handle) ends the
+/// task, which then closes its connection.
+struct Listener {
+    /// Dropped or sent: the task ends.
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    /// Turns `true` once the first attempt to listen has finished, however
+    /// it went.
+    settled: watch::Receiver<bool>,
+}
+
+impl Follows {
+    pub(crate) fn new(
+        channel: String,
+        connect: PgConnectOptions,
+        acquire_timeout: Duration,
+        recheck: Duration,
+    ) -> Self {
+        Self {
+            hub: Arc::new(Wakeups::default()),
+            channel,
+            connect,
+            acquire_timeout,
+            recheck,
+            listener: Mutex::new(Listening::NotStarted),
+        }
+    }
+
+    pub(crate) fn hub(&self) -> &Arc<Wakeups> {
+        &self.hub
+    }
+
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    pub(crate) fn recheck(&self) -> Duration {
+        self.recheck
+    }
+
+    fn listening(&self) -> MutexGuard<'_, Listening> {
+        // Every critical section is one assignment or clone.
+        self.listener
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts the listener if it is not running, and waits until its first
+    /// attempt to `LISTEN` has finished: a follow then reads the stream
+    /// only once appends from elsewhere are announced to it. If that
+    /// attempt failed, the follow goes on (on rechecks, and on the wake-up
+    /// the task gives every follower once it does listen).
+    pub(crate) async fn listen(&self) -> Result<()> {
+        let mut settled = match &mut *self.listening() {
+            Listening::Closed => return Err(Error::Closed),
+            Listening::Running(listener) => listener.settled.clone(),
+            state @ Listening::NotStarted => {
+                let listener = self.start();
+                let settled = listener.settled.clone();
+                *state = Listening::Running(listener);
+                settled
+            }
+        };
+        // An error means the task is gone, which only close does; the
+        // replay that follows reports the closed pool.
+        let _ = settled.wait_for(|settled| *settled).await;
+        Ok(())
+    }
+
+    fn start(&self) -> Listener {
+        // A pool of one: PgListener reconnects through it. It is not the
+        // store's pool, so the listener never takes a connection appends
+        // and replays need, and never counts against `max_connections`.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(self.acquire_timeout)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_lazy_with(self.connect.clone());
+        let (stop, stopped) = oneshot::channel();
+        let (settle, settled) = watch::channel(false);
+        let task = tokio::spawn(run(
+            pool,
+            self.channel.clone(),
+            self.hub.clone(),
+            self.recheck,
+            settle,
+            stopped,
+        ));
+        Listener {
+            stop: Some(stop),
+            task,
+            settled,
+        }
+    }
+
+    /// Stops the listener, if any, and waits until its connection is
+    /// closed; later follows are refused with [`Error::Closed`].
+    pub(crate) async fn close(&self) {
+        let state = mem::replace(&mut *self.listening(), Listening::Closed);
+        if let Listening::Running(mut listener) = state {
+            drop(listener.stop.take());
+            // The task never panics; a JoinError could only say it was
+            // cancelled with its runtime, and then its connection is gone.
+            let _ = (&mut listener.task).await;
+        }
+    }
+}
+
+/// What woke the listener task.
+enum Event {
+    Stop,
+    Received(sqlx::Result<Option<sqlx::postgres::PgNotification>>),
+}
+
+/// The listener task: connect, `LISTEN`, wake followers per notification;
+/// after a lost connection, listen again and wake every follower.
+async fn run(
+    pool: PgPool,
+    channel: String,
+    hub: Arc<Wakeups>,
+    max_backoff: Duration,
+    settle: watch::Sender<bool>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let mut listener: Option<PgListener> = None;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let Some(active) = listener.as_mut() else {
+            let connect = async {
+                let mut listener = PgListener::connect_with(&pool).await?;
+                listener.listen(&channel).await?;
+                Ok::<_, sqlx::Error>(listener)
+            };
+            let outcome = tokio::select! {
+                _ = &mut stop => break,
+                outcome = connect => outcome,
+            };
+            settle.send_replace(true);
+            match outcome {
+                Ok(connected) => {
+                    listener = Some(connected);
+                    backoff = FIRST_BACKOFF;
+                    // Whatever was committed while nobody listened is
+                    // found by this re-read; later appends are announced.
+                    hub.wake_all();
+                }
+                Err(error) => {
+                    tracing::warn!(%error, channel, retry_in = ?backoff,
+                        "cannot listen for appends from other handles; followers \
+                         re-read on their recheck interval until it can");
+                    tokio::select! {
+                        _ = &mut stop => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(max_backoff.max(FIRST_BACKOFF));
+                }
+            }
+            continue;
+        };
+        let event = tokio::select! {
+            _ = &mut stop => Event::Stop,
+            received = active.try_recv() => Event::Received(received),
+        };
+        match event {
+            Event::Stop => break,
+            Event::Received(Ok(Some(notification))) => {
+                if let Some(token) = token_of(notification.payload()) {
+                    hub.wake(&token);
+                }
+            }
+            // The connection was lost and PgListener has connected and
+            // listened again: notifications in between are gone.
+            Event::Received(Ok(None)) => {
+                tracing::info!(
+                    channel,
+                    "the listening connection was lost and is back; followers re-read"
+                );
+                hub.wake_all();
+            }
+            // Connecting again failed (or the connection broke in another
+            // way): start afresh, after a pause.
+            Event::Received(Err(error)) => {
+                tracing::warn!(%error, channel, "the listening connection failed; reconnecting");
+                listener = None;
+                tokio::select! {
+                    _ = &mut stop => break,
+                    () = tokio::time::sleep(FIRST_BACKOFF) => {}
+                }
+            }
+        }
+    }
+    // PgListener's drop unlistens and returns the connection to the pool,
+    // which then closes it.
+    drop(listener);
+    pool.close().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_fit_and_differ() {
+        assert_eq!(
+            channel("mcp_event_store"),
+            "mcp_event_store.mcp_event_store"
+        );
+        let long_a = format!("{}a", "x".repeat(62));
+        let long_b = format!("{}b", "x".repeat(62));
+        for schema in ["a", &"y".repeat(47), &"y".repeat(48), &long_a, &long_b] {
+            let name = channel(schema);
+            assert!(name.len() <= MAX_CHANNEL_LEN, "{name}");
+            assert!(name.starts_with(CHANNEL_PREFIX));
+        }
+        assert_eq!(channel(&"y".repeat(47)).len(), 63);
+        assert_ne!(channel(&long_a), channel(&long_b));
+        assert_eq!(channel(&long_a), channel(&long_a.clone()));
+    }
+
+    #[test]
+    fn payloads_name_tokens() {
+        let token = StreamToken::from_bytes(&[0xab; 15]).unwrap();
+        assert_eq!(token_of(&"ab".repeat(15)), Some(token));
+        for bad in [
+            "",
+            "ab",
+            "AB".repeat(15).as_str(),
+            "zz".repeat(15).as_str(),
+            "abc",
+        ] {
+            assert_eq!(token_of(bad), None, "{bad}");
+        }
+    }
+}
