@@ -35,6 +35,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use mcp_event_store_core::StreamToken;
+use mcp_event_store_core::follow::Wakeups;
 use tokio::sync::oneshot;
 
 use crate::shared::{META_RELAXED, Slot, lock};
@@ -59,8 +61,9 @@ impl StdError for FlushError {
     }
 }
 
-/// A stream slot's watermark to move once a flush covering the write succeeds.
-pub(crate) type Publish = (Arc<Slot>, u64);
+/// A stream slot's watermark to move once a flush covering the write
+/// succeeds, and the stream whose followers to wake then.
+pub(crate) type Publish = (Arc<Slot>, StreamToken, u64);
 
 /// What appenders queued for the next flush.
 #[derive(Default)]
@@ -108,6 +111,8 @@ pub(crate) enum Ack {
 struct Inner {
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// The database's follower hub, woken for each published watermark.
+    followers: Arc<Wakeups>,
     /// Set by relaxed appends that did not wait for a flush.
     dirty: AtomicBool,
     /// Appends waiting for durability, from the call until acknowledged.
@@ -148,8 +153,15 @@ impl Inner {
         self.dirty.store(false, Ordering::Release);
         let (outcome, kept) = match db.flush() {
             Ok(_) => {
-                for (slot, seq) in publish {
-                    slot.publish(seq);
+                // Visible first, then wake: the re-read a wake-up prompts
+                // must see the event. Before the waiters are answered, but
+                // after the flush: a follower never gets an event its
+                // writer could still see fail.
+                for (slot, _, seq) in &publish {
+                    slot.publish(*seq);
+                }
+                for (_, token, _) in &publish {
+                    self.followers.wake(token);
                 }
                 (Ok(()), Vec::new())
             }
@@ -212,15 +224,18 @@ pub(crate) struct Flusher {
 
 impl Flusher {
     /// Starts the thread. `relaxed` tells it, at shutdown, whether to clear
-    /// the relaxed-session marker after the final flush.
+    /// the relaxed-session marker after the final flush; `followers` is
+    /// woken for every watermark a flush publishes.
     pub(crate) fn start(
         db: sled::Db,
         meta: sled::Tree,
         relaxed: Arc<AtomicBool>,
+        followers: Arc<Wakeups>,
     ) -> std::io::Result<Self> {
         let inner = Arc::new(Inner {
             queue: Mutex::default(),
             wake: Condvar::new(),
+            followers,
             dirty: AtomicBool::new(false),
             appending: AtomicUsize::new(0),
             #[cfg(test)]

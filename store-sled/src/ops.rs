@@ -138,11 +138,14 @@ impl Shared {
     ) -> (EventId, Option<Publish>) {
         let id = EventId::new(token, dense::position(incarnation, seq));
         if relaxed {
+            // Acknowledged now, unflushed (the handle's choice): visible
+            // and delivered to followers at once, like the id it returns.
             slot.publish(seq);
+            self.wakeups.wake(&token);
             self.flusher.mark_dirty();
             (id, None)
         } else {
-            (id, Some((slot.clone(), seq)))
+            (id, Some((slot.clone(), token, seq)))
         }
     }
 
@@ -567,7 +570,11 @@ fn durable_state(slot: &Slot, meta: &StreamMeta) -> DenseStream {
 /// spelling names the same event as `<incarnation>-<seq>` does, so clients
 /// holding ids from before the upgrade resume as before. Elsewhere it is
 /// left alone, and refused as a zero part.
-fn position_in(position: Position, incarnation: u64, incarnations: &Incarnations) -> Position {
+pub(crate) fn position_in(
+    position: Position,
+    incarnation: u64,
+    incarnations: &Incarnations,
+) -> Position {
     if position.minor == 0 && incarnations.is_migrated(incarnation) {
         dense::position(incarnation, position.major)
     } else {

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
 
+use mcp_event_store_core::follow::Wakeups;
 use mcp_event_store_core::{Error, Result, StreamKey, StreamToken};
 
 use crate::flusher::Flusher;
@@ -261,6 +262,10 @@ impl Drop for Closer {
 /// flush first, the sled handles next, the close signal last.
 pub(crate) struct Shared {
     pub(crate) flusher: Flusher,
+    /// Wakes followers of a stream once its appends are visible to readers:
+    /// one hub for every handle on this database in the process (the
+    /// flusher holds it too, to wake after publishing).
+    pub(crate) wakeups: Arc<Wakeups>,
     pub(crate) path: PathBuf,
     pub(crate) key: StreamKey,
     /// The incarnation floor and the migrated incarnation.
@@ -289,6 +294,15 @@ impl fmt::Debug for Shared {
             .field("path", &self.path)
             .field("incarnations", &self.incarnations)
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Shared {
+    /// Followers hold the database only weakly while they wait: wake them
+    /// all, so each finds it closed at once and ends with
+    /// [`Error::Closed`] instead of at its next re-check.
+    fn drop(&mut self) {
+        self.wakeups.wake_all();
     }
 }
 
@@ -407,9 +421,12 @@ impl Shared {
         } = load_meta(&db, &meta)?;
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         let relaxed = Arc::new(AtomicBool::new(false));
-        let flusher = Flusher::start(db.clone(), meta.clone(), relaxed.clone()).map_err(backend)?;
+        let wakeups = Arc::new(Wakeups::default());
+        let flusher = Flusher::start(db.clone(), meta.clone(), relaxed.clone(), wakeups.clone())
+            .map_err(backend)?;
         Ok(Arc::new(Self {
             flusher,
+            wakeups,
             path: path.to_owned(),
             key,
             incarnations,
@@ -490,12 +507,16 @@ impl Shared {
     }
 
     /// Marks `slot` dead and forgets it. Call with its state locked.
+    /// Followers of the stream wake up and find their life ended.
     pub(crate) fn kill(&self, token: StreamToken, slot: &Arc<Slot>) {
         slot.dead.store(true, Ordering::SeqCst);
-        let mut slots = lock(&self.slots);
-        if slots.map.get(&token).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-            slots.map.remove(&token);
+        {
+            let mut slots = lock(&self.slots);
+            if slots.map.get(&token).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+                slots.map.remove(&token);
+            }
         }
+        self.wakeups.wake(&token);
     }
 
     /// Runs `f` on the stream's live slot with its state locked and loaded.

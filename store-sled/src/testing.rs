@@ -63,3 +63,10 @@ impl Harness for SledHarness {
             .unwrap_or_else(|e| panic!("close the sled store: {e}"));
     }
 }
+
+/// How many streams have a follower on `store`'s database in this process:
+/// the entries of the wake-up hub that every handle on the database shares.
+/// An entry goes with its stream's last follower.
+pub fn followed_streams(store: &SledStore) -> usize {
+    store.shared.wakeups.followed().len()
+}
