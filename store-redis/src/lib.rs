@@ -80,7 +80,8 @@
 //!
 //! The query parameters in [`URL_PARAMETERS`] are this crate's own and are
 //! taken out before the redis crate parses the URL: `prefix=<key prefix>`,
-//! `cluster=true`, `wait_replicas=<n>`, `wait_timeout_ms=<ms>`. They
+//! `cluster=true`, `wait_replicas=<n>`, `wait_timeout_ms=<ms>`,
+//! `follow_recheck_ms=<ms>`, `cluster_follow_poll_ms=<ms>`. They
 //! override the same settings in the [`RedisOptions`] given to
 //! `connect_with`. Every other parameter (`protocol=resp3`, ...) goes to the
 //! redis crate unchanged.
@@ -198,10 +199,69 @@
 //! writers on one handle went from 24,000 to 34,000 appends/s to 7,300 to
 //! 9,200. Across a network the added time is the round trip from the
 //! primary to its slowest awaited replica.
+//!
+//! # Following
+//!
+//! [`follow_events_after`](EventStore::follow_events_after) (C13) replays
+//! what is stored after the cursor, then stays open and delivers each event
+//! appended to that stream by any handle, process or server instance. A
+//! wake-up only prompts the follower to read again by cursor (`XRANGE` after
+//! the newest id it delivered), so events arrive in order, each once, and
+//! nothing is queued per follower: the stream is the queue. How wake-ups
+//! come:
+//!
+//! * **Appends through the same handle** (and its clones) wake that stream's
+//!   followers in process as soon as the append script returned.
+//! * **Other handles and processes, standalone Redis**: each handle that has
+//!   followers runs one watcher task with one connection of its own (named
+//!   [`WATCHER_CLIENT_NAME`] in `CLIENT LIST`), never the multiplexed
+//!   connection appends use. It loops on `XREAD COUNT 1 BLOCK 1000 STREAMS
+//!   <every followed stream's key> <newest id seen of each>`, starting each
+//!   stream at its newest id when it is first followed, and wakes the
+//!   streams that got entries (then jumps to each one's newest id with
+//!   `HGET meta last`, so a busy stream is not read entry by entry). A
+//!   follow of a stream the pending `XREAD` does not cover interrupts it
+//!   with `CLIENT UNBLOCK <watcher id>` from the main connection, so the
+//!   next `XREAD` covers it at once (within the one-second block at worst,
+//!   if the unblock raced an `XREAD` in flight). A lost watcher connection
+//!   (server restart, `CLIENT KILL`, network) is made again with a backoff
+//!   of 50 ms up to 2 s, and its next `XREAD` starts from the ids it had
+//!   seen, so appends made meanwhile wake their followers then.
+//! * **Other handles, Redis Cluster**: `XREAD` of keys in different slots is
+//!   `CROSSSLOT`, and one blocking `XREAD` per slot would need a connection
+//!   per followed stream, so on a cluster the watcher polls instead: every
+//!   [`cluster_follow_poll`](RedisOptions::cluster_follow_poll) (default
+//!   100 ms, `?cluster_follow_poll_ms=`) it reads `HGET meta last` of every
+//!   followed stream, through the handle's cluster connection (non-blocking
+//!   commands, sent to each stream's master), and wakes the streams whose
+//!   newest id moved.
+//! * **The safety net**: whatever else happens, each follower reads again
+//!   every [`follow_recheck`](RedisOptions::follow_recheck) (default 5 s,
+//!   `?follow_recheck_ms=`), so a wake-up lost while the watcher was
+//!   reconnecting delays an event by at most that long; correctness never
+//!   depends on a wake-up.
+//!
+//! **Latency** (append returned on one handle until the follower has the
+//! event; loopback, Redis 7.0, debug build, 200 events, medians): same
+//! handle about 0.4 ms, another handle on a standalone server about 0.4 ms
+//! (one `XREAD` reply, then the follower's re-read); on a cluster, another
+//! handle's append arrives within one poll interval (up to 100 ms by
+//! default, half that on average), its own handle's appends at once.
+//!
+//! **What an idle follower costs**: a registration in the handle's wake-up
+//! hub and its suspended task; no connection and no Redis command of its
+//! own. Per *handle* with followers: one extra connection (standalone) and
+//! one `XREAD` naming every followed stream, sent again after each wake-up
+//! and at least once a second; on a cluster, no extra connection but one
+//! `HGET` per followed stream per poll. 1,000 idle followers on one handle
+//! add one connection (tested with `CLIENT LIST`). The watcher ends, and
+//! its connection closes, within a second of the handle's last follow being
+//! dropped, and at once when the handle itself is dropped.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod conn;
+mod follow;
 mod keys;
 mod options;
 mod scripts;
@@ -218,21 +278,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
+use mcp_event_store_core::follow::follow;
 use mcp_event_store_core::{
-    Error, EventId, EventStore, NewEvent, Page, Position, PurgeReport, Replay, Result,
-    SessionStore, StreamKey, StreamToken, observe, paged_replay, retry_to_millis,
+    Error, EventId, EventStore, FollowOptions, NewEvent, Page, Position, PurgeReport, Replay,
+    Result, SessionStore, StreamKey, StreamToken, observe, paged_replay, retry_to_millis,
     validate_session_id, validate_stream_id,
 };
 use redis::{ErrorKind, FromRedisValue, Pipeline, ServerErrorKind, Value};
 
 pub use conn::{MIN_REDIS_VERSION, URL_SCHEMES};
+pub use follow::WATCHER_CLIENT_NAME;
 pub use keys::{DEFAULT_KEY_PREFIX, validate_prefix};
 pub use options::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, RedisOptions,
-    URL_PARAMETERS,
+    DEFAULT_CLUSTER_FOLLOW_POLL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FOLLOW_RECHECK,
+    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, RedisOptions, URL_PARAMETERS,
 };
 
-use conn::{Conn, backend};
+use conn::{Conn, Target, backend};
+use follow::{Follow, Source};
 use keys::{Keys, StreamKeys};
 use scripts::{Call, SCRIPTS};
 use secret::{Secret, Wait, check_replicas, settle};
@@ -279,6 +342,7 @@ struct Inner {
     keys: Keys,
     secret: Secret,
     options: RedisOptions,
+    follow: Follow,
 }
 
 impl fmt::Debug for RedisStore {
@@ -340,12 +404,26 @@ impl RedisStore {
         let wait = wait_of(&options);
         let key = settle(&conn, &keys, &StreamKey::generate()?, wait).await?;
         warn_without_persistence(&conn).await;
+        let source = match &target {
+            Target::Standalone(url) => Source::Standalone {
+                client: redis::Client::open(url.as_str()).map_err(backend)?,
+                main: conn.clone(),
+                connect_timeout: options.connect_timeout,
+                response_timeout: options.response_timeout,
+            },
+            Target::Cluster(_) => Source::Cluster {
+                conn: conn.clone(),
+                poll: options.cluster_follow_poll,
+            },
+        };
+        let follow = Follow::new(keys.clone(), source);
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
                 keys,
                 secret: Secret::new(key),
                 options,
+                follow,
             }),
         })
     }
@@ -928,13 +1006,16 @@ async fn warn_without_persistence(conn: &Conn) {
 #[async_trait]
 impl EventStore for RedisStore {
     async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        observe::append(
+        let id = observe::append(
             BACKEND,
             stream_id,
             event.data.len(),
             self.append(stream_id, event),
         )
-        .await
+        .await?;
+        // The script returned: the event is visible to every reader now.
+        self.inner.follow.hub().wake(&id.token);
+        Ok(id)
     }
 
     async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
@@ -993,6 +1074,35 @@ impl EventStore for RedisStore {
 
     async fn purge_expired(&self) -> Result<PurgeReport> {
         observe::purge(BACKEND, self.purge()).await
+    }
+
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        let cursor: EventId = last_event_id.parse()?;
+        // Subscribe before the first read, so no wake-up falls in between;
+        // then make sure the watcher covers the stream.
+        let subscription = self.inner.follow.hub().subscribe(cursor.token);
+        self.inner.follow.watch(cursor.token).await;
+        let first = self.replay_events_after(last_event_id).await?;
+        let store = self.clone();
+        Ok(follow(
+            first,
+            subscription,
+            last_event_id.to_owned(),
+            self.inner.options.follow_recheck,
+            options,
+            move |cursor| {
+                let store = store.clone();
+                async move { store.replay_events_after(&cursor).await }
+            },
+        ))
+    }
+
+    fn open_follows(&self) -> usize {
+        self.inner.follow.hub().followers()
     }
 }
 

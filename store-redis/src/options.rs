@@ -16,6 +16,13 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default time an append waits for its replicas (`WAIT`) when
 /// [`RedisOptions::wait_replicas`] is above zero.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default interval of a follower's periodic re-read, the safety net behind
+/// the wake-ups (see [`RedisOptions::follow_recheck`]).
+pub const DEFAULT_FOLLOW_RECHECK: Duration = Duration::from_secs(5);
+/// Default interval at which, on a Redis Cluster, a handle's watcher reads
+/// the newest id of every followed stream (see
+/// [`RedisOptions::cluster_follow_poll`]).
+pub const DEFAULT_CLUSTER_FOLLOW_POLL: Duration = Duration::from_millis(100);
 
 /// The URL query parameters this crate reads itself and removes before the
 /// redis crate parses the URL (every other parameter goes to the redis
@@ -24,11 +31,20 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 /// * `prefix=<key prefix>` sets [`RedisOptions::key_prefix`];
 /// * `cluster=true|false` chooses Redis Cluster for a `redis://` URL;
 /// * `wait_replicas=<n>` sets [`RedisOptions::wait_replicas`];
-/// * `wait_timeout_ms=<ms>` sets [`RedisOptions::wait_timeout`].
+/// * `wait_timeout_ms=<ms>` sets [`RedisOptions::wait_timeout`];
+/// * `follow_recheck_ms=<ms>` sets [`RedisOptions::follow_recheck`];
+/// * `cluster_follow_poll_ms=<ms>` sets [`RedisOptions::cluster_follow_poll`].
 ///
 /// A parameter in the URL overrides the same setting in the options passed
 /// to [`connect_with`](crate::RedisStore::connect_with).
-pub const URL_PARAMETERS: &[&str] = &["prefix", "cluster", "wait_replicas", "wait_timeout_ms"];
+pub const URL_PARAMETERS: &[&str] = &[
+    "prefix",
+    "cluster",
+    "wait_replicas",
+    "wait_timeout_ms",
+    "follow_recheck_ms",
+    "cluster_follow_poll_ms",
+];
 
 /// Everything [`RedisStore::connect_with`](crate::RedisStore::connect_with)
 /// accepts beside the URL.
@@ -74,6 +90,19 @@ pub struct RedisOptions {
     /// replicas. Above zero and below the response timeout. Default 1 s.
     /// URL parameter `wait_timeout_ms`.
     pub wait_timeout: Duration,
+    /// How often a follower re-reads its stream even without a wake-up: the
+    /// safety net for a wake-up lost while the watcher connection was down.
+    /// Wake-ups normally come at once (see the [crate docs](crate#following)),
+    /// so this only bounds the delay in the worst case. Above zero. Default
+    /// 5 s. URL parameter `follow_recheck_ms`.
+    pub follow_recheck: Duration,
+    /// On a Redis Cluster, how often the handle's watcher reads the newest
+    /// id of every followed stream (one `HGET` per stream per poll) to wake
+    /// followers for other handles' appends; a blocking `XREAD` cannot span
+    /// slots there. Bounds the cross-handle follow latency on a cluster.
+    /// Unused on a standalone server. Above zero. Default 100 ms. URL
+    /// parameter `cluster_follow_poll_ms`.
+    pub cluster_follow_poll: Duration,
 }
 
 impl Default for RedisOptions {
@@ -85,6 +114,8 @@ impl Default for RedisOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             wait_replicas: 0,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            follow_recheck: DEFAULT_FOLLOW_RECHECK,
+            cluster_follow_poll: DEFAULT_CLUSTER_FOLLOW_POLL,
         }
     }
 }
@@ -126,6 +157,18 @@ impl RedisOptions {
         self
     }
 
+    /// Sets how often a follower re-reads without a wake-up.
+    pub fn follow_recheck(mut self, interval: Duration) -> Self {
+        self.follow_recheck = interval;
+        self
+    }
+
+    /// Sets how often a cluster handle's watcher polls the followed streams.
+    pub fn cluster_follow_poll(mut self, interval: Duration) -> Self {
+        self.cluster_follow_poll = interval;
+        self
+    }
+
     /// Checks the options; `connect_with` calls this first.
     pub fn validate(&self) -> Result<()> {
         self.store.validate()?;
@@ -133,6 +176,11 @@ impl RedisOptions {
         if self.response_timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(Error::Config(
                 "response_timeout and connect_timeout must be above zero".into(),
+            ));
+        }
+        if self.follow_recheck.is_zero() || self.cluster_follow_poll.is_zero() {
+            return Err(Error::Config(
+                "follow_recheck and cluster_follow_poll must be above zero".into(),
             ));
         }
         if self.wait_replicas > 0 {
@@ -180,6 +228,14 @@ impl RedisOptions {
                 "wait_timeout_ms" => {
                     self.wait_timeout =
                         Duration::from_millis(parse_number(value, "wait_timeout_ms")?);
+                }
+                "follow_recheck_ms" => {
+                    self.follow_recheck =
+                        Duration::from_millis(parse_number(value, "follow_recheck_ms")?);
+                }
+                "cluster_follow_poll_ms" => {
+                    self.cluster_follow_poll =
+                        Duration::from_millis(parse_number(value, "cluster_follow_poll_ms")?);
                 }
                 _ => kept.push(pair),
             }
@@ -244,9 +300,11 @@ mod tests {
     #[test]
     fn our_url_parameters_are_taken_out() {
         let (options, url) = RedisOptions::default()
-            .apply_url("redis://:pw@h:1/2?prefix=app%3Aprod&protocol=resp3&wait_replicas=2&wait_timeout_ms=250#insecure")
+            .apply_url("redis://:pw@h:1/2?prefix=app%3Aprod&protocol=resp3&wait_replicas=2&wait_timeout_ms=250&follow_recheck_ms=1500&cluster_follow_poll_ms=20#insecure")
             .unwrap();
         assert_eq!(url, "redis://:pw@h:1/2?protocol=resp3#insecure");
+        assert_eq!(options.follow_recheck, Duration::from_millis(1500));
+        assert_eq!(options.cluster_follow_poll, Duration::from_millis(20));
         assert_eq!(options.key_prefix, "app:prod");
         assert_eq!(options.wait_replicas, 2);
         assert_eq!(options.wait_timeout, Duration::from_millis(250));
@@ -268,10 +326,22 @@ mod tests {
             "redis://u:hunter2@h?wait_timeout_ms=-1",
             "redis://u:hunter2@h?prefix=%zz",
             "redis://u:hunter2@h?prefix=%ff",
+            "redis://u:hunter2@h?follow_recheck_ms=soon",
         ] {
             let err = RedisOptions::default().apply_url(url).unwrap_err();
             assert!(matches!(err, Error::Config(_)), "{url}: {err}");
             assert!(!err.to_string().contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn follow_intervals_must_be_above_zero() {
+        RedisOptions::default().validate().unwrap();
+        for options in [
+            RedisOptions::default().follow_recheck(Duration::ZERO),
+            RedisOptions::default().cluster_follow_poll(Duration::ZERO),
+        ] {
+            assert!(matches!(options.validate(), Err(Error::Config(_))));
         }
     }
 

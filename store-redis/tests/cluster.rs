@@ -242,3 +242,51 @@ async fn wait_replicas_waits_on_the_streams_own_master() {
     );
     drop(cluster);
 }
+
+/// A follow on a cluster gets what another handle appends, on streams of
+/// every master: the handle's watcher polls the followed streams (one
+/// blocking `XREAD` cannot span slots), and the followers' own re-read is
+/// an hour away, so nothing else could deliver it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_on_a_cluster_gets_other_handles_appends() {
+    use futures_util::StreamExt;
+    use mcp_event_store_core::FollowOptions;
+
+    let harness = cluster_harness().await;
+    let options = harness
+        .options(mcp_event_store_core::StoreOptions::default())
+        .follow_recheck(Duration::from_secs(3600));
+    let reader = RedisStore::connect_with(harness.url(), options.clone())
+        .await
+        .unwrap();
+    let writer = RedisStore::connect_with(harness.url(), options)
+        .await
+        .unwrap();
+    assert!(reader.is_cluster());
+    let mut follows = Vec::new();
+    for s in 0..12 {
+        let stream = format!("s-{s}");
+        let start = append(&writer, &stream, b"start").await;
+        let follow = reader
+            .follow_events_after(&start.to_string(), FollowOptions::default())
+            .await
+            .unwrap();
+        follows.push((stream, follow));
+    }
+    assert_eq!(reader.open_follows(), 12);
+    for round in 0..3u8 {
+        for (stream, follow) in &mut follows {
+            let id = append(&writer, stream, &[round]).await;
+            let event = tokio::time::timeout(Duration::from_secs(30), follow.events.next())
+                .await
+                .expect("delivered within 30 s")
+                .expect("the follow goes on")
+                .unwrap();
+            assert_eq!(event.id, id, "{stream}");
+        }
+    }
+    drop(follows);
+    assert_eq!(reader.open_follows(), 0);
+    drop((reader, writer));
+    mcp_event_store_core::conformance::Harness::teardown(harness).await;
+}
