@@ -73,10 +73,50 @@
 //! at any moment (including `SIGKILL`) with nothing acknowledged lost; a
 //! power loss may lose the newest commits. [`Durability::PowerLoss`] also
 //! survives power loss, at the cost of an fsync per group commit.
+//!
+//! # Following
+//!
+//! [`EventStore::follow_events_after`] replays the events after a cursor,
+//! then keeps the stream open and delivers each event appended to it
+//! afterwards, by this handle, another handle or another process on the
+//! same file (C13). Wake-ups carry no data: they only make a follower
+//! re-read its stream after its newest delivered id, with the same indexed
+//! read as a replay, so events arrive in order, each once, and nothing
+//! queues up per follower.
+//!
+//! * **Appends through this handle** (or a clone of it) wake their stream's
+//!   followers from the writer task, right after the commit that made them
+//!   visible and before `store_event` returns. Expect a follower to have the
+//!   event within about a millisecond of `store_event` returning (one read
+//!   on the read pool).
+//! * **Appends by another handle or process** are found by this handle's
+//!   *watcher*: one task with one dedicated connection that reads
+//!   `PRAGMA data_version` every [`SqliteOptions::follow_poll_interval`]
+//!   (default 50 ms, URL `?follow_poll_ms=`). Its value changes when another
+//!   connection committed; then the watcher reads the rows of the streams
+//!   being followed and wakes those that moved. Expect the event within one
+//!   poll interval of its commit (about half of one on average), plus a
+//!   read. A shorter interval costs one cheap statement more per poll.
+//! * **The safety net**: every follower also re-reads its stream every
+//!   [`SqliteOptions::follow_recheck`] (default 5 s, URL
+//!   `?follow_recheck_ms=`) whatever it was told, so a missed wake-up (the
+//!   watcher's connection failing, say) delays an event, never loses it.
+//!
+//! **What an idle follower costs:** no connection and no task of its own:
+//! a registration in the handle's wake-up hub and its suspended stream,
+//! plus one indexed read per re-check interval. A thousand idle followers
+//! share the read pool ([`SqliteOptions::read_connections`]) and one
+//! watcher. The watcher runs only while the handle has at least one
+//! follower: the first follow starts it, and it ends (closing its
+//! connection) at its first poll after the last follower is dropped, or at
+//! once when the handle is closed or dropped. An idle store pays nothing.
+//! A follow keeps its handle alive while it is open;
+//! [`SqliteStore::close`] ends every open follow with [`Error::Closed`].
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod options;
+mod watcher;
 mod writer;
 
 #[cfg(feature = "conformance")]
@@ -89,10 +129,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::dense::{self, DenseStream};
+use mcp_event_store_core::follow::{self, Wakeups};
 use mcp_event_store_core::{
-    Error, EventId, EventStore, NewEvent, Page, PurgeReport, Replay, Result, SessionStore,
-    StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay, retry_from_millis,
-    retry_to_millis, validate_stream_id,
+    Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay, Result,
+    SessionStore, StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay,
+    retry_from_millis, retry_to_millis, validate_stream_id,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -101,6 +142,7 @@ use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot};
 
 pub use options::{Durability, SqliteOptions};
+use watcher::Watcher;
 use writer::{Append, Command, Reply, Write, Writer, db_error};
 
 const BACKEND: &str = "sqlite";
@@ -125,6 +167,12 @@ struct Inner {
     options: StoreOptions,
     readers: SqlitePool,
     writer: mpsc::Sender<Command>,
+    /// This handle's followers; the writer wakes them after its commits.
+    wakeups: Arc<Wakeups>,
+    /// Finds other handles' and processes' writes while anyone follows.
+    watcher: Watcher,
+    /// How often a follower re-reads without a wake-up.
+    follow_recheck: Duration,
 }
 
 impl SqliteStore {
@@ -168,12 +216,18 @@ impl SqliteStore {
             .max_connections(options.read_connections)
             .min_connections(0)
             .test_before_acquire(false)
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await
             .map_err(db_error)?;
 
+        let wakeups = Arc::new(Wakeups::default());
         let (sender, receiver) = mpsc::channel(WRITER_QUEUE);
-        let writer = Writer::new(conn, options.store.retention, options.max_batch);
+        let writer = Writer::new(
+            conn,
+            options.store.retention,
+            options.max_batch,
+            wakeups.clone(),
+        );
         tokio::spawn(writer.run(receiver));
         Ok(Self {
             inner: Arc::new(Inner {
@@ -181,12 +235,16 @@ impl SqliteStore {
                 options: options.store,
                 readers,
                 writer: sender,
+                watcher: Watcher::new(connect, options.follow_poll_interval, wakeups.clone()),
+                wakeups,
+                follow_recheck: options.follow_recheck,
             }),
         })
     }
 
-    /// Finishes queued writes, then closes the writer and the read pool.
-    /// Later calls on any clone fail with [`Error::Closed`].
+    /// Finishes queued writes, then closes the writer, the read pool and the
+    /// follow watcher. Later calls on any clone fail with [`Error::Closed`];
+    /// open follows end with it.
     pub async fn close(&self) {
         let (reply, done) = oneshot::channel();
         if self
@@ -199,6 +257,9 @@ impl SqliteStore {
             let _ = done.await;
         }
         self.inner.readers.close().await;
+        self.inner.watcher.close();
+        // Followers re-read, find the store closed, and end.
+        self.inner.wakeups.wake_all();
     }
 
     /// Queues a write for the writer task and waits for its answer, which
@@ -564,6 +625,44 @@ impl EventStore for SqliteStore {
             answer.await.map_err(|_| Error::Closed)?
         })
         .await
+    }
+
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        let cursor: EventId = last_event_id.parse()?;
+        // Subscribe before the first read, so no append falls in between;
+        // the watcher, started after the read, wakes a stream it has not
+        // seen before at its first poll that finds anything written.
+        let subscription = self.inner.wakeups.subscribe(cursor.token);
+        let first = self.replay_events_after(last_event_id).await?;
+        self.inner.watcher.ensure();
+        let store = self.clone();
+        Ok(follow::follow(
+            first,
+            subscription,
+            last_event_id.to_owned(),
+            self.inner.follow_recheck,
+            options,
+            move |cursor| {
+                let store = store.clone();
+                async move {
+                    match store.replay_events_after(&cursor).await {
+                        // The cursor was delivered, so it was issued: the
+                        // stream was deleted or expired whole (perhaps
+                        // started again) under the follower.
+                        Err(Error::UnknownEventId { .. }) => Err(Error::events_purged(&cursor)),
+                        other => other,
+                    }
+                }
+            },
+        ))
+    }
+
+    fn open_follows(&self) -> usize {
+        self.inner.wakeups.followers()
     }
 }
 

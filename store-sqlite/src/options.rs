@@ -56,6 +56,16 @@ pub struct SqliteOptions {
     pub read_connections: u32,
     /// Most appends committed in one transaction. Default 512.
     pub max_batch: usize,
+    /// How often a handle with followers checks whether another handle or
+    /// process wrote to the file (`PRAGMA data_version` on one dedicated
+    /// connection): the bound on the follow latency for appends made
+    /// elsewhere. Appends through this handle wake its followers at once.
+    /// Default 50 ms; at least 1 ms. URL: `?follow_poll_ms=`.
+    pub follow_poll_interval: Duration,
+    /// How often every follower re-reads its stream even without a
+    /// wake-up: the safety net should a wake-up be missed. Default 5 s; at
+    /// least 1 ms. URL: `?follow_recheck_ms=`.
+    pub follow_recheck: Duration,
 }
 
 impl SqliteOptions {
@@ -68,20 +78,34 @@ impl SqliteOptions {
             busy_timeout: Duration::from_secs(5),
             read_connections: 4,
             max_batch: 512,
+            follow_poll_interval: Duration::from_millis(50),
+            follow_recheck: Duration::from_secs(5),
         }
     }
 
     /// Parses a `sqlite://` URL: `sqlite://events.db` (relative),
-    /// `sqlite:///var/lib/app/events.db` (absolute), with an optional
-    /// `?durability=process|power_loss`.
+    /// `sqlite:///var/lib/app/events.db` (absolute), with optional
+    /// parameters joined by `&`:
+    ///
+    /// * `durability=process|power_loss` ([`SqliteOptions::durability`]);
+    /// * `follow_poll_ms=<ms>` ([`SqliteOptions::follow_poll_interval`]);
+    /// * `follow_recheck_ms=<ms>` ([`SqliteOptions::follow_recheck`]).
     ///
     /// ```
+    /// use std::time::Duration;
     /// use mcp_event_store_sqlite::{Durability, SqliteOptions};
     ///
-    /// let options = SqliteOptions::from_url("sqlite:///tmp/e.db?durability=power_loss").unwrap();
+    /// let options = SqliteOptions::from_url(
+    ///     "sqlite:///tmp/e.db?durability=power_loss&follow_poll_ms=20&follow_recheck_ms=2000",
+    /// )
+    /// .unwrap();
     /// assert_eq!(options.path().to_str(), Some("/tmp/e.db"));
     /// assert_eq!(options.durability, Durability::PowerLoss);
+    /// assert_eq!(options.follow_poll_interval, Duration::from_millis(20));
+    /// assert_eq!(options.follow_recheck, Duration::from_secs(2));
     /// assert!(SqliteOptions::from_url("sqlite://").is_err());
+    /// assert!(SqliteOptions::from_url("sqlite://e.db?follow_poll_ms=0").is_err());
+    /// assert!(SqliteOptions::from_url("sqlite://e.db?follow_poll_ms=soon").is_err());
     /// ```
     pub fn from_url(url: &str) -> Result<Self> {
         let rest = url
@@ -99,13 +123,21 @@ impl SqliteOptions {
             match pair.split_once('=') {
                 Some(("durability", "process")) => options.durability = Durability::Process,
                 Some(("durability", "power_loss")) => options.durability = Durability::PowerLoss,
+                Some(("follow_poll_ms", value)) => {
+                    options.follow_poll_interval = millis(pair, value)?;
+                }
+                Some(("follow_recheck_ms", value)) => {
+                    options.follow_recheck = millis(pair, value)?;
+                }
                 _ => {
                     return Err(Error::Config(format!(
-                        "unknown sqlite URL parameter {pair:?} (known: durability=process|power_loss)"
+                        "unknown sqlite URL parameter {pair:?} (known: durability=process|power_loss, \
+                         follow_poll_ms=<ms>, follow_recheck_ms=<ms>)"
                     )));
                 }
             }
         }
+        options.validate()?;
         Ok(options)
     }
 
@@ -138,6 +170,19 @@ impl SqliteOptions {
         self
     }
 
+    /// Sets how often a handle with followers looks for other handles' and
+    /// processes' writes.
+    pub fn follow_poll_interval(mut self, interval: Duration) -> Self {
+        self.follow_poll_interval = interval;
+        self
+    }
+
+    /// Sets how often a follower re-reads its stream without a wake-up.
+    pub fn follow_recheck(mut self, recheck: Duration) -> Self {
+        self.follow_recheck = recheck;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         self.store.validate()?;
         if self.read_connections == 0 {
@@ -146,6 +191,26 @@ impl SqliteOptions {
         if self.max_batch == 0 {
             return Err(Error::Config("max_batch must be at least 1".into()));
         }
+        if self.follow_poll_interval < Duration::from_millis(1) {
+            return Err(Error::Config(
+                "follow_poll_interval must be at least 1 ms".into(),
+            ));
+        }
+        if self.follow_recheck < Duration::from_millis(1) {
+            return Err(Error::Config("follow_recheck must be at least 1 ms".into()));
+        }
         Ok(())
     }
+}
+
+/// A URL parameter's value in milliseconds.
+fn millis(pair: &str, value: &str) -> Result<Duration> {
+    value
+        .parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|_| {
+            Error::Config(format!(
+                "sqlite URL parameter {pair:?} is not a number of milliseconds"
+            ))
+        })
 }

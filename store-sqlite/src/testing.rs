@@ -40,3 +40,27 @@ impl Harness for SqliteHarness {
         store.close().await;
     }
 }
+
+/// Whether a handle's follow watcher (its task and its one connection) is
+/// running, observed from outside: see [`watcher`].
+#[derive(Debug)]
+pub struct WatcherProbe(Option<std::sync::Weak<crate::watcher::Running>>);
+
+impl WatcherProbe {
+    /// Whether the watcher this probe saw is still running. It stays
+    /// observable after the store is dropped.
+    pub fn is_running(&self) -> bool {
+        self.0.as_ref().is_some_and(|task| task.strong_count() > 0)
+    }
+}
+
+/// The follow watcher running on `store` now, if any.
+pub fn watcher(store: &SqliteStore) -> WatcherProbe {
+    WatcherProbe(store.inner.watcher.running())
+}
+
+/// Connections the read pool holds now (idle or in use); never more than
+/// [`SqliteOptions::read_connections`].
+pub fn read_connections(store: &SqliteStore) -> u32 {
+    store.inner.readers.size()
+}

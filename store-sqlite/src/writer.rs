@@ -18,6 +18,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use mcp_event_store_core::follow::Wakeups;
 use mcp_event_store_core::{Error, Position, PurgeReport, Result, Retention, StreamToken, dense};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -31,7 +32,11 @@ const PURGE_BATCH: i64 = 500;
 const LIMIT_SCAN_BATCH: i64 = 100;
 
 pub(crate) fn db_error(e: sqlx::Error) -> Error {
-    Error::backend(BACKEND, e)
+    match e {
+        // The read pool is closed only by `SqliteStore::close`.
+        sqlx::Error::PoolClosed => Error::Closed,
+        e => Error::backend(BACKEND, e),
+    }
 }
 
 /// A write for the writer task, and where its answer goes.
@@ -145,16 +150,41 @@ pub(crate) struct Writer {
     max_batch: usize,
     purge: Option<PurgeJob>,
     known: HashMap<StreamToken, Known>,
+    /// The handle's followers, woken after each commit that touched their
+    /// stream.
+    wakeups: Arc<Wakeups>,
 }
 
 impl Writer {
-    pub(crate) fn new(conn: SqliteConnection, retention: Retention, max_batch: usize) -> Self {
+    pub(crate) fn new(
+        conn: SqliteConnection,
+        retention: Retention,
+        max_batch: usize,
+        wakeups: Arc<Wakeups>,
+    ) -> Self {
         Self {
             conn,
             retention,
             max_batch,
             purge: None,
             known: HashMap::new(),
+            wakeups,
+        }
+    }
+
+    /// Wakes the followers of the stream a committed write changed (an
+    /// append, or a delete, which a follower must hear of to end with
+    /// `EventsPurged`). Called after the commit, before the caller is
+    /// answered.
+    fn wake(&self, write: &Write, answer: &Result<Answer>) {
+        if answer.is_err() {
+            return;
+        }
+        match write {
+            Write::Append(Append { token, .. }) | Write::DeleteStream { token } => {
+                self.wakeups.wake(token);
+            }
+            Write::PutSession { .. } | Write::DeleteSession { .. } => {}
         }
     }
 
@@ -198,7 +228,14 @@ impl Writer {
                 break;
             }
             if let Some(mut job) = self.purge.take() {
-                match self.purge_step(&mut job).await {
+                let streams_before = job.report.streams;
+                let step = self.purge_step(&mut job).await;
+                if job.report.streams != streams_before {
+                    // Whole streams expired: their followers end with
+                    // `EventsPurged` now rather than at their re-check.
+                    self.wakeups.wake_all();
+                }
+                match step {
                     Ok(true) => {
                         for reply in job.replies {
                             let _ = reply.send(Ok(job.report));
@@ -238,6 +275,7 @@ impl Writer {
             1 => {
                 let (write, reply) = group.into_iter().next().expect("one write");
                 let answer = self.apply(&write, false).await;
+                self.wake(&write, &answer);
                 reply.send(answer);
                 return;
             }
@@ -280,7 +318,8 @@ impl Writer {
         if !broken {
             match sqlx::query("COMMIT").execute(&mut self.conn).await {
                 Ok(_) => {
-                    for ((_, reply), answer) in group.into_iter().zip(answers) {
+                    for ((write, reply), answer) in group.into_iter().zip(answers) {
+                        self.wake(&write, &answer);
                         reply.send(answer);
                     }
                     return;
@@ -295,6 +334,7 @@ impl Writer {
         self.known.clear();
         for (write, reply) in group {
             let answer = self.apply(&write, false).await;
+            self.wake(&write, &answer);
             reply.send(answer);
         }
     }
@@ -713,7 +753,7 @@ struct RunStream {
 /// Rows a statement is written for: the next power of two, so that a few
 /// statement texts (and cached prepared statements) serve every run size.
 /// The spare rows are bound to NULL and match nothing.
-fn padded(rows: usize) -> usize {
+pub(crate) fn padded(rows: usize) -> usize {
     rows.next_power_of_two().max(2)
 }
 
