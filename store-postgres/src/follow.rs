@@ -1,10 +1,16 @@
 //! Following (C13): wake-ups by `LISTEN`/`NOTIFY`, fanned out in process.
 //!
-//! Every append statement announces each stream it appended to with
-//! `pg_notify(<channel>, <token in hex>)` (see [`crate::sql::APPEND`]);
-//! PostgreSQL delivers it at commit, to every session listening on the
-//! channel, in any process. The channel is derived from the store's schema
-//! ([`channel`]), so stores in two schemas never wake each other.
+//! Once an append has committed, the handle announces its stream with
+//! `pg_notify(<channel>, <token in hex>)` ([`Notifier`], statement
+//! [`crate::sql::NOTIFY`]); PostgreSQL delivers it to every session
+//! listening on the channel, in any process. The notification goes in a
+//! short transaction of its own right after the append's, not in the
+//! append's: notifying commits are serialized cluster-wide until their WAL
+//! is flushed, which would cost concurrent durable appends their shared
+//! flushes (see [`crate::sql::NOTIFY`]). Announcements queued while one is
+//! in flight go together in the next, one per stream. The channel is
+//! derived from the store's schema ([`channel`]), so stores in two schemas
+//! never wake each other.
 //!
 //! A store handle opens **one** listening connection, on its first follow,
 //! whatever the number of followers: a task that reads notifications and
@@ -25,14 +31,16 @@
 //! it, and every follow it opened) is dropped, or when
 //! [`PostgresStore::close`](crate::PostgresStore::close) is called.
 
+use std::collections::HashSet;
 use std::mem;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use mcp_event_store_core::follow::Wakeups;
 use mcp_event_store_core::{Error, Result, StreamToken};
+use sqlx::SqlStr;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// The prefix of every store's notification channel.
@@ -70,8 +78,8 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 /// `encode(token, 'hex')` writes it. Anything else (a notification some
 /// other client sent on the channel) is ignored.
 fn token_of(payload: &str) -> Option<StreamToken> {
-    let hex = payload.as_bytes();
-    if hex.len() % 2 != 0 {
+    let pairs = payload.as_bytes().chunks_exact(2);
+    if !pairs.remainder().is_empty() {
         return None;
     }
     let digit = |b: u8| match b {
@@ -79,11 +87,87 @@ fn token_of(payload: &str) -> Option<StreamToken> {
         b'a'..=b'f' => Some(b - b'a' + 10),
         _ => None,
     };
-    let bytes: Option<Vec<u8>> = hex
-        .chunks_exact(2)
+    let bytes: Option<Vec<u8>> = pairs
         .map(|pair| Some((digit(pair[0])? << 4) | digit(pair[1])?))
         .collect();
     StreamToken::from_bytes(&bytes?)
+}
+
+/// The token as notification payload: lowercase hex, as
+/// `encode(token, 'hex')` writes it.
+fn payload(token: &StreamToken) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    token
+        .as_bytes()
+        .iter()
+        .flat_map(|b| {
+            [
+                HEX[usize::from(b >> 4)] as char,
+                HEX[usize::from(b & 15)] as char,
+            ]
+        })
+        .collect()
+}
+
+/// Announces committed appends to the store's channel, from a task of its
+/// own, so that no append waits for it.
+pub(crate) struct Notifier {
+    /// The streams appended to since the last announcement, once each.
+    pending: Arc<Mutex<HashSet<StreamToken>>>,
+    /// Rung after adding to `pending`; one ring is enough however many
+    /// appends come meanwhile. Dropping it (with the handle) ends the task.
+    doorbell: mpsc::Sender<()>,
+}
+
+impl Notifier {
+    /// Starts the task on the current tokio runtime.
+    pub(crate) fn start(pool: PgPool, statement: SqlStr) -> Self {
+        let pending = Arc::new(Mutex::new(HashSet::new()));
+        let (doorbell, rings) = mpsc::channel(1);
+        tokio::spawn(announce(pool, statement, pending.clone(), rings));
+        Self { pending, doorbell }
+    }
+
+    /// Announces an append to `token`'s stream; call it once the append
+    /// has committed.
+    pub(crate) fn announce(&self, token: StreamToken) {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(token);
+        // Full: a ring is pending, and the task will take this token too.
+        let _ = self.doorbell.try_send(());
+    }
+}
+
+async fn announce(
+    pool: PgPool,
+    statement: SqlStr,
+    pending: Arc<Mutex<HashSet<StreamToken>>>,
+    mut rings: mpsc::Receiver<()>,
+) {
+    while rings.recv().await.is_some() {
+        let tokens: Vec<String> = {
+            let mut pending = pending.lock().unwrap_or_else(PoisonError::into_inner);
+            pending.drain().map(|token| payload(&token)).collect()
+        };
+        if tokens.is_empty() {
+            continue;
+        }
+        let sent = sqlx::query(statement.clone())
+            .bind(&tokens)
+            .execute(&pool)
+            .await;
+        // A lost announcement only delays followers elsewhere until their
+        // recheck; the append itself is committed and acknowledged.
+        if let Err(error) = sent
+            && !pool.is_closed()
+        {
+            tracing::warn!(%error, streams = tokens.len(),
+                "could not announce appends to other handles; their followers \
+                 find them on their next recheck");
+        }
+    }
 }
 
 /// One store handle's following: its wake-up hub and its listener.
@@ -147,9 +231,7 @@ impl Follows {
 
     fn listening(&self) -> MutexGuard<'_, Listening> {
         // Every critical section is one assignment or clone.
-        self.listener
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.listener.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Starts the listener if it is not running, and waits until its first
@@ -329,12 +411,18 @@ mod tests {
     fn payloads_name_tokens() {
         let token = StreamToken::from_bytes(&[0xab; 15]).unwrap();
         assert_eq!(token_of(&"ab".repeat(15)), Some(token));
+        let mixed =
+            StreamToken::from_bytes(&[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 0x7f, 0xff])
+                .unwrap();
+        assert_eq!(payload(&mixed), "000102030405060708090a0b0c7fff");
+        assert_eq!(token_of(&payload(&mixed)), Some(mixed));
         for bad in [
             "",
             "ab",
             "AB".repeat(15).as_str(),
             "zz".repeat(15).as_str(),
             "abc",
+            format!("{}a", "ab".repeat(15)).as_str(),
         ] {
             assert_eq!(token_of(bad), None, "{bad}");
         }

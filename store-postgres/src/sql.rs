@@ -20,11 +20,9 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 /// for every event, since PostgreSQL builds the row it proposes before it
 /// finds the conflict; an existing row keeps its own.
 ///
-/// Each stream appended to is announced with `pg_notify('{c}', <token in
-/// hex>)` on the store's channel (see [`crate::follow`]): once per row of
-/// `s`, that is once per distinct stream of a batch. PostgreSQL delivers
-/// the notification to listeners when, and only if, the transaction
-/// commits, so a follower woken by it reads the event.
+/// The statement does not `NOTIFY`: a transaction that notifies holds a
+/// cluster-wide lock from its commit's start until its WAL is flushed, so
+/// durable commits that notify cannot share a flush (see [`NOTIFY`]).
 ///
 /// $1 tokens, $2 stream ids, $3 payload lengths, $4 now (ms), $5 retries
 /// (ms), $6 payloads (arrays, one element per event); $7 max events, $8 max
@@ -62,7 +60,28 @@ WITH i AS (
     SELECT s.token, s.last_seq, i.stored_at, s.total_bytes - i.len, i.retry_ms, i.data
       FROM s JOIN i ON i.token = s.token
 )
-SELECT token, incarnation, last_seq, pg_notify('{c}', encode(token, 'hex'))::text FROM s
+SELECT token, incarnation, last_seq FROM s
+"#;
+
+/// Announces appended streams to every handle listening on the store's
+/// channel `{c}` (see [`crate::follow`]), after their appends committed:
+/// one notification per stream, its token in hex.
+///
+/// It runs in a transaction of its own, not in the append's. PostgreSQL
+/// serializes the commits of notifying transactions cluster-wide (a lock
+/// taken before the commit record and held until the commit is flushed),
+/// so a `pg_notify` inside the durable append transaction makes concurrent
+/// appends wait for each other's WAL flush one by one. Measured here with
+/// pgbench, 32 clients each inserting a row: 5,500 to 7,500 commits/s
+/// without `NOTIFY`, 335 to 750 with `pg_notify` in the same statement.
+/// This transaction writes nothing, and `synchronous_commit` is off for
+/// it alone (`set_config(.., true)`), so it never waits for a flush while
+/// holding that lock.
+///
+/// $1 the tokens (hex text).
+const NOTIFY: &str = r#"
+SELECT set_config('synchronous_commit', 'off', true), pg_notify('{c}', t)
+  FROM unnest($1::text[]) t
 "#;
 
 /// One replay page and, in one snapshot, the stream's state: event rows
@@ -278,6 +297,7 @@ SELECT version, description, success FROM {s}._sqlx_migrations ORDER BY version
 #[derive(Clone, Debug)]
 pub(crate) struct Sql {
     pub append: SqlStr,
+    pub notify: SqlStr,
     pub page: SqlStr,
     pub lookup: SqlStr,
     pub delete_mark: SqlStr,
@@ -304,7 +324,8 @@ impl Sql {
         );
         let make = |template: &str| render(template, quoted_schema);
         Self {
-            append: make(&APPEND.replace("{c}", channel)),
+            append: make(APPEND),
+            notify: make(&NOTIFY.replace("{c}", channel)),
             page: make(PAGE),
             lookup: make(LOOKUP),
             delete_mark: make(DELETE_MARK),

@@ -20,7 +20,7 @@ use mcp_event_store_core::{
 };
 
 use crate::batch::{AppendRequest, Batcher, Limits};
-use crate::follow::{Follows, channel};
+use crate::follow::{Follows, Notifier, channel};
 use crate::options::{
     DEFAULT_APPLICATION_NAME, MAX_PAGE_SIZE, PostgresOptions, VACUUM_MIN_ROWS, Vacuum, quote_schema,
 };
@@ -63,6 +63,8 @@ struct Inner {
     batcher: Batcher,
     /// The wake-up hub and the listener of this handle's follows.
     follows: Follows,
+    /// Announces this handle's appends to other handles.
+    notifier: Notifier,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -140,6 +142,7 @@ impl PostgresStore {
         let page_size = options.store.page_size.min(MAX_PAGE_SIZE) as i64;
         let channel = channel(&options.schema);
         let sql = Sql::new(&quote_schema(&options.schema), &channel);
+        let notifier = Notifier::start(pool.clone(), sql.notify.clone());
         let follows = Follows::new(
             channel,
             listener_connect,
@@ -163,6 +166,7 @@ impl PostgresStore {
                 vacuum: options.vacuum,
                 deleted_since_vacuum: AtomicU64::new(0),
                 follows,
+                notifier,
             }),
         })
     }
@@ -252,6 +256,7 @@ impl PostgresStore {
         if appended.is_some() {
             // Committed: the followers' re-read will see it.
             self.inner.follows.hub().wake(&token);
+            self.inner.notifier.announce(token);
         }
         let Some((incarnation, seq)) = appended else {
             // The stream row's stored id differs from ours: two stream ids
