@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod descriptor;
 mod error;
 mod event;
 mod id;
@@ -39,6 +40,7 @@ pub mod conformance;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 
+pub use descriptor::Backend;
 pub use error::{BoxError, Error, Result};
 pub use event::{NewEvent, StoredEvent, retry_from_millis, retry_to_millis};
 pub use id::{EventId, MAX_EVENT_ID_LEN, Position, STREAM_KEY_LEN, StreamKey, StreamToken};
