@@ -45,8 +45,12 @@ pub struct Backend {
     /// scheme is one of [`schemes`](Self::schemes); its other parts,
     /// parameters included, are parsed by the backend, and a parameter it
     /// does not know is [`Error::Config`](crate::Error::Config).
-    pub connect: fn(&str, StoreOptions) -> BoxFuture<'static, Result<Arc<dyn Store>>>,
+    pub connect: fn(&str, StoreOptions) -> Connecting,
 }
+
+/// What [`Backend::connect`] returns: the store being opened, as any
+/// backend (the facade's `DynStore`).
+pub type Connecting = BoxFuture<'static, Result<Arc<dyn Store>>>;
 
 impl Backend {
     /// Whether `url`'s scheme (the text before the first `:`, in any case)

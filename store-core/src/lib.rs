@@ -40,7 +40,7 @@ pub mod conformance;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 
-pub use descriptor::Backend;
+pub use descriptor::{Backend, Connecting};
 pub use error::{BoxError, Error, Result};
 pub use event::{NewEvent, StoredEvent, retry_from_millis, retry_to_millis};
 pub use id::{EventId, MAX_EVENT_ID_LEN, Position, STREAM_KEY_LEN, StreamKey, StreamToken};
