@@ -23,7 +23,7 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{BACKEND, to_incarnation};
+use crate::{NAME, to_incarnation};
 
 /// Rows one purge transaction deletes at most.
 const PURGE_BATCH: i64 = 500;
@@ -31,7 +31,7 @@ const PURGE_BATCH: i64 = 500;
 const LIMIT_SCAN_BATCH: i64 = 100;
 
 pub(crate) fn db_error(e: sqlx::Error) -> Error {
-    Error::backend(BACKEND, e)
+    Error::backend(NAME, e)
 }
 
 /// A write for the writer task, and where its answer goes.
@@ -208,7 +208,7 @@ impl Writer {
                     Err(e) => {
                         let e = Arc::new(e);
                         for reply in job.replies {
-                            let _ = reply.send(Err(Error::backend(BACKEND, e.clone())));
+                            let _ = reply.send(Err(Error::backend(NAME, e.clone())));
                         }
                     }
                 }
@@ -246,7 +246,7 @@ impl Writer {
         if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut self.conn).await {
             let e = Arc::new(e);
             for (_, reply) in group {
-                reply.fail(Error::backend(BACKEND, e.clone()));
+                reply.fail(Error::backend(NAME, e.clone()));
             }
             return;
         }
@@ -434,7 +434,7 @@ impl Writer {
                 let e = Arc::new(e);
                 appends
                     .iter()
-                    .map(|_| Err(Error::backend(BACKEND, e.clone())))
+                    .map(|_| Err(Error::backend(NAME, e.clone())))
                     .collect()
             }
         }
