@@ -184,12 +184,9 @@ fn follow_chart(root_dir: &Path, out: &Path) -> Result<bool, Failure> {
         })
         .y_desc("milliseconds")
         .draw()?;
-    for (k, (label, pick)) in [
-        ("median", 0usize),
-        ("p99", 1usize),
-    ]
-    .into_iter()
-    .enumerate()
+    for (k, (label, pick)) in [("median", 0usize), ("p99", 1usize)]
+        .into_iter()
+        .enumerate()
     {
         let fill = colour(k).filled();
         chart
@@ -238,7 +235,10 @@ fn main() -> Result<(), Failure> {
         if drawn {
             println!("wrote docs/charts/{file}");
         } else {
-            println!("skipped docs/charts/{file}: no results for it in {}", criterion.display());
+            println!(
+                "skipped docs/charts/{file}: no results for it in {}",
+                criterion.display()
+            );
         }
     }
     Ok(())

@@ -337,7 +337,8 @@ pub fn router(store: DynStore, options: &Options, shutdown: &CancellationToken) 
     }
     let router = if options.stateless {
         config = config.with_legacy_session_mode(false);
-        let sessions = NeverSessionManager::default().with_event_store(Arc::new(events(store, options)));
+        let sessions =
+            NeverSessionManager::default().with_event_store(Arc::new(events(store, options)));
         axum::Router::new().nest_service(
             "/mcp",
             StreamableHttpService::new(|| Ok(SlowCounter), Arc::new(sessions), config),

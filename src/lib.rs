@@ -49,36 +49,56 @@ use std::sync::Arc;
 
 pub use mcp_event_store_core::*;
 
-/// The SQLite backend (feature `sqlite`).
-#[cfg(feature = "sqlite")]
-pub mod sqlite {
-    pub use mcp_event_store_sqlite::{Durability, FORMAT_VERSION, SqliteOptions, SqliteStore};
-}
+/// The backends behind a cargo feature, one line each: module, crate,
+/// feature, and its URL schemes (so that a scheme whose feature is off still
+/// names the feature; `tests/connect.rs` checks them against each crate's
+/// `BACKEND.schemes`). For each line this re-exports the whole crate as the
+/// module (under its feature), lists its `BACKEND` in [`backends`] and its
+/// schemes in [`KNOWN_SCHEMES`].
+macro_rules! backends {
+    ($($module:ident: $krate:ident, $feature:literal, [$($scheme:literal),+ $(,)?];)+) => {
+        $(
+            #[doc = concat!("The `", $feature, "` backend (feature `", $feature, "`): the whole `",
+                stringify!($krate), "` crate.")]
+            #[cfg(feature = $feature)]
+            pub use $krate as $module;
+        )+
 
-/// The PostgreSQL backend (feature `postgres`).
-#[cfg(feature = "postgres")]
-pub mod postgres {
-    pub use mcp_event_store_postgres::{
-        DEFAULT_SCHEMA, FORMAT_VERSION, PostgresOptions, PostgresStore, validate_schema_name,
+        /// The backends compiled in, [`MemoryStore`] first, each once: what
+        /// [`connect`] chooses from.
+        ///
+        /// ```
+        /// let names: Vec<_> = mcp_event_store::backends().iter().map(|b| b.name).collect();
+        /// assert_eq!(names[0], "memory");
+        /// ```
+        pub fn backends() -> Vec<&'static Backend> {
+            #[allow(unused_mut)] // with no backend feature on
+            let mut list = vec![&MemoryStore::BACKEND];
+            $(
+                #[cfg(feature = $feature)]
+                list.push(&$module::BACKEND);
+            )+
+            list
+        }
+
+        /// Every URL scheme [`connect`] knows, whether its backend is
+        /// compiled in or not, with the cargo feature that compiles it in
+        /// (empty for `memory`, always there).
+        pub const KNOWN_SCHEMES: &[(&str, &str)] = &[
+            ("memory", ""),
+            $($(($scheme, $feature),)+)+
+        ];
     };
 }
 
-/// The Redis Streams backend (feature `redis`).
-#[cfg(feature = "redis")]
-pub mod redis {
-    pub use mcp_event_store_redis::{
-        DEFAULT_KEY_PREFIX, FORMAT_VERSION, MIN_REDIS_VERSION, RedisOptions, RedisStore,
-        validate_prefix,
-    };
-}
-
-/// The sled backend (feature `sled`).
-#[cfg(feature = "sled")]
-pub mod sled {
-    pub use mcp_event_store_sled::{
-        DEFAULT_CACHE_CAPACITY, Durability, FORMAT_VERSION, MAX_FLUSH_INTERVAL, SledOptions,
-        SledStore,
-    };
+backends! {
+    sqlite: mcp_event_store_sqlite, "sqlite", ["sqlite"];
+    postgres: mcp_event_store_postgres, "postgres", ["postgres", "postgresql"];
+    redis: mcp_event_store_redis, "redis", [
+        "redis", "rediss", "redis+unix", "unix", "redis+cluster", "rediss+cluster",
+        "valkey", "valkeys", "valkey+unix", "valkey+cluster", "valkeys+cluster",
+    ];
+    sled: mcp_event_store_sled, "sled", ["sled"];
 }
 
 /// A store of any backend, as [`connect`] returns it.
@@ -95,13 +115,17 @@ pub type DynStore = Arc<dyn Store>;
 ///   connect; other query parameters go to the driver.
 /// * `redis://host:6379/0` (feature `redis`), a Redis Cluster as
 ///   `redis+cluster://host:7000,host:7001` or `redis://host:7000?cluster=true`;
-///   keys live under the `mcp-event-store` prefix (or `?prefix=name`).
+///   keys live under the `mcp-event-store` prefix (or `?prefix=name`); every
+///   scheme in the Redis crate's `URL_SCHEMES` (`valkey://`,
+///   `valkey+cluster://`, ...).
 /// * `sled:///absolute/dir` or `sled://relative/dir` (feature `sled`), with
 ///   `?flush_interval_ms=N` for interval flushing instead of a flush per
 ///   append group.
 ///
-/// A URL whose backend is not compiled in is [`Error::BackendNotEnabled`],
-/// naming the cargo feature to enable.
+/// The scheme picks the backend from [`backends`]; the backend's own
+/// `connect` reads the rest of the URL (each backend crate documents its
+/// parameters). A URL whose backend is not compiled in is
+/// [`Error::BackendNotEnabled`], naming the cargo feature to enable.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -125,107 +149,15 @@ pub async fn connect_with(url: &str, options: StoreOptions) -> Result<DynStore> 
         .split_once(':')
         .map(|(scheme, _)| scheme.to_ascii_lowercase())
         .ok_or_else(|| Error::Config(format!("not a store URL (no scheme): {url:?}")))?;
-    match scheme.as_str() {
-        "memory" => Ok(Arc::new(MemoryStore::try_with_options(options)?)),
-        "sqlite" => open_sqlite(url, options).await,
-        "postgres" | "postgresql" => open_postgres(url, scheme, options).await,
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+unix" | "unix"
-        | "valkey" | "valkeys" => open_redis(url, scheme, options).await,
-        "sled" => open_sled(url, scheme, options).await,
-        _ => Err(Error::Config(format!(
-            "unknown store URL scheme {scheme:?} (known: memory, sqlite, postgres, redis, sled)"
-        ))),
+    if let Some(backend) = backends().into_iter().find(|backend| backend.opens(url)) {
+        return (backend.connect)(url, options).await;
     }
-}
-
-#[cfg(not(all(
-    feature = "sqlite",
-    feature = "postgres",
-    feature = "redis",
-    feature = "sled"
-)))]
-fn not_enabled(scheme: String, feature: &'static str) -> Error {
-    Error::BackendNotEnabled { scheme, feature }
-}
-
-#[cfg(feature = "sqlite")]
-async fn open_sqlite(url: &str, options: StoreOptions) -> Result<DynStore> {
-    let sqlite = sqlite::SqliteOptions::from_url(url)?.store_options(options);
-    Ok(Arc::new(sqlite::SqliteStore::open_with(sqlite).await?))
-}
-
-#[cfg(feature = "postgres")]
-async fn open_postgres(url: &str, _scheme: String, options: StoreOptions) -> Result<DynStore> {
-    let (url, schema) = take_query_param(url, "schema");
-    let mut postgres = postgres::PostgresOptions::default().store(options);
-    if let Some(schema) = schema {
-        postgres = postgres.schema(schema);
+    if let Some(&(_, feature)) = KNOWN_SCHEMES.iter().find(|(known, _)| *known == scheme) {
+        return Err(Error::BackendNotEnabled { scheme, feature });
     }
-    Ok(Arc::new(
-        postgres::PostgresStore::connect_with(&url, postgres).await?,
-    ))
-}
-
-/// Removes `name=value` from a URL's query string, returning the URL
-/// without it and the value: options of ours that the driver must not see.
-#[cfg(any(feature = "postgres", feature = "redis"))]
-fn take_query_param(url: &str, name: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), None);
-    };
-    let mut value = None;
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.split_once('=') {
-            Some((key, v)) if key == name => {
-                value = Some(v.to_owned());
-                false
-            }
-            _ => !pair.is_empty(),
-        })
-        .collect();
-    let url = if rest.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    (url, value)
-}
-
-#[cfg(not(feature = "postgres"))]
-async fn open_postgres(_url: &str, scheme: String, _options: StoreOptions) -> Result<DynStore> {
-    Err(not_enabled(scheme, "postgres"))
-}
-
-#[cfg(feature = "redis")]
-async fn open_redis(url: &str, _scheme: String, options: StoreOptions) -> Result<DynStore> {
-    let (url, prefix) = take_query_param(url, "prefix");
-    let mut redis = redis::RedisOptions::default().store(options);
-    if let Some(prefix) = prefix {
-        redis = redis.key_prefix(prefix);
-    }
-    Ok(Arc::new(
-        redis::RedisStore::connect_with(&url, redis).await?,
-    ))
-}
-
-#[cfg(not(feature = "redis"))]
-async fn open_redis(_url: &str, scheme: String, _options: StoreOptions) -> Result<DynStore> {
-    Err(not_enabled(scheme, "redis"))
-}
-
-#[cfg(feature = "sled")]
-async fn open_sled(url: &str, _scheme: String, options: StoreOptions) -> Result<DynStore> {
-    let sled = sled::SledOptions::default().store(options);
-    Ok(Arc::new(sled::SledStore::connect_with(url, sled).await?))
-}
-
-#[cfg(not(feature = "sled"))]
-async fn open_sled(_url: &str, scheme: String, _options: StoreOptions) -> Result<DynStore> {
-    Err(not_enabled(scheme, "sled"))
-}
-
-#[cfg(not(feature = "sqlite"))]
-async fn open_sqlite(_url: &str, _options: StoreOptions) -> Result<DynStore> {
-    Err(not_enabled("sqlite".into(), "sqlite"))
+    let known: Vec<&str> = KNOWN_SCHEMES.iter().map(|(known, _)| *known).collect();
+    Err(Error::Config(format!(
+        "unknown store URL scheme {scheme:?} (known: {})",
+        known.join(", ")
+    )))
 }

@@ -152,3 +152,99 @@ async fn sled_url_opens_a_directory_that_persists() {
     let events: Vec<_> = replay.events.try_collect().await.unwrap();
     assert_eq!(&events[0].data[..], b"b");
 }
+
+/// Every scheme of the Redis crate reaches the Redis backend, the Valkey
+/// Cluster forms included: the error is the backend's (nothing listens on
+/// port 1), never "unknown scheme" or "not compiled in".
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn every_redis_scheme_reaches_the_redis_backend() {
+    for url in [
+        "valkey+cluster://127.0.0.1:1",
+        "valkeys+cluster://127.0.0.1:1",
+        "valkey+unix:///nonexistent/redis.sock",
+    ] {
+        let Err(err) = connect(url).await else {
+            panic!("{url}: nothing listens there");
+        };
+        let message = err.to_string();
+        assert!(
+            !message.contains("unknown store URL scheme")
+                && !matches!(err, Error::BackendNotEnabled { .. }),
+            "{url}: {message}"
+        );
+    }
+}
+
+/// The facade's scheme table (which names the feature of a backend that is
+/// not compiled in) says, for each backend compiled in, exactly what that
+/// backend's crate says. With `--all-features` this covers every backend.
+#[test]
+fn the_scheme_table_matches_every_compiled_backend() {
+    use mcp_event_store::{KNOWN_SCHEMES, backends};
+
+    for backend in backends() {
+        let listed: Vec<&str> = KNOWN_SCHEMES
+            .iter()
+            .filter(|(_, feature)| *feature == backend.feature)
+            .map(|(scheme, _)| *scheme)
+            .collect();
+        assert_eq!(listed, backend.schemes, "the {} backend", backend.name);
+    }
+    if cfg!(all(
+        feature = "sqlite",
+        feature = "postgres",
+        feature = "redis",
+        feature = "sled"
+    )) {
+        for (scheme, feature) in KNOWN_SCHEMES {
+            assert!(
+                backends().iter().any(|b| b.feature == *feature),
+                "{scheme}:// names the feature {feature:?}, which no backend has"
+            );
+        }
+    }
+    #[cfg(feature = "redis")]
+    assert_eq!(
+        mcp_event_store::redis::BACKEND.schemes,
+        mcp_event_store::redis::URL_SCHEMES
+    );
+}
+
+/// `backends()` lists the memory store first and every backend compiled in
+/// once, under its own name and feature.
+#[test]
+fn backends_names_each_compiled_backend_once() {
+    let names: Vec<&str> = mcp_event_store::backends().iter().map(|b| b.name).collect();
+    let expected: Vec<&str> = [
+        ("memory", true),
+        ("sqlite", cfg!(feature = "sqlite")),
+        ("postgres", cfg!(feature = "postgres")),
+        ("redis", cfg!(feature = "redis")),
+        ("sled", cfg!(feature = "sled")),
+    ]
+    .into_iter()
+    .filter_map(|(name, compiled_in)| compiled_in.then_some(name))
+    .collect();
+    assert_eq!(names, expected);
+    for backend in mcp_event_store::backends().iter().skip(1) {
+        assert_eq!(backend.feature, backend.name, "{}", backend.name);
+    }
+}
+
+/// A scheme is matched in any case, as before.
+#[tokio::test]
+async fn schemes_are_case_insensitive() {
+    connect("MEMORY://").await.unwrap();
+}
+
+/// An unknown scheme is a configuration error that lists the known ones.
+#[tokio::test]
+async fn an_unknown_scheme_lists_the_known_ones() {
+    let Err(Error::Config(message)) = connect("mongodb://127.0.0.1:1").await else {
+        panic!("mongodb:// is not a backend");
+    };
+    for scheme in ["memory", "sqlite", "postgres", "valkey+cluster", "sled"] {
+        assert!(message.contains(scheme), "{message}");
+    }
+}

@@ -24,6 +24,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod descriptor;
 mod error;
 mod event;
 mod id;
@@ -42,6 +43,7 @@ pub mod conformance;
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 
+pub use descriptor::{Backend, Connecting};
 pub use error::{BoxError, Error, Result};
 pub use event::{NewEvent, StoredEvent, retry_from_millis, retry_to_millis};
 pub use follow::FollowOptions;

@@ -24,7 +24,7 @@ use sqlx::postgres::PgPool;
 use sqlx::{Row, SqlStr};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::{BACKEND, backend};
+use crate::{NAME, backend};
 
 /// Events one batch statement carries at most.
 const MAX_EVENTS: usize = 64;
@@ -192,7 +192,7 @@ async fn run_batch(pool: &PgPool, statement: &SqlStr, limits: Limits, batch: Vec
             Err(e) => {
                 let e = Arc::new(e);
                 for (_, reply) in batch {
-                    let _ = reply.send(Err(Error::backend(BACKEND, e.clone())));
+                    let _ = reply.send(Err(Error::backend(NAME, e.clone())));
                 }
                 return;
             }

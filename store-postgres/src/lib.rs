@@ -334,6 +334,10 @@ mod store;
 #[cfg(feature = "conformance")]
 pub mod testing;
 
+use std::sync::Arc;
+
+use mcp_event_store_core::{Backend, Store};
+
 pub use options::{
     DEFAULT_APPLICATION_NAME, DEFAULT_FOLLOW_RECHECK, DEFAULT_SCHEMA, MAX_PAGE_SIZE,
     PostgresOptions, VACUUM_MIN_ROWS, Vacuum, validate_schema_name,
@@ -342,10 +346,33 @@ pub use purge::BATCH;
 pub use setup::FORMAT_VERSION;
 pub use store::PostgresStore;
 
+/// This backend as the `mcp-event-store` facade's `connect` finds it: URL
+/// schemes `postgres` and `postgresql`, facade feature `postgres`. Its
+/// `connect` reads the URL with [`PostgresStore::connect_with`] (`schema`
+/// and `vacuum` as [`PostgresOptions::with_url_parameters`] says, the rest
+/// for sqlx) and applies the shared
+/// [`StoreOptions`](mcp_event_store_core::StoreOptions).
+///
+/// ```
+/// assert!(mcp_event_store_postgres::BACKEND.opens("postgresql://app@db/app?schema=events"));
+/// ```
+pub const BACKEND: Backend = Backend {
+    name: NAME,
+    schemes: &["postgres", "postgresql"],
+    feature: "postgres",
+    connect: |url, options| {
+        let url = url.to_owned();
+        Box::pin(async move {
+            let options = PostgresOptions::default().store(options);
+            Ok(Arc::new(PostgresStore::connect_with(&url, options).await?) as Arc<dyn Store>)
+        })
+    },
+};
+
 /// The backend name in errors and traces.
-pub(crate) const BACKEND: &str = "postgres";
+pub(crate) const NAME: &str = "postgres";
 
 /// Wraps a driver error, keeping it as the source.
 pub(crate) fn backend(e: sqlx::Error) -> mcp_event_store_core::Error {
-    mcp_event_store_core::Error::backend(BACKEND, e)
+    mcp_event_store_core::Error::backend(NAME, e)
 }

@@ -10,7 +10,7 @@ use mcp_event_store_core::{Error, Result, StreamKey};
 
 use crate::options::{PostgresOptions, Vacuum, quote_schema};
 use crate::sql::{self, render};
-use crate::{BACKEND, backend};
+use crate::{NAME, backend};
 
 /// The embedded migrations: the schema's history, and its format version.
 pub(crate) static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -166,7 +166,7 @@ fn migrate_error(schema: &str, e: MigrateError) -> Error {
         MigrateError::Dirty(version) => Error::IncompatibleFormat(format!(
             "migration {version} of schema \"{schema}\" failed part way; repair it by hand"
         )),
-        other => Error::backend(BACKEND, other),
+        other => Error::backend(NAME, other),
     }
 }
 

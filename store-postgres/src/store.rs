@@ -25,7 +25,7 @@ use crate::options::{
     DEFAULT_APPLICATION_NAME, MAX_PAGE_SIZE, PostgresOptions, VACUUM_MIN_ROWS, Vacuum, quote_schema,
 };
 use crate::sql::Sql;
-use crate::{BACKEND, backend, purge, setup};
+use crate::{NAME, backend, purge, setup};
 
 /// An [`EventStore`] and [`SessionStore`] on PostgreSQL.
 ///
@@ -480,7 +480,7 @@ async fn fetch_page(
 impl EventStore for PostgresStore {
     async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
         observe::append(
-            BACKEND,
+            NAME,
             stream_id,
             event.data.len(),
             self.append(stream_id, event),
@@ -489,7 +489,7 @@ impl EventStore for PostgresStore {
     }
 
     async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        observe::replay(BACKEND, last_event_id, self.open_replay(last_event_id)).await
+        observe::replay(NAME, last_event_id, self.open_replay(last_event_id)).await
     }
 
     async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
@@ -532,7 +532,7 @@ impl EventStore for PostgresStore {
     }
 
     async fn purge_expired(&self) -> Result<PurgeReport> {
-        observe::purge(BACKEND, purge::purge(self)).await
+        observe::purge(NAME, purge::purge(self)).await
     }
 
     async fn follow_events_after(

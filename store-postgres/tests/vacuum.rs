@@ -91,6 +91,11 @@ async fn schema_without_autovacuum(h: &PostgresHarness) {
     }
 }
 
+/// The tests here run one at a time: `tracing` caches per call site
+/// whether anyone listens, and the log-capturing test must not race the
+/// other test's first, unobserved, hits of the same call sites.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Opens a store and returns what it logged while connecting.
 async fn open_logged(h: &PostgresHarness, vacuum: Vacuum) -> (PostgresStore, Log) {
     let log = Log::default();
@@ -108,6 +113,7 @@ async fn open_logged(h: &PostgresHarness, vacuum: Vacuum) -> (PostgresStore, Log
 /// informs; with nothing wrong it says nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_warns_when_autovacuum_cannot_reclaim_space() {
+    let _serial = SERIAL.lock().await;
     let h = PostgresHarness::new().await;
     let (server_autovacuum, server_track_counts): (bool, bool) = {
         let mut conn = admin(&h).await;
@@ -253,6 +259,7 @@ async fn appends_and_purges(vacuum: Vacuum) -> Vec<(i64, i64)> {
 /// off. Sizes are pages on disk, not timings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purges_with_vacuum_auto_keep_the_table_from_growing() {
+    let _serial = SERIAL.lock().await;
     let without = appends_and_purges(Vacuum::Off).await;
     let with = appends_and_purges(Vacuum::Auto).await;
     let mib = |bytes: i64| bytes as f64 / (1 << 20) as f64;
@@ -264,29 +271,32 @@ async fn purges_with_vacuum_auto_keep_the_table_from_growing() {
             .collect();
         eprintln!("{name}: heap/total MiB every 5 rounds: {}", line.join(" "));
     }
+    // Over the last three quarters of the run, the heap without vacuum
+    // keeps growing (page pruning reclaims a little, so not quite
+    // linearly); under vacuum=auto it levels off. A vacuum cannot reclaim
+    // rows that another session's snapshot may still see, so on a busy
+    // server the level creeps by a few pages: the bound is relative to the
+    // growth without vacuum, not zero.
     let quarter = ROUNDS / 4;
     let (heap_early, total_early) = with[quarter - 1];
     let (heap_end, total_end) = with[ROUNDS - 1];
-    // Level: the last three quarters of the run add nothing (a page or two
-    // of slack for where the free space map sends an insert).
-    let slack = 2 * 8192;
+    let (off_early, off_total_early) = without[quarter - 1];
+    let (off_end, off_total_end) = without[ROUNDS - 1];
+    let (off_growth, off_total_growth) = (off_end - off_early, off_total_end - off_total_early);
     assert!(
-        heap_end <= heap_early + slack,
+        off_end >= 2 * off_early,
+        "without a vacuum the heap should keep growing: {off_early} bytes after round \
+         {quarter}, {off_end} at the end"
+    );
+    assert!(
+        heap_end - heap_early <= off_growth / 5,
         "the heap kept growing under vacuum=auto: {heap_early} bytes after round {quarter}, \
-         {heap_end} at the end"
+         {heap_end} at the end (without vacuum: {off_early} to {off_end})"
     );
     assert!(
-        total_end <= total_early + 4 * slack,
+        total_end - total_early <= off_total_growth / 5,
         "the table and its index kept growing under vacuum=auto: {total_early} bytes after \
-         round {quarter}, {total_end} at the end"
-    );
-    // The control: without vacuum, the same work kept growing the heap
-    // (page pruning reclaims some space, so the growth is not quite linear).
-    let (off_early, _) = without[quarter - 1];
-    let (off_end, _) = without[ROUNDS - 1];
-    assert!(
-        off_end >= 2 * off_early && off_end >= 5 * heap_end,
-        "without a vacuum the heap should grow with every append: {off_early} bytes after \
-         round {quarter}, {off_end} at the end (vacuum=auto: {heap_end})"
+         round {quarter}, {total_end} at the end (without vacuum: {off_total_early} to \
+         {off_total_end})"
     );
 }

@@ -10,7 +10,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::BACKEND;
+use crate::NAME;
 
 /// Oldest server accepted: exclusive `XRANGE` bounds (`(id`) came in 6.2.
 pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
@@ -175,7 +175,7 @@ impl ConnectionLike for Conn {
 
 /// Maps a driver error, keeping it as the source.
 pub fn backend(e: redis::RedisError) -> Error {
-    Error::backend(BACKEND, e)
+    Error::backend(NAME, e)
 }
 
 /// Opens the connection and checks the server version.
@@ -257,7 +257,7 @@ impl Node {
                 .map_err(backend)?,
             (_, conn) => cmd.query_async::<Value>(conn).await.map_err(backend)?,
         };
-        redis::from_redis_value(value).map_err(|e| Error::backend(BACKEND, e))
+        redis::from_redis_value(value).map_err(|e| Error::backend(NAME, e))
     }
 }
 

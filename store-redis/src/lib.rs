@@ -280,9 +280,9 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store_core::follow::follow;
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, NewEvent, Page, Position, PurgeReport, Replay,
-    Result, SessionStore, StreamKey, StreamToken, observe, paged_replay, retry_to_millis,
-    validate_session_id, validate_stream_id,
+    Backend, Error, EventId, EventStore, FollowOptions, NewEvent, Page, Position, PurgeReport,
+    Replay, Result, SessionStore, Store, StreamKey, StreamToken, observe, paged_replay,
+    retry_to_millis, validate_session_id, validate_stream_id,
 };
 use redis::{ErrorKind, FromRedisValue, Pipeline, ServerErrorKind, Value};
 
@@ -301,7 +301,30 @@ use scripts::{Call, SCRIPTS};
 use secret::{Secret, Wait, check_replicas, settle};
 use wire::{after, entry_id, parse_entries, parse_entry_id, parse_meta_id};
 
-const BACKEND: &str = "redis";
+/// This backend as the `mcp-event-store` facade's `connect` finds it: URL
+/// schemes [`URL_SCHEMES`], facade feature `redis`. Its `connect` reads the
+/// URL with [`RedisStore::connect_with`] (this crate's [`URL_PARAMETERS`],
+/// the rest for the redis crate) and applies the shared
+/// [`StoreOptions`](mcp_event_store_core::StoreOptions).
+///
+/// ```
+/// assert!(mcp_event_store_redis::BACKEND.opens("valkey+cluster://h1:7000,h2:7001"));
+/// ```
+pub const BACKEND: Backend = Backend {
+    name: NAME,
+    schemes: URL_SCHEMES,
+    feature: "redis",
+    connect: |url, options| {
+        let url = url.to_owned();
+        Box::pin(async move {
+            let options = RedisOptions::default().store(options);
+            Ok(Arc::new(RedisStore::connect_with(&url, options).await?) as Arc<dyn Store>)
+        })
+    },
+};
+
+/// The backend name in errors and traces.
+const NAME: &str = "redis";
 /// The storage format this release reads and writes (the `<prefix>:format`
 /// marker, and the `v1` in every data key).
 pub const FORMAT_VERSION: u32 = 1;
@@ -517,7 +540,7 @@ impl RedisStore {
     /// Runs `call` (never followed by `WAIT`) and converts its reply.
     async fn invoke<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
         let (reply, _) = self.run(&call, false).await?;
-        T::from_redis_value(reply).map_err(|e| Error::backend(BACKEND, e))
+        T::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))
     }
 
     /// Fails a write that `WAIT` says too few replicas hold.
@@ -969,7 +992,7 @@ fn unexpected_reply(script: &str) -> Error {
 /// keeps losing its data under it.
 fn secret_kept_changing() -> Error {
     Error::backend(
-        BACKEND,
+        NAME,
         format!(
             "the stream secret in Redis changed {SECRET_ATTEMPTS} times during one call; \
              is something emptying the server?"
@@ -1007,7 +1030,7 @@ async fn warn_without_persistence(conn: &Conn) {
 impl EventStore for RedisStore {
     async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
         let id = observe::append(
-            BACKEND,
+            NAME,
             stream_id,
             event.data.len(),
             self.append(stream_id, event),
@@ -1019,7 +1042,7 @@ impl EventStore for RedisStore {
     }
 
     async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        observe::replay(BACKEND, last_event_id, self.open_replay(last_event_id)).await
+        observe::replay(NAME, last_event_id, self.open_replay(last_event_id)).await
     }
 
     async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
@@ -1073,7 +1096,7 @@ impl EventStore for RedisStore {
     }
 
     async fn purge_expired(&self) -> Result<PurgeReport> {
-        observe::purge(BACKEND, self.purge()).await
+        observe::purge(NAME, self.purge()).await
     }
 
     async fn follow_events_after(
@@ -1126,7 +1149,7 @@ impl SessionStore for RedisStore {
                 .arg(expires_at)
                 .arg(ttl_arg(Some(ttl)));
             let (reply, acked) = self.run(&call, true).await?;
-            let check = i64::from_redis_value(reply).map_err(|e| Error::backend(BACKEND, e))?;
+            let check = i64::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))?;
             self.check_wait(acked, "the session")?;
             if check == 0 {
                 return Ok(());

@@ -124,7 +124,7 @@ pub fn check_replicas(acked: u32, replicas: u32, ms: u64, what: &str) -> Result<
         return Ok(());
     }
     Err(Error::backend(
-        crate::BACKEND,
+        crate::NAME,
         format!(
             "{what} was stored on the Redis primary, but only {acked} of {replicas} replicas \
              acknowledged it within {ms} ms (WAIT): it may not survive a failover"

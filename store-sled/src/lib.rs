@@ -261,15 +261,37 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions, follow, observe, paged_replay, validate_session_id,
+    Backend, Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay,
+    Result, SessionStore, Store, StoreOptions, follow, observe, paged_replay, validate_session_id,
     validate_stream_id,
 };
 
 use crate::flusher::{Ack, FlushResult};
-use crate::shared::{BACKEND, Shared};
+use crate::shared::{NAME, Shared};
 
 pub use crate::shared::FORMAT_VERSION;
+
+/// This backend as the `mcp-event-store` facade's `connect` finds it: URL
+/// scheme `sled`, facade feature `sled`. Its `connect` reads the URL with
+/// [`SledStore::connect_with`] (the directory, `durability` and
+/// `flush_interval_ms`) and applies the shared
+/// [`StoreOptions`].
+///
+/// ```
+/// assert!(mcp_event_store_sled::BACKEND.opens("sled:///var/lib/app/events"));
+/// ```
+pub const BACKEND: Backend = Backend {
+    name: NAME,
+    schemes: &["sled"],
+    feature: "sled",
+    connect: |url, options| {
+        let url = url.to_owned();
+        Box::pin(async move {
+            let options = SledOptions::default().store(options);
+            Ok(Arc::new(SledStore::connect_with(&url, options).await?) as Arc<dyn Store>)
+        })
+    },
+};
 
 /// The longest accepted flush interval: beyond it the loss window stops
 /// being a window.
@@ -434,7 +456,7 @@ where
     })?;
     match runtime.spawn_blocking(work).await {
         Ok(result) => result,
-        Err(e) => Err(Error::backend(BACKEND, e)),
+        Err(e) => Err(Error::backend(NAME, e)),
     }
 }
 
@@ -447,9 +469,9 @@ fn flushed(
 ) -> Result<()> {
     match outcome {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(Error::backend(BACKEND, e)),
+        Ok(Err(e)) => Err(Error::backend(NAME, e)),
         Err(_) => Err(Error::backend(
-            BACKEND,
+            NAME,
             "the sled flush this write waited for was abandoned (the flusher stopped)",
         )),
     }
@@ -612,7 +634,7 @@ impl SledStore {
         last_event_id: &str,
         options: FollowOptions,
     ) -> Result<Replay> {
-        observe::replay(BACKEND, last_event_id, async {
+        observe::replay(NAME, last_event_id, async {
             let cursor: EventId = last_event_id.parse()?;
             // Subscribed before the first read, so an append published in
             // between wakes this follower.
@@ -780,7 +802,7 @@ impl PageReader {
                         (Some(page), _) => page,
                         (None, Some((at, read))) if at == after => match read.await {
                             Ok(page) => page?,
-                            Err(e) => return Err(Error::backend(BACKEND, e)),
+                            Err(e) => return Err(Error::backend(NAME, e)),
                         },
                         (None, _) => blocking(reader.read(after)).await?,
                     };
@@ -868,7 +890,7 @@ fn parse_url(url: &str) -> Result<SledUrl> {
 #[async_trait]
 impl EventStore for SledStore {
     async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        observe::append(BACKEND, stream_id, event.data.len(), async {
+        observe::append(NAME, stream_id, event.data.len(), async {
             self.handle
                 .store
                 .check_append(stream_id, event.data.len())?;
@@ -910,7 +932,7 @@ impl EventStore for SledStore {
     }
 
     async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        observe::replay(BACKEND, last_event_id, async {
+        observe::replay(NAME, last_event_id, async {
             let cursor: EventId = last_event_id.parse()?;
             let (stream_id, reader, after, first) =
                 self.start_replay(last_event_id, cursor).await?;
@@ -955,7 +977,7 @@ impl EventStore for SledStore {
     }
 
     async fn purge_expired(&self) -> Result<PurgeReport> {
-        observe::purge(BACKEND, async {
+        observe::purge(NAME, async {
             let shared = self.shared.clone();
             let retention = self.handle.store.retention;
             let now = self.now();

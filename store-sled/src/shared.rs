@@ -21,7 +21,7 @@ use crate::flusher::Flusher;
 use crate::keys::{self, StreamRecord};
 
 /// The backend name in errors and traces.
-pub(crate) const BACKEND: &str = "sled";
+pub(crate) const NAME: &str = "sled";
 
 /// The storage format this release writes and reads (C12).
 ///
@@ -132,7 +132,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A sled error as the contract's backend error, source kept.
 pub(crate) fn backend(e: impl Into<Box<dyn StdError + Send + Sync>>) -> Error {
-    Error::backend(BACKEND, e)
+    Error::backend(NAME, e)
 }
 
 /// The in-memory state of one stream: the authority for sequence numbers

@@ -131,9 +131,9 @@ use bytes::Bytes;
 use mcp_event_store_core::dense::{self, DenseStream};
 use mcp_event_store_core::follow::{self, Wakeups};
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay,
-    retry_from_millis, retry_to_millis, validate_stream_id,
+    Backend, Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay,
+    Result, SessionStore, Store, StoreOptions, StoredEvent, StreamKey, StreamToken, observe,
+    paged_replay, retry_from_millis, retry_to_millis, validate_stream_id,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -145,7 +145,29 @@ pub use options::{Durability, SqliteOptions};
 use watcher::Watcher;
 use writer::{Append, Command, Reply, Write, Writer, db_error};
 
-const BACKEND: &str = "sqlite";
+/// This backend as the `mcp-event-store` facade's `connect` finds it: URL
+/// scheme `sqlite`, facade feature `sqlite`. Its `connect` reads the URL
+/// with [`SqliteOptions::from_url`] (the path and `durability`) and applies
+/// the shared [`StoreOptions`].
+///
+/// ```
+/// assert!(mcp_event_store_sqlite::BACKEND.opens("sqlite://events.db"));
+/// ```
+pub const BACKEND: Backend = Backend {
+    name: NAME,
+    schemes: &["sqlite"],
+    feature: "sqlite",
+    connect: |url, options| {
+        let url = url.to_owned();
+        Box::pin(async move {
+            let options = SqliteOptions::from_url(&url)?.store_options(options);
+            Ok(Arc::new(SqliteStore::open_with(options).await?) as Arc<dyn Store>)
+        })
+    },
+};
+
+/// The backend name in errors and traces.
+const NAME: &str = "sqlite";
 /// The storage format this release reads and writes.
 pub const FORMAT_VERSION: i64 = 2;
 /// Commands that may wait for the writer before callers are held back.
@@ -481,7 +503,7 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
              it was written by an incompatible release"
                 ))
             }
-            other => Error::backend(BACKEND, other),
+            other => Error::backend(NAME, other),
         })?;
     let format: Option<i64> = sqlx::query_scalar(
         "SELECT CAST(value AS INTEGER) FROM mes_meta WHERE key = 'format_version'",
@@ -518,7 +540,7 @@ async fn load_stream_key(conn: &mut SqliteConnection) -> Result<StreamKey> {
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        observe::append(BACKEND, stream_id, event.data.len(), async {
+        observe::append(NAME, stream_id, event.data.len(), async {
             self.inner
                 .options
                 .check_append(stream_id, event.data.len())?;
@@ -541,7 +563,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        observe::replay(BACKEND, last_event_id, async {
+        observe::replay(NAME, last_event_id, async {
             let cursor: EventId = last_event_id.parse()?;
             let (incarnation, after) = dense::cursor_parts(last_event_id, cursor.position)?;
             // SQLite integers stop at i64::MAX: beyond it, never issued.
@@ -614,7 +636,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn purge_expired(&self) -> Result<PurgeReport> {
-        observe::purge(BACKEND, async {
+        observe::purge(NAME, async {
             let now = self.now();
             let (reply, answer) = oneshot::channel();
             self.inner

@@ -24,7 +24,7 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{BACKEND, to_incarnation};
+use crate::{NAME, to_incarnation};
 
 /// Rows one purge transaction deletes at most.
 const PURGE_BATCH: i64 = 500;
@@ -35,7 +35,7 @@ pub(crate) fn db_error(e: sqlx::Error) -> Error {
     match e {
         // The read pool is closed only by `SqliteStore::close`.
         sqlx::Error::PoolClosed => Error::Closed,
-        e => Error::backend(BACKEND, e),
+        e => Error::backend(NAME, e),
     }
 }
 
@@ -245,7 +245,7 @@ impl Writer {
                     Err(e) => {
                         let e = Arc::new(e);
                         for reply in job.replies {
-                            let _ = reply.send(Err(Error::backend(BACKEND, e.clone())));
+                            let _ = reply.send(Err(Error::backend(NAME, e.clone())));
                         }
                     }
                 }
@@ -284,7 +284,7 @@ impl Writer {
         if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut self.conn).await {
             let e = Arc::new(e);
             for (_, reply) in group {
-                reply.fail(Error::backend(BACKEND, e.clone()));
+                reply.fail(Error::backend(NAME, e.clone()));
             }
             return;
         }
@@ -474,7 +474,7 @@ impl Writer {
                 let e = Arc::new(e);
                 appends
                     .iter()
-                    .map(|_| Err(Error::backend(BACKEND, e.clone())))
+                    .map(|_| Err(Error::backend(NAME, e.clone())))
                     .collect()
             }
         }

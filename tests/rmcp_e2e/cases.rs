@@ -259,7 +259,11 @@ pub async fn rmcp_client_resumes_once_mid_call(fixture: &Fixture, mode: Mode) {
     received.sort_by(f64::total_cmp);
     let expected: Vec<f64> = (1..=STEPS).map(|n| n as f64).collect();
     assert_eq!(received, expected, "every progress notification, once");
-    assert_eq!(server.resumes(), 1, "one resume carried the rest of the call");
+    assert_eq!(
+        server.resumes(),
+        1,
+        "one resume carried the rest of the call"
+    );
     client.cancel().await.expect("close the client");
     server.stop().await;
 }
