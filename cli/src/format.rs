@@ -133,7 +133,49 @@ pub fn stream_json(info: &StreamInfo) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use mcp_event_store::{EventId, Position, StreamKey};
+
     use super::*;
+
+    fn event(data: &'static [u8], retry: Option<Duration>) -> StoredEvent {
+        let token = StreamKey::from_bytes(&[7; mcp_event_store::STREAM_KEY_LEN])
+            .unwrap()
+            .token("s");
+        StoredEvent {
+            id: EventId::new(token, Position::seq(5)),
+            data: data.into(),
+            retry,
+        }
+    }
+
+    #[test]
+    fn sse_frame_splits_lines_and_keeps_retry() {
+        let message = event(b"one\r\ntwo\nthree", None);
+        let id = message.id.to_string();
+        assert_eq!(
+            sse_frame(&message),
+            format!("id: {id}\ndata: one\ndata: two\ndata: three\n\n")
+        );
+        let priming = event(b"", Some(Duration::from_millis(2500)));
+        assert_eq!(
+            sse_frame(&priming),
+            format!("id: {id}\nretry: 2500\ndata:\n\n")
+        );
+    }
+
+    #[test]
+    fn event_json_uses_base64_only_for_bytes_that_are_not_utf8() {
+        let text = event_json(&event("héllo".as_bytes(), Some(Duration::from_secs(1))));
+        assert_eq!(text["data"], "héllo");
+        assert_eq!(text["retry_ms"], 1000);
+        assert!(text.get("data_base64").is_none());
+        let bytes = event_json(&event(&[0xff, 0xfe, b'a'], None));
+        assert_eq!(bytes["data_base64"], "//5h");
+        assert!(bytes["retry_ms"].is_null());
+        assert!(bytes.get("data").is_none());
+    }
 
     #[test]
     fn rfc3339_matches_known_instants() {

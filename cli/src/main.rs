@@ -468,7 +468,11 @@ async fn tail(store: &DynStore, event_id: &str, json: bool, out: &mut impl Write
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
+        // Biased, Ctrl-C first: the handler is installed on its first poll,
+        // which must come before the first event is printed, or a Ctrl-C
+        // sent after seeing output would kill the process uncleanly.
         tokio::select! {
+            biased;
             _ = &mut ctrl_c => break,
             next = follow.events.next() => match next {
                 Some(event) => {
@@ -576,5 +580,49 @@ async fn count_events(store: &DynStore, stream_id: &str) -> Result<u64, Failure>
             Some(next) => after = Some(next),
             None => return Ok(0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str, bytes: u64, oldest: Option<i64>) -> StreamInfo {
+        StreamInfo::new(id, 1, bytes, oldest, oldest)
+    }
+
+    /// The heap as `streams --sort` drives it, on one list fed in any order.
+    fn top(sort: SortBy, keep: usize, streams: Vec<StreamInfo>) -> Vec<String> {
+        let mut best = BinaryHeap::new();
+        for info in streams {
+            best.push(Reverse(Ranked::new(sort, info)));
+            if best.len() > keep {
+                best.pop();
+            }
+        }
+        best.into_sorted_vec()
+            .into_iter()
+            .map(|Reverse(r)| r.info.stream_id)
+            .collect()
+    }
+
+    #[test]
+    fn sort_keeps_the_largest_or_oldest() {
+        let streams = vec![
+            info("c", 30, Some(300)),
+            info("a", 10, Some(100)),
+            info("none", 0, None),
+            info("d", 40, Some(50)),
+            info("b", 30, Some(200)),
+        ];
+        assert_eq!(top(SortBy::Size, 3, streams.clone()), ["d", "b", "c"]);
+        assert_eq!(top(SortBy::Age, 2, streams.clone()), ["d", "a"]);
+        assert_eq!(top(SortBy::Age, 10, streams).last().unwrap(), "none");
+    }
+
+    #[test]
+    fn the_arguments_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }
