@@ -96,6 +96,33 @@ pub enum Error {
 }
 
 impl Error {
+    /// A short, stable name for the kind of error, for metrics and logs:
+    /// `unknown_event_id`, `events_purged`, `invalid_stream_id`,
+    /// `invalid_session_id`, `payload_too_large`, `incompatible_format`,
+    /// `corrupt`, `config`, `backend_not_enabled`, `closed` or `backend`.
+    ///
+    /// ```
+    /// use mcp_event_store_core::Error;
+    ///
+    /// assert_eq!(Error::unknown_event_id("x").kind(), "unknown_event_id");
+    /// assert_eq!(Error::Closed.kind(), "closed");
+    /// ```
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::UnknownEventId { .. } => "unknown_event_id",
+            Error::EventsPurged { .. } => "events_purged",
+            Error::InvalidStreamId { .. } => "invalid_stream_id",
+            Error::InvalidSessionId { .. } => "invalid_session_id",
+            Error::PayloadTooLarge { .. } => "payload_too_large",
+            Error::IncompatibleFormat(_) => "incompatible_format",
+            Error::Corrupt(_) => "corrupt",
+            Error::Config(_) => "config",
+            Error::BackendNotEnabled { .. } => "backend_not_enabled",
+            Error::Closed => "closed",
+            Error::Backend { .. } => "backend",
+        }
+    }
+
     /// An [`Error::UnknownEventId`] quoting `event_id` safely.
     pub fn unknown_event_id(event_id: &str) -> Self {
         Self::UnknownEventId {

@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::event::StoredEvent;
 use crate::id::StreamToken;
+use crate::observe::{self, FollowGauge};
 use crate::store::Replay;
 
 /// How a follow ends, besides being dropped or failing.
@@ -189,7 +190,7 @@ impl Drop for Subscription {
     }
 }
 
-/// Builds a follow from a backend's replay.
+/// Builds a follow from a backend's replay; `backend` labels its metrics.
 ///
 /// `first` is the replay after the follower's cursor, opened *after*
 /// `subscription` was registered, so no wake-up between the two is lost.
@@ -200,6 +201,7 @@ impl Drop for Subscription {
 /// in order, each once: every read starts strictly after the last id
 /// yielded (C3, C6). An error from a read is yielded and ends the follow.
 pub fn follow<F, Fut>(
+    backend: &'static str,
     first: Replay,
     subscription: Subscription,
     cursor: String,
@@ -212,6 +214,13 @@ where
     Fut: Future<Output = Result<Replay>> + Send + 'static,
 {
     struct State<F> {
+        /// Counts this follow in `mcp_event_store_follows_active` until the
+        /// follow drops.
+        _gauge: FollowGauge,
+        backend: &'static str,
+        /// When the latest wake-up arrived, until an event it announced is
+        /// delivered.
+        woke_at: Option<Instant>,
         cursor: String,
         events: Option<BoxStream<'static, Result<StoredEvent>>>,
         subscription: Subscription,
@@ -221,6 +230,9 @@ where
         done: bool,
     }
     let state = State {
+        _gauge: FollowGauge::open(backend),
+        backend,
+        woke_at: None,
         cursor,
         events: Some(first.events),
         subscription,
@@ -238,6 +250,9 @@ where
                 match events.next().await {
                     Some(Ok(event)) => {
                         state.cursor = event.id.to_string();
+                        if let Some(woke_at) = state.woke_at.take() {
+                            observe::follow_delivered(state.backend, woke_at.elapsed());
+                        }
                         return Some((Ok(event), state));
                     }
                     Some(Err(error)) => {
@@ -251,14 +266,14 @@ where
             let subscription = &mut state.subscription;
             let wait = async {
                 tokio::select! {
-                    () = subscription.changed() => {}
-                    () = tokio::time::sleep(recheck) => {}
+                    () = subscription.changed() => Some(Instant::now()),
+                    () = tokio::time::sleep(recheck) => None,
                 }
             };
-            match state.deadline {
+            state.woke_at = match state.deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, wait).await.ok()?,
                 None => wait.await,
-            }
+            };
             state.subscription.mark_seen();
             match (state.reread)(state.cursor.clone()).await {
                 Ok(replay) => state.events = Some(replay.events),

@@ -13,6 +13,8 @@
 //!   without bound;
 //! * [`EventStore::follow_events_after`], the replay that stays open while
 //!   a call is still running (C13), built from the pieces in [`follow`];
+//! * [`EventStore::stats`], [`EventStore::list_streams`] and
+//!   [`EventStore::check`], what an operator asks of a store (C15);
 //! * [`MemoryStore`], a complete in-memory backend;
 //! * with the `conformance` feature, the shared test suite
 //!   ([`conformance`]) that every backend passes;
@@ -28,6 +30,7 @@ mod descriptor;
 mod error;
 mod event;
 mod id;
+mod inspect;
 mod maintenance;
 mod memory;
 mod options;
@@ -48,6 +51,10 @@ pub use error::{BoxError, Error, Result};
 pub use event::{NewEvent, StoredEvent, retry_from_millis, retry_to_millis};
 pub use follow::FollowOptions;
 pub use id::{EventId, MAX_EVENT_ID_LEN, Position, STREAM_KEY_LEN, StreamKey, StreamToken};
+pub use inspect::{
+    HealthReport, MAX_LIST_PAGE, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage,
+    Verdict, check_list_limit,
+};
 pub use maintenance::PurgeTask;
 pub use memory::MemoryStore;
 pub use options::{

@@ -1,6 +1,7 @@
 //! An in-memory store: the whole contract except persistence.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,6 +13,9 @@ use crate::error::{Error, Result};
 use crate::event::{NewEvent, StoredEvent};
 use crate::follow::{self, FollowOptions, Wakeups};
 use crate::id::{EventId, StreamKey, StreamToken};
+use crate::inspect::{
+    HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage, check_list_limit,
+};
 use crate::observe;
 use crate::options::{PurgeReport, StoreOptions};
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
@@ -54,7 +58,8 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct State {
-    streams: HashMap<StreamToken, Stream>,
+    /// Ordered by token, so stream listings page by token.
+    streams: BTreeMap<StreamToken, Stream>,
     sessions: HashMap<String, Session>,
     /// The last incarnation handed to a stream; never handed out twice.
     last_incarnation: u64,
@@ -75,7 +80,28 @@ struct Stream {
     events: VecDeque<Entry>,
 }
 
+/// The memory store has one layout, never stored: version 1.
+const FORMAT_VERSION: u32 = 1;
+
+/// The smaller of two optional times.
+fn min_some(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 impl Stream {
+    fn info(&self) -> StreamInfo {
+        StreamInfo::new(
+            self.stream_id.clone(),
+            self.events.len() as u64,
+            self.bytes,
+            self.events.front().map(|e| e.stored_at),
+            self.events.back().map(|e| e.stored_at),
+        )
+    }
+
     fn dense(&self) -> DenseStream {
         DenseStream {
             incarnation: self.incarnation,
@@ -339,6 +365,7 @@ impl EventStore for MemoryStore {
         let first = self.replay_events_after(last_event_id).await?;
         let store = self.clone();
         Ok(follow::follow(
+            BACKEND,
             first,
             subscription,
             last_event_id.to_owned(),
@@ -353,6 +380,65 @@ impl EventStore for MemoryStore {
 
     fn open_follows(&self) -> usize {
         self.inner.wakeups.followers()
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        let state = self.state();
+        let mut stats = StoreStats::default();
+        for stream in state.streams.values().filter(|s| !s.events.is_empty()) {
+            let info = stream.info();
+            stats.streams += 1;
+            stats.events += info.events;
+            stats.bytes += info.bytes;
+            stats.oldest_millis = min_some(stats.oldest_millis, info.oldest_millis);
+            stats.newest_millis = stats.newest_millis.max(info.newest_millis);
+        }
+        Ok(stats)
+    }
+
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
+        let limit = check_list_limit(limit)?;
+        let start = match after {
+            None => Bound::Unbounded,
+            Some(cursor) => {
+                Bound::Excluded(StreamToken::parse(cursor.as_str()).ok_or_else(|| {
+                    Error::Config(format!("not a stream cursor of this store: {cursor:?}"))
+                })?)
+            }
+        };
+        let state = self.state();
+        let mut streams = Vec::with_capacity(limit);
+        let mut last = None;
+        let mut more = false;
+        for (token, stream) in state
+            .streams
+            .range((start, Bound::Unbounded))
+            .filter(|(_, s)| !s.events.is_empty())
+        {
+            if streams.len() == limit {
+                more = true;
+                break;
+            }
+            streams.push(stream.info());
+            last = Some(*token);
+        }
+        let next = more
+            .then_some(last)
+            .flatten()
+            .map(|token| StreamCursor::new(token.to_text()));
+        Ok(StreamPage::new(streams, next))
+    }
+
+    async fn check(&self) -> Result<HealthReport> {
+        Ok(HealthReport::new(
+            BACKEND,
+            FORMAT_VERSION,
+            vec![Setting::warn(
+                "persistence",
+                "none (process memory)",
+                "use sqlite://, postgres://, redis:// or sled:// for events that must survive a restart",
+            )],
+        ))
     }
 }
 

@@ -1,14 +1,37 @@
-//! Tracing for the three operations an operator cares about: append, replay
-//! and purge. Backends wrap their work in these so every store reports the
-//! same span names and fields.
+//! Tracing and metrics for what an operator cares about: append, replay,
+//! follow and purge. Backends wrap their work in these so every store
+//! reports the same span names, fields and metrics.
 //!
 //! Spans: `mcp_event_store.append` (backend, stream_id, bytes),
 //! `mcp_event_store.replay` (backend, event_id) and `mcp_event_store.purge`
 //! (backend). Each ends with a `debug` event carrying `elapsed_us` and the
 //! outcome; a replay also reports `events` and `bytes` when its stream ends.
+//!
+//! # Metrics
+//!
+//! Through the [`metrics`] facade: the application installs the exporter it
+//! wants (Prometheus, StatsD, ...); with none installed each update is a
+//! no-op costing a few nanoseconds. Every metric carries a `backend` label
+//! (`memory`, `sqlite`, `postgres`, `redis`, `sled`).
+//!
+//! | name | kind | unit | labels | what |
+//! |---|---|---|---|---|
+//! | `mcp_event_store_appends_total` | counter | appends | `outcome` (`ok`, `error`) | `store_event` calls |
+//! | `mcp_event_store_append_duration_seconds` | histogram | seconds | | `store_event` latency, durable under the store's setting |
+//! | `mcp_event_store_append_batch_size` | histogram | events | | events committed together, where the backend groups appends (SQLite, PostgreSQL, sled) |
+//! | `mcp_event_store_replays_total` | counter | replays | `outcome` (`ok`, `refused`) | replays opened (a follow's re-reads count too) |
+//! | `mcp_event_store_replay_open_duration_seconds` | histogram | seconds | | time to open a replay (cursor checks, first read) |
+//! | `mcp_event_store_replayed_events_total` | counter | events | | events yielded by replays |
+//! | `mcp_event_store_follows_active` | gauge | follows | | follows open now |
+//! | `mcp_event_store_follow_delivery_seconds` | histogram | seconds | | from a follower's wake-up to the event in its hands |
+//! | `mcp_event_store_purges_total` | counter | purges | `outcome` | `purge_expired` runs |
+//! | `mcp_event_store_purge_duration_seconds` | histogram | seconds | | `purge_expired` duration |
+//! | `mcp_event_store_purged_events_total` | counter | events | | events removed by purges |
+//! | `mcp_event_store_purged_streams_total` | counter | streams | | streams removed whole by purges |
+//! | `mcp_event_store_errors_total` | counter | errors | `operation`, `kind` ([`Error::kind`](crate::Error::kind)) | failed appends, replays and purges |
 
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use tracing::{Instrument, Span};
@@ -25,6 +48,73 @@ fn clip(input: &str) -> &str {
         end -= 1;
     }
     &input[..end]
+}
+
+/// The metric names, as the table above lists them.
+pub mod names {
+    /// `store_event` calls, by `outcome`.
+    pub const APPENDS_TOTAL: &str = "mcp_event_store_appends_total";
+    /// `store_event` latency in seconds.
+    pub const APPEND_DURATION_SECONDS: &str = "mcp_event_store_append_duration_seconds";
+    /// Events committed together.
+    pub const APPEND_BATCH_SIZE: &str = "mcp_event_store_append_batch_size";
+    /// Replays opened, by `outcome`.
+    pub const REPLAYS_TOTAL: &str = "mcp_event_store_replays_total";
+    /// Time to open a replay, in seconds.
+    pub const REPLAY_OPEN_DURATION_SECONDS: &str = "mcp_event_store_replay_open_duration_seconds";
+    /// Events yielded by replays.
+    pub const REPLAYED_EVENTS_TOTAL: &str = "mcp_event_store_replayed_events_total";
+    /// Follows open now.
+    pub const FOLLOWS_ACTIVE: &str = "mcp_event_store_follows_active";
+    /// From a follower's wake-up to the event in its hands, in seconds.
+    pub const FOLLOW_DELIVERY_SECONDS: &str = "mcp_event_store_follow_delivery_seconds";
+    /// `purge_expired` runs, by `outcome`.
+    pub const PURGES_TOTAL: &str = "mcp_event_store_purges_total";
+    /// `purge_expired` duration in seconds.
+    pub const PURGE_DURATION_SECONDS: &str = "mcp_event_store_purge_duration_seconds";
+    /// Events removed by purges.
+    pub const PURGED_EVENTS_TOTAL: &str = "mcp_event_store_purged_events_total";
+    /// Streams removed whole by purges.
+    pub const PURGED_STREAMS_TOTAL: &str = "mcp_event_store_purged_streams_total";
+    /// Failed operations, by `operation` and `kind`.
+    pub const ERRORS_TOTAL: &str = "mcp_event_store_errors_total";
+}
+
+fn error(backend: &'static str, operation: &'static str, e: &crate::Error) {
+    metrics::counter!(names::ERRORS_TOTAL, "backend" => backend, "operation" => operation, "kind" => e.kind())
+        .increment(1);
+}
+
+/// Records how many events a backend committed together (one group commit,
+/// one batch transaction, one pipeline).
+pub fn batch(backend: &'static str, events: usize) {
+    metrics::histogram!(names::APPEND_BATCH_SIZE, "backend" => backend).record(events as f64);
+}
+
+/// Counts an open follow until dropped (the `follows_active` gauge).
+#[derive(Debug)]
+pub struct FollowGauge {
+    backend: &'static str,
+}
+
+impl FollowGauge {
+    /// Counts one more follow of `backend`, until the gauge drops.
+    pub fn open(backend: &'static str) -> Self {
+        metrics::gauge!(names::FOLLOWS_ACTIVE, "backend" => backend).increment(1.0);
+        Self { backend }
+    }
+}
+
+impl Drop for FollowGauge {
+    fn drop(&mut self) {
+        metrics::gauge!(names::FOLLOWS_ACTIVE, "backend" => self.backend).decrement(1.0);
+    }
+}
+
+/// Records the time from a follower's wake-up to an event in its hands.
+pub fn follow_delivered(backend: &'static str, after_wakeup: Duration) {
+    metrics::histogram!(names::FOLLOW_DELIVERY_SECONDS, "backend" => backend)
+        .record(after_wakeup.as_secs_f64());
 }
 
 fn elapsed_us(start: Instant) -> u64 {
@@ -45,9 +135,20 @@ where
     async move {
         let start = Instant::now();
         let result = work.await;
+        metrics::histogram!(names::APPEND_DURATION_SECONDS, "backend" => backend)
+            .record(start.elapsed().as_secs_f64());
         match &result {
-            Ok(id) => tracing::debug!(event_id = %id, elapsed_us = elapsed_us(start), "stored"),
-            Err(e) => tracing::warn!(error = %e, elapsed_us = elapsed_us(start), "append failed"),
+            Ok(id) => {
+                metrics::counter!(names::APPENDS_TOTAL, "backend" => backend, "outcome" => "ok")
+                    .increment(1);
+                tracing::debug!(event_id = %id, elapsed_us = elapsed_us(start), "stored")
+            }
+            Err(e) => {
+                metrics::counter!(names::APPENDS_TOTAL, "backend" => backend, "outcome" => "error")
+                    .increment(1);
+                error(backend, "append", e);
+                tracing::warn!(error = %e, elapsed_us = elapsed_us(start), "append failed")
+            }
         }
         result
     }
@@ -69,12 +170,19 @@ where
     );
     let start = Instant::now();
     let result = work.instrument(span.clone()).await;
+    metrics::histogram!(names::REPLAY_OPEN_DURATION_SECONDS, "backend" => backend)
+        .record(start.elapsed().as_secs_f64());
     match result {
         Ok(replay) => {
+            metrics::counter!(names::REPLAYS_TOTAL, "backend" => backend, "outcome" => "ok")
+                .increment(1);
             span.record("stream_id", replay.stream_id.as_str());
-            Ok(count_replay(replay, span, start))
+            Ok(count_replay(backend, replay, span, start))
         }
         Err(e) => {
+            metrics::counter!(names::REPLAYS_TOTAL, "backend" => backend, "outcome" => "refused")
+                .increment(1);
+            error(backend, "replay", &e);
             span.in_scope(
                 || tracing::debug!(error = %e, elapsed_us = elapsed_us(start), "replay refused"),
             );
@@ -83,8 +191,9 @@ where
     }
 }
 
-fn count_replay(replay: Replay, span: Span, start: Instant) -> Replay {
+fn count_replay(backend: &'static str, replay: Replay, span: Span, start: Instant) -> Replay {
     struct Tally {
+        backend: &'static str,
         span: Span,
         start: Instant,
         events: u64,
@@ -92,6 +201,8 @@ fn count_replay(replay: Replay, span: Span, start: Instant) -> Replay {
     }
     impl Drop for Tally {
         fn drop(&mut self) {
+            metrics::counter!(names::REPLAYED_EVENTS_TOTAL, "backend" => self.backend)
+                .increment(self.events);
             self.span.in_scope(|| {
                 tracing::debug!(
                     events = self.events,
@@ -103,6 +214,7 @@ fn count_replay(replay: Replay, span: Span, start: Instant) -> Replay {
         }
     }
     let mut tally = Tally {
+        backend,
         span,
         start,
         events: 0,
@@ -135,15 +247,29 @@ where
     async move {
         let start = Instant::now();
         let result = work.await;
+        metrics::histogram!(names::PURGE_DURATION_SECONDS, "backend" => backend)
+            .record(start.elapsed().as_secs_f64());
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics::counter!(names::PURGES_TOTAL, "backend" => backend, "outcome" => outcome)
+            .increment(1);
         match &result {
-            Ok(report) => tracing::debug!(
-                events = report.events,
-                streams = report.streams,
-                sessions = report.sessions,
-                elapsed_us = elapsed_us(start),
-                "purged"
-            ),
-            Err(e) => tracing::warn!(error = %e, elapsed_us = elapsed_us(start), "purge failed"),
+            Ok(report) => {
+                metrics::counter!(names::PURGED_EVENTS_TOTAL, "backend" => backend)
+                    .increment(report.events);
+                metrics::counter!(names::PURGED_STREAMS_TOTAL, "backend" => backend)
+                    .increment(report.streams);
+                tracing::debug!(
+                    events = report.events,
+                    streams = report.streams,
+                    sessions = report.sessions,
+                    elapsed_us = elapsed_us(start),
+                    "purged"
+                )
+            }
+            Err(e) => {
+                error(backend, "purge", e);
+                tracing::warn!(error = %e, elapsed_us = elapsed_us(start), "purge failed")
+            }
         }
         result
     }

@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::event::{NewEvent, StoredEvent};
 use crate::follow::FollowOptions;
 use crate::id::{EventId, Position};
+use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage};
 use crate::options::PurgeReport;
 
 /// A durable, shared log of SSE events, one ordered stream per stream id.
@@ -101,6 +102,46 @@ pub trait EventStore: Send + Sync + 'static {
     /// How many follows are open on this handle now; a dropped follow is
     /// no longer counted (C13).
     fn open_follows(&self) -> usize;
+
+    /// Store-wide totals: streams, events, payload bytes, oldest and newest
+    /// event time (C15). Reads every stream's summary, not every event.
+    async fn stats(&self) -> Result<StoreStats>;
+
+    /// One page of streams with their event count, bytes and ages (C15),
+    /// starting after `after` (`None`: the first page). At most `limit`
+    /// streams, cut to [`MAX_LIST_PAGE`](crate::MAX_LIST_PAGE); a zero limit
+    /// is [`Error::Config`](crate::Error::Config). Streams appended or
+    /// removed while paging may or may not appear; none appears twice.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mcp_event_store_core::Result<()> {
+    /// use mcp_event_store_core::{EventStore, MemoryStore, NewEvent};
+    ///
+    /// let store = MemoryStore::new();
+    /// for stream in ["a", "b", "c"] {
+    ///     store.store_event(stream, NewEvent::new(b"x")).await?;
+    /// }
+    /// let mut seen = Vec::new();
+    /// let mut after = None;
+    /// loop {
+    ///     let page = store.list_streams(after.as_ref(), 2).await?;
+    ///     seen.extend(page.streams.into_iter().map(|s| s.stream_id));
+    ///     match page.next {
+    ///         Some(next) => after = Some(next),
+    ///         None => break,
+    ///     }
+    /// }
+    /// seen.sort();
+    /// assert_eq!(seen, ["a", "b", "c"]);
+    /// # Ok(()) }
+    /// ```
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage>;
+
+    /// The storage format and the backend settings that decide whether
+    /// acknowledged events survive and the store stays bounded, each with
+    /// a verdict and, when risky, its remedy (C15).
+    async fn check(&self) -> Result<HealthReport>;
 }
 
 /// Opaque session state with a time to live, keyed by session id.

@@ -88,6 +88,19 @@ impl EventStore for Flawed {
     fn open_follows(&self) -> usize {
         self.inner.open_follows()
     }
+    async fn stats(&self) -> mcp_event_store_core::Result<mcp_event_store_core::StoreStats> {
+        self.inner.stats().await
+    }
+    async fn list_streams(
+        &self,
+        after: Option<&mcp_event_store_core::StreamCursor>,
+        limit: usize,
+    ) -> mcp_event_store_core::Result<mcp_event_store_core::StreamPage> {
+        self.inner.list_streams(after, limit).await
+    }
+    async fn check(&self) -> mcp_event_store_core::Result<mcp_event_store_core::HealthReport> {
+        self.inner.check().await
+    }
 }
 
 #[async_trait]

@@ -14,10 +14,13 @@
 
 mod cases;
 mod follow;
+mod inspect;
 
 pub use cases::*;
 pub use follow::*;
+pub use inspect::*;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -141,7 +144,11 @@ macro_rules! conformance_tests {
             dropped_follow_releases_everything, follow_ends_after_its_maximum_hold,
             follow_never_yields_another_streams_events,
             retention_overtaking_a_follower_is_events_purged,
-            follow_of_an_unknown_id_is_refused
+            follow_of_an_unknown_id_is_refused,
+            stats_count_streams_events_and_bytes,
+            list_streams_pages_through_every_stream_once, list_streams_refuses_a_zero_limit,
+            deleted_streams_leave_stats_and_listing, check_reports_backend_format_and_settings,
+            operations_are_counted_in_metrics
         );
     };
     ($harness:expr, persistent) => {
@@ -166,6 +173,71 @@ macro_rules! __conformance_cases {
             }
         )*
     };
+}
+
+/// The metrics the suite's recorder has seen so far: counters and gauges
+/// as their running totals, histograms as how many values they recorded.
+static RECORDED: std::sync::Mutex<Option<HashMap<MetricKey, f64>>> = std::sync::Mutex::new(None);
+static SNAPSHOTTER: std::sync::OnceLock<Option<metrics_util::debugging::Snapshotter>> =
+    std::sync::OnceLock::new();
+
+/// A metric's name and labels, sorted.
+type MetricKey = (String, Vec<(String, String)>);
+
+/// Installs the suite's metrics recorder as the process's global recorder,
+/// once; later calls do nothing. The metrics case needs it: a test binary
+/// running the suite must not install another recorder.
+pub fn install_test_recorder() {
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().ok().map(|()| snapshotter)
+    });
+}
+
+/// The value the recorder holds for metric `name`, summed over every label
+/// set that includes `labels`: a counter's or gauge's total, or the number
+/// of values a histogram recorded. Zero before anything was recorded.
+///
+/// # Panics
+///
+/// If another recorder was installed before [`install_test_recorder`].
+pub fn recorded_metric(name: &str, labels: &[(&str, &str)]) -> f64 {
+    use metrics_util::debugging::DebugValue;
+    let snapshotter = SNAPSHOTTER
+        .get()
+        .and_then(Option::as_ref)
+        .expect("install_test_recorder first (and no other recorder)");
+    // Snapshots drain the recorder, so they are folded into running totals
+    // under one lock: concurrent cases each see every update.
+    let mut recorded = RECORDED.lock().unwrap_or_else(|p| p.into_inner());
+    let totals = recorded.get_or_insert_with(HashMap::new);
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut key_labels: Vec<(String, String)> = key
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        key_labels.sort();
+        let total = totals
+            .entry((key.name().to_owned(), key_labels))
+            .or_insert(0.0);
+        *total += match value {
+            DebugValue::Counter(n) => n as f64,
+            DebugValue::Gauge(v) => v.into_inner(),
+            DebugValue::Histogram(values) => values.len() as f64,
+        };
+    }
+    totals
+        .iter()
+        .filter(|((n, l), _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|(_, v)| *v)
+        .sum()
 }
 
 /// The options most cases use: no retention, a clock under test control.

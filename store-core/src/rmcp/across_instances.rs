@@ -68,6 +68,19 @@ impl EventStore for Counting {
     fn open_follows(&self) -> usize {
         self.inner.open_follows()
     }
+    async fn stats(&self) -> crate::Result<crate::StoreStats> {
+        self.inner.stats().await
+    }
+    async fn list_streams(
+        &self,
+        after: Option<&crate::StreamCursor>,
+        limit: usize,
+    ) -> crate::Result<crate::StreamPage> {
+        self.inner.list_streams(after, limit).await
+    }
+    async fn check(&self) -> crate::Result<crate::HealthReport> {
+        self.inner.check().await
+    }
 }
 
 #[async_trait]

@@ -545,6 +545,19 @@ impl EventStore for BreaksMidReplay {
     fn open_follows(&self) -> usize {
         0
     }
+    async fn stats(&self) -> crate::Result<crate::StoreStats> {
+        self.0.stats().await
+    }
+    async fn list_streams(
+        &self,
+        after: Option<&crate::StreamCursor>,
+        limit: usize,
+    ) -> crate::Result<crate::StreamPage> {
+        self.0.list_streams(after, limit).await
+    }
+    async fn check(&self) -> crate::Result<crate::HealthReport> {
+        self.0.check().await
+    }
 }
 
 #[tokio::test]
