@@ -550,6 +550,7 @@ impl EventStore for PostgresStore {
         let first = self.replay_events_after(last_event_id).await?;
         let store = self.clone();
         Ok(follow::follow(
+            NAME,
             first,
             subscription,
             last_event_id.to_owned(),

@@ -1112,6 +1112,7 @@ impl EventStore for RedisStore {
         let first = self.replay_events_after(last_event_id).await?;
         let store = self.clone();
         Ok(follow(
+            NAME,
             first,
             subscription,
             last_event_id.to_owned(),

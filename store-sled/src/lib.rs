@@ -655,6 +655,7 @@ impl SledStore {
             };
             drop(reader);
             Ok(follow::follow(
+                NAME,
                 first,
                 subscription,
                 last_event_id.to_owned(),

@@ -663,6 +663,7 @@ impl EventStore for SqliteStore {
         self.inner.watcher.ensure();
         let store = self.clone();
         Ok(follow::follow(
+            NAME,
             first,
             subscription,
             last_event_id.to_owned(),
