@@ -32,7 +32,10 @@
 //!   is answered, or for at most this long (default 300); `0` turns
 //!   following off, so a resume ends with what is stored (a poll);
 //! * `--allow-host HOST`: accept this `Host` header (repeatable; default:
-//!   loopback names only, rmcp's DNS-rebinding protection).
+//!   loopback names only, rmcp's DNS-rebinding protection);
+//! * `--metrics ADDR`: serve the store's metrics (and any other `metrics`
+//!   the process records) in the Prometheus text format at
+//!   `http://ADDR/metrics` (off by default).
 //!
 //! It has one tool, `slow_count`, which counts to `count` (default 10),
 //! waiting `interval_ms` (default 500) between steps and sending a progress
@@ -64,6 +67,7 @@ use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
 use mcp_event_store::rmcp::{IntoRmcp, RmcpEventStore, SessionScoped};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use mcp_event_store::{DynStore, PurgeTask, Retention, Store, StoreOptions};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -105,6 +109,8 @@ pub struct Options {
     pub follow_hold: Option<Duration>,
     /// Extra accepted `Host` headers.
     pub allowed_hosts: Vec<String>,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for Options {
@@ -119,13 +125,14 @@ impl Default for Options {
             session_check: mcp_event_store::rmcp::DEFAULT_SESSION_CHECK_INTERVAL,
             follow_hold: Some(mcp_event_store::rmcp::DEFAULT_FOLLOW_HOLD),
             allowed_hosts: Vec::new(),
+            metrics: None,
         }
     }
 }
 
 const USAGE: &str = "usage: resumable_server [--store URL] [--bind ADDR] [--stateless] \
 [--poll-every N] [--retry-ms MS] [--max-age SECS] [--max-events N] [--session-check-ms MS] \
-[--follow-hold SECS] [--allow-host HOST]...";
+[--follow-hold SECS] [--allow-host HOST]... [--metrics ADDR]";
 
 /// A positive whole number, or an error naming the option.
 fn positive(flag: &str, value: &str) -> Result<u64, String> {
@@ -195,6 +202,13 @@ impl Options {
                     options.follow_hold = (secs > 0).then(|| Duration::from_secs(secs));
                 }
                 "--allow-host" => options.allowed_hosts.push(value()?),
+                "--metrics" => {
+                    let addr = value()?;
+                    options.metrics = Some(
+                        addr.parse()
+                            .map_err(|e| format!("--metrics {addr:?}: {e}\n{USAGE}"))?,
+                    );
+                }
                 "-h" | "--help" => return Err(USAGE.into()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             }
@@ -440,9 +454,24 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let cancel = CancellationToken::new();
+    // Before the store opens, so its first operations are counted.
+    if let Some(addr) = options.metrics {
+        let handle = install_metrics()?;
+        let metrics = tokio::net::TcpListener::bind(addr).await?;
+        tracing::info!(address = %metrics.local_addr()?, "serving metrics at /metrics");
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(metrics, metrics_router(handle))
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await;
+            if let Err(error) = served {
+                tracing::warn!(%error, "the metrics endpoint stopped");
+            }
+        });
+    }
     let store = mcp_event_store::connect_with(&options.store, options.store_options()).await?;
     let purger = PurgeTask::spawn(store.clone(), Duration::from_secs(30));
-    let cancel = CancellationToken::new();
     let app = router(store, &options, &cancel);
     tracing::info!(
         address = %listener.local_addr()?,
@@ -464,6 +493,33 @@ pub async fn serve(
     purger.stop().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Installs a Prometheus recorder as the process's `metrics` recorder and
+/// returns its handle; fails if the process already has a recorder.
+pub fn install_metrics() -> Result<PrometheusHandle, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(PrometheusBuilder::new().install_recorder()?)
+}
+
+/// `GET /metrics`: what `handle` has recorded, in the Prometheus text
+/// format.
+pub fn metrics_router(handle: PrometheusHandle) -> axum::Router {
+    axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let handle = handle.clone();
+            async move {
+                handle.run_upkeep();
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    handle.render(),
+                )
+            }
+        }),
+    )
 }
 
 /// A store URL without its password, for the log.

@@ -115,6 +115,11 @@ fn server_options_set_retention_and_session_check() {
         Some(Duration::from_secs(30))
     );
     assert_eq!(parse(&["--follow-hold=0"]).unwrap().follow_hold, None);
+    assert_eq!(defaults.metrics, None);
+    assert_eq!(
+        parse(&["--metrics", "127.0.0.1:9100"]).unwrap().metrics,
+        Some("127.0.0.1:9100".parse().unwrap())
+    );
 
     let options = parse(&[
         "--max-age",
@@ -140,6 +145,7 @@ fn server_options_set_retention_and_session_check() {
         &["--max-events"],
         &["--session-check-ms", "soon"],
         &["--follow-hold", "-1"],
+        &["--metrics", "nowhere"],
     ] {
         let Err(message) = parse(bad) else {
             panic!("{bad:?} accepted");
@@ -150,4 +156,38 @@ fn server_options_set_retention_and_session_check() {
         );
     }
     assert!(parse(&["--help"]).unwrap_err().contains("--max-age SECS"));
+}
+
+/// `--metrics`: the example's Prometheus endpoint reports the store's
+/// metrics, labelled with the backend, once the server has served a call.
+/// (The only test here that installs the process's metrics recorder.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_reports_the_store() {
+    let handle = server::install_metrics().expect("the first recorder of this process");
+    let mcp = harness::Server::start("memory://", Mode::Sessions, None).await;
+    let mut client = wire::Client::new(&mcp.url);
+    client.initialize().await;
+    let events = client.call_slow_count(2, 3, 1).await.collect_all().await;
+    assert!(events.iter().any(|e| e.is_response_to(2)), "{events:?}");
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free loopback port");
+    let url = format!("http://{}/metrics", listener.local_addr().unwrap());
+    let metrics = tokio::spawn(async move {
+        axum::serve(listener, server::metrics_router(handle))
+            .await
+            .expect("the metrics endpoint runs")
+    });
+    let response = reqwest::get(&url).await.expect("GET /metrics");
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.expect("a text body");
+    for expected in [
+        "mcp_event_store_appends_total{backend=\"memory\",outcome=\"ok\"}",
+        "mcp_event_store_append_duration_seconds",
+    ] {
+        assert!(body.contains(expected), "{expected} missing from:\n{body}");
+    }
+    metrics.abort();
+    mcp.stop().await;
 }
