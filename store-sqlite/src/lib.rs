@@ -112,9 +112,35 @@
 //! once when the handle is closed or dropped. An idle store pays nothing.
 //! A follow keeps its handle alive while it is open;
 //! [`SqliteStore::close`] ends every open follow with [`Error::Closed`].
+//!
+//! # Inspecting
+//!
+//! [`EventStore::stats`] and [`EventStore::list_streams`] read the stream
+//! rows, never every event: a stream's count comes from its dense sequence
+//! numbers (one index seek for its first retained event), its bytes from
+//! the running total its row keeps, its ages from its first and last
+//! events, and the store's ages from the two ends of the `stored_at` index.
+//! Totals are summed 512 stream rows per statement; listings go in stream
+//! token order with the last token as the cursor, one statement per page.
+//! Both use the read pool and never wait for the writer.
+//!
+//! [`EventStore::check`] reports the format version the file holds and:
+//!
+//! | setting | ok | warns, and what to do |
+//! |---|---|---|
+//! | `journal_mode` | `wal` | anything else: put the file back in WAL mode |
+//! | `synchronous` | at least what the durability needs (`NORMAL` for `process`, `FULL` for `power_loss`) | below it: open the store through this crate, which sets it on every connection |
+//! | `durability` | `power_loss` | `process` (the default): a power loss or OS crash can lose the newest acknowledged events; use `?durability=power_loss` if they must survive one |
+//! | `wal_autocheckpoint` | above 0 pages | 0: the WAL file grows without bound; leave it at its default (1000) |
+//!
+//! Each group commit records how many appends it made durable in the
+//! `mcp_event_store_append_batch_size` histogram (1 for an append committed
+//! alone); the other metrics are those of
+//! [`mcp_event_store_core::observe`].
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod inspect;
 mod options;
 mod watcher;
 mod writer;
@@ -131,9 +157,10 @@ use bytes::Bytes;
 use mcp_event_store_core::dense::{self, DenseStream};
 use mcp_event_store_core::follow::{self, Wakeups};
 use mcp_event_store_core::{
-    Backend, Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay,
-    Result, SessionStore, Store, StoreOptions, StoredEvent, StreamKey, StreamToken, observe,
-    paged_replay, retry_from_millis, retry_to_millis, validate_stream_id,
+    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Page, PurgeReport,
+    Replay, Result, SessionStore, Store, StoreOptions, StoreStats, StoredEvent, StreamCursor,
+    StreamKey, StreamPage, StreamToken, observe, paged_replay, retry_from_millis, retry_to_millis,
+    validate_stream_id,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -195,6 +222,8 @@ struct Inner {
     watcher: Watcher,
     /// How often a follower re-reads without a wake-up.
     follow_recheck: Duration,
+    /// What the store was opened to survive, for the health check.
+    durability: Durability,
 }
 
 impl SqliteStore {
@@ -260,6 +289,7 @@ impl SqliteStore {
                 watcher: Watcher::new(connect, options.follow_poll_interval, wakeups.clone()),
                 wakeups,
                 follow_recheck: options.follow_recheck,
+                durability: options.durability,
             }),
         })
     }
@@ -686,6 +716,18 @@ impl EventStore for SqliteStore {
 
     fn open_follows(&self) -> usize {
         self.inner.wakeups.followers()
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        self.inspect_stats().await
+    }
+
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
+        self.inspect_list_streams(after, limit).await
+    }
+
+    async fn check(&self) -> Result<HealthReport> {
+        self.inspect_check().await
     }
 }
 

@@ -19,7 +19,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use mcp_event_store_core::follow::Wakeups;
-use mcp_event_store_core::{Error, Position, PurgeReport, Result, Retention, StreamToken, dense};
+use mcp_event_store_core::{
+    Error, Position, PurgeReport, Result, Retention, StreamToken, dense, observe,
+};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{mpsc, oneshot};
@@ -275,6 +277,7 @@ impl Writer {
             1 => {
                 let (write, reply) = group.into_iter().next().expect("one write");
                 let answer = self.apply(&write, false).await;
+                record_batch(std::iter::once((&write, &answer)));
                 self.wake(&write, &answer);
                 reply.send(answer);
                 return;
@@ -318,6 +321,7 @@ impl Writer {
         if !broken {
             match sqlx::query("COMMIT").execute(&mut self.conn).await {
                 Ok(_) => {
+                    record_batch(group.iter().map(|(write, _)| write).zip(&answers));
                     for ((write, reply), answer) in group.into_iter().zip(answers) {
                         self.wake(&write, &answer);
                         reply.send(answer);
@@ -334,6 +338,7 @@ impl Writer {
         self.known.clear();
         for (write, reply) in group {
             let answer = self.apply(&write, false).await;
+            record_batch(std::iter::once((&write, &answer)));
             self.wake(&write, &answer);
             reply.send(answer);
         }
@@ -736,6 +741,18 @@ impl Writer {
             };
         }
         Ok(false)
+    }
+}
+
+/// Records how many appends one commit made durable together (the
+/// `append_batch_size` histogram), if it made any: 1 for an append
+/// committed alone.
+fn record_batch<'a>(writes: impl Iterator<Item = (&'a Write, &'a Result<Answer>)>) {
+    let appended = writes
+        .filter(|(write, answer)| matches!(write, Write::Append(_)) && answer.is_ok())
+        .count();
+    if appended > 0 {
+        observe::batch(NAME, appended);
     }
 }
 
