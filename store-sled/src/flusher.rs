@@ -35,11 +35,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mcp_event_store_core::StreamToken;
 use mcp_event_store_core::follow::Wakeups;
+use mcp_event_store_core::{StreamToken, observe};
 use tokio::sync::oneshot;
 
-use crate::shared::{META_RELAXED, Slot, lock};
+use crate::shared::{META_RELAXED, NAME, Slot, lock};
 
 /// The outcome of one flush, shared by everyone who waited on it.
 pub(crate) type FlushResult = Result<(), FlushError>;
@@ -153,6 +153,10 @@ impl Inner {
         self.dirty.store(false, Ordering::Release);
         let (outcome, kept) = match db.flush() {
             Ok(_) => {
+                if !publish.is_empty() {
+                    // The appends this flush made durable together.
+                    observe::batch(NAME, publish.len());
+                }
                 // Visible first, then wake: the re-read a wake-up prompts
                 // must see the event. Before the waiters are answered, but
                 // after the flush: a follower never gets an event its
@@ -341,6 +345,12 @@ impl Flusher {
             queued: queue.waiters.len(),
             flushing: queue.flushing,
         }
+    }
+
+    /// The interval of the periodic flush, if a relaxed handle asked for
+    /// one: the shortest asked for.
+    pub(crate) fn interval(&self) -> Option<Duration> {
+        lock(&self.inner.queue).interval
     }
 
     /// Makes the thread flush at least every `interval` while there are

@@ -53,7 +53,6 @@ pub(crate) fn encode_time(millis: i64) -> u64 {
 }
 
 /// The inverse of [`encode_time`].
-#[cfg(test)]
 pub(crate) fn decode_time(encoded: u64) -> i64 {
     (encoded ^ (1 << 63)) as i64
 }

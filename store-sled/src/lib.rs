@@ -238,6 +238,38 @@
 //! only a safety net; it is each handle's own, and applies to the follows
 //! opened through it.
 //!
+//! # Inspecting
+//!
+//! [`EventStore::check`] touches the database (it reads the format version
+//! recorded there) and reports backend `sled`, that format version
+//! ([`FORMAT_VERSION`]), and three settings, each `ok` or a warning with
+//! its remedy:
+//!
+//! | setting | value | warns when |
+//! |---|---|---|
+//! | `durability` | this handle's: `flush` or `flush_interval_ms=N` | an interval: a crash loses the events acknowledged in the last interval |
+//! | `database_durability` | `flush`, or the shortest `flush_interval_ms=N` of any handle that used the database since this process opened it | an interval: after a crash every stream drops its events at its next append, whichever handle acknowledged them (see "Never reissuing an id after a crash"); it clears once the database is closed and reopened by `flush` handles only |
+//! | `retention` | this handle's `max_age`, `max_events_per_stream` and `max_bytes_per_stream` (`none` when unset) | no `max_age`: nothing ever removes a stream, so the database grows with every new stream (the per-stream limits bound each stream, not how many there are) |
+//!
+//! sled has no settings of its own that weaken durability: when data
+//! reaches the disk is this crate's choice, the `durability` above.
+//!
+//! [`EventStore::stats`] and [`EventStore::list_streams`] never read a
+//! stream's events one by one: a stream's count, bytes and ages come from
+//! its first and last retained events (sequence numbers are dense and every
+//! event carries the stream's cumulative byte count), the same two reads
+//! that load its in-memory state. Both walk the stream records in batches
+//! of 256, so their memory stays bounded however many streams there are
+//! (and a listing page's by its limit), and count only what a replay can
+//! see: an append still waiting for its flush is not counted yet. Listings
+//! come in stream token order (a keyed hash of the stream id: stable, not
+//! alphabetical); the cursor is the last listed stream's token.
+//!
+//! Metrics: besides what every backend reports, each group flush records in
+//! `mcp_event_store_append_batch_size` how many appends it made durable
+//! together. Appends of interval handles wait for no flush and record no
+//! batch.
+//!
 //! # Features
 //!
 //! * `conformance`: `testing::SledHarness`, the harness that runs the
@@ -246,6 +278,7 @@
 #![forbid(unsafe_code)]
 
 mod flusher;
+mod inspect;
 mod keys;
 mod ops;
 mod shared;
@@ -261,8 +294,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::{
-    Backend, Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay,
-    Result, SessionStore, Store, StoreOptions, follow, observe, paged_replay, validate_session_id,
+    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Page, PurgeReport,
+    Replay, Result, SessionStore, Setting, Store, StoreOptions, StoreStats, StreamCursor,
+    StreamPage, StreamToken, check_list_limit, follow, observe, paged_replay, validate_session_id,
     validate_stream_id,
 };
 
@@ -624,6 +658,61 @@ impl SledStore {
 
     fn now(&self) -> i64 {
         self.handle.store.clock.now_millis()
+    }
+
+    /// What [`EventStore::check`] reports, given the database-wide flush
+    /// interval of relaxed handles (see the crate docs, "Inspecting").
+    fn settings(&self, database_interval: Option<Duration>) -> Vec<Setting> {
+        let interval = |d: Duration| format!("flush_interval_ms={}", d.as_millis());
+        let durability = match self.handle.durability {
+            Durability::Flush => Setting::ok("durability", "flush"),
+            Durability::Interval(d) => Setting::warn(
+                "durability",
+                interval(d),
+                "this handle acknowledges events before they are flushed, so a crash loses \
+                 those of the last interval: open it with durability=flush (the default; drop \
+                 flush_interval_ms from the URL) if acknowledged events must survive a crash",
+            ),
+        };
+        let database = match database_interval {
+            None => Setting::ok("database_durability", "flush"),
+            Some(d) => Setting::warn(
+                "database_durability",
+                interval(d),
+                "a handle with interval durability has used this database since this process \
+                 opened it, so after a crash every stream drops its events at its next append, \
+                 even those acknowledged with durability=flush: open every handle on it with \
+                 durability=flush",
+            ),
+        };
+        let retention = self.handle.store.retention;
+        let limit = |name: &str, value: Option<String>| {
+            format!("{name}={}", value.as_deref().unwrap_or("none"))
+        };
+        let value = [
+            limit("max_age", retention.max_age.map(|d| format!("{d:?}"))),
+            limit(
+                "max_events_per_stream",
+                retention.max_events_per_stream.map(|n| n.to_string()),
+            ),
+            limit(
+                "max_bytes_per_stream",
+                retention.max_bytes_per_stream.map(|n| n.to_string()),
+            ),
+        ]
+        .join(" ");
+        let retention = if retention.max_age.is_some() {
+            Setting::ok("retention", value)
+        } else {
+            Setting::warn(
+                "retention",
+                value,
+                "without a maximum age no stream is ever removed, so the database grows with \
+                 every new stream: set retention.max_age and run purge_expired periodically \
+                 (PurgeTask)",
+            )
+        };
+        vec![durability, database, retention]
     }
 
     /// A follow woken through `hub`: the database's own, except in tests
@@ -990,6 +1079,39 @@ impl EventStore for SledStore {
         })
         .await
     }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        let shared = self.shared.clone();
+        blocking(move || shared.stats()).await
+    }
+
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
+        let limit = check_list_limit(limit)?;
+        let after = after
+            .map(|cursor| {
+                StreamToken::parse(cursor.as_str()).ok_or_else(|| {
+                    Error::Config(format!("not a stream cursor of this store: {cursor:?}"))
+                })
+            })
+            .transpose()?;
+        let shared = self.shared.clone();
+        let (streams, last) = blocking(move || shared.list_streams(after, limit)).await?;
+        Ok(StreamPage::new(
+            streams,
+            last.map(|token| StreamCursor::new(token.to_text())),
+        ))
+    }
+
+    async fn check(&self) -> Result<HealthReport> {
+        let shared = self.shared.clone();
+        let (format_version, database_interval) =
+            blocking(move || Ok((shared.format_version()?, shared.relaxed_interval()))).await?;
+        Ok(HealthReport::new(
+            NAME,
+            format_version,
+            self.settings(database_interval),
+        ))
+    }
 }
 
 #[async_trait]
@@ -1113,6 +1235,76 @@ mod tests {
                 Some(&next)
             );
         }
+        store.close().await.unwrap();
+    }
+
+    /// Totals and listings count what replays may see: an event written
+    /// but not yet flushed is in neither until its flush, nor is a stream
+    /// whose only event is unflushed; a stream record a crash left without
+    /// events is no stream.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inspection_counts_only_durable_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SledOptions::default())
+            .await
+            .unwrap();
+        store.store_event("s", NewEvent::new(b"12")).await.unwrap();
+        // A record without events, as a crash between writing a new
+        // stream's record and its first event leaves it.
+        let token = store.shared.key.token("leftover");
+        let record = keys::StreamRecord {
+            incarnation: 1,
+            age: keys::encode_time(0),
+            stream_id: "leftover".into(),
+        };
+        store
+            .shared
+            .streams
+            .insert(token.as_bytes(), keys::encode_record(&record))
+            .unwrap();
+        let totals = |stats: StoreStats| (stats.streams, stats.events, stats.bytes);
+        assert_eq!(totals(store.stats().await.unwrap()), (1, 1, 2));
+
+        struct Unpause<'a>(&'a flusher::Flusher);
+        impl Drop for Unpause<'_> {
+            fn drop(&mut self) {
+                self.0.pause(false);
+            }
+        }
+        store.shared.flusher.pause(true);
+        let unpause = Unpause(&store.shared.flusher);
+        let written = store.shared.events.len() + 2;
+        let pending: Vec<_> = [("s", &b"345"[..]), ("new", &b"6789"[..])]
+            .into_iter()
+            .map(|(stream, data)| {
+                let store = store.clone();
+                tokio::spawn(async move { store.store_event(stream, NewEvent::new(data)).await })
+            })
+            .collect();
+        until(|| store.shared.events.len() >= written).await;
+        assert_eq!(totals(store.stats().await.unwrap()), (1, 1, 2));
+        let page = store.list_streams(None, 10).await.unwrap();
+        let listed: Vec<_> = page
+            .streams
+            .iter()
+            .map(|s| (&s.stream_id[..], s.events))
+            .collect();
+        assert_eq!(listed, [("s", 1)]);
+        assert_eq!(page.next, None);
+
+        drop(unpause);
+        for append in pending {
+            append.await.unwrap().unwrap();
+        }
+        assert_eq!(totals(store.stats().await.unwrap()), (2, 3, 9));
+        let page = store.list_streams(None, 10).await.unwrap();
+        let mut listed: Vec<_> = page
+            .streams
+            .iter()
+            .map(|s| (&s.stream_id[..], s.events, s.bytes))
+            .collect();
+        listed.sort();
+        assert_eq!(listed, [("new", 1, 4), ("s", 2, 5)]);
         store.close().await.unwrap();
     }
 

@@ -462,6 +462,16 @@ impl Shared {
         Ok(())
     }
 
+    /// The shortest flush interval of the handles with interval durability
+    /// that have used this database since this process opened it, if any.
+    /// Until the database closes cleanly, a crash then makes every stream
+    /// start a new life (see the crate docs), whichever handle acknowledged
+    /// its events.
+    pub(crate) fn relaxed_interval(&self) -> Option<std::time::Duration> {
+        // Only `enter_relaxed` sets an interval, after writing the marker.
+        self.flusher.interval()
+    }
+
     /// Records that appends trim with these limits, before the first such
     /// append. Streams can only exceed a limit tighter than every limit
     /// recorded here, so the purge skips its full scan otherwise.
