@@ -264,8 +264,31 @@ impl Node {
 /// The nodes that hold data: the server, or every cluster master (from
 /// `CLUSTER SLOTS`, one slot of each).
 pub async fn nodes(conn: &Conn) -> Result<Vec<Node>> {
+    Ok(masters(conn)
+        .await?
+        .into_iter()
+        .map(|master| master.node)
+        .collect())
+}
+
+/// A node that holds data, with where it is.
+#[derive(Clone, Debug)]
+pub struct Master {
+    /// How to address it.
+    pub node: Node,
+    /// `host:port` of a cluster master; `None` for the standalone server.
+    pub address: Option<String>,
+}
+
+/// The nodes that hold data, with their addresses: the standalone server,
+/// or every cluster master (from `CLUSTER SLOTS`, each addressed through the
+/// first slot of its first range), in the order of those slots.
+pub async fn masters(conn: &Conn) -> Result<Vec<Master>> {
     let Conn::Cluster(_) = conn else {
-        return Ok(vec![Node::Only]);
+        return Ok(vec![Master {
+            node: Node::Only,
+            address: None,
+        }]);
     };
     let slots: Value = redis::cmd("CLUSTER")
         .arg("SLOTS")
@@ -287,10 +310,11 @@ pub async fn nodes(conn: &Conn) -> Result<Vec<Node>> {
         else {
             continue;
         };
-        if !masters.iter().any(|(h, p, _)| h == host && p == port) {
-            let slot = u16::try_from(*start)
-                .map_err(|_| Error::Corrupt("slot out of range in CLUSTER SLOTS".into()))?;
-            masters.push((host.clone(), *port, slot));
+        let slot = u16::try_from(*start)
+            .map_err(|_| Error::Corrupt("slot out of range in CLUSTER SLOTS".into()))?;
+        match masters.iter_mut().find(|(h, p, _)| h == host && p == port) {
+            Some(known) => known.2 = known.2.min(slot),
+            None => masters.push((host.clone(), *port, slot)),
         }
     }
     if masters.is_empty() {
@@ -298,9 +322,13 @@ pub async fn nodes(conn: &Conn) -> Result<Vec<Node>> {
             "the Redis Cluster has no slots assigned".into(),
         ));
     }
+    masters.sort_by_key(|(_, _, slot)| *slot);
     Ok(masters
         .into_iter()
-        .map(|(_, _, slot)| Node::Slot(slot))
+        .map(|(host, port, slot)| Master {
+            node: Node::Slot(slot),
+            address: Some(format!("{}:{port}", String::from_utf8_lossy(&host))),
+        })
         .collect())
 }
 

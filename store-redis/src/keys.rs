@@ -131,6 +131,24 @@ impl Keys {
         format!("{}:{LAYOUT}:{{{}}}:*", self.prefix, "?".repeat(24))
     }
 
+    /// `SCAN MATCH` pattern for this store's stream metadata hashes only
+    /// (one per stream), for statistics and listings.
+    pub fn meta_pattern(&self) -> String {
+        format!("{}:{LAYOUT}:{{{}}}:meta", self.prefix, "?".repeat(24))
+    }
+
+    /// The stream token of a metadata key found by `SCAN`, if it is one.
+    pub fn token_of_meta(&self, key: &[u8]) -> Option<StreamToken> {
+        let key = std::str::from_utf8(key).ok()?;
+        let token = key
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":")?
+            .strip_prefix(LAYOUT)?
+            .strip_prefix(":{")?
+            .strip_suffix("}:meta")?;
+        StreamToken::parse(token)
+    }
+
     /// `SCAN MATCH` pattern for every key of this prefix (test teardown).
     pub fn all_pattern(&self) -> String {
         format!("{}:*", self.prefix)
@@ -167,6 +185,8 @@ mod tests {
             assert_eq!(hash_tag(&k.events), hash_tag(&k.meta));
             assert_eq!(hash_tag(&k.events), Some(token.to_text().as_str()));
             assert_eq!(keys.stream_of_meta(&k.meta).unwrap().events, k.events);
+            assert_eq!(keys.token_of_meta(k.meta.as_bytes()), Some(token));
+            assert_eq!(keys.token_of_meta(k.events.as_bytes()), None);
         }
         let session = keys.session(&key, "{evil}");
         assert!(!session.contains("evil"));

@@ -125,10 +125,11 @@
 //!   C1 holds only in the sense of "in the server's memory"; C10 holds for
 //!   restarts of *your* processes, not of Redis.
 //! * **`appendonly yes`, `appendfsync everysec`** (the usual production
-//!   setting): Redis writes each append to the AOF before replying, so a
-//!   `SIGKILL` or crash of the Redis process loses nothing acknowledged; an
-//!   operating-system crash or power loss can lose up to about the last
-//!   second (two in the worst case) of acknowledged events.
+//!   setting, about which [`check`](#inspecting) warns): Redis writes each
+//!   append to the AOF before replying, so a `SIGKILL` or crash of the
+//!   Redis process loses nothing acknowledged; an operating-system crash or
+//!   power loss can lose up to about the last second (two in the worst
+//!   case) of acknowledged events.
 //! * **`appendonly yes`, `appendfsync always`**: the AOF is fsynced before
 //!   the reply (group commit per event-loop turn), so acknowledged events
 //!   survive power loss too: C1 and C10 in full, at the cost of an fsync per
@@ -257,11 +258,63 @@
 //! add one connection (tested with `CLIENT LIST`). The watcher ends, and
 //! its connection closes, within a second of the handle's last follow being
 //! dropped, and at once when the handle itself is dropped.
+//!
+//! # Inspecting
+//!
+//! [`check`](EventStore::check) (C15, and `mcp-event-store check`) reports
+//! the backend `redis`, the format version [`FORMAT_VERSION`], and these
+//! settings, read with `CONFIG GET` from the server (on a cluster, from
+//! every master), each `ok` or a warning with its remedy:
+//!
+//! * `appendonly`: `yes` is ok; `no` warns, since a restart or crash of
+//!   Redis then loses acknowledged events.
+//! * `appendfsync`: `always` is ok; `everysec` warns (an operating-system
+//!   crash or power loss can lose about the last second of acknowledged
+//!   events, see [Durability](#durability-c1-c10)), and so does `no`.
+//!   Reported as unused while `appendonly` is `no`.
+//! * `save` (RDB snapshots): ok with `appendonly yes`; otherwise it warns,
+//!   saying whether snapshots are all there is or nothing is persisted.
+//! * `maxmemory-policy`: `noeviction` is ok; any other policy warns, since
+//!   it lets Redis evict a stream's keys when memory runs short.
+//! * `wait_replicas` ([`RedisOptions::wait_replicas`]) against the replicas
+//!   the server has connected (`INFO replication`): 0 without replicas is
+//!   ok; 0 with replicas warns (a failover can lose the newest acknowledged
+//!   events), and so does a number above the replicas connected (appends
+//!   would fail).
+//!
+//! So a server run with `--appendonly yes --appendfsync always
+//! --maxmemory-policy noeviction` and no replicas passes; one without
+//! persistence does not. On a cluster, a setting every master shares is
+//! reported once (`yes on all 3 masters`), one that differs once per
+//! value, naming the masters. Where `CONFIG` is refused (managed services
+//! rename or forbid it), `appendonly` and `maxmemory-policy` come from
+//! `INFO`, and what `INFO` does not tell (`appendfsync`, `save`) is
+//! `unknown` with a warning to verify it by hand.
+//!
+//! [`stats`](EventStore::stats) and
+//! [`list_streams`](EventStore::list_streams) walk this prefix's stream
+//! metadata hashes with `SCAN ... TYPE hash` (batches of 250) on every
+//! master and read one summary per stream in a read-only script: its
+//! `XLEN`, its byte counter, and the store-clock time of its oldest and
+//! newest entries, read server-side (the payloads never cross the
+//! network). Redis keeps no store-wide totals (on a cluster no script can
+//! update one key from every master), so their time grows with the number
+//! of streams; memory does not. Listings come in `SCAN` order (each
+//! master's hash-table order, masters by slot), not sorted; the cursor is
+//! the master, the `SCAN` cursor, and the last stream listed of that batch.
+//! One page never lists a stream twice. Redis's `SCAN` may return a key
+//! again when the server resizes its key table between calls (after many
+//! keys went), so across pages, or within one `stats`, a stream can then be
+//! met twice; streams appended or removed meanwhile may or may not appear.
+//!
+//! Appends are one script call each, never batched, so this backend
+//! records no append batch size metric.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod conn;
 mod follow;
+mod inspect;
 mod keys;
 mod options;
 mod scripts;
@@ -280,9 +333,10 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store_core::follow::follow;
 use mcp_event_store_core::{
-    Backend, Error, EventId, EventStore, FollowOptions, NewEvent, Page, Position, PurgeReport,
-    Replay, Result, SessionStore, Store, StreamKey, StreamToken, observe, paged_replay,
-    retry_to_millis, validate_session_id, validate_stream_id,
+    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Page, Position,
+    PurgeReport, Replay, Result, SessionStore, Store, StoreStats, StreamCursor, StreamKey,
+    StreamPage, StreamToken, observe, paged_replay, retry_to_millis, validate_session_id,
+    validate_stream_id,
 };
 use redis::{ErrorKind, FromRedisValue, Pipeline, ServerErrorKind, Value};
 
@@ -1127,6 +1181,18 @@ impl EventStore for RedisStore {
 
     fn open_follows(&self) -> usize {
         self.inner.follow.hub().followers()
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        self.inspect_stats().await
+    }
+
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
+        self.inspect_list(after, limit).await
+    }
+
+    async fn check(&self) -> Result<HealthReport> {
+        self.inspect_check().await
     }
 }
 

@@ -235,6 +235,31 @@ if m[2] then redis.call('SET', KEYS[3], m[2], 'PX', ARGV[2]) end
 return n
 "#;
 
+/// A stream's summary for statistics and listings, read-only. KEYS: events,
+/// meta. Returns nil when there is no stream (or only half of one: its
+/// metadata without a stream id), else `{sid, events, bytes, first t, last t}`,
+/// the times `''` when no entry is retained. The oldest and newest entries
+/// are read here, server-side, so only their `t` crosses the network.
+const SUMMARY: &str = r#"
+local m = redis.call('HMGET', KEYS[2], 'sid', 'bytes')
+if m[1] == false then return false end
+local n = redis.call('XLEN', KEYS[1])
+local function t_of(entries)
+  if #entries == 0 then return '' end
+  local f = entries[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == 't' then return f[i + 1] end
+  end
+  return ''
+end
+local first, last = '', ''
+if n > 0 then
+  first = t_of(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1))
+  last = t_of(redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1))
+end
+return {m[1], n, m[2] or '0', first, last}
+"#;
+
 /// `put_session`. KEYS: session. ARGV: session id, state, expiry (clock
 /// ms), TTL ms or '' (none: `PERSIST`). Returns 1 when the handle must check
 /// the stream secret (the session was created here, or is still pending),
@@ -370,6 +395,8 @@ pub struct Scripts {
     pub purge: Lua,
     /// See [`DELETE`].
     pub delete: Lua,
+    /// See [`SUMMARY`].
+    pub summary: Lua,
     /// See [`SESSION_PUT`].
     pub session_put: Lua,
     /// See [`SESSION_CONFIRM`].
@@ -389,6 +416,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     discard: Lua::new(DISCARD.to_owned()),
     purge: Lua::new(format!("{TRIM}\n{PURGE}")),
     delete: Lua::new(DELETE.to_owned()),
+    summary: Lua::new(SUMMARY.to_owned()),
     session_put: Lua::new(SESSION_PUT.to_owned()),
     session_confirm: Lua::new(SESSION_CONFIRM.to_owned()),
     session_discard: Lua::new(SESSION_DISCARD.to_owned()),

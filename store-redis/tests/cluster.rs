@@ -290,3 +290,50 @@ async fn a_follow_on_a_cluster_gets_other_handles_appends() {
     drop((reader, writer));
     mcp_event_store_core::conformance::Harness::teardown(harness).await;
 }
+
+/// C15 on a cluster: the check reads every master and reports settings
+/// they share once; listings and totals reach the streams of every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_listings_reach_every_master() {
+    use mcp_event_store_core::{StreamCursor, Verdict};
+
+    let harness = cluster_harness().await;
+    let clock = test_clock();
+    let store = RedisStore::connect_with(harness.url(), harness.options(test_options(&clock)))
+        .await
+        .unwrap();
+    let report = store.check().await.unwrap();
+    assert_eq!(report.backend, "redis");
+    // The test cluster runs without persistence.
+    let appendonly: Vec<_> = report
+        .settings
+        .iter()
+        .filter(|s| s.name == "appendonly")
+        .collect();
+    assert_eq!(appendonly.len(), 1, "{report:?}");
+    assert_eq!(appendonly[0].value, "no on all 3 masters");
+    assert!(matches!(appendonly[0].verdict, Verdict::Warn { .. }));
+    assert!(!report.healthy());
+
+    for s in 0..40 {
+        append(&store, &format!("s-{s}"), b"12").await;
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut after: Option<StreamCursor> = None;
+    loop {
+        let page = store.list_streams(after.as_ref(), 3).await.unwrap();
+        assert!(page.streams.len() <= 3);
+        for info in page.streams {
+            assert!(seen.insert(info.stream_id.clone()), "{info:?} twice");
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 40);
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.streams, stats.events, stats.bytes), (40, 40, 80));
+    drop(store);
+    mcp_event_store_core::conformance::Harness::teardown(harness).await;
+}
