@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
-use mcp_event_store_core::{Error, Result, Retention, StreamToken};
+use mcp_event_store_core::{Error, Result, Retention, StreamToken, observe};
 use sqlx::postgres::PgPool;
 use sqlx::{Row, SqlStr};
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -230,6 +230,8 @@ async fn run_statement(
         .bind(limits.max_bytes)
         .fetch_all(pool)
         .await?;
+    // Committed: these events shared one transaction and one WAL flush.
+    observe::batch(NAME, requests().len());
     let mut seqs = vec![None; tokens.len()];
     for row in rows {
         let token: Vec<u8> = row.try_get(0)?;

@@ -292,6 +292,44 @@
 //! `VACUUM FULL` or `pg_repack` gives the space back, with the locks they
 //! take.
 //!
+//! # Inspecting
+//!
+//! [`EventStore::stats`](mcp_event_store_core::EventStore::stats) and
+//! [`EventStore::list_streams`](mcp_event_store_core::EventStore::list_streams)
+//! read the `streams` rows, never a stream's events one by one: a stream's
+//! count is `last_seq - first_seq + 1` (sequence numbers are dense), its
+//! bytes `total_bytes` less the `cum_bytes` of its oldest retained event,
+//! its oldest time that event's `stored_at` and its newest `last_stored_at`;
+//! one primary-key probe into `events` per stream. Streams with no retained
+//! event (deleted or expired, their rows not yet purged) are left out.
+//! `stats` sums 10,000 stream rows per statement, so no statement holds a
+//! snapshot for long on a large store (about 10 ms per 1,000 streams
+//! here); a listing page is one statement in token order (a keyed hash of
+//! the stream id: stable, not alphabetical) whose cursor is the last
+//! listed token, and reads at most its limit plus one row. Both count what a
+//! replay would see, including events past `max_age` until a purge
+//! removes them.
+//!
+//! [`EventStore::check`](mcp_event_store_core::EventStore::check) reports
+//! backend `postgres`, the newest format version the schema records (see
+//! "Format"), and, as the store's pooled connections see them (a role or
+//! database setting of `synchronous_commit` counts):
+//!
+//! | setting | ok | warns, and what to do |
+//! |---|---|---|
+//! | `synchronous_commit` | `on`, `local`, `remote_write`, `remote_apply` | `off`: a server crash loses the last acknowledged appends; set it `on` for the store's role or database |
+//! | `fsync` | `on` | `off`: an OS crash or power loss can lose or corrupt committed events; `ALTER SYSTEM SET fsync = on` |
+//! | `full_page_writes` | `on` | `off`: a crash mid-write can leave pages the WAL cannot repair; turn it `on` |
+//! | `autovacuum`, `track_counts` | `on`, or anything under `vacuum=auto` | `off` with `vacuum=off`: purged events' space is never reclaimed (see "Disk space and autovacuum"); the `ALTER SYSTEM` that fixes it, or `vacuum=auto` |
+//! | `autovacuum_enabled` | no store table (or TOAST table) has it off, or `vacuum=auto` | the tables that have it off, and the `ALTER TABLE .. RESET` for each |
+//! | `vacuum` | `auto`, or `off` while autovacuum can do the work | `off` while nothing reclaims space: open the store with `vacuum=auto` |
+//! | `retention` | has a `max_age` | no `max_age`: no stream is ever removed; set one and run `purge_expired` on an interval |
+//!
+//! Every batched statement records how many appends it committed together
+//! in the `mcp_event_store_append_batch_size` histogram (1 for an append
+//! that ran alone); the other metrics are those of
+//! `mcp_event_store_core::observe`.
+//!
 //! # Format (C12)
 //!
 //! The migrations are the format's history and [`FORMAT_VERSION`] the newest
@@ -325,6 +363,7 @@
 
 mod batch;
 mod follow;
+mod inspect;
 mod options;
 mod purge;
 mod setup;

@@ -170,6 +170,56 @@ fn migrate_error(schema: &str, e: MigrateError) -> Error {
     }
 }
 
+/// What decides whether autovacuum reclaims the store's deleted rows, as
+/// [`sql::VACUUM_SETTINGS`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct VacuumSettings {
+    /// The server's `autovacuum`.
+    pub autovacuum: bool,
+    /// The server's `track_counts`.
+    pub track_counts: bool,
+    /// The store's tables with `autovacuum_enabled` off: `events`, or
+    /// `events (TOAST)` for a TOAST table.
+    pub disabled: Vec<String>,
+}
+
+impl VacuumSettings {
+    /// Reads them for the store's schema.
+    pub(crate) async fn read<'e>(conn: impl sqlx::PgExecutor<'e>, schema: &str) -> Result<Self> {
+        let row = sqlx::query(sql::VACUUM_SETTINGS)
+            .bind(schema)
+            .fetch_one(conn)
+            .await
+            .map_err(backend)?;
+        Ok(Self {
+            autovacuum: row.try_get(0).map_err(backend)?,
+            track_counts: row.try_get(1).map_err(backend)?,
+            disabled: row.try_get(2).map_err(backend)?,
+        })
+    }
+
+    /// Whether autovacuum reclaims the space of every table of the store.
+    pub(crate) fn reclaims(&self) -> bool {
+        self.autovacuum && self.track_counts && self.disabled.is_empty()
+    }
+}
+
+/// The statement that turns `autovacuum` back on.
+pub(crate) const AUTOVACUUM_ON: &str = "ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf();";
+/// The statement that turns `track_counts` back on.
+pub(crate) const TRACK_COUNTS_ON: &str =
+    "ALTER SYSTEM SET track_counts = on; SELECT pg_reload_conf();";
+
+/// The statement that gives a table listed in
+/// [`VacuumSettings::disabled`] back to autovacuum.
+pub(crate) fn table_reset(schema: &str, table: &str) -> String {
+    let (name, toast) = match table.strip_suffix(" (TOAST)") {
+        Some(name) => (name, "toast."),
+        None => (table, ""),
+    };
+    format!("ALTER TABLE \"{schema}\".{name} RESET ({toast}autovacuum_enabled);")
+}
+
 /// Warns, once per connect, when deleted rows of the store's tables will
 /// never be reclaimed by autovacuum: the server runs with `autovacuum` or
 /// `track_counts` off, or one of the tables (or its TOAST table) has
@@ -178,15 +228,8 @@ fn migrate_error(schema: &str, e: MigrateError) -> Error {
 /// under [`Vacuum::Auto`] the purges reclaim the space themselves, so it is
 /// only information.
 async fn check_vacuum_settings(conn: &mut PgConnection, options: &PostgresOptions) -> Result<()> {
-    let row = sqlx::query(sql::VACUUM_SETTINGS)
-        .bind(&options.schema)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(backend)?;
-    let autovacuum: bool = row.try_get(0).map_err(backend)?;
-    let track_counts: bool = row.try_get(1).map_err(backend)?;
-    let disabled: Vec<String> = row.try_get(2).map_err(backend)?;
-    let Some(problem) = vacuum_problem(&options.schema, autovacuum, track_counts, &disabled) else {
+    let settings = VacuumSettings::read(&mut *conn, &options.schema).await?;
+    let Some(problem) = vacuum_problem(&options.schema, &settings) else {
         return Ok(());
     };
     let schema = options.schema.as_str();
@@ -210,36 +253,27 @@ async fn check_vacuum_settings(conn: &mut PgConnection, options: &PostgresOption
 
 /// What keeps autovacuum from reclaiming the store's space, and what to
 /// change, or `None` when nothing does.
-fn vacuum_problem(
-    schema: &str,
-    autovacuum: bool,
-    track_counts: bool,
-    disabled: &[String],
-) -> Option<String> {
+fn vacuum_problem(schema: &str, settings: &VacuumSettings) -> Option<String> {
     let mut problems = Vec::new();
-    if !autovacuum {
-        problems.push(
-            "autovacuum is off on the server (set autovacuum = on: ALTER SYSTEM SET \
-             autovacuum = on; SELECT pg_reload_conf();)"
-                .to_owned(),
-        );
+    if !settings.autovacuum {
+        problems.push(format!(
+            "autovacuum is off on the server (set autovacuum = on: {AUTOVACUUM_ON})"
+        ));
     }
-    if !track_counts {
-        problems.push(
+    if !settings.track_counts {
+        problems.push(format!(
             "track_counts is off on the server, so autovacuum cannot tell which tables need \
-             it (set track_counts = on: ALTER SYSTEM SET track_counts = on; SELECT \
-             pg_reload_conf();)"
-                .to_owned(),
-        );
+             it (set track_counts = on: {TRACK_COUNTS_ON})"
+        ));
     }
-    for table in disabled {
+    for table in &settings.disabled {
         let (name, toast) = match table.strip_suffix(" (TOAST)") {
             Some(name) => (name, "toast."),
             None => (table.as_str(), ""),
         };
         problems.push(format!(
-            "table \"{schema}\".{name} has {toast}autovacuum_enabled = false \
-             (ALTER TABLE \"{schema}\".{name} RESET ({toast}autovacuum_enabled);)"
+            "table \"{schema}\".{name} has {toast}autovacuum_enabled = false ({})",
+            table_reset(schema, table)
         ));
     }
     (!problems.is_empty()).then(|| problems.join("; "))
@@ -263,7 +297,21 @@ async fn load_key(conn: &mut PgConnection, quoted: &str) -> Result<StreamKey> {
 
 #[cfg(test)]
 mod tests {
-    use super::vacuum_problem;
+    use super::VacuumSettings;
+
+    fn vacuum_problem(
+        schema: &str,
+        autovacuum: bool,
+        track_counts: bool,
+        disabled: &[String],
+    ) -> Option<String> {
+        let settings = VacuumSettings {
+            autovacuum,
+            track_counts,
+            disabled: disabled.to_vec(),
+        };
+        super::vacuum_problem(schema, &settings)
+    }
 
     #[test]
     fn vacuum_problems_name_what_to_change() {

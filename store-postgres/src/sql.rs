@@ -288,6 +288,75 @@ const VACUUM: &str = r#"
 VACUUM (SKIP_LOCKED, TRUNCATE false) {s}.events, {s}.streams, {s}.sessions
 "#;
 
+/// Totals over one page of stream rows in token order (C15), for `stats`:
+/// the page's row count and last token (to go on from), then, over its
+/// streams with retained events, how many, their events (the sequence
+/// numbers are dense, so `last_seq - first_seq + 1`), their payload bytes
+/// (`total_bytes` less the `cum_bytes` of the oldest retained event), the
+/// oldest retained event's time and the newest append's. One primary-key
+/// probe into `events` per stream, for its oldest retained event; no event
+/// is read otherwise. The last column counts streams whose oldest retained
+/// event row is missing (corruption: it is never deleted before
+/// `first_seq` passes it). (PostgreSQL has no `max(bytea)`, hence the
+/// ordered sub-select for the last token.)
+///
+/// The probe is a `LATERAL` sub-select with `LIMIT 1` so that PostgreSQL
+/// cannot flatten it into a join: as a plain join it planned a merge join
+/// walking `events` in key order, which reads every event of the page's
+/// streams (every event, for long streams), or a hash join over the whole
+/// table.
+///
+/// $1 after token, $2 page size.
+const STATS_PAGE: &str = r#"
+WITH page AS (
+    SELECT token, first_seq, last_seq, total_bytes, last_stored_at
+      FROM {s}.streams
+     WHERE token > $1
+     ORDER BY token
+     LIMIT $2
+)
+SELECT (SELECT count(*) FROM page),
+       (SELECT token FROM page ORDER BY token DESC LIMIT 1),
+       count(*),
+       COALESCE(sum(p.last_seq - p.first_seq + 1), 0)::int8,
+       COALESCE(sum(p.total_bytes - e.cum_bytes), 0)::int8,
+       min(e.stored_at),
+       max(p.last_stored_at),
+       count(*) FILTER (WHERE e.token IS NULL)
+  FROM page p
+  LEFT JOIN LATERAL (SELECT e.token, e.cum_bytes, e.stored_at FROM {s}.events e
+                      WHERE e.token = p.token AND e.seq = p.first_seq LIMIT 1) e ON true
+ WHERE p.first_seq <= p.last_seq
+"#;
+
+/// One page of the stream listing (C15): streams with retained events
+/// after a token, in token order, with their counts, bytes and times as
+/// [`STATS_PAGE`] computes them, with the same forced probe (`cum_bytes`
+/// null: the oldest retained event's row is missing, which is corruption).
+/// The primary-key scan of `streams` stops after $2 non-empty rows.
+///
+/// $1 after token, $2 most rows.
+const LIST_PAGE: &str = r#"
+SELECT st.token, st.stream_id, st.last_seq - st.first_seq + 1,
+       st.total_bytes - e.cum_bytes, e.stored_at, st.last_stored_at
+  FROM {s}.streams st
+  LEFT JOIN LATERAL (SELECT e.cum_bytes, e.stored_at FROM {s}.events e
+                      WHERE e.token = st.token AND e.seq = st.first_seq LIMIT 1) e ON true
+ WHERE st.token > $1 AND st.first_seq <= st.last_seq
+ ORDER BY st.token
+ LIMIT $2
+"#;
+
+/// The server settings that decide whether a commit the store acknowledged
+/// survives a crash, as the store's own connections see them (a role or
+/// database can override `synchronous_commit`), and the newest format
+/// version the schema holds (C15).
+const DURABILITY: &str = r#"
+SELECT current_setting('synchronous_commit'), current_setting('fsync'),
+       current_setting('full_page_writes'),
+       (SELECT max(version) FROM {s}._sqlx_migrations WHERE success)
+"#;
+
 /// The applied migrations, to check the format (C12).
 pub(crate) const APPLIED_MIGRATIONS: &str = r#"
 SELECT version, description, success FROM {s}._sqlx_migrations ORDER BY version
@@ -310,6 +379,9 @@ pub(crate) struct Sql {
     pub delete_session: SqlStr,
     pub table_rows: SqlStr,
     pub vacuum: SqlStr,
+    pub stats_page: SqlStr,
+    pub list_page: SqlStr,
+    pub durability: SqlStr,
 }
 
 impl Sql {
@@ -338,6 +410,9 @@ impl Sql {
             delete_session: make(DELETE_SESSION),
             table_rows: make(TABLE_ROWS),
             vacuum: make(VACUUM),
+            stats_page: make(STATS_PAGE),
+            list_page: make(LIST_PAGE),
+            durability: make(DURABILITY),
         }
     }
 }

@@ -14,9 +14,10 @@ use sqlx::{Executor, Row};
 use mcp_event_store_core::dense::{self, DenseStream};
 use mcp_event_store_core::follow;
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, NewEvent, Page, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions, StoredEvent, StreamKey, StreamToken, observe, paged_replay,
-    retry_from_millis, retry_to_millis, validate_session_id, validate_stream_id,
+    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Page, PurgeReport, Replay,
+    Result, SessionStore, StoreOptions, StoreStats, StoredEvent, StreamCursor, StreamKey,
+    StreamPage, StreamToken, observe, paged_replay, retry_from_millis, retry_to_millis,
+    validate_session_id, validate_stream_id,
 };
 
 use crate::batch::{AppendRequest, Batcher, Limits};
@@ -25,7 +26,7 @@ use crate::options::{
     DEFAULT_APPLICATION_NAME, MAX_PAGE_SIZE, PostgresOptions, VACUUM_MIN_ROWS, Vacuum, quote_schema,
 };
 use crate::sql::Sql;
-use crate::{NAME, backend, purge, setup};
+use crate::{NAME, backend, inspect, purge, setup};
 
 /// An [`EventStore`] and [`SessionStore`] on PostgreSQL.
 ///
@@ -565,6 +566,18 @@ impl EventStore for PostgresStore {
 
     fn open_follows(&self) -> usize {
         self.inner.follows.hub().followers()
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        inspect::stats(self).await
+    }
+
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
+        inspect::list_streams(self, after, limit).await
+    }
+
+    async fn check(&self) -> Result<HealthReport> {
+        inspect::check(self).await
     }
 }
 
