@@ -67,8 +67,8 @@ use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
 use mcp_event_store::rmcp::{IntoRmcp, RmcpEventStore, SessionScoped};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use mcp_event_store::{DynStore, PurgeTask, Retention, Store, StoreOptions};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
