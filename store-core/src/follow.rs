@@ -22,6 +22,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
 use futures_util::StreamExt;
 use tokio::sync::watch;
@@ -187,6 +188,20 @@ impl Drop for Subscription {
         {
             streams.remove(&self.token);
         }
+    }
+}
+
+/// The re-read a follow of `store` runs after each wake-up: a replay after
+/// the newest id delivered, on a clone of the handle.
+pub fn reread<S>(
+    store: S,
+) -> impl FnMut(String) -> BoxFuture<'static, Result<Replay>> + Send + 'static
+where
+    S: crate::EventStore + Clone,
+{
+    move |cursor: String| {
+        let store = store.clone();
+        Box::pin(async move { store.replay_events_after(&cursor).await })
     }
 }
 

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use crate::error::{Error, Result};
+use crate::options::Retention;
 
 /// The most streams one [`list_streams`](crate::EventStore::list_streams)
 /// page holds; larger limits are cut to this, so a page stays small in
@@ -151,6 +152,45 @@ impl Setting {
             name: name.into(),
             value: value.into(),
             verdict: Verdict::Ok,
+        }
+    }
+
+    /// The store's retention limits (C8): ok with a maximum age, a warning
+    /// without one, since then no stream is ever removed whole and the
+    /// store grows with every new stream.
+    ///
+    /// ```
+    /// use mcp_event_store_core::{Retention, Setting, Verdict};
+    ///
+    /// assert_eq!(Setting::retention(&Retention::default()).verdict, Verdict::Ok);
+    /// assert_ne!(Setting::retention(&Retention::unbounded()).verdict, Verdict::Ok);
+    /// ```
+    pub fn retention(retention: &Retention) -> Self {
+        let limit = |name: &str, value: Option<String>| {
+            format!("{name}={}", value.as_deref().unwrap_or("none"))
+        };
+        let value = [
+            limit("max_age", retention.max_age.map(|d| format!("{d:?}"))),
+            limit(
+                "max_events_per_stream",
+                retention.max_events_per_stream.map(|n| n.to_string()),
+            ),
+            limit(
+                "max_bytes_per_stream",
+                retention.max_bytes_per_stream.map(|n| n.to_string()),
+            ),
+        ]
+        .join(" ");
+        if retention.max_age.is_some() {
+            Self::ok("retention", value)
+        } else {
+            Self::warn(
+                "retention",
+                value,
+                "without a maximum age no stream is ever removed, so the store grows with \
+                 every new stream: set retention.max_age and run purge_expired periodically \
+                 (PurgeTask)",
+            )
         }
     }
 

@@ -371,10 +371,7 @@ impl EventStore for MemoryStore {
             last_event_id.to_owned(),
             RECHECK,
             options,
-            move |cursor| {
-                let store = store.clone();
-                async move { store.replay_events_after(&cursor).await }
-            },
+            follow::reread(store),
         ))
     }
 
@@ -433,11 +430,14 @@ impl EventStore for MemoryStore {
         Ok(HealthReport::new(
             BACKEND,
             FORMAT_VERSION,
-            vec![Setting::warn(
-                "persistence",
-                "none (process memory)",
-                "use sqlite://, postgres://, redis:// or sled:// for events that must survive a restart",
-            )],
+            vec![
+                Setting::warn(
+                    "persistence",
+                    "none (process memory)",
+                    "use sqlite://, postgres://, redis:// or sled:// for events that must survive a restart",
+                ),
+                Setting::retention(&self.inner.options.retention),
+            ],
         ))
     }
 }

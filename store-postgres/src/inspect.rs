@@ -267,38 +267,8 @@ pub(crate) fn settings(
              purge_expired on an interval, or fix the autovacuum settings above",
         ),
     });
-    settings.push(retention_setting(retention));
+    settings.push(Setting::retention(retention));
     settings
-}
-
-/// The handle's retention limits, as the other backends spell them; a
-/// warning without `max_age`.
-fn retention_setting(retention: &Retention) -> Setting {
-    let limit = |name: &str, value: Option<String>| {
-        format!("{name}={}", value.as_deref().unwrap_or("none"))
-    };
-    let value = [
-        limit("max_age", retention.max_age.map(|d| format!("{d:?}"))),
-        limit(
-            "max_events_per_stream",
-            retention.max_events_per_stream.map(|n| n.to_string()),
-        ),
-        limit(
-            "max_bytes_per_stream",
-            retention.max_bytes_per_stream.map(|n| n.to_string()),
-        ),
-    ]
-    .join(" ");
-    if retention.max_age.is_some() {
-        Setting::ok("retention", value)
-    } else {
-        Setting::warn(
-            "retention",
-            value,
-            "without a maximum age no stream is ever removed, so the tables grow with every \
-             new stream: set retention.max_age and run purge_expired periodically (PurgeTask)",
-        )
-    }
 }
 
 #[cfg(test)]

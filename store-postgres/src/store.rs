@@ -557,10 +557,7 @@ impl EventStore for PostgresStore {
             last_event_id.to_owned(),
             follows.recheck(),
             options,
-            move |cursor| {
-                let store = store.clone();
-                async move { store.replay_events_after(&cursor).await }
-            },
+            follow::reread(store),
         ))
     }
 

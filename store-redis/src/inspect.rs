@@ -249,7 +249,9 @@ impl RedisStore {
                 judge(&config, self.inner.options.wait_replicas),
             ));
         }
-        Ok(HealthReport::new(NAME, FORMAT_VERSION, merge(per_node)))
+        let mut settings = merge(per_node);
+        settings.push(Setting::retention(&self.inner.options.store.retention));
+        Ok(HealthReport::new(NAME, FORMAT_VERSION, settings))
     }
 
     /// What one node says about its persistence, eviction and replicas:

@@ -1172,10 +1172,7 @@ impl EventStore for RedisStore {
             last_event_id.to_owned(),
             self.inner.options.follow_recheck,
             options,
-            move |cursor| {
-                let store = store.clone();
-                async move { store.replay_events_after(&cursor).await }
-            },
+            mcp_event_store_core::follow::reread(store),
         ))
     }
 

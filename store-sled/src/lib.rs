@@ -686,32 +686,7 @@ impl SledStore {
             ),
         };
         let retention = self.handle.store.retention;
-        let limit = |name: &str, value: Option<String>| {
-            format!("{name}={}", value.as_deref().unwrap_or("none"))
-        };
-        let value = [
-            limit("max_age", retention.max_age.map(|d| format!("{d:?}"))),
-            limit(
-                "max_events_per_stream",
-                retention.max_events_per_stream.map(|n| n.to_string()),
-            ),
-            limit(
-                "max_bytes_per_stream",
-                retention.max_bytes_per_stream.map(|n| n.to_string()),
-            ),
-        ]
-        .join(" ");
-        let retention = if retention.max_age.is_some() {
-            Setting::ok("retention", value)
-        } else {
-            Setting::warn(
-                "retention",
-                value,
-                "without a maximum age no stream is ever removed, so the database grows with \
-                 every new stream: set retention.max_age and run purge_expired periodically \
-                 (PurgeTask)",
-            )
-        };
+        let retention = Setting::retention(&retention);
         vec![durability, database, retention]
     }
 

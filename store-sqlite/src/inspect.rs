@@ -184,6 +184,7 @@ impl SqliteStore {
                 synchronous_setting(synchronous, durability),
                 durability_setting(durability),
                 checkpoint_setting(checkpoint),
+                Setting::retention(&self.inner.options.retention),
             ],
         ))
     }
