@@ -82,7 +82,8 @@ async fn check_warns_without_persistence_and_passes_a_safe_server() {
             "appendfsync",
             "save",
             "maxmemory-policy",
-            "wait_replicas"
+            "wait_replicas",
+            "retention"
         ]
     );
     assert_eq!(setting(&report, "appendfsync").value, "always");
