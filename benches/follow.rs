@@ -9,8 +9,9 @@
 //!   `<criterion dir>/follow/<backend>/latency/percentiles.json` (printed
 //!   too), for the README's table and chart.
 //! * `follow/<backend>/append/idle_followers/{0,1000}`: appends to one
-//!   stream while 0, then 1,000 followers wait on 1,000 other streams of
-//!   the same handle. The 0 case is the baseline: the ratio is what idle
+//!   stream of a store holding 1,000 other streams, with no follower, then
+//!   (on fresh storage with the same streams) with a follower waiting on
+//!   each of them. The 0 case is the baseline: the ratio is what idle
 //!   followers cost.
 //!
 //! ```text
@@ -166,58 +167,60 @@ fn idle_followers(c: &mut Criterion) {
     let data = common::payload();
     let idle = if common::quick() { 10 } else { 1_000 };
     for backend in common::selected() {
-        let (store, other, cleanup) = rt.block_on(two_handles(backend));
-        drop(other);
         let mut group = c.benchmark_group(format!("follow/{}/append", backend.name()));
         group.throughput(Throughput::Elements(1));
         group.sample_size(30);
         group.measurement_time(Duration::from_secs(5));
-        group.bench_with_input(BenchmarkId::new("idle_followers", 0), &0, |b, _| {
-            b.to_async(&rt).iter(|| async {
-                store
-                    .store_event("appended", NewEvent::new(&data))
-                    .await
-                    .expect("append")
-            })
-        });
-        // Each idle follower is driven by a task of its own, waiting as an
-        // SSE response would (with its periodic re-check).
-        let followers: Vec<tokio::task::JoinHandle<()>> = rt.block_on(async {
-            let mut followers = Vec::with_capacity(idle);
-            for i in 0..idle {
-                let id = store
-                    .store_event(&format!("idle-{i}"), NewEvent::new(&data))
-                    .await
-                    .expect("append");
-                let mut follower = follow(&store, &id).await;
-                followers.push(tokio::spawn(async move {
-                    while let Some(event) = follower.events.next().await {
-                        event.expect("an idle follower fails");
+        // Each case on fresh storage holding the same `idle` streams, so
+        // the only difference is whether each has a follower waiting on it.
+        for followers in [0, idle] {
+            let (store, other, cleanup) = rt.block_on(two_handles(backend));
+            drop(other);
+            // Each idle follower is driven by a task of its own, waiting as
+            // an SSE response would (with its periodic re-check).
+            let tasks: Vec<tokio::task::JoinHandle<()>> = rt.block_on(async {
+                let mut tasks = Vec::with_capacity(followers);
+                for i in 0..idle {
+                    let id = store
+                        .store_event(&format!("idle-{i}"), NewEvent::new(&data))
+                        .await
+                        .expect("append");
+                    if i < followers {
+                        let mut follower = follow(&store, &id).await;
+                        tasks.push(tokio::spawn(async move {
+                            while let Some(event) = follower.events.next().await {
+                                event.expect("an idle follower fails");
+                            }
+                        }));
                     }
-                }));
+                }
+                tasks
+            });
+            assert_eq!(store.open_follows(), followers);
+            group.bench_with_input(
+                BenchmarkId::new("idle_followers", followers),
+                &followers,
+                |b, _| {
+                    b.to_async(&rt).iter(|| async {
+                        store
+                            .store_event("appended", NewEvent::new(&data))
+                            .await
+                            .expect("append")
+                    })
+                },
+            );
+            for task in &tasks {
+                task.abort();
             }
-            followers
-        });
-        assert_eq!(store.open_follows(), idle);
-        group.bench_with_input(BenchmarkId::new("idle_followers", idle), &idle, |b, _| {
-            b.to_async(&rt).iter(|| async {
-                store
-                    .store_event("appended", NewEvent::new(&data))
-                    .await
-                    .expect("append")
-            })
-        });
-        group.finish();
-        for follower in &followers {
-            follower.abort();
+            rt.block_on(async {
+                for task in tasks {
+                    let _ = task.await;
+                }
+            });
+            drop(store);
+            rt.block_on(cleanup);
         }
-        rt.block_on(async {
-            for follower in followers {
-                let _ = follower.await;
-            }
-        });
-        drop(store);
-        rt.block_on(cleanup);
+        group.finish();
     }
 }
 

@@ -157,7 +157,15 @@ fn follow_chart(root_dir: &Path, out: &Path) -> Result<bool, Failure> {
     if bars.is_empty() {
         return Ok(false);
     }
-    let top = bars.iter().map(|b| b.2).fold(0.0, f64::max) * 1.15;
+    // Log scale: the backends span microseconds (in process) to tens of
+    // milliseconds (SQLite's poll across handles).
+    let top = bars.iter().map(|b| b.2).fold(0.0, f64::max) * 2.0;
+    let floor = bars
+        .iter()
+        .map(|b| b.1)
+        .fold(f64::MAX, f64::min)
+        .max(1e-4)
+        / 2.0;
     let root = SVGBackend::new(out, (760, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -168,7 +176,10 @@ fn follow_chart(root_dir: &Path, out: &Path) -> Result<bool, Failure> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0f64..bars.len() as f64, 0f64..top.max(0.01))?;
+        .build_cartesian_2d(
+            0f64..bars.len() as f64,
+            (floor..top.max(floor * 10.0)).log_scale(),
+        )?;
     let names: Vec<&str> = bars.iter().map(|b| b.0).collect();
     chart
         .configure_mesh()
@@ -182,7 +193,7 @@ fn follow_chart(root_dir: &Path, out: &Path) -> Result<bool, Failure> {
                 String::new()
             }
         })
-        .y_desc("milliseconds")
+        .y_desc("milliseconds (log scale)")
         .draw()?;
     for (k, (label, pick)) in [("median", 0usize), ("p99", 1usize)]
         .into_iter()
@@ -193,7 +204,7 @@ fn follow_chart(root_dir: &Path, out: &Path) -> Result<bool, Failure> {
             .draw_series(bars.iter().enumerate().map(|(i, bar)| {
                 let value = if pick == 0 { bar.1 } else { bar.2 };
                 let x0 = i as f64 + 0.15 + 0.35 * k as f64;
-                Rectangle::new([(x0, 0.0), (x0 + 0.33, value)], fill)
+                Rectangle::new([(x0, floor), (x0 + 0.33, value.max(floor))], fill)
             }))?
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], fill));
