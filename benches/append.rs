@@ -21,6 +21,8 @@
 //! | sqlite `store_power_loss_*` | the store under `Durability::PowerLoss` (`synchronous=FULL`): one fsync per group commit |
 //! | redis `raw_lua_xadd_32_writers` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
 //! | sled `raw_flush_each_*` | raw sled insert, then `flush()`, per event (32 writers: 32 concurrent `flush()` calls, which sled shares) |
+//! | `observe/append_wrapper` | what every backend's append adds for tracing and metrics (`observe::append` around a ready future), with no subscriber and no metrics recorder installed, as in an application that installs neither |
+//! | `observe/bare` | the same ready future alone: the baseline |
 
 mod common;
 
@@ -399,5 +401,27 @@ fn sled_backend(c: &mut Criterion, rt: &Runtime) {
     rt.block_on(async { store.close().await.expect("close sled") });
 }
 
-criterion_group!(benches, append);
+/// The cost of the tracing span and metrics every append goes through,
+/// when the application installed neither a subscriber nor a recorder.
+fn observe_overhead(c: &mut Criterion) {
+    let rt = common::runtime();
+    let id: mcp_event_store::EventId = "v1.0123456789abcdefghijklmn.1-1".parse().expect("an id");
+    let mut group = c.benchmark_group("append/observe");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("bare", |b| {
+        b.to_async(&rt).iter(|| async {
+            std::hint::black_box(async { Ok::<_, mcp_event_store::Error>(id) }.await)
+        })
+    });
+    group.bench_function("append_wrapper", |b| {
+        b.to_async(&rt).iter(|| async {
+            std::hint::black_box(
+                mcp_event_store::observe::append("bench", "stream", 200, async { Ok(id) }).await,
+            )
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, append, observe_overhead);
 criterion_main!(benches);

@@ -160,12 +160,7 @@ fn follow_chart(root_dir: &Path, out: &Path) -> Result<bool, Failure> {
     // Log scale: the backends span microseconds (in process) to tens of
     // milliseconds (SQLite's poll across handles).
     let top = bars.iter().map(|b| b.2).fold(0.0, f64::max) * 2.0;
-    let floor = bars
-        .iter()
-        .map(|b| b.1)
-        .fold(f64::MAX, f64::min)
-        .max(1e-4)
-        / 2.0;
+    let floor = bars.iter().map(|b| b.1).fold(f64::MAX, f64::min).max(1e-4) / 2.0;
     let root = SVGBackend::new(out, (760, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)

@@ -10,8 +10,9 @@
 //! # Metrics
 //!
 //! Through the [`metrics`] facade: the application installs the exporter it
-//! wants (Prometheus, StatsD, ...); with none installed each update is a
-//! no-op costing a few nanoseconds. Every metric carries a `backend` label
+//! wants (Prometheus, StatsD, ...). With none installed (and no `tracing`
+//! subscriber), the span and metrics around one append cost about 180 ns
+//! (the `append/observe` bench). Every metric carries a `backend` label
 //! (`memory`, `sqlite`, `postgres`, `redis`, `sled`).
 //!
 //! | name | kind | unit | labels | what |
