@@ -217,12 +217,6 @@ fn parse_hex_u64(text: &str) -> Option<u64> {
 }
 
 impl Position {
-    /// A token from its text form (see [`to_text`](Self::to_text)); `None`
-    /// unless `text` is exactly a token's one spelling.
-    pub fn parse(text: &str) -> Option<Self> {
-        Self::parse_text(text)
-    }
-
     fn parse_text(text: &str) -> Option<Self> {
         match text.split_once('-') {
             None => Some(Self::seq(parse_hex_u64(text)?)),
