@@ -225,46 +225,13 @@ pub async fn one_resume_on_another_instance_streams_the_rest(fixture: &Fixture, 
 /// messages; the client resumes once, mid-call, and that resume delivers
 /// every remaining progress notification and the result.
 pub async fn rmcp_client_resumes_once_mid_call(fixture: &Fixture, mode: Mode) {
-    const STEPS: u64 = 8;
     let server = Server::start_cutting_posts(fixture.url(), mode, 2).await;
-    let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str());
-    let mut retry = FixedInterval::default();
-    retry.duration = RETRY;
-    config.retry_config = Arc::new(retry);
-    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    let progress = ProgressLog::default();
-    let client = progress.clone().serve(transport).await.expect("connect");
-    let mut arguments = serde_json::Map::new();
-    arguments.insert("count".into(), STEPS.into());
-    arguments.insert("interval_ms".into(), 100.into());
-    let result = tokio::time::timeout(
-        Duration::from_secs(60),
-        client.call_tool(CallToolRequestParams::new("slow_count").with_arguments(arguments)),
-    )
-    .await
-    .expect("the call completes within a minute")
-    .expect("the call succeeds");
-    let text = result.content[0]
-        .as_text()
-        .unwrap_or_else(|| panic!("a text result: {result:?}"));
-    assert_eq!(text.text, format!("counted to {STEPS}"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while progress.0.lock().unwrap().len() < STEPS as usize
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut received = progress.0.lock().unwrap().clone();
-    received.sort_by(f64::total_cmp);
-    let expected: Vec<f64> = (1..=STEPS).map(|n| n as f64).collect();
-    assert_eq!(received, expected, "every progress notification, once");
+    rmcp_client_call(&server, 8, 100).await;
     assert_eq!(
         server.resumes(),
         1,
         "one resume carried the rest of the call"
     );
-    client.cancel().await.expect("close the client");
     server.stop().await;
 }
 
@@ -404,6 +371,51 @@ pub async fn foreign_ids_yield_nothing(fixture: &Fixture, mode: Mode) {
     server.stop().await;
 }
 
+/// Calls `slow_count` with `steps` steps `interval_ms` apart through rmcp's
+/// own client (with its automatic reconnection) against `server`, and
+/// checks the result and that every progress notification arrived exactly
+/// once. rmcp hands each notification to the handler in a task of its own,
+/// so they may land in any order and just after the result: this waits for
+/// them. (The wire cases check the order.)
+async fn rmcp_client_call(server: &Server, steps: u64, interval_ms: u64) {
+    let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str());
+    let mut retry = FixedInterval::default();
+    retry.duration = RETRY;
+    config.retry_config = Arc::new(retry);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let progress = ProgressLog::default();
+    let client = progress.clone().serve(transport).await.expect("connect");
+    let mut arguments = serde_json::Map::new();
+    arguments.insert("count".into(), steps.into());
+    arguments.insert("interval_ms".into(), interval_ms.into());
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        client.call_tool(CallToolRequestParams::new("slow_count").with_arguments(arguments)),
+    )
+    .await
+    .expect("the call completes within a minute")
+    .expect("the call succeeds");
+    let text = result.content[0]
+        .as_text()
+        .unwrap_or_else(|| panic!("a text result: {result:?}"));
+    assert_eq!(text.text, format!("counted to {steps}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while progress.0.lock().unwrap().len() < steps as usize
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut received = progress.0.lock().unwrap().clone();
+    received.sort_by(f64::total_cmp);
+    let expected: Vec<f64> = (1..=steps).map(|n| n as f64).collect();
+    assert_eq!(
+        received, expected,
+        "every progress notification, exactly once"
+    );
+    client.cancel().await.expect("close the client");
+}
+
 /// Records the progress a client receives.
 #[derive(Clone, Default)]
 struct ProgressLog(Arc<Mutex<Vec<f64>>>);
@@ -424,51 +436,12 @@ impl ClientHandler for ProgressLog {
 pub async fn rmcp_client_polls_through(fixture: &Fixture, mode: Mode) {
     const STEPS: u64 = 12;
     let server = Server::start(fixture.url(), mode, Some(2)).await;
-    let mut config = StreamableHttpClientTransportConfig::with_uri(server.url.as_str());
-    let mut retry = FixedInterval::default();
-    retry.duration = RETRY;
-    config.retry_config = Arc::new(retry);
-    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    let progress = ProgressLog::default();
-    let client = progress.clone().serve(transport).await.expect("connect");
-
-    let mut arguments = serde_json::Map::new();
-    arguments.insert("count".into(), STEPS.into());
-    arguments.insert("interval_ms".into(), 20.into());
-    let result = tokio::time::timeout(
-        Duration::from_secs(60),
-        client.call_tool(CallToolRequestParams::new("slow_count").with_arguments(arguments)),
-    )
-    .await
-    .expect("the call completes within a minute")
-    .expect("the call succeeds");
-    let text = result.content[0]
-        .as_text()
-        .unwrap_or_else(|| panic!("a text result: {result:?}"));
-    assert_eq!(text.text, format!("counted to {STEPS}"));
-    // rmcp hands each notification to the handler in a task of its own, so
-    // they may land in any order and just after the result: wait for them,
-    // then check each came exactly once. (The wire cases check the order.)
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while progress.0.lock().unwrap().len() < STEPS as usize
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut received = progress.0.lock().unwrap().clone();
-    received.sort_by(f64::total_cmp);
-    let expected: Vec<f64> = (1..=STEPS).map(|n| n as f64).collect();
-    assert_eq!(
-        received, expected,
-        "every progress notification, exactly once"
-    );
+    rmcp_client_call(&server, STEPS, 20).await;
     assert!(
         server.resumes() >= (STEPS / 2) as usize,
         "the client resumed after the server's closes ({} resumes)",
         server.resumes()
     );
-    client.cancel().await.expect("close the client");
     server.stop().await;
 }
 
