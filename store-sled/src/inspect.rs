@@ -76,25 +76,14 @@ impl Shared {
         after: Option<StreamToken>,
         mut visit: impl FnMut(StreamToken, StreamInfo) -> bool,
     ) -> Result<()> {
-        let mut start: Vec<u8> = match after {
-            Some(token) => [&token.as_bytes()[..], &[0]].concat(),
-            None => Vec::new(),
-        };
+        let mut after = after;
         loop {
-            let batch: Vec<sled::IVec> = self
-                .streams
-                .range(start.clone()..)
-                .keys()
-                .take(WALK_BATCH)
-                .collect::<Result<_, _>>()
-                .map_err(backend)?;
-            let Some(last) = batch.last() else {
+            let batch = self.stream_tokens_after(after, WALK_BATCH)?;
+            let Some(&last) = batch.last() else {
                 return Ok(());
             };
-            start = [&last[..], &[0]].concat();
-            for key in batch {
-                let token = StreamToken::from_bytes(&key)
-                    .ok_or_else(|| Error::Corrupt("malformed stream key".into()))?;
+            after = Some(last);
+            for token in batch {
                 if let Some(info) = self.stream_info(token)?
                     && !visit(token, info)
                 {

@@ -443,27 +443,41 @@ impl Shared {
         }
     }
 
+    /// Up to `n` stream tokens after `after` (from the first with `None`),
+    /// in key order: one batch of a walk over every stream.
+    pub(crate) fn stream_tokens_after(
+        &self,
+        after: Option<StreamToken>,
+        n: usize,
+    ) -> Result<Vec<StreamToken>> {
+        let start: Vec<u8> = match after {
+            Some(token) => [&token.as_bytes()[..], &[0]].concat(),
+            None => Vec::new(),
+        };
+        self.streams
+            .range(start..)
+            .keys()
+            .take(n)
+            .map(|key| {
+                let key = key.map_err(backend)?;
+                StreamToken::from_bytes(&key)
+                    .ok_or_else(|| Error::Corrupt("malformed stream key".into()))
+            })
+            .collect()
+    }
+
     /// Applies the count and byte limits to every stream, in key order and
     /// batches. Only needed when some append trimmed with looser limits
     /// (another handle, an earlier run): appends trim inline otherwise.
     fn purge_by_size(&self, retention: &Retention, report: &mut PurgeReport) -> Result<()> {
-        let mut start: Vec<u8> = Vec::new();
+        let mut after = None;
         loop {
-            let batch: Vec<sled::IVec> = self
-                .streams
-                .range(start.clone()..)
-                .keys()
-                .take(PURGE_BATCH)
-                .collect::<Result<_, _>>()
-                .map_err(backend)?;
-            let Some(last) = batch.last() else {
+            let batch = self.stream_tokens_after(after, PURGE_BATCH)?;
+            let Some(&last) = batch.last() else {
                 return Ok(());
             };
-            start = [&last[..], &[0]].concat();
-            for key in batch {
-                let Some(token) = StreamToken::from_bytes(&key) else {
-                    return Err(Error::Corrupt("malformed stream key".into()));
-                };
+            after = Some(last);
+            for token in batch {
                 report.events += self.with_stream(token, |_, meta| match meta.as_mut() {
                     Some(m) => self.trim_to_limits(&token, m, retention),
                     None => Ok(0),
