@@ -47,7 +47,17 @@
 
 use std::sync::Arc;
 
-pub use mcp_event_store_core::*;
+// What applications use; the implementer plumbing stays in
+// `mcp_event_store_core::backend`, for backend crates.
+#[cfg(feature = "rmcp")]
+pub use mcp_event_store_core::rmcp;
+pub use mcp_event_store_core::{
+    Backend, BoxError, Clock, Connecting, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, Error,
+    EventId, EventStore, FollowOptions, HealthReport, MAX_EVENT_ID_LEN, MAX_LIST_PAGE,
+    MAX_STREAM_ID_LEN, ManualClock, MemoryStore, NewEvent, Position, PurgeReport, PurgeTask,
+    Replay, Result, Retention, SessionStore, Setting, Store, StoreOptions, StoreStats, StoredEvent,
+    StreamCursor, StreamInfo, StreamPage, SystemClock, Verdict, observe,
+};
 
 /// The backends behind a cargo feature, one line each: module, crate,
 /// feature, and its URL schemes (so that a scheme whose feature is off still

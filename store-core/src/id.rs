@@ -14,7 +14,7 @@
 //!   gives no way to build a valid id of another.
 //! * The **position** orders events within the stream: lowercase hex without
 //!   leading zeros, either `<major>` or `<major>-<minor>`. Backends that number
-//!   a stream densely write `<incarnation>-<seq>` (see [`dense`](crate::dense)):
+//!   a stream densely write `<incarnation>-<seq>` (see [`dense`](crate::backend::dense)):
 //!   a new life of a stream id never reissues an id of an old one. Redis
 //!   Streams writes its native entry id `<ms>-<seq>`.
 //!
@@ -154,7 +154,7 @@ impl fmt::Display for StreamToken {
 /// Where an event sits in its stream. Ordered by `(major, minor)`.
 ///
 /// Backends with a per-stream sequence put the stream's incarnation in
-/// `major` and the sequence number in `minor` (see [`dense`](crate::dense));
+/// `major` and the sequence number in `minor` (see [`dense`](crate::backend::dense));
 /// Redis Streams maps its `<ms>-<seq>` entry ids onto both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Position {
@@ -236,7 +236,8 @@ impl Position {
 /// A parsed event id: the stream's token and the event's position in it.
 ///
 /// ```
-/// use mcp_event_store_core::{EventId, Position, StreamKey};
+/// use mcp_event_store_core::backend::StreamKey;
+/// use mcp_event_store_core::{EventId, Position};
 ///
 /// let key = StreamKey::generate().unwrap();
 /// let id = EventId::new(key.token("session-1:common"), Position::seq(42));

@@ -12,10 +12,13 @@
 //! * [`Retention`], [`PurgeReport`] and [`PurgeTask`], so nothing grows
 //!   without bound;
 //! * [`EventStore::follow_events_after`], the replay that stays open while
-//!   a call is still running (C13), built from the pieces in [`follow`];
+//!   a call is still running (C13);
 //! * [`EventStore::stats`], [`EventStore::list_streams`] and
 //!   [`EventStore::check`], what an operator asks of a store (C15);
 //! * [`MemoryStore`], a complete in-memory backend;
+//! * [`backend`], the plumbing backend crates share (cursor and gap checks,
+//!   follow, spans and metrics, stream tokens), kept out of applications'
+//!   way;
 //! * with the `conformance` feature, the shared test suite
 //!   ([`conformance`]) that every backend passes;
 //! * with the `rmcp` feature, adapters that make any store rmcp's
@@ -36,29 +39,29 @@ mod memory;
 mod options;
 mod store;
 
-pub mod dense;
-pub mod follow;
+pub mod backend;
 pub mod observe;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "conformance")]
+pub mod testkit;
 
 #[cfg(feature = "rmcp")]
 pub mod rmcp;
 
+pub use backend::follow::FollowOptions;
 pub use descriptor::{Backend, Connecting};
 pub use error::{BoxError, Error, Result};
-pub use event::{NewEvent, StoredEvent, retry_from_millis, retry_to_millis};
-pub use follow::FollowOptions;
-pub use id::{EventId, MAX_EVENT_ID_LEN, Position, STREAM_KEY_LEN, StreamKey, StreamToken};
+pub use event::{NewEvent, StoredEvent};
+pub use id::{EventId, MAX_EVENT_ID_LEN, Position};
 pub use inspect::{
-    HealthReport, MAX_LIST_PAGE, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage,
-    Verdict, check_list_limit,
+    HealthReport, MAX_LIST_PAGE, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage, Verdict,
 };
 pub use maintenance::PurgeTask;
 pub use memory::MemoryStore;
 pub use options::{
     Clock, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, MAX_STREAM_ID_LEN, ManualClock,
-    PurgeReport, Retention, StoreOptions, SystemClock, validate_session_id, validate_stream_id,
+    PurgeReport, Retention, StoreOptions, SystemClock,
 };
-pub use store::{EventStore, Page, Replay, SessionStore, Store, paged_replay};
+pub use store::{EventStore, Replay, SessionStore, Store};

@@ -8,15 +8,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::dense::{self, DenseStream};
+use crate::backend::dense::{self, DenseStream};
+use crate::backend::follow::{self, FollowOptions, Wakeups};
+use crate::backend::observe;
 use crate::error::{Error, Result};
 use crate::event::{NewEvent, StoredEvent};
-use crate::follow::{self, FollowOptions, Wakeups};
 use crate::id::{EventId, StreamKey, StreamToken};
 use crate::inspect::{
     HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage, check_list_limit,
 };
-use crate::observe;
 use crate::options::{PurgeReport, StoreOptions};
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
 
@@ -72,7 +72,7 @@ const RECHECK: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 struct Stream {
     stream_id: String,
-    /// This life of the stream (see [`dense`]).
+    /// This life of the stream (see [`dense`](crate::backend::dense)).
     incarnation: u64,
     last_seq: u64,
     bytes: u64,

@@ -9,9 +9,9 @@ use bytes::Bytes;
 use futures_core::stream::BoxStream;
 use futures_util::StreamExt;
 
+use crate::backend::follow::FollowOptions;
 use crate::error::Result;
 use crate::event::{NewEvent, StoredEvent};
-use crate::follow::FollowOptions;
 use crate::id::{EventId, Position};
 use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage};
 use crate::options::PurgeReport;

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
-use mcp_event_store_core::{Error, Result, Retention, StreamToken, observe};
+use mcp_event_store_core::backend::{StreamToken, observe};
+use mcp_event_store_core::{Error, Result, Retention};
 use sqlx::postgres::PgPool;
 use sqlx::{Row, SqlStr};
 use tokio::sync::{Semaphore, mpsc, oneshot};

@@ -36,8 +36,9 @@ use std::mem;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use mcp_event_store_core::follow::Wakeups;
-use mcp_event_store_core::{Error, Result, StreamToken};
+use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::{Error, Result};
 use sqlx::SqlStr;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{mpsc, oneshot, watch};

@@ -5,9 +5,10 @@
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
+use mcp_event_store_core::backend::{StreamToken, check_list_limit};
 use mcp_event_store_core::{
     Error, HealthReport, Result, Retention, Setting, StoreStats, StreamCursor, StreamInfo,
-    StreamPage, StreamToken, check_list_limit,
+    StreamPage,
 };
 
 use crate::options::Vacuum;

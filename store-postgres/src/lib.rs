@@ -65,7 +65,7 @@
 //! `ON CONFLICT DO NOTHING` and read back, so every instance derives the same
 //! tokens), `seq` the dense per-stream sequence number 1, 2, 3, ..., and
 //! `incarnation` names the life of the stream (see
-//! `mcp_event_store_core::dense`).
+//! `mcp_event_store_core::backend::dense`).
 //!
 //! A stream row takes its incarnation from the `incarnations` sequence when
 //! the row is created. `delete_stream`, and a purge that expires a stream
@@ -328,7 +328,7 @@
 //! Every batched statement records how many appends it committed together
 //! in the `mcp_event_store_append_batch_size` histogram (1 for an append
 //! that ran alone); the other metrics are those of
-//! `mcp_event_store_core::observe`.
+//! `mcp_event_store_core::backend::observe`.
 //!
 //! # Format (C12)
 //!

@@ -17,7 +17,8 @@
 
 use std::time::Instant;
 
-use mcp_event_store_core::{PurgeReport, Result, StreamToken};
+use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::{PurgeReport, Result};
 use sqlx::Row;
 
 use crate::backend;

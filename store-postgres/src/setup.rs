@@ -6,7 +6,8 @@ use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
-use mcp_event_store_core::{Error, Result, StreamKey};
+use mcp_event_store_core::backend::StreamKey;
+use mcp_event_store_core::{Error, Result};
 
 use crate::options::{PostgresOptions, Vacuum, quote_schema};
 use crate::sql::{self, render};

@@ -11,13 +11,15 @@ use bytes::Bytes;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Executor, Row};
 
-use mcp_event_store_core::dense::{self, DenseStream};
-use mcp_event_store_core::follow;
-use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Page, PurgeReport, Replay,
-    Result, SessionStore, StoreOptions, StoreStats, StoredEvent, StreamCursor, StreamKey,
-    StreamPage, StreamToken, observe, paged_replay, retry_from_millis, retry_to_millis,
+use mcp_event_store_core::backend::dense::{self, DenseStream};
+use mcp_event_store_core::backend::follow;
+use mcp_event_store_core::backend::{
+    Page, StreamKey, StreamToken, observe, paged_replay, retry_from_millis, retry_to_millis,
     validate_session_id, validate_stream_id,
+};
+use mcp_event_store_core::{
+    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
+    SessionStore, StoreOptions, StoreStats, StoredEvent, StreamCursor, StreamPage,
 };
 
 use crate::batch::{AppendRequest, Batcher, Limits};

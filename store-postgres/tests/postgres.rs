@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt};
+use mcp_event_store_core::backend::{StreamKey, dense};
 use mcp_event_store_core::conformance::{Harness, replay_all, test_clock, test_options};
 use mcp_event_store_core::{
     Error, EventId, EventStore, NewEvent, Position, Retention, SessionStore, StoreOptions,
-    StreamKey, dense,
 };
 use mcp_event_store_postgres::testing::{
     PostgresHarness, URL_ENV, random_schema, terminate_connections,

@@ -28,8 +28,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use mcp_event_store_core::follow::Wakeups;
-use mcp_event_store_core::{Position, StreamToken};
+use mcp_event_store_core::Position;
+use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::backend::follow::Wakeups;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 use tokio::task::AbortHandle;
@@ -503,7 +504,7 @@ fn parse_xread(reply: Value, by_key: &HashMap<&[u8], StreamToken>) -> Vec<(Strea
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcp_event_store_core::StreamKey;
+    use mcp_event_store_core::backend::StreamKey;
 
     #[test]
     fn xread_replies_in_both_protocols() {

@@ -10,9 +10,9 @@
 use std::collections::HashSet;
 
 use futures_util::{StreamExt, TryStreamExt};
+use mcp_event_store_core::backend::{StreamToken, check_list_limit};
 use mcp_event_store_core::{
     Error, HealthReport, Result, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage,
-    StreamToken, check_list_limit,
 };
 use redis::Value;
 
@@ -524,7 +524,7 @@ mod tests {
 
     #[test]
     fn cursors_round_trip_and_garbage_is_refused() {
-        let token = mcp_event_store_core::StreamKey::generate()
+        let token = mcp_event_store_core::backend::StreamKey::generate()
             .unwrap()
             .token("s");
         for at in [

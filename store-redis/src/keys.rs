@@ -17,7 +17,8 @@
 //! enters a key through its keyed hash) can neither choose the slot nor
 //! collide with another stream.
 
-use mcp_event_store_core::{Error, Result, StreamKey, StreamToken};
+use mcp_event_store_core::backend::{StreamKey, StreamToken};
+use mcp_event_store_core::{Error, Result};
 
 /// The prefix used when none is configured.
 pub const DEFAULT_KEY_PREFIX: &str = "mcp-event-store";

@@ -331,12 +331,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use mcp_event_store_core::follow::follow;
-use mcp_event_store_core::{
-    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Page, Position,
-    PurgeReport, Replay, Result, SessionStore, Store, StoreStats, StreamCursor, StreamKey,
-    StreamPage, StreamToken, observe, paged_replay, retry_to_millis, validate_session_id,
+use mcp_event_store_core::backend::follow::follow;
+use mcp_event_store_core::backend::{
+    Page, StreamKey, StreamToken, observe, paged_replay, retry_to_millis, validate_session_id,
     validate_stream_id,
+};
+use mcp_event_store_core::{
+    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Position,
+    PurgeReport, Replay, Result, SessionStore, Store, StoreStats, StreamCursor, StreamPage,
 };
 use redis::{ErrorKind, FromRedisValue, Pipeline, ServerErrorKind, Value};
 
@@ -1172,7 +1174,7 @@ impl EventStore for RedisStore {
             last_event_id.to_owned(),
             self.inner.options.follow_recheck,
             options,
-            mcp_event_store_core::follow::reread(store),
+            mcp_event_store_core::backend::follow::reread(store),
         ))
     }
 

@@ -16,7 +16,8 @@
 
 use std::sync::RwLock;
 
-use mcp_event_store_core::{Error, Result, StreamKey};
+use mcp_event_store_core::backend::StreamKey;
+use mcp_event_store_core::{Error, Result};
 
 use crate::conn::{Conn, backend};
 use crate::keys::Keys;

@@ -23,8 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use mcp_event_store_core::StoreOptions;
+use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::conformance::Harness;
-use mcp_event_store_core::{StoreOptions, StreamKey};
 use tokio::sync::OnceCell;
 
 use crate::{RedisOptions, RedisStore};

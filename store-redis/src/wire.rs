@@ -2,9 +2,8 @@
 //! the reply buffers into `Bytes` without a copy.
 
 use bytes::Bytes;
-use mcp_event_store_core::{
-    Error, EventId, Position, Result, StoredEvent, StreamToken, retry_from_millis,
-};
+use mcp_event_store_core::backend::{StreamToken, retry_from_millis};
+use mcp_event_store_core::{Error, EventId, Position, Result, StoredEvent};
 use redis::Value;
 
 /// A Redis entry id (`<ms>-<seq>`) as a position: major = ms, minor = seq.
@@ -99,7 +98,7 @@ pub fn parse_meta_id(value: Option<&str>) -> Result<Option<Position>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcp_event_store_core::StreamKey;
+    use mcp_event_store_core::backend::StreamKey;
 
     #[test]
     fn entry_ids_map_onto_positions() {

@@ -35,8 +35,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use mcp_event_store_core::follow::Wakeups;
-use mcp_event_store_core::{StreamToken, observe};
+use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::backend::{StreamToken, observe};
 use tokio::sync::oneshot;
 
 use crate::shared::{META_RELAXED, NAME, Slot, lock};

@@ -9,7 +9,8 @@
 //! replay may see: durable events (see the crate docs on never reissuing an
 //! id), so an append still waiting for its flush is not counted yet.
 
-use mcp_event_store_core::{Error, Result, StoreStats, StreamInfo, StreamToken};
+use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::{Error, Result, StoreStats, StreamInfo};
 
 use crate::keys;
 use crate::shared::{META_FORMAT, Shared, backend};

@@ -17,7 +17,7 @@
 //! `shared::migrate_format_1`).
 //!
 //! An event's id is `<incarnation>-<seq>` (see
-//! [`dense`](mcp_event_store_core::dense)): the key holds the sequence
+//! [`dense`](mcp_event_store_core::backend::dense)): the key holds the sequence
 //! number, the stream record the incarnation. A stream holds the events of
 //! one incarnation only: a new one starts after every event of the old one
 //! is removed, with the sequence numbers from 1 again.
@@ -28,7 +28,8 @@
 
 use std::time::Duration;
 
-use mcp_event_store_core::{Error, Result, StreamToken, retry_from_millis, retry_to_millis};
+use mcp_event_store_core::backend::{StreamToken, retry_from_millis, retry_to_millis};
+use mcp_event_store_core::{Error, Result};
 
 /// Length of a stream token in bytes.
 pub(crate) const TOKEN_LEN: usize = 15;
@@ -221,7 +222,7 @@ pub(crate) fn parse_expiry_key(key: &[u8]) -> Result<(u64, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcp_event_store_core::StreamKey;
+    use mcp_event_store_core::backend::StreamKey;
 
     #[test]
     fn times_sort_like_numbers() {

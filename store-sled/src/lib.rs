@@ -33,7 +33,7 @@
 //!
 //! An event's id is `v1.<token>.<incarnation>-<seq>` in hex (the
 //! contract's [`EventId`] scheme, positions as in
-//! [`mcp_event_store_core::dense`]): `seq` numbers the stream's events 1, 2,
+//! [`mcp_event_store_core::backend::dense`]): `seq` numbers the stream's events 1, 2,
 //! 3, ... and `incarnation` names one life of the stream. When a stream is
 //! deleted, or expires whole, and an event is later appended under the same
 //! stream id, it starts a new life at `seq` 1 under a new incarnation. No id
@@ -179,7 +179,7 @@
 //! [`FollowOptions::max_hold`] passes, or an error ends it.
 //!
 //! **Wake-ups.** Every handle on one directory in this process shares one
-//! wake-up hub ([`Wakeups`](mcp_event_store_core::follow::Wakeups)), kept
+//! wake-up hub ([`Wakeups`](mcp_event_store_core::backend::follow::Wakeups)), kept
 //! with the shared database like its stream slots. sled lets one process
 //! at a time open the directory, so every append any handle can see goes
 //! through this process and this hub: there is no other process to hear
@@ -293,11 +293,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use mcp_event_store_core::{
-    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Page, PurgeReport,
-    Replay, Result, SessionStore, Setting, Store, StoreOptions, StoreStats, StreamCursor,
-    StreamPage, StreamToken, check_list_limit, follow, observe, paged_replay, validate_session_id,
+use mcp_event_store_core::backend::{
+    Page, StreamToken, check_list_limit, follow, observe, paged_replay, validate_session_id,
     validate_stream_id,
+};
+use mcp_event_store_core::{
+    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport,
+    Replay, Result, SessionStore, Setting, Store, StoreOptions, StoreStats, StreamCursor,
+    StreamPage,
 };
 
 use crate::flusher::{Ack, FlushResult};
@@ -694,7 +697,7 @@ impl SledStore {
     /// that lose every wake-up on purpose.
     async fn follow_on(
         &self,
-        hub: &Arc<mcp_event_store_core::follow::Wakeups>,
+        hub: &Arc<mcp_event_store_core::backend::follow::Wakeups>,
         last_event_id: &str,
         options: FollowOptions,
     ) -> Result<Replay> {
@@ -771,7 +774,7 @@ impl SledStore {
 struct Follower {
     shared: std::sync::Weak<Shared>,
     slot: Arc<shared::Slot>,
-    token: mcp_event_store_core::StreamToken,
+    token: mcp_event_store_core::backend::StreamToken,
     incarnation: u64,
     limit: usize,
     stream_id: String,
@@ -818,7 +821,7 @@ impl Follower {
 struct PageReader {
     shared: Arc<Shared>,
     slot: Arc<shared::Slot>,
-    token: mcp_event_store_core::StreamToken,
+    token: mcp_event_store_core::backend::StreamToken,
     /// The life of the stream this replay reads.
     incarnation: u64,
     raw: Arc<str>,
@@ -853,7 +856,7 @@ impl PageReader {
         let mut first = first.map(|page| (after, page));
         let ahead: Ahead = Arc::default();
         paged_replay(
-            mcp_event_store_core::dense::position(self.incarnation, after),
+            mcp_event_store_core::backend::dense::position(self.incarnation, after),
             move |position| {
                 let after = position.minor;
                 let ready = first
@@ -1166,7 +1169,10 @@ mod tests {
             }
             let next = EventId::new(
                 first.token,
-                mcp_event_store_core::dense::position(first.position.major, written as u64),
+                mcp_event_store_core::backend::dense::position(
+                    first.position.major,
+                    written as u64,
+                ),
             );
             assert!(!pending.is_finished(), "returned before the flush");
             let visible = replayed_after(&store, &first).await.unwrap();
@@ -1432,7 +1438,7 @@ mod tests {
         let store = SledStore::open(dir.path(), options.clone()).await.unwrap();
         let other = SledStore::open(dir.path(), options).await.unwrap();
         let head = store.store_event("s", NewEvent::new(b"h")).await.unwrap();
-        let deaf = Arc::new(mcp_event_store_core::follow::Wakeups::default());
+        let deaf = Arc::new(mcp_event_store_core::backend::follow::Wakeups::default());
         let mut follow = store
             .follow_on(&deaf, &head.to_string(), FollowOptions::default())
             .await

@@ -15,10 +15,9 @@ use crate::flusher::{Ack, Publish};
 use crate::keys::{self, EVENT_HEADER_LEN};
 use crate::shared::{Incarnations, Shared, Slot, StreamMeta, backend};
 use bytes::Bytes;
-use mcp_event_store_core::dense::{self, DenseStream};
-use mcp_event_store_core::{
-    Error, EventId, Page, Position, PurgeReport, Result, Retention, StoredEvent, StreamToken,
-};
+use mcp_event_store_core::backend::dense::{self, DenseStream};
+use mcp_event_store_core::backend::{Page, StreamToken};
+use mcp_event_store_core::{Error, EventId, Position, PurgeReport, Result, Retention, StoredEvent};
 
 /// Entries handled per scan step in a purge, so no step holds much memory
 /// or holds a stream's lock for long.

@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard, Weak};
 
-use mcp_event_store_core::follow::Wakeups;
-use mcp_event_store_core::{Error, Result, StreamKey, StreamToken};
+use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::backend::{StreamKey, StreamToken};
+use mcp_event_store_core::{Error, Result};
 
 use crate::flusher::Flusher;
 use crate::keys::{self, StreamRecord};

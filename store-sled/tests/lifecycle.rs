@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
-use mcp_event_store_core::dense::position;
+use mcp_event_store_core::backend::dense::position;
 use mcp_event_store_core::{Error, EventId, EventStore, NewEvent, StoreOptions};
 use mcp_event_store_sled::{Durability, FORMAT_VERSION, SledOptions, SledStore};
 
@@ -341,7 +341,8 @@ async fn a_replay_never_reads_on_into_the_next_life_of_its_stream() {
 /// What the previous release (storage format 1) wrote, with sled directly:
 /// the layout of `mcp-event-store-sled` 0.1.0, byte for byte.
 mod format_1 {
-    use mcp_event_store_core::{EventId, Position, StreamKey};
+    use mcp_event_store_core::backend::StreamKey;
+    use mcp_event_store_core::{EventId, Position};
 
     pub const EVENTS: &str = "mcp-event-store/v1/events";
     pub const STREAMS: &str = "mcp-event-store/v1/streams";

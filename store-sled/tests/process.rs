@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
-use mcp_event_store_core::dense::position;
+use mcp_event_store_core::backend::dense::position;
 use mcp_event_store_core::{Error, EventId, EventStore, NewEvent};
 use mcp_event_store_sled::{Durability, SledOptions, SledStore};
 

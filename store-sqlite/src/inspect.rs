@@ -6,7 +6,7 @@
 //!
 //! * a stream's event count is `last_seq - first retained seq + 1` (its
 //!   numbering is dense and retention removes only its oldest events, see
-//!   [`dense`](mcp_event_store_core::dense)); the first retained `seq` is
+//!   [`dense`](mcp_event_store_core::backend::dense)); the first retained `seq` is
 //!   one seek on the `(token, seq)` index;
 //! * its bytes are the row's running `bytes`, kept by the insert and delete
 //!   triggers;
@@ -17,9 +17,11 @@
 //! holds a read snapshot (which keeps the WAL from being checkpointed) for
 //! longer than one page takes, however many streams there are.
 
-use mcp_event_store_core::{Error, Result, StreamToken};
+use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::backend::check_list_limit;
+use mcp_event_store_core::{Error, Result};
 use mcp_event_store_core::{
-    HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage, check_list_limit,
+    HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage,
 };
 use sqlx::Row;
 

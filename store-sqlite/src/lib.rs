@@ -136,7 +136,7 @@
 //! Each group commit records how many appends it made durable in the
 //! `mcp_event_store_append_batch_size` histogram (1 for an append committed
 //! alone); the other metrics are those of
-//! [`mcp_event_store_core::observe`].
+//! [`mcp_event_store_core::backend::observe`].
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -154,13 +154,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use mcp_event_store_core::dense::{self, DenseStream};
-use mcp_event_store_core::follow::{self, Wakeups};
-use mcp_event_store_core::{
-    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Page, PurgeReport,
-    Replay, Result, SessionStore, Store, StoreOptions, StoreStats, StoredEvent, StreamCursor,
-    StreamKey, StreamPage, StreamToken, observe, paged_replay, retry_from_millis, retry_to_millis,
+use mcp_event_store_core::backend::dense::{self, DenseStream};
+use mcp_event_store_core::backend::follow::{self, Wakeups};
+use mcp_event_store_core::backend::{
+    Page, StreamKey, StreamToken, observe, paged_replay, retry_from_millis, retry_to_millis,
     validate_stream_id,
+};
+use mcp_event_store_core::{
+    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport,
+    Replay, Result, SessionStore, Store, StoreOptions, StoreStats, StoredEvent, StreamCursor,
+    StreamPage,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow,

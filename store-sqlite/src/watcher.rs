@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use mcp_event_store_core::StreamToken;
-use mcp_event_store_core::follow::Wakeups;
+use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::backend::follow::Wakeups;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::watch;

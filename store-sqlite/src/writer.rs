@@ -18,10 +18,9 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use mcp_event_store_core::follow::Wakeups;
-use mcp_event_store_core::{
-    Error, Position, PurgeReport, Result, Retention, StreamToken, dense, observe,
-};
+use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::backend::{StreamToken, dense, observe};
+use mcp_event_store_core::{Error, Position, PurgeReport, Result, Retention};
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{mpsc, oneshot};

@@ -80,7 +80,7 @@ async fn check_everything(path: &Path, names: &[String], mut expected: Vec<Event
             .store_event(&format!("own-{name}"), NewEvent::new(b"last"))
             .await
             .unwrap();
-        let (_, seq) = mcp_event_store_core::dense::parts(id.position).unwrap();
+        let (_, seq) = mcp_event_store_core::backend::dense::parts(id.position).unwrap();
         assert_eq!(seq as usize, EVENTS_EACH + 1, "own-{name}");
     }
     store.close().await;

@@ -3,8 +3,9 @@
 //! under it, and the migration of a format 1 database (C2, C5, C12).
 
 use futures_util::StreamExt;
+use mcp_event_store_core::backend::{StreamKey, dense};
 use mcp_event_store_core::{
-    Error, EventId, EventStore, NewEvent, Position, Retention, StoreOptions, StreamKey, dense,
+    Error, EventId, EventStore, NewEvent, Position, Retention, StoreOptions,
 };
 use mcp_event_store_sqlite::{FORMAT_VERSION, SqliteOptions, SqliteStore};
 use sqlx::{Connection, SqliteConnection};

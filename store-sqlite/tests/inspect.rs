@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use mcp_event_store_core::backend::observe::names::APPEND_BATCH_SIZE;
 use mcp_event_store_core::conformance::{
     install_test_recorder, recorded_metric, test_clock, test_options,
 };
-use mcp_event_store_core::observe::names::APPEND_BATCH_SIZE;
 use mcp_event_store_core::{
     Clock, Error, EventStore, MAX_LIST_PAGE, NewEvent, Retention, StreamCursor, StreamInfo, Verdict,
 };

@@ -292,3 +292,22 @@ pub async fn follow_of_an_unknown_id_is_refused<H: Harness>(h: &H) {
     assert_eq!(store.open_follows(), 0);
     h.close(store).await;
 }
+
+/// Registers this file's cases with [`conformance_tests!`](crate::conformance_tests).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_follow {
+    ($harness:expr) => {
+        $crate::__conformance_cases!($harness;
+            follow_yields_the_stored_rest_then_live_events,
+            follow_from_the_newest_event_waits_for_the_next,
+            follow_delivers_appends_from_another_handle,
+            follow_under_concurrent_appends_has_no_gap_and_no_duplicate,
+            dropped_follow_releases_everything,
+            follow_ends_after_its_maximum_hold,
+            follow_never_yields_another_streams_events,
+            retention_overtaking_a_follower_is_events_purged,
+            follow_of_an_unknown_id_is_refused
+        );
+    };
+}

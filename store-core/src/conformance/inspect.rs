@@ -220,3 +220,19 @@ pub async fn operations_are_counted_in_metrics<H: Harness>(h: &H) {
     );
     h.close(store).await;
 }
+
+/// Registers this file's cases with [`conformance_tests!`](crate::conformance_tests).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_inspect {
+    ($harness:expr) => {
+        $crate::__conformance_cases!($harness;
+            stats_count_streams_events_and_bytes,
+            list_streams_pages_through_every_stream_once,
+            list_streams_refuses_a_zero_limit,
+            deleted_streams_leave_stats_and_listing,
+            check_reports_backend_format_and_settings,
+            operations_are_counted_in_metrics
+        );
+    };
+}

@@ -1,4 +1,4 @@
-//! The conformance suite: every backend runs every case (contract C1 to C14).
+//! The conformance suite: every backend runs every case (contract C1 to C15).
 //!
 //! Each case is a plain async function taking a [`Harness`]; the
 //! [`conformance_tests!`](crate::conformance_tests) macro turns them all into
@@ -12,13 +12,30 @@
 //! The calling crate needs `tokio` with the `macros` and `rt-multi-thread`
 //! features among its dev-dependencies.
 
-mod cases;
+mod concurrency;
 mod follow;
+mod ids;
+mod input;
 mod inspect;
+mod replay;
+mod restart;
+mod retention;
+mod sessions;
+mod sharing;
+mod support;
 
-pub use cases::*;
+pub use concurrency::*;
 pub use follow::*;
+pub use ids::*;
+pub use input::*;
 pub use inspect::*;
+pub use replay::*;
+pub use restart::*;
+pub use retention::*;
+pub use sessions::*;
+pub use sharing::*;
+pub use support::HOSTILE_STREAM_IDS;
+pub(crate) use support::*;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -68,6 +85,34 @@ pub trait Harness: Send + Sync + 'static {
     }
 }
 
+/// What a persistent backend adds so the suite can restart it (C10) and
+/// age its format (C12): the `persistent` cases need it.
+#[async_trait]
+pub trait PersistentHarness: Harness {
+    /// Where this harness's storage is, as text another process can
+    /// [`attach`](Self::attach) to (a file path, a URL and a schema).
+    fn locator(&self) -> String;
+
+    /// A harness on the storage `locator` names, in this or another
+    /// process. It does not own that storage: its teardown removes nothing.
+    async fn attach(locator: &str) -> Self
+    where
+        Self: Sized;
+
+    /// Opens a handle like [`Harness::open`], but returns the error
+    /// instead of panicking.
+    async fn try_open(&self, options: StoreOptions) -> Result<Self::Store>;
+
+    /// The storage format version this release writes (the backend crate's
+    /// `FORMAT_VERSION`).
+    fn format_version(&self) -> u64;
+
+    /// Records `version` as the format of this harness's storage, exactly
+    /// where a release writing that version would (a migration row, a
+    /// metadata key), with no handle open.
+    async fn set_format_version(&self, version: u64);
+}
+
 /// The harness for [`MemoryStore`](crate::MemoryStore): every `open` hands
 /// out a new handle on one shared set of data.
 #[derive(Debug, Default)]
@@ -106,57 +151,28 @@ impl Harness for MemoryHarness {
 ///
 /// `$harness` is an expression evaluating to a future of the harness (an
 /// `async` constructor call), evaluated afresh for each case. Add
-/// `persistent` for stores that survive a reopen, to run those cases too.
+/// `persistent` for stores that survive a reopen (the harness then also
+/// implements [`PersistentHarness`]), to run the restart and format cases
+/// (C10, C12) too.
+///
+/// Each file of cases registers its own cases beside their code, and a
+/// test of this crate fails if a case is written but not registered.
 #[macro_export]
 macro_rules! conformance_tests {
     ($harness:expr) => {
-        $crate::__conformance_cases!($harness;
-            round_trip, replay_preserves_order, replay_is_strictly_after,
-            replay_after_the_newest_event_is_empty, priming_event_keeps_its_retry_hint,
-            retry_hint_round_trips_with_data, streams_are_isolated,
-            ids_are_unique_across_streams, ids_are_sse_safe_and_bounded,
-            ids_increase_within_a_stream, unknown_well_formed_id_is_refused,
-            position_never_issued_is_refused, truncated_ids_never_reach_another_stream,
-            extended_ids_never_reach_another_stream, ids_from_another_store_are_refused,
-            ids_forged_from_another_streams_id_are_refused, garbage_ids_are_refused,
-            lookup_finds_the_stream, hostile_stream_ids_are_data,
-            like_wildcards_match_nothing_else, nul_in_a_stream_id_is_data_or_refused,
-            positions_with_a_zero_part_are_refused,
-            positions_never_issued_between_real_ones_are_refused,
-            deleted_stream_started_again_never_reissues_ids,
-            expired_stream_started_again_never_reissues_ids,
-            handles_converge_after_the_backend_lost_its_data,
-            stream_id_of_1024_bytes_is_accepted,
-            stream_id_of_1025_bytes_is_refused, empty_stream_id_is_refused,
-            empty_payload_round_trips, megabyte_payload_round_trips,
-            payload_over_the_limit_is_refused, binary_payloads_round_trip,
-            many_streams_stay_separate, concurrent_appends_to_one_stream_never_open_a_gap,
-            concurrent_appends_to_many_streams, retention_by_age,
-            stream_expires_entirely_by_age, retention_by_count, retention_by_bytes,
-            newest_event_survives_the_byte_limit, delete_stream_removes_only_that_stream,
-            delete_unknown_stream_removes_nothing, purge_with_nothing_expired_removes_nothing,
-            replay_pages_through_long_streams, session_round_trip, session_expires,
-            session_ids_are_data, two_handles_share_events,
-            follow_yields_the_stored_rest_then_live_events,
-            follow_from_the_newest_event_waits_for_the_next,
-            follow_delivers_appends_from_another_handle,
-            follow_under_concurrent_appends_has_no_gap_and_no_duplicate,
-            dropped_follow_releases_everything, follow_ends_after_its_maximum_hold,
-            follow_never_yields_another_streams_events,
-            retention_overtaking_a_follower_is_events_purged,
-            follow_of_an_unknown_id_is_refused,
-            stats_count_streams_events_and_bytes,
-            list_streams_pages_through_every_stream_once, list_streams_refuses_a_zero_limit,
-            deleted_streams_leave_stats_and_listing, check_reports_backend_format_and_settings,
-            operations_are_counted_in_metrics
-        );
+        $crate::__conformance_replay!($harness);
+        $crate::__conformance_ids!($harness);
+        $crate::__conformance_input!($harness);
+        $crate::__conformance_concurrency!($harness);
+        $crate::__conformance_retention!($harness);
+        $crate::__conformance_sessions!($harness);
+        $crate::__conformance_sharing!($harness);
+        $crate::__conformance_follow!($harness);
+        $crate::__conformance_inspect!($harness);
     };
     ($harness:expr, persistent) => {
         $crate::conformance_tests!($harness);
-        $crate::__conformance_cases!($harness;
-            reopen_replays_everything_acknowledged, reopen_continues_each_stream,
-            reopen_keeps_sessions, reopen_never_reissues_ids_of_a_deleted_stream
-        );
+        $crate::__conformance_restart!($harness);
     };
 }
 
@@ -321,4 +337,87 @@ pub async fn assert_purged<S: EventStore + ?Sized>(store: &S, id: &EventId) {
 /// A short pause for cases that poll.
 pub(crate) async fn tick() {
     tokio::time::sleep(Duration::from_millis(1)).await;
+}
+
+#[cfg(test)]
+mod registration {
+    //! Every case a file defines is registered by that file's macro, once,
+    //! and every file's macro is part of `conformance_tests!`.
+
+    use std::collections::HashSet;
+
+    const FILES: &[(&str, &str)] = &[
+        ("replay", include_str!("replay.rs")),
+        ("ids", include_str!("ids.rs")),
+        ("input", include_str!("input.rs")),
+        ("concurrency", include_str!("concurrency.rs")),
+        ("retention", include_str!("retention.rs")),
+        ("sessions", include_str!("sessions.rs")),
+        ("sharing", include_str!("sharing.rs")),
+        ("restart", include_str!("restart.rs")),
+        ("follow", include_str!("follow.rs")),
+        ("inspect", include_str!("inspect.rs")),
+    ];
+
+    /// The names of the `pub async fn`s generic over a harness.
+    fn defined(source: &str) -> Vec<String> {
+        source
+            .lines()
+            .filter_map(|line| line.strip_prefix("pub async fn "))
+            .filter(|rest| rest.contains("Harness"))
+            .map(|rest| rest.split(['<', '(']).next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// The identifiers in the file's registration macro.
+    fn registered(file: &str, source: &str) -> Vec<String> {
+        let start = format!("macro_rules! __conformance_{file} {{");
+        let body = &source[source
+            .find(&start)
+            .unwrap_or_else(|| panic!("{file}.rs registers no cases"))..];
+        body.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|word| !word.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_case_is_registered_once_by_its_file() {
+        let mut all = HashSet::new();
+        for (file, source) in FILES {
+            let registered = registered(file, source);
+            let cases = defined(source);
+            assert!(!cases.is_empty(), "{file}.rs defines no cases");
+            for case in cases {
+                assert!(
+                    registered.contains(&case),
+                    "{file}.rs defines {case} but its __conformance_{file} macro does not register it"
+                );
+                assert!(all.insert(case.clone()), "{case} is defined twice");
+            }
+        }
+    }
+
+    #[test]
+    fn every_file_is_part_of_the_suite() {
+        let suite = include_str!("mod.rs");
+        let macro_start = suite.find("macro_rules! conformance_tests").unwrap();
+        let suite = &suite[macro_start..];
+        for (file, _) in FILES {
+            assert!(
+                suite.contains(&format!("__conformance_{file}!($harness)")),
+                "conformance_tests! never runs {file}.rs"
+            );
+        }
+        let on_disk = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/conformance"))
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .filter(|name| !["mod.rs", "support.rs"].contains(&name.as_str()))
+            .count();
+        assert_eq!(
+            on_disk,
+            FILES.len(),
+            "a case file is missing from this test's list"
+        );
+    }
 }

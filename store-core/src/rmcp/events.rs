@@ -16,9 +16,9 @@ use rmcp::transport::streamable_http_server::session::{
 
 use super::AdapterError;
 use super::codec::{decode, encode};
+use crate::backend::follow::FollowOptions;
 use crate::error::Result;
 use crate::event::{NewEvent, StoredEvent};
-use crate::follow::FollowOptions;
 use crate::store::EventStore;
 
 /// Any of our [`EventStore`]s as rmcp's

@@ -40,7 +40,7 @@ use crate::id::{EventId, Position};
 /// `incarnation` (from 1).
 ///
 /// ```
-/// use mcp_event_store_core::dense;
+/// use mcp_event_store_core::backend::dense;
 ///
 /// let position = dense::position(3, 42);
 /// assert_eq!(position.to_string(), "3-2a");

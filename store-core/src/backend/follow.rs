@@ -28,10 +28,10 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::observe::{self, FollowGauge};
 use crate::error::Result;
 use crate::event::StoredEvent;
 use crate::id::StreamToken;
-use crate::observe::{self, FollowGauge};
 use crate::store::Replay;
 
 /// How a follow ends, besides being dropped or failing.
@@ -71,7 +71,7 @@ impl FollowOptions {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// use std::sync::Arc;
-/// use mcp_event_store_core::{StreamKey, follow::Wakeups};
+/// use mcp_event_store_core::backend::{StreamKey, follow::Wakeups};
 ///
 /// let hub = Arc::new(Wakeups::default());
 /// let token = StreamKey::generate().unwrap().token("stream-a");

@@ -1,0 +1,230 @@
+//! Tracing and metrics for what an operator cares about: append, replay,
+//! follow and purge. Backends wrap their work in these so every store
+//! reports the same span names, fields and metrics.
+//!
+//! Spans: `mcp_event_store.append` (backend, stream_id, bytes),
+//! `mcp_event_store.replay` (backend, event_id) and `mcp_event_store.purge`
+//! (backend). Each ends with a `debug` event carrying `elapsed_us` and the
+//! outcome; a replay also reports `events` and `bytes` when its stream ends.
+//!
+//! The metric names and what they count are in
+//! [`observe`](crate::observe); this module records them.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tracing::{Instrument, Span};
+
+use crate::error::Result;
+use crate::id::EventId;
+use crate::options::PurgeReport;
+use crate::store::Replay;
+
+pub use crate::observe::names;
+
+/// Client input as a span field: at most 80 bytes, cut on a char boundary.
+fn clip(input: &str) -> &str {
+    let mut end = input.len().min(80);
+    while !input.is_char_boundary(end) {
+        end -= 1;
+    }
+    &input[..end]
+}
+
+fn error(backend: &'static str, operation: &'static str, e: &crate::Error) {
+    metrics::counter!(names::ERRORS_TOTAL, "backend" => backend, "operation" => operation, "kind" => e.kind())
+        .increment(1);
+}
+
+/// Records how many events a backend committed together (one group commit,
+/// one batch transaction, one pipeline).
+pub fn batch(backend: &'static str, events: usize) {
+    metrics::histogram!(names::APPEND_BATCH_SIZE, "backend" => backend).record(events as f64);
+}
+
+/// Counts an open follow until dropped (the `follows_active` gauge).
+#[derive(Debug)]
+pub struct FollowGauge {
+    backend: &'static str,
+}
+
+impl FollowGauge {
+    /// Counts one more follow of `backend`, until the gauge drops.
+    pub fn open(backend: &'static str) -> Self {
+        metrics::gauge!(names::FOLLOWS_ACTIVE, "backend" => backend).increment(1.0);
+        Self { backend }
+    }
+}
+
+impl Drop for FollowGauge {
+    fn drop(&mut self) {
+        metrics::gauge!(names::FOLLOWS_ACTIVE, "backend" => self.backend).decrement(1.0);
+    }
+}
+
+/// Records the time from a follower's wake-up to an event in its hands.
+pub fn follow_delivered(backend: &'static str, after_wakeup: Duration) {
+    metrics::histogram!(names::FOLLOW_DELIVERY_SECONDS, "backend" => backend)
+        .record(after_wakeup.as_secs_f64());
+}
+
+fn elapsed_us(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Runs an append inside its span and reports how it went.
+pub async fn append<F>(
+    backend: &'static str,
+    stream_id: &str,
+    bytes: usize,
+    work: F,
+) -> Result<EventId>
+where
+    F: Future<Output = Result<EventId>>,
+{
+    let span = tracing::debug_span!("mcp_event_store.append", backend, stream_id, bytes);
+    async move {
+        let start = Instant::now();
+        let result = work.await;
+        metrics::histogram!(names::APPEND_DURATION_SECONDS, "backend" => backend)
+            .record(start.elapsed().as_secs_f64());
+        match &result {
+            Ok(id) => {
+                metrics::counter!(names::APPENDS_TOTAL, "backend" => backend, "outcome" => "ok")
+                    .increment(1);
+                tracing::debug!(event_id = %id, elapsed_us = elapsed_us(start), "stored")
+            }
+            Err(e) => {
+                metrics::counter!(names::APPENDS_TOTAL, "backend" => backend, "outcome" => "error")
+                    .increment(1);
+                error(backend, "append", e);
+                tracing::warn!(error = %e, elapsed_us = elapsed_us(start), "append failed")
+            }
+        }
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// Runs a replay's setup inside its span, and reports the event count and
+/// bytes when the returned stream finishes.
+pub async fn replay<F>(backend: &'static str, event_id: &str, work: F) -> Result<Replay>
+where
+    F: Future<Output = Result<Replay>>,
+{
+    let span = tracing::debug_span!(
+        "mcp_event_store.replay",
+        backend,
+        event_id = clip(event_id),
+        stream_id = tracing::field::Empty,
+    );
+    let start = Instant::now();
+    let result = work.instrument(span.clone()).await;
+    metrics::histogram!(names::REPLAY_OPEN_DURATION_SECONDS, "backend" => backend)
+        .record(start.elapsed().as_secs_f64());
+    match result {
+        Ok(replay) => {
+            metrics::counter!(names::REPLAYS_TOTAL, "backend" => backend, "outcome" => "ok")
+                .increment(1);
+            span.record("stream_id", replay.stream_id.as_str());
+            Ok(count_replay(backend, replay, span, start))
+        }
+        Err(e) => {
+            metrics::counter!(names::REPLAYS_TOTAL, "backend" => backend, "outcome" => "refused")
+                .increment(1);
+            error(backend, "replay", &e);
+            span.in_scope(
+                || tracing::debug!(error = %e, elapsed_us = elapsed_us(start), "replay refused"),
+            );
+            Err(e)
+        }
+    }
+}
+
+fn count_replay(backend: &'static str, replay: Replay, span: Span, start: Instant) -> Replay {
+    struct Tally {
+        backend: &'static str,
+        span: Span,
+        start: Instant,
+        events: u64,
+        bytes: u64,
+    }
+    impl Drop for Tally {
+        fn drop(&mut self) {
+            metrics::counter!(names::REPLAYED_EVENTS_TOTAL, "backend" => self.backend)
+                .increment(self.events);
+            self.span.in_scope(|| {
+                tracing::debug!(
+                    events = self.events,
+                    bytes = self.bytes,
+                    elapsed_us = elapsed_us(self.start),
+                    "replay finished"
+                );
+            });
+        }
+    }
+    let mut tally = Tally {
+        backend,
+        span,
+        start,
+        events: 0,
+        bytes: 0,
+    };
+    let events = replay
+        .events
+        .inspect(move |event| {
+            // Borrow the whole tally so the closure owns it (and its Drop),
+            // rather than copies of its counters.
+            let tally = &mut tally;
+            if let Ok(event) = event {
+                tally.events += 1;
+                tally.bytes += event.data.len() as u64;
+            }
+        })
+        .boxed();
+    Replay {
+        stream_id: replay.stream_id,
+        events,
+    }
+}
+
+/// Runs a purge inside its span and reports what it removed.
+pub async fn purge<F>(backend: &'static str, work: F) -> Result<PurgeReport>
+where
+    F: Future<Output = Result<PurgeReport>>,
+{
+    let span = tracing::debug_span!("mcp_event_store.purge", backend);
+    async move {
+        let start = Instant::now();
+        let result = work.await;
+        metrics::histogram!(names::PURGE_DURATION_SECONDS, "backend" => backend)
+            .record(start.elapsed().as_secs_f64());
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        metrics::counter!(names::PURGES_TOTAL, "backend" => backend, "outcome" => outcome)
+            .increment(1);
+        match &result {
+            Ok(report) => {
+                metrics::counter!(names::PURGED_EVENTS_TOTAL, "backend" => backend)
+                    .increment(report.events);
+                metrics::counter!(names::PURGED_STREAMS_TOTAL, "backend" => backend)
+                    .increment(report.streams);
+                tracing::debug!(
+                    events = report.events,
+                    streams = report.streams,
+                    sessions = report.sessions,
+                    elapsed_us = elapsed_us(start),
+                    "purged"
+                )
+            }
+            Err(e) => {
+                error(backend, "purge", e);
+                tracing::warn!(error = %e, elapsed_us = elapsed_us(start), "purge failed")
+            }
+        }
+        result
+    }
+    .instrument(span)
+    .await
+}
