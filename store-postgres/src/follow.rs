@@ -37,12 +37,40 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use mcp_event_store_core::backend::StreamToken;
-use mcp_event_store_core::backend::follow::Wakeups;
-use mcp_event_store_core::{Error, Result};
+use mcp_event_store_core::backend::follow::{self, Wakeups};
+use mcp_event_store_core::{Error, EventId, EventStore, FollowOptions, Replay, Result};
 use sqlx::SqlStr;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+
+use crate::store::{NAME, PostgresStore};
+
+/// Follows the stream of `last_event_id` (`follow_events_after`): the
+/// replay after it, then each new event as wake-ups prompt re-reads.
+pub(crate) async fn follow_events_after(
+    store: &PostgresStore,
+    last_event_id: &str,
+    options: FollowOptions,
+) -> Result<Replay> {
+    let cursor: EventId = last_event_id.parse()?;
+    let follows = store.follows();
+    // Listening, and subscribed, before the first read: an append
+    // committed after that read is announced, by the listener or by
+    // this handle's own append.
+    follows.listen().await?;
+    let subscription = follows.hub().subscribe(cursor.token);
+    let first = store.replay_events_after(last_event_id).await?;
+    Ok(follow::follow(
+        NAME,
+        first,
+        subscription,
+        last_event_id.to_owned(),
+        follows.recheck(),
+        options,
+        follow::reread(store.clone()),
+    ))
+}
 
 /// The prefix of every store's notification channel.
 const CHANNEL_PREFIX: &str = "mcp_event_store.";

@@ -11,16 +11,10 @@ use mcp_event_store_core::{
     StreamPage,
 };
 
-use crate::options::Vacuum;
+use crate::options::{STATS_BATCH, Vacuum};
+use crate::replay::decode_id;
 use crate::setup::{AUTOVACUUM_ON, TRACK_COUNTS_ON, VacuumSettings, table_reset};
-use crate::store::{PostgresStore, decode_id};
-use crate::{NAME, backend};
-
-/// Stream rows one `stats` statement totals: each statement stays short
-/// (a few milliseconds per thousand streams), so `stats` on a large store
-/// never holds one snapshot for long (which would keep vacuum from
-/// reclaiming rows deleted meanwhile).
-pub(crate) const STATS_BATCH: usize = 10_000;
+use crate::store::{NAME, PostgresStore, backend};
 
 fn corrupt_summary() -> Error {
     Error::Corrupt(

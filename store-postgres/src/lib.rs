@@ -23,20 +23,49 @@
 //!
 //! # Connecting
 //!
-//! [`PostgresStore::connect`] takes anything sqlx's `PgConnectOptions`
-//! parses, plus three parameters of this crate, which it takes out of the URL
-//! before sqlx sees it (sqlx would ignore them) and which override the
-//! matching [`PostgresOptions`] fields:
+//! [`PostgresStore::connect`]`(url)` takes the URL's location and
+//! parameters and defaults for the rest; [`PostgresStore::connect_with`]`(url,
+//! options)` takes [`PostgresOptions`] for everything the URL does not say: a
+//! parameter the URL gives wins. This is what the `mcp-event-store` facade's
+//! `connect` calls ([`BACKEND`]). [`PostgresStore::from_pool`] opens a store
+//! on a pool of the application's own.
 //!
-//! | parameter | option | |
+//! The URL is anything sqlx's `PgConnectOptions` parses, plus this crate's
+//! own parameters, which are taken out before sqlx sees it:
+//!
+//! | URL parameter | option | default |
 //! |---|---|---|
-//! | `schema=name` | [`PostgresOptions::schema`] | the schema holding the store |
-//! | `vacuum=off\|auto` | [`PostgresOptions::vacuum`] | whether purges vacuum the tables |
-//! | `follow_recheck_ms=N` | [`PostgresOptions::follow_recheck`] | how often an idle follower re-reads by itself (see "Following") |
+//! | `schema=name` | [`PostgresOptions::schema`] | `mcp_event_store` |
+//! | `vacuum=off\|auto` | [`PostgresOptions::vacuum`] (see "Retention") | `off` |
+//! | `follow_recheck_ms=N` | [`PostgresOptions::follow_recheck`] (see "Following") | 5000 |
+//! | `application_name=name` | [`PostgresOptions::application_name`] (also the driver's) | `mcp-event-store` |
 //!
 //! e.g. `postgres://app@db.internal/app?schema=mcp_events&vacuum=auto&sslmode=require`.
+//! The driver's own parameters (`sslmode`, `sslrootcert`, `host`, `port`,
+//! `options`, ...) go to sqlx; [`PostgresOptions::from_url`] lists them. An
+//! unknown parameter, or one given twice, is
+//! [`Error::Config`](mcp_event_store_core::Error::Config) naming it; so are
+//! options [`PostgresOptions::validate`] refuses.
 //!
-//! # Schema
+//! Opening creates and migrates the schema (see "Format") on a connection of
+//! its own, then reads the schema's stream key; any number of handles and
+//! processes may open one schema at once. [`PostgresStore::close`] stops the
+//! handle's follow listener and closes its pool; calls after it fail with
+//! [`Error::Closed`](mcp_event_store_core::Error::Closed).
+//!
+//! ## Connections and errors
+//!
+//! Driver errors become `Error::Backend { backend: "postgres", source }` with
+//! the sqlx error as the source. The pool does not ping before each acquire
+//! (a round trip that cost 7% of append throughput); after a server restart
+//! or `pg_terminate_backend`, each dead idle connection fails one call and
+//! is replaced, and the store carries on by itself. Following adds one
+//! connection outside the pool per handle that follows (see "Following").
+//! TLS: enable one of
+//! sqlx's `tls-*` features in your own `Cargo.toml`; Cargo's feature
+//! unification turns it on for this crate's sqlx too.
+//!
+//! # Layout
 //!
 //! Everything lives in one schema (default `mcp_event_store`, see
 //! [`PostgresOptions::schema`]), created and migrated on connect by the
@@ -45,6 +74,8 @@
 //! statements once, when the store opens; every statement is
 //! schema-qualified, so pooled connections need no `search_path` (and
 //! [`PostgresStore::from_pool`] works on any pool).
+//!
+//! ## Tables
 //!
 //! | table | key | holds |
 //! |---|---|---|
@@ -59,6 +90,8 @@
 //! TEXT: PostgreSQL text cannot hold a NUL byte, and the contract allows any
 //! UTF-8 (C9), so a stream id like `"a\0b"` works here exactly as on every
 //! other backend. In `psql`, `convert_from(stream_id, 'UTF8')` shows them.
+//!
+//! ## Event ids
 //!
 //! Event ids are `v1.<token>.<incarnation>-<seq>` (hex numbers): the token
 //! is the HMAC of the stream id under the schema's stream key (inserted with
@@ -82,63 +115,7 @@
 //! `EventsPurged`, never with events of the new life (C5). The store keeps
 //! one sequence for this, not a tombstone per deleted stream.
 //!
-//! # Appends and C6
-//!
-//! `store_event` is one statement, one round trip: a CTE that upserts the
-//! stream row (`INSERT .. ON CONFLICT (token) DO UPDATE SET last_seq =
-//! last_seq + 1 .. RETURNING incarnation, last_seq`, a new row drawing its
-//! incarnation with `nextval` in the same statement) and inserts the event
-//! with that sequence number. It returns once the transaction has
-//! committed, so under the server's default `synchronous_commit = on` the
-//! event is durable (C1);
-//! a server or role configured with `synchronous_commit = off` trades that
-//! away, and the store does not override it.
-//!
-//! Under concurrency, appends are batched: while appends are in flight, new
-//! ones queue, and a batcher sends everything queued (at most one event per
-//! stream, up to 64 events) as one statement, the same upsert and insert
-//! applied to every row of an `unnest`ed input, so many streams share one
-//! commit and one WAL flush. A few batches run at a time; a lone append
-//! never waits for a batch. A batch that fails is retried one event at a
-//! time, so every caller gets its own answer, and a token collision fails
-//! only its own event.
-//!
-//! Ordering: the upsert takes the stream row's lock and keeps it until
-//! commit, so writers of one stream, in any process, are serialized from the
-//! moment they draw a sequence number until they commit. Writer *n + 1*
-//! can only draw `seq + 1` after writer *n* committed `seq`, hence per-stream
-//! sequence order **is** commit order, and a reader that has seen event `k`
-//! has already been able to see every event before it: nothing can appear
-//! behind its cursor. A global `BIGSERIAL` read as `id > cursor` would not
-//! give this (sequence values are drawn before commit, and transactions
-//! commit out of order), which is why there is none. Different streams
-//! never wait for each other.
-//!
-//! Lock order: every statement that locks several stream rows locks them in
-//! token order. A batch inserts its rows sorted by token; the purge's trim
-//! and its removal of empty streams lock their rows first with `SELECT ..
-//! ORDER BY token FOR UPDATE` (PostgreSQL sorts, then locks). Each event-row
-//! deletion sits in the statement that locked its stream's row, after it.
-//! `delete_stream` locks one row at a time, and the purge of expired
-//! sessions skips rows another transaction holds (`FOR UPDATE SKIP
-//! LOCKED`). So appends, purges and deletions from any number of handles
-//! never deadlock (an `UPDATE .. FROM` alone locks in join order, and
-//! purges under a multi-stream append load used to be aborted with SQLSTATE
-//! 40P01).
-//!
-//! The append statement also applies the count and byte limits
-//! *logically*: it
-//! moves `first_seq` past the events they drop, so readers stop seeing them
-//! at once, and leaves the rows to `purge_expired`. The upsert also checks
-//! that the row's stored stream id is the caller's: if two stream ids ever
-//! shared a 120-bit token, the append fails with
-//! [`Error::Corrupt`](mcp_event_store_core::Error::Corrupt) rather than
-//! mixing two streams.
-//!
-//! An append that fails with a connection error may or may not have
-//! committed: retrying it can store the event twice (under a new id).
-//!
-//! # Replay
+//! ## Replay
 //!
 //! One statement per page: the events after the cursor by keyset over the
 //! `(token, seq)` primary key, plus the stream's row (its incarnation among
@@ -154,6 +131,131 @@
 //! `UnknownEventId`), and every page with `dense::check_page`, so a replay
 //! never has a silent gap (C5). Lookups check the id against the same row
 //! with `DenseStream::retains`.
+//!
+//! # Durability
+//!
+//! `store_event` is one statement, one round trip: a CTE that upserts the
+//! stream row (`INSERT .. ON CONFLICT (token) DO UPDATE SET last_seq =
+//! last_seq + 1 .. RETURNING incarnation, last_seq`, a new row drawing its
+//! incarnation with `nextval` in the same statement) and inserts the event
+//! with that sequence number. It returns once the transaction has
+//! committed, so under the server's default `synchronous_commit = on` the
+//! event is durable (C1);
+//! a server or role configured with `synchronous_commit = off` trades that
+//! away, and the store does not override it.
+//!
+//! An append that fails with a connection error may or may not have
+//! committed: retrying it can store the event twice (under a new id).
+//!
+//! ## Batching
+//!
+//! Under concurrency, appends are batched: while appends are in flight, new
+//! ones queue, and a batcher sends everything queued (at most one event per
+//! stream, up to 64 events) as one statement, the same upsert and insert
+//! applied to every row of an `unnest`ed input, so many streams share one
+//! commit and one WAL flush. A few batches run at a time; a lone append
+//! never waits for a batch. A batch that fails is retried one event at a
+//! time, so every caller gets its own answer, and a token collision fails
+//! only its own event.
+//!
+//! ## Ordering (C6)
+//!
+//! The upsert takes the stream row's lock and keeps it until
+//! commit, so writers of one stream, in any process, are serialized from the
+//! moment they draw a sequence number until they commit. Writer *n + 1*
+//! can only draw `seq + 1` after writer *n* committed `seq`, hence per-stream
+//! sequence order **is** commit order, and a reader that has seen event `k`
+//! has already been able to see every event before it: nothing can appear
+//! behind its cursor. A global `BIGSERIAL` read as `id > cursor` would not
+//! give this (sequence values are drawn before commit, and transactions
+//! commit out of order), which is why there is none. Different streams
+//! never wait for each other.
+//!
+//! ## Lock order
+//!
+//! Every statement that locks several stream rows locks them in
+//! token order. A batch inserts its rows sorted by token; the purge's trim
+//! and its removal of empty streams lock their rows first with `SELECT ..
+//! ORDER BY token FOR UPDATE` (PostgreSQL sorts, then locks). Each event-row
+//! deletion sits in the statement that locked its stream's row, after it.
+//! `delete_stream` locks one row at a time, and the purge of expired
+//! sessions skips rows another transaction holds (`FOR UPDATE SKIP
+//! LOCKED`). So appends, purges and deletions from any number of handles
+//! never deadlock (an `UPDATE .. FROM` alone locks in join order, and
+//! purges under a multi-stream append load used to be aborted with SQLSTATE
+//! 40P01).
+//!
+//! # Retention
+//!
+//! [`EventStore::purge_expired`](mcp_event_store_core::EventStore::purge_expired)
+//! walks the streams in token order, [`BATCH`] streams per planning query,
+//! finds for each the first event to keep (by age, count and bytes, each an
+//! index probe), and then raises `first_seq` and deletes the rows below it
+//! in statements of at most [`BATCH`] rows, so no statement holds locks for
+//! long (and takes them in token order, see "Lock order" under "Durability"). Streams left
+//! empty are dropped; expired sessions go in batches too. The report counts
+//! rows physically deleted, including those the count and byte limits had
+//! already hidden at append time. Run it on an interval with
+//! `mcp_event_store_core::PurgeTask`.
+//!
+//! At high volume (tens of millions of events a day), row-by-row deletes
+//! and the vacuum work they cause dominate. The way to scale is to make
+//! expiry by age a matter of dropping partitions: partition `events` by
+//! `stored_at` (declarative range partitioning, e.g. hourly, managed by
+//! `pg_partman` or a cron job) with the same primary key within each
+//! partition, and drop partitions older than `max_age`; keep the count and
+//! byte limits for the few streams that outgrow them.
+//!
+//! ## At append
+//!
+//! The append statement applies the count and byte limits *logically*: it
+//! moves `first_seq` past the events they drop, so readers stop seeing them
+//! at once, and leaves the rows to `purge_expired`.
+//!
+//! ## Disk space and autovacuum
+//!
+//! A deleted row's space is only reused once `VACUUM` has marked it free.
+//! Until then every new event goes at the end of the table, so a store
+//! whose tables are never vacuumed grows with every event ever appended,
+//! however few it retains. Measured on PostgreSQL 15 with autovacuum off
+//! (`examples/vacuum.rs`): 100,000 appends over 100 streams keeping 10
+//! events each, purged every 1,000 appends, grew the events table with its
+//! index in a straight line to 13.9 MiB; under [`Vacuum::Auto`] it stayed
+//! at 0.3 MiB from the first purges on.
+//!
+//! Autovacuum does this by default. On connect, the store warns (a
+//! `tracing` warning, once per connect) when it cannot: the server runs
+//! with `autovacuum = off` or `track_counts = off`, or one of the store's
+//! tables (or its TOAST table) has `autovacuum_enabled = false`; the
+//! warning names the setting and the statement that changes it. Remedies,
+//! best first:
+//!
+//! 1. Turn autovacuum on (`ALTER SYSTEM SET autovacuum = on; SELECT
+//!    pg_reload_conf();`, and `track_counts` likewise), or `ALTER TABLE
+//!    <schema>.events RESET (autovacuum_enabled)` for a table turned off.
+//!    Where it lags behind a busy store, vacuum `events` sooner:
+//!    `ALTER TABLE <schema>.events SET (autovacuum_vacuum_scale_factor =
+//!    0.01)`.
+//! 2. Open the store with [`Vacuum::Auto`] (`?vacuum=auto`): after a purge,
+//!    once the handle's purges have deleted at least [`VACUUM_MIN_ROWS`]
+//!    rows and a fifth of the rows the tables held when last counted,
+//!    `purge_expired` runs `VACUUM (SKIP_LOCKED, TRUNCATE false)` on the
+//!    store's three tables. Plain `VACUUM` (never `FULL`) takes a lock that
+//!    only other vacuums and schema changes wait for, so appends and
+//!    replays carry on meanwhile; `TRUNCATE false` keeps it from taking the
+//!    brief exclusive lock that returning the table's empty tail to the
+//!    operating system needs (the pages stay, free for new rows); a table
+//!    another vacuum is busy with is skipped. The store's role must own the
+//!    tables (it does when it ran the migrations). Run `purge_expired` on
+//!    an interval, as with any retention. The vacuum does cost I/O and CPU:
+//!    measured here (2 shared cores), 32 appenders ran at 60 to 100% of
+//!    their rate while a vacuum of a 2-million-row table with half its rows
+//!    dead took 3.5 to 6.3 s, and never stopped.
+//! 3. `VACUUM` the store's tables on a schedule of your own.
+//!
+//! A table that already grew keeps its size (its free pages are reused);
+//! `VACUUM FULL` or `pg_repack` gives the space back, with the locks they
+//! take.
 //!
 //! # Following
 //!
@@ -226,72 +328,6 @@
 //! `NOTIFY` fails; the listener reads continuously, and a failed
 //! announcement only logs a warning (the append itself has committed).
 //!
-//! # Retention
-//!
-//! [`EventStore::purge_expired`](mcp_event_store_core::EventStore::purge_expired)
-//! walks the streams in token order, [`BATCH`] streams per planning query,
-//! finds for each the first event to keep (by age, count and bytes, each an
-//! index probe), and then raises `first_seq` and deletes the rows below it
-//! in statements of at most [`BATCH`] rows, so no statement holds locks for
-//! long (and takes them in token order, see "Appends and C6"). Streams left
-//! empty are dropped; expired sessions go in batches too. The report counts
-//! rows physically deleted, including those the count and byte limits had
-//! already hidden at append time. Run it on an interval with
-//! `mcp_event_store_core::PurgeTask`.
-//!
-//! At high volume (tens of millions of events a day), row-by-row deletes
-//! and the vacuum work they cause dominate. The way to scale is to make
-//! expiry by age a matter of dropping partitions: partition `events` by
-//! `stored_at` (declarative range partitioning, e.g. hourly, managed by
-//! `pg_partman` or a cron job) with the same primary key within each
-//! partition, and drop partitions older than `max_age`; keep the count and
-//! byte limits for the few streams that outgrow them.
-//!
-//! # Disk space and autovacuum
-//!
-//! A deleted row's space is only reused once `VACUUM` has marked it free.
-//! Until then every new event goes at the end of the table, so a store
-//! whose tables are never vacuumed grows with every event ever appended,
-//! however few it retains. Measured on PostgreSQL 15 with autovacuum off
-//! (`examples/vacuum.rs`): 100,000 appends over 100 streams keeping 10
-//! events each, purged every 1,000 appends, grew the events table with its
-//! index in a straight line to 13.9 MiB; under [`Vacuum::Auto`] it stayed
-//! at 0.3 MiB from the first purges on.
-//!
-//! Autovacuum does this by default. On connect, the store warns (a
-//! `tracing` warning, once per connect) when it cannot: the server runs
-//! with `autovacuum = off` or `track_counts = off`, or one of the store's
-//! tables (or its TOAST table) has `autovacuum_enabled = false`; the
-//! warning names the setting and the statement that changes it. Remedies,
-//! best first:
-//!
-//! 1. Turn autovacuum on (`ALTER SYSTEM SET autovacuum = on; SELECT
-//!    pg_reload_conf();`, and `track_counts` likewise), or `ALTER TABLE
-//!    <schema>.events RESET (autovacuum_enabled)` for a table turned off.
-//!    Where it lags behind a busy store, vacuum `events` sooner:
-//!    `ALTER TABLE <schema>.events SET (autovacuum_vacuum_scale_factor =
-//!    0.01)`.
-//! 2. Open the store with [`Vacuum::Auto`] (`?vacuum=auto`): after a purge,
-//!    once the handle's purges have deleted at least [`VACUUM_MIN_ROWS`]
-//!    rows and a fifth of the rows the tables held when last counted,
-//!    `purge_expired` runs `VACUUM (SKIP_LOCKED, TRUNCATE false)` on the
-//!    store's three tables. Plain `VACUUM` (never `FULL`) takes a lock that
-//!    only other vacuums and schema changes wait for, so appends and
-//!    replays carry on meanwhile; `TRUNCATE false` keeps it from taking the
-//!    brief exclusive lock that returning the table's empty tail to the
-//!    operating system needs (the pages stay, free for new rows); a table
-//!    another vacuum is busy with is skipped. The store's role must own the
-//!    tables (it does when it ran the migrations). Run `purge_expired` on
-//!    an interval, as with any retention. The vacuum does cost I/O and CPU:
-//!    measured here (2 shared cores), 32 appenders ran at 60 to 100% of
-//!    their rate while a vacuum of a 2-million-row table with half its rows
-//!    dead took 3.5 to 6.3 s, and never stopped.
-//! 3. `VACUUM` the store's tables on a schedule of your own.
-//!
-//! A table that already grew keeps its size (its free pages are reused);
-//! `VACUUM FULL` or `pg_repack` gives the space back, with the locks they
-//! take.
-//!
 //! # Inspecting
 //!
 //! [`EventStore::stats`](mcp_event_store_core::EventStore::stats) and
@@ -330,15 +366,18 @@
 //! that ran alone); the other metrics are those of
 //! `mcp_event_store_core::backend::observe`.
 //!
-//! # Format (C12)
+//! # Format
 //!
-//! The migrations are the format's history and [`FORMAT_VERSION`] the newest
-//! one this release knows. Opening a schema that holds a migration this
+//! The migrations are the format's history, recorded in the schema's
+//! `_sqlx_migrations` table, and [`FORMAT_VERSION`] the newest one this
+//! release knows. Opening a schema that holds a migration this
 //! release does not know (a newer release migrated it) fails with
 //! [`Error::IncompatibleFormat`](mcp_event_store_core::Error::IncompatibleFormat);
 //! so does a half-applied migration, or (with `run_migrations` off) a schema
 //! that is behind. Rolling upgrades therefore migrate with the new release
 //! only once every old instance is gone.
+//!
+//! ## Format 2 and the upgrade from format 1
 //!
 //! Format 2 (migration `0002_incarnations`) adds the `incarnations`
 //! sequence and renumbers the existing streams' incarnations from it (format
@@ -347,25 +386,40 @@
 //! afterwards with `UnknownEventId`, like any id the store cannot place,
 //! rather than replayed from a guess.
 //!
-//! # Errors and connections
+//! # Limits
 //!
-//! Driver errors become `Error::Backend { backend: "postgres", source }` with
-//! the sqlx error as the source. The pool does not ping before each acquire
-//! (a round trip that cost 7% of append throughput); after a server restart
-//! or `pg_terminate_backend`, each dead idle connection fails one call and
-//! is replaced, and the store carries on by itself. Following adds one
-//! connection outside the pool per handle that follows (see "Following").
-//! TLS: enable one of
-//! sqlx's `tls-*` features in your own `Cargo.toml`; Cargo's feature
-//! unification turns it on for this crate's sqlx too.
+//! * Stream ids of 1 to 1024 bytes and payloads up to the
+//!   [`StoreOptions`](mcp_event_store_core::StoreOptions) maximum (8 MiB by
+//!   default), as for every backend. Stream and session ids are stored as
+//!   BYTEA, so any UTF-8 is data, NUL included (see "Layout").
+//! * Schema names match `^[a-z_][a-z0-9_]{0,62}$`
+//!   ([`validate_schema_name`]); notification channels fit PostgreSQL's 63
+//!   bytes (see "Following").
+//! * Replay pages hold at most [`MAX_PAGE_SIZE`] (1,000) events, whatever
+//!   [`StoreOptions::page_size`](mcp_event_store_core::StoreOptions::page_size)
+//!   says. Retention statements touch at most [`BATCH`] (1,000) rows each;
+//!   `stats` sums 10,000 stream rows per statement. A batched append carries
+//!   at most 64 events and 4 MiB of payload, and a handle runs at most 4
+//!   batches at once.
+//! * Sequence numbers and incarnations are BIGINTs: an id beyond `i64::MAX`
+//!   was never issued and is refused as unknown.
+//! * Stream tokens have 120 bits. The append checks that the stream row's
+//!   stored stream id is the caller's: if two stream ids ever shared a token,
+//!   the append fails with
+//!   [`Error::Corrupt`](mcp_event_store_core::Error::Corrupt) rather than
+//!   mixing two streams.
+//! * Connections: a handle's pool ([`PostgresOptions::max_connections`],
+//!   default 10) plus one listening connection once it follows.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
-mod batch;
+mod append;
 mod follow;
 mod inspect;
 mod options;
 mod purge;
+mod replay;
+mod sessions;
 mod setup;
 mod sql;
 mod store;
@@ -373,45 +427,36 @@ mod store;
 #[cfg(feature = "conformance")]
 pub mod testing;
 
-use std::sync::Arc;
-
-use mcp_event_store_core::{Backend, Store};
-
 pub use options::{
-    DEFAULT_APPLICATION_NAME, DEFAULT_FOLLOW_RECHECK, DEFAULT_SCHEMA, MAX_PAGE_SIZE,
+    BATCH, DEFAULT_APPLICATION_NAME, DEFAULT_FOLLOW_RECHECK, DEFAULT_SCHEMA, MAX_PAGE_SIZE,
     PostgresOptions, VACUUM_MIN_ROWS, Vacuum, validate_schema_name,
 };
-pub use purge::BATCH;
-pub use setup::FORMAT_VERSION;
 pub use store::PostgresStore;
 
 /// This backend as the `mcp-event-store` facade's `connect` finds it: URL
 /// schemes `postgres` and `postgresql`, facade feature `postgres`. Its
-/// `connect` reads the URL with [`PostgresStore::connect_with`] (`schema`
-/// and `vacuum` as [`PostgresOptions::with_url_parameters`] says, the rest
-/// for sqlx) and applies the shared
+/// `connect` is [`PostgresStore::connect_with`] (the URL's parameters as
+/// [`PostgresOptions::from_url`] reads them) with the shared
 /// [`StoreOptions`](mcp_event_store_core::StoreOptions).
 ///
 /// ```
 /// assert!(mcp_event_store_postgres::BACKEND.opens("postgresql://app@db/app?schema=events"));
 /// ```
-pub const BACKEND: Backend = Backend {
-    name: NAME,
+pub const BACKEND: mcp_event_store_core::Backend = mcp_event_store_core::Backend {
+    name: "postgres",
     schemes: &["postgres", "postgresql"],
     feature: "postgres",
     connect: |url, options| {
         let url = url.to_owned();
         Box::pin(async move {
             let options = PostgresOptions::default().store(options);
-            Ok(Arc::new(PostgresStore::connect_with(&url, options).await?) as Arc<dyn Store>)
+            let store = PostgresStore::connect_with(&url, options).await?;
+            Ok(std::sync::Arc::new(store) as std::sync::Arc<dyn mcp_event_store_core::Store>)
         })
     },
 };
 
-/// The backend name in errors and traces.
-pub(crate) const NAME: &str = "postgres";
-
-/// Wraps a driver error, keeping it as the source.
-pub(crate) fn backend(e: sqlx::Error) -> mcp_event_store_core::Error {
-    mcp_event_store_core::Error::backend(NAME, e)
-}
+/// The newest storage format (migration version) this release writes and
+/// reads. A schema holding a migration newer than this was written by an
+/// incompatible newer release and is refused (see "Format").
+pub const FORMAT_VERSION: i64 = 2;

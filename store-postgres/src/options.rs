@@ -1,8 +1,10 @@
 //! How to open a [`PostgresStore`](crate::PostgresStore).
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use mcp_event_store_core::{Error, Result, StoreOptions};
+use sqlx::postgres::PgConnectOptions;
 
 /// The schema the store uses unless told otherwise.
 pub const DEFAULT_SCHEMA: &str = "mcp_event_store";
@@ -61,6 +63,27 @@ pub const VACUUM_MIN_ROWS: u64 = 1_000;
 /// [`PostgresOptions::follow_recheck`] says otherwise: the safety net for a
 /// notification lost with the listener's connection.
 pub const DEFAULT_FOLLOW_RECHECK: Duration = Duration::from_secs(5);
+
+/// Most rows (events, streams or sessions) one retention statement
+/// touches.
+pub const BATCH: usize = 1_000;
+
+/// Stream rows one `stats` statement totals: each statement stays short
+/// (a few milliseconds per thousand streams), so `stats` on a large store
+/// never holds one snapshot for long (which would keep vacuum from
+/// reclaiming rows deleted meanwhile).
+pub(crate) const STATS_BATCH: usize = 10_000;
+
+/// Events one batched append statement carries at most.
+pub(crate) const APPEND_BATCH_EVENTS: usize = 64;
+
+/// Payload bytes one batched append statement carries at most (a larger
+/// single event still goes, alone).
+pub(crate) const APPEND_BATCH_BYTES: usize = 4 << 20;
+
+/// Batched append statements in flight at once, each on its own pooled
+/// connection.
+pub(crate) const APPEND_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Options for [`PostgresStore::connect_with`](crate::PostgresStore::connect_with).
 ///
@@ -173,80 +196,104 @@ impl PostgresOptions {
         self
     }
 
-    /// Takes this crate's own parameters out of a connection URL, applying
-    /// them over these options, and returns the options and the URL left
-    /// for the driver (which would otherwise ignore them):
+    /// Options read from a connection URL: the defaults, with every
+    /// parameter the URL gives applied. The URL's location (host, port, database, user) and
+    /// the driver's parameters stay the connection's:
+    /// [`PostgresStore::connect_with`](crate::PostgresStore::connect_with)
+    /// takes them from the URL it is given.
+    ///
+    /// This crate's parameters:
     ///
     /// * `schema=name`: [`PostgresOptions::schema`];
     /// * `vacuum=off|auto`: [`PostgresOptions::vacuum`];
     /// * `follow_recheck_ms=N`: [`PostgresOptions::follow_recheck`], in
     ///   milliseconds (at least 1).
     ///
-    /// Every other parameter (`sslmode`, `application_name`, ...) stays in
-    /// the URL for sqlx. A parameter of ours given twice, or with a value
-    /// it does not take, is [`Error::Config`].
+    /// The driver's (sqlx's) parameters, checked here and applied by the
+    /// driver: `sslmode` (or `ssl-mode`), `sslrootcert` (`ssl-root-cert`,
+    /// `ssl-ca`), `sslcert` (`ssl-cert`), `sslkey` (`ssl-key`),
+    /// `statement-cache-capacity`, `host`, `hostaddr`, `port`, `dbname`,
+    /// `user`, `password`, `options`, `options[name]`, and
+    /// `application_name`, which also sets
+    /// [`PostgresOptions::application_name`].
+    ///
+    /// Any other parameter, one given twice (under any of its names), or a
+    /// value a parameter does not take is [`Error::Config`] naming it.
     ///
     /// ```
     /// use mcp_event_store_postgres::{PostgresOptions, Vacuum};
     ///
-    /// let (options, url) = PostgresOptions::default()
-    ///     .with_url_parameters(
-    ///         "postgres://app@db/app?schema=tenant_a&sslmode=require&vacuum=auto&follow_recheck_ms=2000",
-    ///     )
-    ///     .unwrap();
+    /// let options = PostgresOptions::from_url(
+    ///     "postgres://app@db/app?schema=tenant_a&sslmode=require&vacuum=auto&follow_recheck_ms=2000",
+    /// )
+    /// .unwrap();
     /// assert_eq!(options.schema, "tenant_a");
     /// assert_eq!(options.vacuum, Vacuum::Auto);
     /// assert_eq!(options.follow_recheck, std::time::Duration::from_secs(2));
+    ///
+    /// let typo = PostgresOptions::from_url("postgres://app@db/app?sslmod=require").unwrap_err();
+    /// assert!(typo.to_string().contains("sslmod"));
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        Self::default().apply_url(url).map(|(options, _)| options)
+    }
+
+    /// Applies a connection URL's parameters over these options (a
+    /// parameter the URL gives wins), as [`from_url`](Self::from_url)
+    /// reads them, and returns the connect options the driver gets: the
+    /// URL's location and the driver's parameters.
+    pub(crate) fn apply_url(mut self, url: &str) -> Result<(Self, PgConnectOptions)> {
+        let (parameters, driver_url) = split_url(url)?;
+        self.apply_own(&parameters)?;
+        let connect = PgConnectOptions::from_str(&driver_url)
+            .map_err(|e| Error::Config(format!("invalid PostgreSQL URL: {e}")))?;
+        if parameters.application_name {
+            self.application_name = connect.get_application_name().map(str::to_owned);
+        }
+        Ok((self, connect))
+    }
+
+    /// Takes this crate's own parameters out of a connection URL, applying
+    /// them over these options, and returns the options and the URL left
+    /// for the driver. Every parameter is checked as
+    /// [`from_url`](Self::from_url) checks it (an unknown one is now
+    /// [`Error::Config`]); `application_name` stays in the returned URL
+    /// and leaves [`PostgresOptions::application_name`] as it was.
+    ///
+    /// ```
+    /// # #![allow(deprecated)]
+    /// use mcp_event_store_postgres::{PostgresOptions, Vacuum};
+    ///
+    /// let (options, url) = PostgresOptions::default()
+    ///     .with_url_parameters("postgres://app@db/app?schema=tenant_a&sslmode=require&vacuum=auto")
+    ///     .unwrap();
+    /// assert_eq!(options.schema, "tenant_a");
+    /// assert_eq!(options.vacuum, Vacuum::Auto);
     /// assert_eq!(url, "postgres://app@db/app?sslmode=require");
     /// ```
+    #[deprecated(
+        since = "0.1.0",
+        note = "use PostgresOptions::from_url, or PostgresStore::connect_with, which applies the URL over options"
+    )]
     pub fn with_url_parameters(mut self, url: &str) -> Result<(Self, String)> {
-        let Some((base, query)) = url.split_once('?') else {
-            return Ok((self, url.to_owned()));
-        };
-        // A fragment is not part of the query.
-        let (query, fragment) = match query.split_once('#') {
-            Some((query, fragment)) => (query, Some(fragment)),
-            None => (query, None),
-        };
-        let (mut schema, mut vacuum, mut recheck) = (None, None, None);
-        let mut rest = Vec::new();
-        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let slot = match key {
-                "schema" => &mut schema,
-                "vacuum" => &mut vacuum,
-                "follow_recheck_ms" => &mut recheck,
-                _ => {
-                    rest.push(pair);
-                    continue;
-                }
-            };
-            if slot.replace(value).is_some() {
-                return Err(Error::Config(format!(
-                    "the postgres URL parameter {key} is given twice"
-                )));
-            }
-        }
-        if let Some(schema) = schema {
+        let (parameters, driver_url) = split_url(url)?;
+        self.apply_own(&parameters)?;
+        Ok((self, driver_url))
+    }
+
+    /// Applies this crate's own parameters.
+    fn apply_own(&mut self, parameters: &UrlParameters<'_>) -> Result<()> {
+        if let Some(schema) = parameters.schema {
             validate_schema_name(schema)?;
             self.schema = schema.to_owned();
         }
-        if let Some(vacuum) = vacuum {
+        if let Some(vacuum) = parameters.vacuum {
             self.vacuum = Vacuum::parse(vacuum)?;
         }
-        if let Some(recheck) = recheck {
+        if let Some(recheck) = parameters.follow_recheck_ms {
             self.follow_recheck = parse_recheck_ms(recheck)?;
         }
-        let mut url = base.to_owned();
-        if !rest.is_empty() {
-            url.push('?');
-            url.push_str(&rest.join("&"));
-        }
-        if let Some(fragment) = fragment {
-            url.push('#');
-            url.push_str(fragment);
-        }
-        Ok((self, url))
+        Ok(())
     }
 
     /// Checks the options before anything touches the server.
@@ -272,6 +319,116 @@ fn parse_recheck_ms(value: &str) -> Result<Duration> {
             value.chars().take(80).collect::<String>()
         ))),
     }
+}
+
+/// This crate's own URL parameters, taken out of the URL before the
+/// driver reads it.
+const OWN_PARAMETERS: &[&str] = &["schema", "vacuum", "follow_recheck_ms"];
+
+/// The driver's URL parameters (sqlx 0.9, `PgConnectOptions`), each with
+/// its other names; `options[name]` comes on top.
+const DRIVER_PARAMETERS: &[&[&str]] = &[
+    &["sslmode", "ssl-mode"],
+    &["sslrootcert", "ssl-root-cert", "ssl-ca"],
+    &["sslcert", "ssl-cert"],
+    &["sslkey", "ssl-key"],
+    &["statement-cache-capacity"],
+    &["host"],
+    &["hostaddr"],
+    &["port"],
+    &["dbname"],
+    &["user"],
+    &["password"],
+    &["application_name"],
+    &["options"],
+];
+
+/// The parameters of a URL that [`split_url`] read: this crate's values
+/// (raw, as the URL spells them), and whether the driver gets an
+/// `application_name`.
+#[derive(Debug, Default)]
+struct UrlParameters<'a> {
+    schema: Option<&'a str>,
+    vacuum: Option<&'a str>,
+    follow_recheck_ms: Option<&'a str>,
+    application_name: bool,
+}
+
+/// The name a URL parameter is known by (its first name), or `None` when
+/// it is no parameter of this backend.
+fn parameter_name(key: &str) -> Option<&str> {
+    if OWN_PARAMETERS.contains(&key) {
+        return Some(key);
+    }
+    if key.starts_with("options[") && key.ends_with(']') {
+        return Some(key);
+    }
+    DRIVER_PARAMETERS
+        .iter()
+        .find(|names| names.contains(&key))
+        .map(|names| names[0])
+}
+
+/// Reads a connection URL's parameters: this crate's own, taken out, and
+/// the URL left for the driver (its location, the driver's parameters and
+/// any fragment). An unknown or repeated parameter is [`Error::Config`].
+fn split_url(url: &str) -> Result<(UrlParameters<'_>, String)> {
+    let mut parameters = UrlParameters::default();
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((parameters, url.to_owned()));
+    };
+    // A fragment is not part of the query.
+    let (query, fragment) = match query.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (query, None),
+    };
+    let quoted = |key: &str| format!("{:?}", key.chars().take(80).collect::<String>());
+    let mut seen: Vec<&str> = Vec::new();
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let Some(name) = parameter_name(key) else {
+            return Err(Error::Config(format!(
+                "unknown postgres URL parameter {}; this backend takes {} and the driver's \
+                 {}, options[name]",
+                quoted(key),
+                OWN_PARAMETERS.join(", "),
+                DRIVER_PARAMETERS
+                    .iter()
+                    .map(|names| names[0])
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )));
+        };
+        if seen.contains(&name) {
+            return Err(Error::Config(format!(
+                "the postgres URL parameter {} is given twice",
+                quoted(name)
+            )));
+        }
+        seen.push(name);
+        let slot = match name {
+            "schema" => &mut parameters.schema,
+            "vacuum" => &mut parameters.vacuum,
+            "follow_recheck_ms" => &mut parameters.follow_recheck_ms,
+            _ => {
+                parameters.application_name |= name == "application_name";
+                rest.push(pair);
+                continue;
+            }
+        };
+        *slot = Some(value);
+    }
+    let mut driver_url = base.to_owned();
+    if !rest.is_empty() {
+        driver_url.push('?');
+        driver_url.push_str(&rest.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        driver_url.push('#');
+        driver_url.push_str(fragment);
+    }
+    Ok((parameters, driver_url))
 }
 
 /// Checks that `schema` is a plain lowercase identifier,
@@ -355,69 +512,131 @@ mod tests {
         );
     }
 
+    /// The URL the driver gets, after [`split_url`].
+    fn driver_url(url: &str) -> String {
+        split_url(url).unwrap().1
+    }
+
     #[test]
-    fn url_parameters_of_ours_are_taken_out() {
-        let base = PostgresOptions::default();
-        let (options, url) = base
-            .clone()
-            .with_url_parameters("postgres://u@h/db")
-            .unwrap();
-        assert_eq!(url, "postgres://u@h/db");
+    fn from_url_reads_every_parameter() {
+        let options = PostgresOptions::from_url("postgres://u@h/db").unwrap();
         assert_eq!(options.schema, DEFAULT_SCHEMA);
         assert_eq!(options.vacuum, Vacuum::Off);
+        assert_eq!(options.follow_recheck, DEFAULT_FOLLOW_RECHECK);
+        assert_eq!(options.application_name, None);
+        assert_eq!(driver_url("postgres://u@h/db"), "postgres://u@h/db");
 
-        let (options, url) = base
-            .clone()
-            .with_url_parameters("postgres://u@h/db?schema=s1")
-            .unwrap();
+        let options = PostgresOptions::from_url("postgres://u@h/db?schema=s1").unwrap();
+        assert_eq!(options.schema, "s1");
         assert_eq!(
-            (options.schema.as_str(), url.as_str()),
-            ("s1", "postgres://u@h/db")
+            driver_url("postgres://u@h/db?schema=s1"),
+            "postgres://u@h/db"
         );
 
-        let (options, url) = base
-            .clone()
-            .with_url_parameters(
-                "postgres://u@h/db?application_name=a&vacuum=auto&&sslmode=disable&schema=s2",
-            )
-            .unwrap();
+        let url = "postgres://u@h/db?application_name=a&vacuum=auto&&sslmode=disable&schema=s2";
+        let options = PostgresOptions::from_url(url).unwrap();
         assert_eq!(options.schema, "s2");
         assert_eq!(options.vacuum, Vacuum::Auto);
-        assert_eq!(url, "postgres://u@h/db?application_name=a&sslmode=disable");
+        assert_eq!(options.application_name.as_deref(), Some("a"));
+        assert_eq!(
+            driver_url(url),
+            "postgres://u@h/db?application_name=a&sslmode=disable"
+        );
 
+        let url = "postgres://u@h/db?follow_recheck_ms=250&sslmode=disable#f";
+        let options = PostgresOptions::from_url(url).unwrap();
+        assert_eq!(options.follow_recheck, Duration::from_millis(250));
+        assert_eq!(driver_url(url), "postgres://u@h/db?sslmode=disable#f");
+
+        // The driver's parameters, under any of their names.
+        PostgresOptions::from_url(
+            "postgres://u@h/db?ssl-mode=disable&statement-cache-capacity=10&port=5433\
+             &options=-c%20statement_timeout%3D5s&options[search_path]=x&options[jit]=off\
+             &user=v&dbname=d&host=h2&application_name=my%20app",
+        )
+        .unwrap();
+        let options =
+            PostgresOptions::from_url("postgres://u@h/db?application_name=my%20app").unwrap();
+        assert_eq!(options.application_name.as_deref(), Some("my app"));
+    }
+
+    #[test]
+    fn the_url_wins_over_the_options() {
+        let base = PostgresOptions::default()
+            .vacuum(Vacuum::Auto)
+            .schema("s0")
+            .application_name("from-options");
         let (options, _) = base
             .clone()
-            .vacuum(Vacuum::Auto)
-            .with_url_parameters("postgres://u@h/db?vacuum=off")
+            .apply_url("postgres://u@h/db?vacuum=off&application_name=from-url")
             .unwrap();
-        assert_eq!(options.vacuum, Vacuum::Off, "the URL wins");
+        assert_eq!(options.vacuum, Vacuum::Off);
+        assert_eq!(options.application_name.as_deref(), Some("from-url"));
+        assert_eq!(options.schema, "s0", "not named in the URL");
+        let (options, _) = base.apply_url("postgres://u@h/db").unwrap();
+        assert_eq!(options.application_name.as_deref(), Some("from-options"));
+    }
 
-        let (options, url) = base
-            .clone()
-            .with_url_parameters("postgres://u@h/db?follow_recheck_ms=250&sslmode=disable")
-            .unwrap();
-        assert_eq!(options.follow_recheck, Duration::from_millis(250));
-        assert_eq!(url, "postgres://u@h/db?sslmode=disable");
-        assert_eq!(base.follow_recheck, DEFAULT_FOLLOW_RECHECK);
-
-        for bad in [
-            "postgres://u@h/db?schema=Bad",
-            "postgres://u@h/db?schema=",
-            "postgres://u@h/db?schema",
-            "postgres://u@h/db?schema=a%22b",
-            "postgres://u@h/db?vacuum=sometimes",
-            "postgres://u@h/db?vacuum=",
-            "postgres://u@h/db?schema=a&schema=b",
-            "postgres://u@h/db?vacuum=off&vacuum=off",
-            "postgres://u@h/db?follow_recheck_ms=0",
-            "postgres://u@h/db?follow_recheck_ms=-5",
-            "postgres://u@h/db?follow_recheck_ms=1s",
-            "postgres://u@h/db?follow_recheck_ms=",
+    #[test]
+    fn bad_urls_are_config_errors_naming_the_parameter() {
+        for (bad, named) in [
+            ("postgres://u@h/db?schema=Bad", "Bad"),
+            ("postgres://u@h/db?schema=", "schema name"),
+            ("postgres://u@h/db?schema", "schema name"),
+            ("postgres://u@h/db?schema=a%22b", "a%22b"),
+            ("postgres://u@h/db?vacuum=sometimes", "vacuum"),
+            ("postgres://u@h/db?vacuum=", "vacuum"),
+            ("postgres://u@h/db?schema=a&schema=b", "schema"),
+            ("postgres://u@h/db?vacuum=off&vacuum=off", "vacuum"),
+            ("postgres://u@h/db?follow_recheck_ms=0", "follow_recheck_ms"),
+            (
+                "postgres://u@h/db?follow_recheck_ms=-5",
+                "follow_recheck_ms",
+            ),
+            (
+                "postgres://u@h/db?follow_recheck_ms=1s",
+                "follow_recheck_ms",
+            ),
+            ("postgres://u@h/db?follow_recheck_ms=", "follow_recheck_ms"),
+            ("postgres://u@h/db?sslmod=require", "sslmod"),
+            ("postgres://u@h/db?prefix=x", "prefix"),
+            (
+                "postgres://u@h/db?sslmode=disable&ssl-mode=require",
+                "sslmode",
+            ),
+            (
+                "postgres://u@h/db?options[jit]=off&options[jit]=on",
+                "options[jit]",
+            ),
+            (
+                "postgres://u@h/db?sslmode=sometimes",
+                "invalid PostgreSQL URL",
+            ),
+            ("postgres://u@h/db?port=many", "invalid PostgreSQL URL"),
         ] {
-            assert!(
-                matches!(base.clone().with_url_parameters(bad), Err(Error::Config(_))),
-                "{bad}"
-            );
+            match PostgresOptions::from_url(bad) {
+                Err(Error::Config(message)) => {
+                    assert!(message.contains(named), "{bad}: {message}")
+                }
+                other => panic!("{bad}: expected a config error, got {other:?}"),
+            }
         }
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn with_url_parameters_is_from_url_keeping_the_driver_url() {
+        let (options, url) = PostgresOptions::default()
+            .vacuum(Vacuum::Auto)
+            .with_url_parameters("postgres://u@h/db?schema=s1&application_name=a&sslmode=disable")
+            .unwrap();
+        assert_eq!(options.schema, "s1");
+        assert_eq!(options.vacuum, Vacuum::Auto);
+        assert_eq!(options.application_name, None);
+        assert_eq!(url, "postgres://u@h/db?application_name=a&sslmode=disable");
+        assert!(matches!(
+            PostgresOptions::default().with_url_parameters("postgres://u@h/db?sslmod=x"),
+            Err(Error::Config(_))
+        ));
     }
 }

@@ -17,15 +17,13 @@
 
 use std::time::Instant;
 
-use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::backend::validate_stream_id;
 use mcp_event_store_core::{PurgeReport, Result};
 use sqlx::Row;
 
-use crate::backend;
+use crate::options::BATCH;
 use crate::store::PostgresStore;
-
-/// Most rows (events, streams or sessions) one retention statement touches.
-pub const BATCH: usize = 1_000;
+use crate::store::backend;
 
 /// One piece of retention work on one stream: raise `first_seq` to
 /// `new_first` and delete the rows in `[lo, hi)`.
@@ -128,11 +126,9 @@ async fn remove_empty(store: &PostgresStore, tokens: Vec<Vec<u8>>) -> Result<u64
 /// Removes a stream: empties it logically in one statement (so every reader
 /// sees it gone at once), deletes its rows in batches, then drops its row.
 /// Returns how many events it held.
-pub(crate) async fn delete_stream(
-    store: &PostgresStore,
-    token: StreamToken,
-    stream_id: &str,
-) -> Result<u64> {
+pub(crate) async fn delete_stream(store: &PostgresStore, stream_id: &str) -> Result<u64> {
+    validate_stream_id(stream_id)?;
+    let token = store.key().token(stream_id);
     let row = sqlx::query(store.sql().delete_mark.clone())
         .bind(&token.as_bytes()[..])
         .bind(stream_id.as_bytes())

@@ -1,25 +1,52 @@
-//! Opening a schema: creating it, migrating it, checking its format (C12),
-//! reading the shared stream key, and warning when the server's settings
-//! let the store's tables grow without bound (C8).
+//! Opening a store: the connection and the pool, creating and migrating
+//! the schema, checking its format (C12), reading the shared stream key,
+//! and warning when the server's settings let the store's tables grow
+//! without bound (C8).
 
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
 
 use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::{Error, Result};
 
-use crate::options::{PostgresOptions, Vacuum, quote_schema};
+use crate::FORMAT_VERSION;
+use crate::options::{DEFAULT_APPLICATION_NAME, PostgresOptions, Vacuum, quote_schema};
 use crate::sql::{self, render};
-use crate::{NAME, backend};
+use crate::store::{NAME, backend};
 
 /// The embedded migrations: the schema's history, and its format version.
 pub(crate) static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
-/// The newest storage format (migration version) this release writes and
-/// reads. A schema holding a migration newer than this was written by an
-/// incompatible newer release and is refused.
-pub const FORMAT_VERSION: i64 = 2;
+/// The connect options of the store's connections: the URL's, with the
+/// `application_name` of `options` (the URL's, when it named one), else
+/// the one the environment gives (`PGAPPNAME`), else
+/// [`DEFAULT_APPLICATION_NAME`].
+pub(crate) fn connect_options(
+    mut connect: PgConnectOptions,
+    options: &PostgresOptions,
+) -> PgConnectOptions {
+    match &options.application_name {
+        Some(name) => connect = connect.application_name(name),
+        None if connect.get_application_name().is_none() => {
+            connect = connect.application_name(DEFAULT_APPLICATION_NAME);
+        }
+        None => {}
+    }
+    connect
+}
+
+/// The store's pool, connecting lazily.
+pub(crate) fn pool(connect: PgConnectOptions, options: &PostgresOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.acquire_timeout)
+        // sqlx pings before every acquire by default: a round trip that
+        // cost 7% of append throughput here. A dead connection instead
+        // fails its one call and the pool replaces it.
+        .test_before_acquire(false)
+        .connect_lazy_with(connect)
+}
 
 /// Prepares the options' schema on a dedicated connection (so no pooled
 /// connection is left with a changed `search_path`), checks the vacuum
@@ -298,7 +325,16 @@ async fn load_key(conn: &mut PgConnection, quoted: &str) -> Result<StreamKey> {
 
 #[cfg(test)]
 mod tests {
-    use super::VacuumSettings;
+    use super::{MIGRATOR, VacuumSettings};
+    use crate::FORMAT_VERSION;
+
+    #[test]
+    fn the_format_is_the_newest_migration() {
+        assert_eq!(
+            MIGRATOR.iter().map(|m| m.version).max(),
+            Some(FORMAT_VERSION)
+        );
+    }
 
     fn vacuum_problem(
         schema: &str,

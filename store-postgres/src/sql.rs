@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 /// Appends events of distinct streams, one or many, in one statement (see
-/// the crate docs, "Appends and C6", and [`crate::batch`]). For each event,
+/// the crate docs, "Durability", and [`crate::append`]). For each event,
 /// the upsert takes the stream row's lock and yields the new sequence
 /// number, and the event is inserted in the same statement, so both commit
 /// together. Stream rows are locked in token order, as every statement

@@ -1,5 +1,6 @@
-//! Batched appends: concurrent appends from many streams share one
-//! statement and one commit.
+//! Appends (C1, C6): one statement per append, and batches, in which
+//! concurrent appends from many streams share one statement and one
+//! commit.
 //!
 //! Each commit waits for a WAL flush, so appends committed one by one are
 //! bound by how many commits the server can flush. There is one append
@@ -19,21 +20,55 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
-use mcp_event_store_core::backend::{StreamToken, observe};
-use mcp_event_store_core::{Error, Result, Retention};
+use mcp_event_store_core::backend::dense;
+use mcp_event_store_core::backend::{StreamToken, observe, retry_to_millis};
+use mcp_event_store_core::{Error, EventId, NewEvent, Result, Retention};
 use sqlx::postgres::PgPool;
 use sqlx::{Row, SqlStr};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::{NAME, backend};
+use crate::options::{APPEND_BATCH_BYTES, APPEND_BATCH_EVENTS, APPEND_BATCHES_IN_FLIGHT};
+use crate::replay::stored_number;
+use crate::store::{NAME, PostgresStore, backend};
 
-/// Events one batch statement carries at most.
-const MAX_EVENTS: usize = 64;
-/// Payload bytes one batch carries at most (a larger single event still
-/// goes, alone).
-const MAX_BYTES: usize = 4 << 20;
-/// Batches in flight at once, each on its own pooled connection.
-const MAX_IN_FLIGHT: usize = 4;
+/// Appends one event to `stream_id` (`store_event`): alone or batched with
+/// concurrent appends, then wakes this handle's followers of the stream
+/// and announces it to other handles.
+pub(crate) async fn append(
+    store: &PostgresStore,
+    stream_id: &str,
+    event: NewEvent<'_>,
+) -> Result<EventId> {
+    store.options().check_append(stream_id, event.data.len())?;
+    let token = store.key().token(stream_id);
+    let appended = store
+        .batcher()
+        .append(AppendRequest {
+            token,
+            stream_id: Bytes::copy_from_slice(stream_id.as_bytes()),
+            data: Bytes::copy_from_slice(event.data),
+            retry_ms: retry_to_millis(event.retry),
+            now: store.now(),
+        })
+        .await?;
+    if appended.is_some() {
+        // Committed: the followers' re-read will see it.
+        store.follows().hub().wake(&token);
+        store.notifier().announce(token);
+    }
+    let Some((incarnation, seq)) = appended else {
+        // The stream row's stored id differs from ours: two stream ids
+        // share a 120-bit token. Never mix their events.
+        return Err(Error::Corrupt(format!(
+            "stream token {token} already belongs to another stream id; \
+             refusing to mix two streams"
+        )));
+    };
+    Ok(EventId::new(
+        token,
+        dense::position(stored_number(incarnation)?, stored_number(seq)?),
+    ))
+}
 
 /// One append: everything the statement binds.
 pub(crate) struct AppendRequest {
@@ -124,7 +159,7 @@ async fn run(
     statement: SqlStr,
     limits: Limits,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let slots = Arc::new(Semaphore::new(APPEND_BATCHES_IN_FLIGHT));
     let mut waiting = VecDeque::new();
     loop {
         if waiting.is_empty() {
@@ -159,7 +194,8 @@ fn take_batch(waiting: &mut VecDeque<Waiting>) -> Vec<Waiting> {
     let mut rest = VecDeque::new();
     while let Some(request) = waiting.pop_front() {
         let size = request.0.data.len();
-        let fits = batch.is_empty() || (batch.len() < MAX_EVENTS && bytes + size <= MAX_BYTES);
+        let fits = batch.is_empty()
+            || (batch.len() < APPEND_BATCH_EVENTS && bytes + size <= APPEND_BATCH_BYTES);
         if fits && streams.insert(request.0.token) {
             bytes += size;
             batch.push(request);
@@ -191,9 +227,14 @@ async fn run_batch(pool: &PgPool, statement: &SqlStr, limits: Limits, batch: Vec
             // after the commit), and a retry could store events twice: every
             // caller gets the error, as a lone append would.
             Err(e) => {
+                let closed = matches!(e, sqlx::Error::PoolClosed);
                 let e = Arc::new(e);
                 for (_, reply) in batch {
-                    let _ = reply.send(Err(Error::backend(NAME, e.clone())));
+                    let _ = reply.send(Err(if closed {
+                        Error::Closed
+                    } else {
+                        Error::backend(NAME, e.clone())
+                    }));
                 }
                 return;
             }
