@@ -25,171 +25,166 @@ use mcp_event_store_core::{
 };
 use sqlx::Row;
 
-use crate::writer::db_error;
-use crate::{Durability, NAME, SqliteStore};
+use crate::SqliteStore;
+use crate::options::{Durability, NAME};
+use crate::store::db_error;
 
-/// Stream rows summed by one statement of [`SqliteStore::inspect_stats`].
+/// Stream rows summed by one statement of [`stats`].
 const STATS_PAGE: i64 = 512;
 
-impl SqliteStore {
-    pub(crate) async fn inspect_stats(&self) -> Result<StoreStats> {
-        let mut stats = StoreStats::default();
-        let mut after: Vec<u8> = Vec::new();
-        loop {
-            // Per page: rows seen (to know where to go on), then over the
-            // rows that still hold an event: streams, events and bytes.
-            let row = sqlx::query(
-                "SELECT COUNT(*), COUNT(first_seq), \
-                     COALESCE(SUM(last_seq - first_seq + 1), 0), \
-                     COALESCE(SUM(CASE WHEN first_seq IS NOT NULL THEN bytes END), 0), \
-                     MAX(token) \
-                 FROM (SELECT s.token, s.bytes, s.last_seq, \
-                         (SELECT MIN(seq) FROM mes_events e WHERE e.token = s.token) AS first_seq \
-                       FROM mes_streams s WHERE s.token > ?1 ORDER BY s.token LIMIT ?2)",
-            )
-            .bind(&after[..])
-            .bind(STATS_PAGE)
-            .fetch_one(&self.inner.readers)
-            .await
-            .map_err(db_error)?;
-            let rows: i64 = row.try_get(0).map_err(db_error)?;
-            stats.streams += count(row.try_get(1).map_err(db_error)?, "streams")?;
-            stats.events += count(row.try_get(2).map_err(db_error)?, "events")?;
-            stats.bytes += count(row.try_get(3).map_err(db_error)?, "bytes")?;
-            let last: Option<Vec<u8>> = row.try_get(4).map_err(db_error)?;
-            match last {
-                Some(last) if rows == STATS_PAGE => after = last,
-                _ => break,
-            }
-        }
-        // The two ends of the `stored_at` index; one subquery each, so each
-        // is a single seek (one statement with both would scan).
+pub(crate) async fn stats(store: &SqliteStore) -> Result<StoreStats> {
+    let mut stats = StoreStats::default();
+    let mut after: Vec<u8> = Vec::new();
+    loop {
+        // Per page: rows seen (to know where to go on), then over the
+        // rows that still hold an event: streams, events and bytes.
         let row = sqlx::query(
-            "SELECT (SELECT MIN(stored_at) FROM mes_events), \
-                    (SELECT MAX(stored_at) FROM mes_events)",
-        )
-        .fetch_one(&self.inner.readers)
-        .await
-        .map_err(db_error)?;
-        stats.oldest_millis = row.try_get(0).map_err(db_error)?;
-        stats.newest_millis = row.try_get(1).map_err(db_error)?;
-        if stats.streams == 0 {
-            // Read in another snapshot than the totals: keep them agreeing.
-            stats.oldest_millis = None;
-            stats.newest_millis = None;
-        }
-        Ok(stats)
-    }
-
-    pub(crate) async fn inspect_list_streams(
-        &self,
-        after: Option<&StreamCursor>,
-        limit: usize,
-    ) -> Result<StreamPage> {
-        let limit = check_list_limit(limit)?;
-        // The cursor is the last listed stream's token, in the event ids'
-        // own text form; streams are listed in token order.
-        let after = match after {
-            None => Vec::new(),
-            Some(cursor) => StreamToken::parse(cursor.as_str())
-                .ok_or_else(|| {
-                    Error::Config(format!("not a stream cursor of this store: {cursor:?}"))
-                })?
-                .as_bytes()
-                .to_vec(),
-        };
-        // One more than the limit tells whether another page follows. The
-        // join with the first retained event leaves out stream rows with
-        // no event (a row whose only events were trimmed away by another
-        // process, say). The newest event is never trimmed; should it be
-        // gone anyway, the row's `updated_at` is its append time.
-        let rows = sqlx::query(
-            "SELECT s.token, s.stream_id, s.bytes, s.last_seq - f.seq + 1, f.stored_at, \
-                 COALESCE(l.stored_at, s.updated_at) \
-             FROM mes_streams s \
-             JOIN mes_events f ON f.token = s.token \
-                 AND f.seq = (SELECT MIN(seq) FROM mes_events m WHERE m.token = s.token) \
-             LEFT JOIN mes_events l ON l.token = s.token AND l.seq = s.last_seq \
-             WHERE s.token > ?1 ORDER BY s.token LIMIT ?2",
+            "SELECT COUNT(*), COUNT(first_seq), \
+                 COALESCE(SUM(last_seq - first_seq + 1), 0), \
+                 COALESCE(SUM(CASE WHEN first_seq IS NOT NULL THEN bytes END), 0), \
+                 MAX(token) \
+             FROM (SELECT s.token, s.bytes, s.last_seq, \
+                     (SELECT MIN(seq) FROM mes_events e WHERE e.token = s.token) AS first_seq \
+                   FROM mes_streams s WHERE s.token > ?1 ORDER BY s.token LIMIT ?2)",
         )
         .bind(&after[..])
-        .bind(limit as i64 + 1)
-        .fetch_all(&self.inner.readers)
+        .bind(STATS_PAGE)
+        .fetch_one(&store.inner.readers)
         .await
         .map_err(db_error)?;
-        let more = rows.len() > limit;
-        let mut streams = Vec::with_capacity(limit.min(rows.len()));
-        let mut last = None;
-        for row in rows.iter().take(limit) {
-            let token: Vec<u8> = row.try_get(0).map_err(db_error)?;
-            let stream_id: String = row.try_get(1).map_err(db_error)?;
-            let bytes = count(row.try_get(2).map_err(db_error)?, "bytes")?;
-            let events = count(row.try_get(3).map_err(db_error)?, "events")?;
-            let oldest: i64 = row.try_get(4).map_err(db_error)?;
-            let newest: i64 = row.try_get(5).map_err(db_error)?;
-            streams.push(StreamInfo::new(
-                stream_id,
-                events,
-                bytes,
-                Some(oldest),
-                Some(newest.max(oldest)),
-            ));
-            last = Some(token);
+        let rows: i64 = row.try_get(0).map_err(db_error)?;
+        stats.streams += count(row.try_get(1).map_err(db_error)?, "streams")?;
+        stats.events += count(row.try_get(2).map_err(db_error)?, "events")?;
+        stats.bytes += count(row.try_get(3).map_err(db_error)?, "bytes")?;
+        let last: Option<Vec<u8>> = row.try_get(4).map_err(db_error)?;
+        match last {
+            Some(last) if rows == STATS_PAGE => after = last,
+            _ => break,
         }
-        let next = match last.filter(|_| more) {
-            Some(token) => Some(StreamCursor::new(
-                StreamToken::from_bytes(&token)
-                    .ok_or_else(|| {
-                        Error::Corrupt(format!("a stream token of {} bytes", token.len()))
-                    })?
-                    .to_text(),
-            )),
-            None => None,
-        };
-        Ok(StreamPage::new(streams, next))
     }
+    // The two ends of the `stored_at` index; one subquery each, so each
+    // is a single seek (one statement with both would scan).
+    let row = sqlx::query(
+        "SELECT (SELECT MIN(stored_at) FROM mes_events), \
+                (SELECT MAX(stored_at) FROM mes_events)",
+    )
+    .fetch_one(&store.inner.readers)
+    .await
+    .map_err(db_error)?;
+    stats.oldest_millis = row.try_get(0).map_err(db_error)?;
+    stats.newest_millis = row.try_get(1).map_err(db_error)?;
+    if stats.streams == 0 {
+        // Read in another snapshot than the totals: keep them agreeing.
+        stats.oldest_millis = None;
+        stats.newest_millis = None;
+    }
+    Ok(stats)
+}
 
-    /// The format version the file holds, and the settings of this
-    /// handle's connections (all opened with the same options, the
-    /// writer's included) that decide what a returned append survives and
-    /// whether the WAL stays bounded.
-    pub(crate) async fn inspect_check(&self) -> Result<HealthReport> {
-        let mut conn = self.inner.readers.acquire().await.map_err(db_error)?;
-        let format: Option<i64> = sqlx::query_scalar(
-            "SELECT CAST(value AS INTEGER) FROM mes_meta WHERE key = 'format_version'",
-        )
-        .fetch_optional(&mut *conn)
+pub(crate) async fn list_streams(
+    store: &SqliteStore,
+    after: Option<&StreamCursor>,
+    limit: usize,
+) -> Result<StreamPage> {
+    let limit = check_list_limit(limit)?;
+    // The cursor is the last listed stream's token, in the event ids'
+    // own text form; streams are listed in token order.
+    let after = match after {
+        None => Vec::new(),
+        Some(cursor) => StreamToken::parse(cursor.as_str())
+            .ok_or_else(|| Error::Config(format!("not a stream cursor of this store: {cursor:?}")))?
+            .as_bytes()
+            .to_vec(),
+    };
+    // One more than the limit tells whether another page follows. The
+    // join with the first retained event leaves out stream rows with
+    // no event (a row whose only events were trimmed away by another
+    // process, say). The newest event is never trimmed; should it be
+    // gone anyway, the row's `updated_at` is its append time.
+    let rows = sqlx::query(
+        "SELECT s.token, s.stream_id, s.bytes, s.last_seq - f.seq + 1, f.stored_at, \
+             COALESCE(l.stored_at, s.updated_at) \
+         FROM mes_streams s \
+         JOIN mes_events f ON f.token = s.token \
+             AND f.seq = (SELECT MIN(seq) FROM mes_events m WHERE m.token = s.token) \
+         LEFT JOIN mes_events l ON l.token = s.token AND l.seq = s.last_seq \
+         WHERE s.token > ?1 ORDER BY s.token LIMIT ?2",
+    )
+    .bind(&after[..])
+    .bind(limit as i64 + 1)
+    .fetch_all(&store.inner.readers)
+    .await
+    .map_err(db_error)?;
+    let more = rows.len() > limit;
+    let mut streams = Vec::with_capacity(limit.min(rows.len()));
+    let mut last = None;
+    for row in rows.iter().take(limit) {
+        let token: Vec<u8> = row.try_get(0).map_err(db_error)?;
+        let stream_id: String = row.try_get(1).map_err(db_error)?;
+        let bytes = count(row.try_get(2).map_err(db_error)?, "bytes")?;
+        let events = count(row.try_get(3).map_err(db_error)?, "events")?;
+        let oldest: i64 = row.try_get(4).map_err(db_error)?;
+        let newest: i64 = row.try_get(5).map_err(db_error)?;
+        streams.push(StreamInfo::new(
+            stream_id,
+            events,
+            bytes,
+            Some(oldest),
+            Some(newest.max(oldest)),
+        ));
+        last = Some(token);
+    }
+    let next = match last.filter(|_| more) {
+        Some(token) => Some(StreamCursor::new(
+            StreamToken::from_bytes(&token)
+                .ok_or_else(|| Error::Corrupt(format!("a stream token of {} bytes", token.len())))?
+                .to_text(),
+        )),
+        None => None,
+    };
+    Ok(StreamPage::new(streams, next))
+}
+
+/// The format version the file holds, and the settings of this
+/// handle's connections (all opened with the same options, the
+/// writer's included) that decide what a returned append survives and
+/// whether the WAL stays bounded.
+pub(crate) async fn check(store: &SqliteStore) -> Result<HealthReport> {
+    let mut conn = store.inner.readers.acquire().await.map_err(db_error)?;
+    let format: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(value AS INTEGER) FROM mes_meta WHERE key = 'format_version'",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db_error)?;
+    let format = format
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| Error::Corrupt("the format version record is missing".into()))?;
+    let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
         .await
         .map_err(db_error)?;
-        let format = format
-            .and_then(|v| u32::try_from(v).ok())
-            .ok_or_else(|| Error::Corrupt("the format version record is missing".into()))?;
-        let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db_error)?;
-        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db_error)?;
-        let checkpoint: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db_error)?;
-        drop(conn);
-        let durability = self.inner.durability;
-        Ok(HealthReport::new(
-            NAME,
-            format,
-            vec![
-                journal_mode_setting(&journal_mode),
-                synchronous_setting(synchronous, durability),
-                durability_setting(durability),
-                checkpoint_setting(checkpoint),
-                Setting::retention(&self.inner.options.retention),
-            ],
-        ))
-    }
+    let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_error)?;
+    let checkpoint: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_error)?;
+    drop(conn);
+    let durability = store.inner.durability;
+    Ok(HealthReport::new(
+        NAME,
+        format,
+        vec![
+            journal_mode_setting(&journal_mode),
+            synchronous_setting(synchronous, durability),
+            durability_setting(durability),
+            checkpoint_setting(checkpoint),
+            Setting::retention(&store.inner.options.retention),
+        ],
+    ))
 }
 
 /// A non-negative count from SQLite.

@@ -1,9 +1,33 @@
-//! How a SQLite store is opened: file, durability, connections.
+//! How a SQLite store is opened: the file, its durability, its connections,
+//! the `sqlite://` URL and every parameter it takes, and this backend's
+//! defaults and limits.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mcp_event_store_core::{Error, Result, StoreOptions};
+
+/// The backend name in errors, traces and metrics.
+pub(crate) const NAME: &str = "sqlite";
+/// Default [`SqliteOptions::busy_timeout`].
+pub(crate) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default [`SqliteOptions::read_connections`].
+pub(crate) const DEFAULT_READ_CONNECTIONS: u32 = 4;
+/// Default [`SqliteOptions::max_batch`].
+pub(crate) const DEFAULT_MAX_BATCH: usize = 512;
+/// Default [`SqliteOptions::follow_poll_interval`].
+pub(crate) const DEFAULT_FOLLOW_POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Default [`SqliteOptions::follow_recheck`].
+pub(crate) const DEFAULT_FOLLOW_RECHECK: Duration = Duration::from_secs(5);
+/// The shortest follow poll interval and re-check interval accepted.
+pub(crate) const MIN_FOLLOW_INTERVAL: Duration = Duration::from_millis(1);
+/// Commands that may wait for the writer before callers are held back.
+pub(crate) const WRITER_QUEUE: usize = 4096;
+
+/// The parameters a `sqlite://` URL may carry, for error messages.
+const KNOWN_PARAMETERS: &str =
+    "durability=process|power_loss, follow_poll_ms=<ms>, follow_recheck_ms=<ms>";
 
 /// What a returned `store_event` survives.
 ///
@@ -33,20 +57,31 @@ impl Durability {
     }
 }
 
-/// Everything [`SqliteStore::open_with`](crate::SqliteStore::open_with) takes.
+/// Everything [`SqliteStore::open_with`](crate::SqliteStore::open_with) and
+/// [`SqliteStore::connect_with`](crate::SqliteStore::connect_with) take.
+///
+/// [`Default`] has every default but no file: give one with
+/// [`new`](Self::new) or a URL ([`from_url`](Self::from_url),
+/// [`connect_with`](crate::SqliteStore::connect_with)).
 ///
 /// ```
+/// use mcp_event_store_core::{Retention, StoreOptions};
 /// use mcp_event_store_sqlite::{Durability, SqliteOptions};
 ///
-/// let options = SqliteOptions::new("events.db").durability(Durability::PowerLoss);
+/// let options = SqliteOptions::new("events.db")
+///     .durability(Durability::PowerLoss)
+///     .store(StoreOptions::default().retention(Retention::unbounded()));
 /// assert_eq!(options.path().to_str(), Some("events.db"));
+/// assert!(options.validate().is_ok());
+/// assert!(SqliteOptions::default().validate().is_err(), "no file");
 /// ```
 #[derive(Clone, Debug)]
 pub struct SqliteOptions {
     pub(crate) path: PathBuf,
     /// Options every backend shares (retention, payload limit, page size, clock).
     pub store: StoreOptions,
-    /// When `store_event` may return; see [`Durability`].
+    /// When `store_event` may return; see [`Durability`]. URL:
+    /// `?durability=process|power_loss`.
     pub durability: Durability,
     /// How long a write, or an open, waits for another handle or process
     /// holding a lock on the file (the write lock, a first open's migration).
@@ -68,18 +103,29 @@ pub struct SqliteOptions {
     pub follow_recheck: Duration,
 }
 
+impl Default for SqliteOptions {
+    /// Every default, and no file yet (which [`validate`](Self::validate)
+    /// refuses).
+    fn default() -> Self {
+        Self {
+            path: PathBuf::new(),
+            store: StoreOptions::default(),
+            durability: Durability::default(),
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            read_connections: DEFAULT_READ_CONNECTIONS,
+            max_batch: DEFAULT_MAX_BATCH,
+            follow_poll_interval: DEFAULT_FOLLOW_POLL_INTERVAL,
+            follow_recheck: DEFAULT_FOLLOW_RECHECK,
+        }
+    }
+}
+
 impl SqliteOptions {
     /// Options for the database file at `path` (created if missing).
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
-            store: StoreOptions::default(),
-            durability: Durability::default(),
-            busy_timeout: Duration::from_secs(5),
-            read_connections: 4,
-            max_batch: 512,
-            follow_poll_interval: Duration::from_millis(50),
-            follow_recheck: Duration::from_secs(5),
+            ..Self::default()
         }
     }
 
@@ -90,6 +136,9 @@ impl SqliteOptions {
     /// * `durability=process|power_loss` ([`SqliteOptions::durability`]);
     /// * `follow_poll_ms=<ms>` ([`SqliteOptions::follow_poll_interval`]);
     /// * `follow_recheck_ms=<ms>` ([`SqliteOptions::follow_recheck`]).
+    ///
+    /// Everything else is the default. An unknown parameter, or one given
+    /// twice, is [`Error::Config`] naming it.
     ///
     /// ```
     /// use std::time::Duration;
@@ -106,8 +155,16 @@ impl SqliteOptions {
     /// assert!(SqliteOptions::from_url("sqlite://").is_err());
     /// assert!(SqliteOptions::from_url("sqlite://e.db?follow_poll_ms=0").is_err());
     /// assert!(SqliteOptions::from_url("sqlite://e.db?follow_poll_ms=soon").is_err());
+    /// assert!(SqliteOptions::from_url("sqlite://e.db?colour=blue").is_err());
+    /// assert!(SqliteOptions::from_url("sqlite://e.db?durability=process&durability=power_loss").is_err());
     /// ```
     pub fn from_url(url: &str) -> Result<Self> {
+        Self::default().apply_url(url)
+    }
+
+    /// These options with the file and the parameters `url` names applied
+    /// over them (see [`from_url`](Self::from_url)), validated.
+    pub(crate) fn apply_url(mut self, url: &str) -> Result<Self> {
         let rest = url
             .strip_prefix("sqlite://")
             .or_else(|| url.strip_prefix("sqlite:"))
@@ -118,27 +175,34 @@ impl SqliteOptions {
                 "sqlite:// URL has no file path (try sqlite://events.db)".into(),
             ));
         }
-        let mut options = Self::new(path);
+        self.path = PathBuf::from(path);
+        let mut seen = HashSet::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("durability", "process")) => options.durability = Durability::Process,
-                Some(("durability", "power_loss")) => options.durability = Durability::PowerLoss,
-                Some(("follow_poll_ms", value)) => {
-                    options.follow_poll_interval = millis(pair, value)?;
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !seen.insert(key) {
+                return Err(Error::Config(format!(
+                    "sqlite URL parameter {key:?} is given more than once"
+                )));
+            }
+            match (key, value) {
+                ("durability", "process") => self.durability = Durability::Process,
+                ("durability", "power_loss") => self.durability = Durability::PowerLoss,
+                ("durability", _) => {
+                    return Err(Error::Config(format!(
+                        "sqlite URL parameter {pair:?}: durability is process or power_loss"
+                    )));
                 }
-                Some(("follow_recheck_ms", value)) => {
-                    options.follow_recheck = millis(pair, value)?;
-                }
+                ("follow_poll_ms", value) => self.follow_poll_interval = millis(pair, value)?,
+                ("follow_recheck_ms", value) => self.follow_recheck = millis(pair, value)?,
                 _ => {
                     return Err(Error::Config(format!(
-                        "unknown sqlite URL parameter {pair:?} (known: durability=process|power_loss, \
-                         follow_poll_ms=<ms>, follow_recheck_ms=<ms>)"
+                        "unknown sqlite URL parameter {pair:?} (known: {KNOWN_PARAMETERS})"
                     )));
                 }
             }
         }
-        options.validate()?;
-        Ok(options)
+        self.validate()?;
+        Ok(self)
     }
 
     /// The database file.
@@ -146,10 +210,16 @@ impl SqliteOptions {
         &self.path
     }
 
-    /// Sets the shared store options.
-    pub fn store_options(mut self, store: StoreOptions) -> Self {
+    /// Sets the options every backend shares.
+    pub fn store(mut self, store: StoreOptions) -> Self {
         self.store = store;
         self
+    }
+
+    /// Sets the shared store options.
+    #[deprecated(note = "renamed `store`, as in every backend's options")]
+    pub fn store_options(self, store: StoreOptions) -> Self {
+        self.store(store)
     }
 
     /// Sets the durability mode.
@@ -170,6 +240,12 @@ impl SqliteOptions {
         self
     }
 
+    /// Sets the most appends committed in one transaction.
+    pub fn max_batch(mut self, appends: usize) -> Self {
+        self.max_batch = appends;
+        self
+    }
+
     /// Sets how often a handle with followers looks for other handles' and
     /// processes' writes.
     pub fn follow_poll_interval(mut self, interval: Duration) -> Self {
@@ -183,7 +259,17 @@ impl SqliteOptions {
         self
     }
 
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// Checks the options as opening does: a file is named, the shared
+    /// options are valid ([`StoreOptions::validate`]), there is at least one
+    /// read connection and one append per batch, and the follow intervals
+    /// are at least 1 ms. Otherwise [`Error::Config`].
+    pub fn validate(&self) -> Result<()> {
+        if self.path.as_os_str().is_empty() {
+            return Err(Error::Config(
+                "no SQLite database file given (SqliteOptions::new(path) or a sqlite:// URL)"
+                    .into(),
+            ));
+        }
         self.store.validate()?;
         if self.read_connections == 0 {
             return Err(Error::Config("read_connections must be at least 1".into()));
@@ -191,12 +277,12 @@ impl SqliteOptions {
         if self.max_batch == 0 {
             return Err(Error::Config("max_batch must be at least 1".into()));
         }
-        if self.follow_poll_interval < Duration::from_millis(1) {
+        if self.follow_poll_interval < MIN_FOLLOW_INTERVAL {
             return Err(Error::Config(
                 "follow_poll_interval must be at least 1 ms".into(),
             ));
         }
-        if self.follow_recheck < Duration::from_millis(1) {
+        if self.follow_recheck < MIN_FOLLOW_INTERVAL {
             return Err(Error::Config("follow_recheck must be at least 1 ms".into()));
         }
         Ok(())

@@ -31,7 +31,7 @@ impl Harness for SqliteHarness {
     type Store = SqliteStore;
 
     async fn open(&self, options: StoreOptions) -> SqliteStore {
-        SqliteStore::open_with(SqliteOptions::new(self.path()).store_options(options))
+        SqliteStore::open_with(SqliteOptions::new(self.path()).store(options))
             .await
             .expect("open the sqlite store")
     }

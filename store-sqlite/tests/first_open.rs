@@ -19,8 +19,7 @@ const ROUNDS: usize = 4;
 const EVENTS_EACH: usize = 20;
 
 fn options(path: &Path) -> SqliteOptions {
-    SqliteOptions::new(path)
-        .store_options(StoreOptions::default().retention(Retention::unbounded()))
+    SqliteOptions::new(path).store(StoreOptions::default().retention(Retention::unbounded()))
 }
 
 /// Opens, appends `EVENTS_EACH` events to `shared` and to the handle's own

@@ -15,7 +15,7 @@ fn unbounded() -> StoreOptions {
 }
 
 async fn open(path: &std::path::Path, options: StoreOptions) -> SqliteStore {
-    SqliteStore::open_with(SqliteOptions::new(path).store_options(options))
+    SqliteStore::open_with(SqliteOptions::new(path).store(options))
         .await
         .unwrap()
 }

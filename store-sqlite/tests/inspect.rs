@@ -97,7 +97,7 @@ async fn totals_and_listings_span_many_pages_and_appends_are_grouped() {
     let dir = tempfile::tempdir().unwrap();
     let clock = test_clock();
     let store = SqliteStore::open_with(
-        SqliteOptions::new(dir.path().join("e.db")).store_options(test_options(&clock)),
+        SqliteOptions::new(dir.path().join("e.db")).store(test_options(&clock)),
     )
     .await
     .unwrap();
@@ -157,10 +157,9 @@ async fn trimmed_streams_count_only_what_they_retain() {
     let dir = tempfile::tempdir().unwrap();
     let clock = test_clock();
     let options = test_options(&clock).retention(Retention::unbounded().max_events_per_stream(2));
-    let store =
-        SqliteStore::open_with(SqliteOptions::new(dir.path().join("e.db")).store_options(options))
-            .await
-            .unwrap();
+    let store = SqliteStore::open_with(SqliteOptions::new(dir.path().join("e.db")).store(options))
+        .await
+        .unwrap();
     let mut times = Vec::new();
     for i in 0..5u8 {
         times.push(clock.now_millis());

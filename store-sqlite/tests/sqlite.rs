@@ -1,8 +1,8 @@
 //! SQLite-specific behaviour beyond the conformance suite: the format
 //! version (C12), closing, and clear errors on open.
 
-use mcp_event_store_core::{Error, EventStore, NewEvent, SessionStore};
-use mcp_event_store_sqlite::{FORMAT_VERSION, SqliteStore};
+use mcp_event_store_core::{Error, EventStore, NewEvent, SessionStore, StoreOptions};
+use mcp_event_store_sqlite::{Durability, FORMAT_VERSION, SqliteOptions, SqliteStore};
 use sqlx::{Connection, SqliteConnection};
 
 async fn raw(path: &std::path::Path) -> SqliteConnection {
@@ -79,6 +79,7 @@ async fn an_unknown_format_version_is_refused() {
 async fn a_closed_store_refuses_writes_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("e.db")).await.unwrap();
+    let id = store.store_event("s", NewEvent::new(b"x")).await.unwrap();
     let clone = store.clone();
     store.close().await;
     assert!(matches!(
@@ -90,6 +91,68 @@ async fn a_closed_store_refuses_writes_clearly() {
         Err(Error::Closed)
     ));
     assert!(matches!(clone.purge_expired().await, Err(Error::Closed)));
+    // Reads too, and closing again does nothing.
+    assert!(matches!(
+        clone.replay_events_after(&id.to_string()).await,
+        Err(Error::Closed)
+    ));
+    assert!(matches!(clone.get_session("x").await, Err(Error::Closed)));
+    assert!(matches!(clone.stats().await, Err(Error::Closed)));
+    store.close().await;
+    clone.close().await;
+}
+
+/// `connect_with` applies the URL's file and parameters over the options
+/// given: a parameter in the URL wins, the options fill in the rest.
+#[tokio::test]
+async fn connect_with_applies_the_url_over_the_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let url = format!("sqlite://{}", path.display());
+    let durability = |report: &mcp_event_store_core::HealthReport| {
+        report
+            .settings
+            .iter()
+            .find(|s| s.name == "durability")
+            .map(|s| s.value.clone())
+    };
+    let options = || {
+        SqliteOptions::new(dir.path().join("not-this.db"))
+            .durability(Durability::PowerLoss)
+            .store(StoreOptions::default().max_payload_bytes(4))
+    };
+
+    let store = SqliteStore::connect_with(&url, options()).await.unwrap();
+    let report = store.check().await.unwrap();
+    assert_eq!(durability(&report).as_deref(), Some("power_loss"));
+    assert!(matches!(
+        store.store_event("s", NewEvent::new(b"too long")).await,
+        Err(Error::PayloadTooLarge { .. })
+    ));
+    store.close().await;
+    assert!(path.exists() && !dir.path().join("not-this.db").exists());
+
+    let store = SqliteStore::connect_with(&format!("{url}?durability=process"), options())
+        .await
+        .unwrap();
+    let report = store.check().await.unwrap();
+    assert_eq!(durability(&report).as_deref(), Some("process"));
+    store.close().await;
+
+    for bad in [
+        format!("{url}?durability=process&durability=process"),
+        format!("{url}?colour=blue"),
+    ] {
+        match SqliteStore::connect_with(&bad, options()).await {
+            Err(Error::Config(message)) => {
+                assert!(
+                    message.contains("durability") || message.contains("colour"),
+                    "{message}"
+                )
+            }
+            other => panic!("{bad}: expected a Config error, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

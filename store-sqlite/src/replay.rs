@@ -1,0 +1,208 @@
+//! Replay and lookup (C3, C4, C5): one indexed seek and a range read per
+//! page on the `(token, seq)` index, each page read in one statement with
+//! the stream's row, so a replay whose stream is deleted and started again
+//! under it ends in [`Error::EventsPurged`], never in events of the new
+//! life.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use mcp_event_store_core::backend::dense::{self, DenseStream};
+use mcp_event_store_core::backend::{Page, StreamToken, observe, paged_replay, retry_from_millis};
+use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+
+use crate::SqliteStore;
+use crate::options::NAME;
+use crate::store::db_error;
+
+pub(crate) async fn replay_events_after(
+    store: &SqliteStore,
+    last_event_id: &str,
+) -> Result<Replay> {
+    observe::replay(NAME, last_event_id, async {
+        let cursor: EventId = last_event_id.parse()?;
+        let (incarnation, after) = dense::cursor_parts(last_event_id, cursor.position)?;
+        // SQLite integers stop at i64::MAX: beyond it, never issued.
+        let after_sql = i64::try_from(after).map_err(|_| Error::unknown_event_id(last_event_id))?;
+        let (stream, first_page) = store
+            .page_with_stream(cursor.token, incarnation, after_sql)
+            .await?;
+        let (stream_id, state) = stream.ok_or_else(|| Error::unknown_event_id(last_event_id))?;
+        // Another incarnation (an earlier life of the stream), a zero
+        // part or a sequence number beyond the newest: never issued.
+        dense::check_cursor(last_event_id, &cursor, state)?;
+        let first = first_page.first().map(|e| e.id.position.minor);
+        dense::check_page(last_event_id, after, first, Some(state.last_seq))?;
+        let mut first_page = Some(store.page(first_page, Some(state.last_seq)));
+        let store = store.clone();
+        let raw: Arc<str> = last_event_id.into();
+        let token = cursor.token;
+        let events = paged_replay(dense::position(incarnation, after), move |after| {
+            let first_page = first_page.take();
+            let store = store.clone();
+            let raw = raw.clone();
+            async move {
+                match first_page {
+                    Some(page) => Ok(page),
+                    None => {
+                        store
+                            .checked_page(&raw, token, incarnation, after.minor)
+                            .await
+                    }
+                }
+            }
+        });
+        Ok(Replay { stream_id, events })
+    })
+    .await
+}
+
+pub(crate) async fn get_stream_id_for_event_id(
+    store: &SqliteStore,
+    event_id: &str,
+) -> Result<Option<String>> {
+    let Some(id) = EventId::parse(event_id) else {
+        return Ok(None);
+    };
+    // A zero part was never issued; neither was anything SQLite cannot
+    // hold.
+    let Some((Ok(incarnation), Ok(seq))) = dense::parts(id.position)
+        .map(|(incarnation, seq)| (i64::try_from(incarnation), i64::try_from(seq)))
+    else {
+        return Ok(None);
+    };
+    // The event is retained in the stream's current incarnation: an id
+    // of an earlier life of the stream finds nothing.
+    sqlx::query_scalar(
+        "SELECT s.stream_id FROM mes_events e JOIN mes_streams s ON s.token = e.token \
+         WHERE e.token = ?1 AND e.seq = ?2 AND s.incarnation = ?3",
+    )
+    .bind(&id.token.as_bytes()[..])
+    .bind(seq)
+    .bind(incarnation)
+    .fetch_optional(&store.inner.readers)
+    .await
+    .map_err(db_error)
+}
+
+impl SqliteStore {
+    /// One page of a stream's events after sequence number `after`, read in
+    /// one statement (so one snapshot) with the stream's row: its id and
+    /// state, for the cursor and gap checks. The events are named under
+    /// `incarnation`, the cursor's; they are only used when the row says
+    /// that is the stream's current incarnation (every event of a token
+    /// belongs to the current row: a stream's events go before or with its
+    /// row). `None` for the row: no such stream.
+    async fn page_with_stream(
+        &self,
+        token: StreamToken,
+        incarnation: u64,
+        after: i64,
+    ) -> Result<(Option<(String, DenseStream)>, Vec<StoredEvent>)> {
+        let rows = sqlx::query(
+            "SELECT * FROM (SELECT seq, retry_ms, payload, NULL, NULL, NULL, NULL \
+                 FROM mes_events WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3) \
+             UNION ALL \
+             SELECT NULL, NULL, NULL, stream_id, incarnation, last_seq, \
+                 (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
+             FROM mes_streams WHERE token = ?1",
+        )
+        .bind(&token.as_bytes()[..])
+        .bind(after)
+        .bind(self.inner.options.page_size as i64)
+        .fetch_all(&self.inner.readers)
+        .await
+        .map_err(db_error)?;
+        let mut stream = None;
+        let mut events = Vec::with_capacity(rows.len());
+        for row in rows {
+            let stream_id: Option<String> = row.try_get(3).map_err(db_error)?;
+            match stream_id {
+                Some(stream_id) => {
+                    let incarnation: i64 = row.try_get(4).map_err(db_error)?;
+                    let last_seq: i64 = row.try_get(5).map_err(db_error)?;
+                    let first_retained: Option<i64> = row.try_get(6).map_err(db_error)?;
+                    stream = Some((
+                        stream_id,
+                        DenseStream {
+                            incarnation: to_incarnation(incarnation)?,
+                            last_seq: to_seq(last_seq)?,
+                            first_retained: first_retained.map(to_seq).transpose()?,
+                        },
+                    ));
+                }
+                None => events.push(event_from_row(token, incarnation, &row)?),
+            }
+        }
+        Ok((stream, events))
+    }
+
+    /// A replay page after the first, checked for gaps (C5) against the
+    /// stream's row as of the same snapshot. A stream that is gone, or that
+    /// was deleted and started again under a new incarnation, lost the
+    /// events after the cursor: [`Error::EventsPurged`], never events of
+    /// its new life.
+    async fn checked_page(
+        &self,
+        raw: &str,
+        token: StreamToken,
+        incarnation: u64,
+        after: u64,
+    ) -> Result<Page> {
+        let (stream, events) = self
+            .page_with_stream(token, incarnation, from_seq(after)?)
+            .await?;
+        let Some((_, state)) = stream.filter(|(_, state)| state.incarnation == incarnation) else {
+            // The rows read, if any, are the new life's.
+            return Err(Error::events_purged(raw));
+        };
+        let first = events.first().map(|e| e.id.position.minor);
+        dense::check_page(raw, after, first, Some(state.last_seq))?;
+        Ok(self.page(events, Some(state.last_seq)))
+    }
+
+    /// A checked page; the last when it is short or reaches the stream's
+    /// newest event as of its snapshot (later events reach a client live).
+    fn page(&self, events: Vec<StoredEvent>, last_seq: Option<u64>) -> Page {
+        let reached_end = events
+            .last()
+            .zip(last_seq)
+            .is_some_and(|(event, last_seq)| event.id.position.minor >= last_seq);
+        Page {
+            last: reached_end || events.len() < self.inner.options.page_size,
+            events,
+        }
+    }
+}
+
+/// An event of incarnation `incarnation` from a row whose first columns are
+/// `seq, retry_ms, payload`.
+fn event_from_row(token: StreamToken, incarnation: u64, row: &SqliteRow) -> Result<StoredEvent> {
+    let seq: i64 = row.try_get(0).map_err(db_error)?;
+    let retry: Option<i64> = row.try_get(1).map_err(db_error)?;
+    let payload: Vec<u8> = row.try_get(2).map_err(db_error)?;
+    Ok(StoredEvent {
+        id: EventId::new(token, dense::position(incarnation, to_seq(seq)?)),
+        data: Bytes::from(payload),
+        retry: retry_from_millis(retry),
+    })
+}
+
+fn to_seq(value: i64) -> Result<u64> {
+    u64::try_from(value).map_err(|_| Error::Corrupt(format!("negative sequence number {value}")))
+}
+
+/// A stored incarnation; they start at 1, so 0 or less is damage.
+pub(crate) fn to_incarnation(value: i64) -> Result<u64> {
+    u64::try_from(value)
+        .ok()
+        .filter(|&incarnation| incarnation != 0)
+        .ok_or_else(|| Error::Corrupt(format!("stream incarnation {value} is not positive")))
+}
+
+fn from_seq(value: u64) -> Result<i64> {
+    i64::try_from(value)
+        .map_err(|_| Error::Corrupt(format!("sequence number {value} out of range")))
+}

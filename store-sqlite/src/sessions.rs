@@ -1,0 +1,91 @@
+//! The session store: session state by id with a deadline, written by the
+//! writer task and read from the read pool.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use mcp_event_store_core::Result;
+
+use crate::SqliteStore;
+use crate::store::db_error;
+use crate::writer::{Reply, Write, Writer};
+
+pub(crate) async fn put_session(
+    store: &SqliteStore,
+    session_id: &str,
+    state: &[u8],
+    ttl: Duration,
+) -> Result<()> {
+    let expires_at = store
+        .inner
+        .options
+        .check_session_put(session_id, state.len(), ttl)?;
+    store
+        .write(
+            Reply::Unit,
+            Write::PutSession {
+                session_id: session_id.to_owned(),
+                state: state.to_vec(),
+                expires_at,
+            },
+        )
+        .await
+}
+
+pub(crate) async fn get_session(store: &SqliteStore, session_id: &str) -> Result<Option<Bytes>> {
+    let state: Option<Vec<u8>> = sqlx::query_scalar(
+        "SELECT state FROM mes_sessions WHERE session_id = ?1 AND expires_at > ?2",
+    )
+    .bind(session_id)
+    .bind(store.now())
+    .fetch_optional(&store.inner.readers)
+    .await
+    .map_err(db_error)?;
+    Ok(state.map(Bytes::from))
+}
+
+pub(crate) async fn delete_session(store: &SqliteStore, session_id: &str) -> Result<bool> {
+    let now = store.now();
+    store
+        .write(
+            Reply::Flag,
+            Write::DeleteSession {
+                session_id: session_id.to_owned(),
+                now,
+            },
+        )
+        .await
+}
+
+impl Writer {
+    pub(crate) async fn put_session(
+        &mut self,
+        session_id: &str,
+        state: &[u8],
+        expires_at: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO mes_sessions (session_id, state, expires_at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (session_id) DO UPDATE SET state = excluded.state, \
+                 expires_at = excluded.expires_at",
+        )
+        .bind(session_id)
+        .bind(state)
+        .bind(expires_at)
+        .execute(&mut self.conn)
+        .await
+        .map_err(db_error)?;
+        Ok(())
+    }
+
+    pub(crate) async fn delete_session(&mut self, session_id: &str, now: i64) -> Result<bool> {
+        let expires_at: Option<i64> = sqlx::query_scalar(
+            "DELETE FROM mes_sessions WHERE session_id = ?1 RETURNING expires_at",
+        )
+        .bind(session_id)
+        .fetch_optional(&mut self.conn)
+        .await
+        .map_err(db_error)?;
+        Ok(expires_at.is_some_and(|at| at > now))
+    }
+}

@@ -1,0 +1,232 @@
+//! [`SqliteStore`]: opening and closing a handle, and the trait
+//! implementations, which hand each call to the file for its job.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use mcp_event_store_core::backend::StreamKey;
+use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::{
+    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
+    SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
+};
+use sqlx::sqlite::SqlitePool;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::options::{Durability, NAME, SqliteOptions, WRITER_QUEUE};
+use crate::watcher::Watcher;
+use crate::writer::{Command, Reply, Write, Writer};
+use crate::{append, follow, inspect, purge, replay, sessions, setup};
+
+/// An event store (and session store) in one SQLite database file.
+///
+/// Cheap to clone; clones share the writer and the read pool. Call
+/// [`close`](SqliteStore::close) for a clean shutdown; dropping every clone
+/// also stops the writer once queued writes are done.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) key: StreamKey,
+    pub(crate) options: StoreOptions,
+    pub(crate) readers: SqlitePool,
+    pub(crate) writer: mpsc::Sender<Command>,
+    /// This handle's followers; the writer wakes them after its commits.
+    pub(crate) wakeups: Arc<Wakeups>,
+    /// Finds other handles' and processes' writes while anyone follows.
+    pub(crate) watcher: Watcher,
+    /// How often a follower re-reads without a wake-up.
+    pub(crate) follow_recheck: Duration,
+    /// What the store was opened to survive, for the health check.
+    pub(crate) durability: Durability,
+}
+
+impl SqliteStore {
+    /// Opens the database a `sqlite://` URL names, with default options
+    /// otherwise; see [`SqliteOptions::from_url`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, SqliteOptions::default()).await
+    }
+
+    /// Opens the database a `sqlite://` URL names, with `options` for
+    /// everything the URL does not say: the URL's file and its parameters
+    /// (see [`SqliteOptions::from_url`]) are applied over `options`, so a
+    /// parameter given in the URL wins.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mcp_event_store_core::Result<()> {
+    /// use std::time::Duration;
+    /// use mcp_event_store_sqlite::{Durability, SqliteOptions, SqliteStore};
+    ///
+    /// let defaults = SqliteOptions::default()
+    ///     .durability(Durability::PowerLoss)
+    ///     .busy_timeout(Duration::from_secs(10));
+    /// // Durability `process`, from the URL; a busy timeout of 10 s.
+    /// let store = SqliteStore::connect_with("sqlite://events.db?durability=process", defaults).await?;
+    /// # store.close().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with(url: &str, options: SqliteOptions) -> Result<Self> {
+        Self::open_with(options.apply_url(url)?).await
+    }
+
+    /// Opens (creating if needed) the database at `path` with default options.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(SqliteOptions::new(path.as_ref())).await
+    }
+
+    /// Opens with explicit options: creates the file if missing, runs the
+    /// embedded migrations, checks the format version and starts the writer.
+    ///
+    /// Any number of handles and processes may open one file at once, new
+    /// or not: they wait for each other (up to
+    /// [`SqliteOptions::busy_timeout`]) and the migrations run once.
+    pub async fn open_with(options: SqliteOptions) -> Result<Self> {
+        options.validate()?;
+        let opened = setup::open(&options).await?;
+        let wakeups = Arc::new(Wakeups::default());
+        let (sender, receiver) = mpsc::channel(WRITER_QUEUE);
+        let writer = Writer::new(
+            opened.writer,
+            options.store.retention,
+            options.max_batch,
+            wakeups.clone(),
+        );
+        tokio::spawn(writer.run(receiver));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                key: opened.key,
+                options: options.store,
+                readers: opened.readers,
+                writer: sender,
+                watcher: Watcher::new(
+                    opened.connect,
+                    options.follow_poll_interval,
+                    wakeups.clone(),
+                ),
+                wakeups,
+                follow_recheck: options.follow_recheck,
+                durability: options.durability,
+            }),
+        })
+    }
+
+    /// Finishes queued writes, then closes the writer, the read pool and the
+    /// follow watcher. Later calls on any clone fail with [`Error::Closed`];
+    /// open follows end with it. Closing again does nothing.
+    pub async fn close(&self) {
+        let (reply, done) = oneshot::channel();
+        if self
+            .inner
+            .writer
+            .send(Command::Close { reply })
+            .await
+            .is_ok()
+        {
+            let _ = done.await;
+        }
+        self.inner.readers.close().await;
+        self.inner.watcher.close();
+        // Followers re-read, find the store closed, and end.
+        self.inner.wakeups.wake_all();
+    }
+
+    /// Queues a write for the writer task and waits for its answer, which
+    /// comes only after the write is committed.
+    pub(crate) async fn write<T>(
+        &self,
+        reply: impl FnOnce(oneshot::Sender<Result<T>>) -> Reply,
+        write: Write,
+    ) -> Result<T> {
+        let (sender, answer) = oneshot::channel();
+        self.inner
+            .writer
+            .send(Command::Write(write, reply(sender)))
+            .await
+            .map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The store clock's time, in milliseconds.
+    pub(crate) fn now(&self) -> i64 {
+        self.inner.options.clock.now_millis()
+    }
+}
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        append::store_event(self, stream_id, event).await
+    }
+
+    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
+        replay::replay_events_after(self, last_event_id).await
+    }
+
+    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
+        replay::get_stream_id_for_event_id(self, event_id).await
+    }
+
+    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
+        purge::delete_stream(self, stream_id).await
+    }
+
+    async fn purge_expired(&self) -> Result<PurgeReport> {
+        purge::purge_expired(self).await
+    }
+
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        follow::follow_events_after(self, last_event_id, options).await
+    }
+
+    fn open_follows(&self) -> usize {
+        follow::open_follows(self)
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        inspect::stats(self).await
+    }
+
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
+        inspect::list_streams(self, after, limit).await
+    }
+
+    async fn check(&self) -> Result<HealthReport> {
+        inspect::check(self).await
+    }
+}
+
+#[async_trait]
+impl SessionStore for SqliteStore {
+    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
+        sessions::put_session(self, session_id, state, ttl).await
+    }
+
+    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
+        sessions::get_session(self, session_id).await
+    }
+
+    async fn delete_session(&self, session_id: &str) -> Result<bool> {
+        sessions::delete_session(self, session_id).await
+    }
+}
+
+/// A database error as the store reports it.
+pub(crate) fn db_error(e: sqlx::Error) -> Error {
+    match e {
+        // The read pool is closed only by `SqliteStore::close`.
+        sqlx::Error::PoolClosed => Error::Closed,
+        e => Error::backend(NAME, e),
+    }
+}
