@@ -1,28 +1,59 @@
-//! The conformance-suite harness for SQLite (feature `conformance`).
+//! The conformance-suite harness for SQLite (feature `conformance`), and
+//! probes this crate's own tests use.
+//!
+//! SQLite needs no server: each harness owns a fresh temporary directory
+//! holding one database file, removed by [`teardown`](Harness::teardown)
+//! and, when a test panics first, when the harness is dropped. The
+//! [`PersistentHarness`] locator is the file's path, so another process
+//! (the SIGKILL case's child) [attaches](PersistentHarness::attach) to it.
+
+use std::path::PathBuf;
 
 use async_trait::async_trait;
-use mcp_event_store_core::StoreOptions;
-use mcp_event_store_core::conformance::Harness;
+use mcp_event_store_core::conformance::{Harness, PersistentHarness};
+use mcp_event_store_core::{Result, StoreOptions};
+use sqlx::Connection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 
-use crate::{SqliteOptions, SqliteStore};
+use crate::{FORMAT_VERSION, SqliteOptions, SqliteStore};
 
-/// One temporary database file per harness, deleted with it.
+/// One database file in a temporary directory of its own, deleted with the
+/// harness; or, [attached](PersistentHarness::attach), another harness's
+/// file, left alone.
 #[derive(Debug)]
 pub struct SqliteHarness {
-    dir: tempfile::TempDir,
+    path: PathBuf,
+    /// The directory this harness owns; `None` when attached.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl SqliteHarness {
     /// A harness on a fresh temporary directory.
     pub async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
         Self {
-            dir: tempfile::tempdir().expect("create a temporary directory"),
+            path: dir.path().join("events.db"),
+            dir: Some(dir),
         }
     }
 
     /// The database file every `open` uses.
-    pub fn path(&self) -> std::path::PathBuf {
-        self.dir.path().join("events.db")
+    pub fn path(&self) -> PathBuf {
+        self.path.clone()
+    }
+
+    /// The options every `open` uses: this file, these shared options, the
+    /// defaults otherwise.
+    pub fn options(&self, store: StoreOptions) -> SqliteOptions {
+        SqliteOptions::new(&self.path).store(store)
+    }
+
+    /// A connection of its own on the file, outside any store, to change
+    /// what a store would not.
+    async fn raw(&self) -> SqliteConnection {
+        SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&self.path))
+            .await
+            .unwrap_or_else(|e| panic!("open {} directly: {e}", self.path.display()))
     }
 }
 
@@ -31,13 +62,98 @@ impl Harness for SqliteHarness {
     type Store = SqliteStore;
 
     async fn open(&self, options: StoreOptions) -> SqliteStore {
-        SqliteStore::open_with(SqliteOptions::new(self.path()).store(options))
+        SqliteStore::open_with(self.options(options))
             .await
             .expect("open the sqlite store")
     }
 
     async fn close(&self, store: SqliteStore) {
         store.close().await;
+    }
+
+    async fn teardown(self) {
+        if let Some(dir) = self.dir {
+            let shown = dir.path().display().to_string();
+            dir.close()
+                .unwrap_or_else(|e| panic!("removing the test directory {shown}: {e}"));
+        }
+    }
+}
+
+#[async_trait]
+impl PersistentHarness for SqliteHarness {
+    fn locator(&self) -> String {
+        self.path
+            .to_str()
+            .expect("a temporary path in UTF-8")
+            .to_owned()
+    }
+
+    async fn attach(locator: &str) -> Self {
+        Self {
+            path: PathBuf::from(locator),
+            dir: None,
+        }
+    }
+
+    async fn try_open(&self, options: StoreOptions) -> Result<SqliteStore> {
+        SqliteStore::open_with(self.options(options)).await
+    }
+
+    fn format_version(&self) -> u64 {
+        FORMAT_VERSION as u64
+    }
+
+    /// Writes what a release of format `version` leaves: its migrations in
+    /// `mes_migrations` (a row for each migration past this release's, one
+    /// per format version past [`FORMAT_VERSION`]; none past this release's
+    /// for the current format) and `mes_meta.format_version`.
+    ///
+    /// # Panics
+    ///
+    /// For a version older than [`FORMAT_VERSION`]: an older format is a
+    /// different schema, not just another marker (the format 1 upgrade is
+    /// tested with a database built by format 1's own migration).
+    async fn set_format_version(&self, version: u64) {
+        let current = FORMAT_VERSION as u64;
+        assert!(
+            version >= current,
+            "the SQLite harness can mark a database with format {current} or newer, not {version}"
+        );
+        let known = sqlx::migrate!("./migrations")
+            .iter()
+            .map(|migration| migration.version)
+            .max()
+            .unwrap_or(0);
+        let newer = i64::try_from(version - current).expect("a format version SQLite can hold");
+        let mut conn = self.raw().await;
+        let mut tx = conn.begin().await.expect("begin");
+        sqlx::query("DELETE FROM mes_migrations WHERE version > ?1")
+            .bind(known)
+            .execute(&mut *tx)
+            .await
+            .expect("remove migrations past this release's");
+        for migration in known + 1..=known + newer {
+            sqlx::query(
+                "INSERT INTO mes_migrations \
+                     (version, description, success, checksum, execution_time) \
+                 VALUES (?1, ?2, TRUE, X'00', 0)",
+            )
+            .bind(migration)
+            .bind(format!("a newer release's migration {migration} (test)"))
+            .execute(&mut *tx)
+            .await
+            .expect("record a newer release's migration");
+        }
+        let updated = sqlx::query("UPDATE mes_meta SET value = ?1 WHERE key = 'format_version'")
+            .bind(i64::try_from(version).expect("a format version SQLite can hold"))
+            .execute(&mut *tx)
+            .await
+            .expect("set the format version")
+            .rows_affected();
+        assert_eq!(updated, 1, "the database has no format version record");
+        tx.commit().await.expect("commit");
+        conn.close().await.expect("close");
     }
 }
 

@@ -4,11 +4,11 @@
 //! migration runs once, under SQLite's write lock; the others wait for it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
+use mcp_event_store_core::testkit::{ChildGuard, test_child};
 use mcp_event_store_core::{EventId, EventStore, NewEvent, Retention, StoreOptions};
 use mcp_event_store_sqlite::{SqliteOptions, SqliteStore};
 
@@ -85,32 +85,31 @@ async fn check_everything(path: &Path, names: &[String], mut expected: Vec<Event
     store.close().await;
 }
 
-/// A child process, killed by pid when the guard drops, so a failing parent
-/// never leaves one behind.
-struct ChildGuard {
-    child: Child,
+/// A child process opening the file (killed by pid if the test fails
+/// first), with where it writes its ids and its log.
+struct Opener {
+    child: ChildGuard,
     ids: PathBuf,
     log: PathBuf,
 }
 
-impl ChildGuard {
-    fn spawn(test: &str, db: &Path, name: &str, go: &Path) -> Self {
+impl Opener {
+    fn spawn(db: &Path, name: &str, go: &Path) -> Self {
         let dir = db.parent().unwrap();
         let ids = dir.join(format!("{name}.ids"));
         let log = dir.join(format!("{name}.log"));
         // The child's libtest report goes to a log, shown only if it fails.
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        let mut command = test_child("first_open_child").expect("this test binary's path");
+        command
             .env(
                 CHILD_ENV,
                 format!("{}|{name}|{}|{}", db.display(), go.display(), ids.display()),
             )
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("re-executing the test binary");
+            .stderr(err);
+        let child = ChildGuard::spawn(&mut command).expect("re-executing the test binary");
         Self { child, ids, log }
     }
 
@@ -126,17 +125,15 @@ impl ChildGuard {
     }
 }
 
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        // Kill by pid and reap; harmless if it already exited.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The child's side: wait for the go file, open, append, check, and write
-/// the acknowledged `shared` ids.
-async fn child_main(spec: &str) {
+/// The child's side, run by `processes_opening_a_new_file_at_once_all_succeed`
+/// with `CHILD_ENV` set (without it, it has nothing to do): wait for the go
+/// file, open, append, check, and write the acknowledged `shared` ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of processes_opening_a_new_file_at_once_all_succeed"]
+async fn first_open_child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let mut parts = spec.splitn(4, '|');
     let (db, name, go, out) = (
         parts.next().unwrap(),
@@ -158,27 +155,19 @@ async fn child_main(spec: &str) {
 /// back, and everything they acknowledged is there afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_opening_a_new_file_at_once_all_succeed() {
-    const TEST: &str = "processes_opening_a_new_file_at_once_all_succeed";
-    if let Ok(spec) = std::env::var(CHILD_ENV) {
-        child_main(&spec).await;
-        return;
-    }
     let mut failures = Vec::new();
     for round in 0..ROUNDS {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("events.db");
         let go = dir.path().join("go");
         let names: Vec<String> = (0..PROCESSES).map(|p| format!("p{p}")).collect();
-        let children: Vec<ChildGuard> = names
+        let children: Vec<Opener> = names
             .iter()
-            .map(|name| ChildGuard::spawn(TEST, &db, name, &go))
+            .map(|name| Opener::spawn(&db, name, &go))
             .collect();
         std::fs::write(&go, b"go").unwrap();
         let results = tokio::task::spawn_blocking(move || {
-            children
-                .into_iter()
-                .map(ChildGuard::finish)
-                .collect::<Vec<_>>()
+            children.into_iter().map(Opener::finish).collect::<Vec<_>>()
         })
         .await
         .unwrap();
