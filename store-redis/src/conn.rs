@@ -1,37 +1,14 @@
-//! One connection type for standalone Redis and Redis Cluster, and the URL
-//! forms that choose between them.
-
-use std::time::Duration;
+//! One connection type for standalone Redis and Redis Cluster, the URL
+//! locations that choose between them, the nodes that hold data, and the
+//! check of a write's replica acknowledgements (`WAIT`).
 
 use mcp_event_store_core::{Error, Result};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::NAME;
-
-/// Oldest server accepted: exclusive `XRANGE` bounds (`(id`) came in 6.2.
-pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
-
-/// Every URL scheme [`RedisStore::connect`](crate::RedisStore::connect)
-/// accepts. The `+cluster` forms open a Redis Cluster; `redis+unix`,
-/// `valkey+unix` and `unix` a unix socket; `rediss` and `valkeys` TLS (when
-/// the redis crate is built with a TLS feature).
-pub const URL_SCHEMES: &[&str] = &[
-    "redis",
-    "rediss",
-    "redis+unix",
-    "unix",
-    "redis+cluster",
-    "rediss+cluster",
-    "valkey",
-    "valkeys",
-    "valkey+unix",
-    "valkey+cluster",
-    "valkeys+cluster",
-];
+use crate::options::NAME;
 
 /// Where to connect, as parsed from the URL.
 #[derive(Debug, PartialEq, Eq)]
@@ -42,63 +19,39 @@ pub enum Target {
     Cluster(Vec<String>),
 }
 
-/// Parses the URL forms this backend accepts:
+/// Where a URL's location points (the URL forms are in the
+/// [crate docs](crate#connecting)):
 ///
 /// * `redis://[user:pass@]host[:port][/db]`, `rediss://...`, `valkey://...`,
 ///   `redis+unix:///path`, `unix:///path`: one server;
 /// * `redis+cluster://[user:pass@]host:port[,host:port...]` (and
 ///   `rediss+cluster://`): a Redis Cluster, given one or more seed nodes;
-/// * any `redis://` or `rediss://` URL with `?cluster=true` (hosts may be
+/// * any `redis://` or `rediss://` URL with `cluster` true (hosts may be
 ///   comma-separated there too): a Redis Cluster.
 ///
-/// The `cluster` parameter is removed; every other query parameter is passed
-/// to the redis crate unchanged. Errors never quote the URL, which may hold a
-/// password.
-pub fn parse_url(url: &str) -> Result<Target> {
+/// `url` is a URL whose scheme [`RedisOptions`](crate::RedisOptions) checked
+/// and from which it took this crate's parameters; `cluster` is its
+/// `cluster` parameter, if given. The query left (the redis crate's
+/// parameters) and the fragment go to every node. Errors never quote the
+/// URL, which may hold a password.
+pub fn target(url: &str, cluster: Option<bool>) -> Result<Target> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| Error::Config("Redis URL has no scheme (expected redis://...)".into()))?;
-    if !URL_SCHEMES.contains(&scheme) {
-        return Err(Error::Config(format!(
-            "unsupported Redis URL scheme {scheme:?}; use one of {}",
-            URL_SCHEMES.join("://, ") + "://"
-        )));
-    }
-    let (base_scheme, mut cluster) = match scheme.strip_suffix("+cluster") {
+    let (base_scheme, by_scheme) = match scheme.strip_suffix("+cluster") {
         Some(base) => (base, true),
         None => (scheme, false),
     };
+    let cluster = cluster.unwrap_or(by_scheme);
     // A fragment (`#insecure` for TLS) applies to every node.
     let (rest, fragment) = match rest.split_once('#') {
         Some((rest, fragment)) => (rest, format!("#{fragment}")),
         None => (rest, String::new()),
     };
     let (before_query, query) = match rest.split_once('?') {
-        Some((before, query)) => (before, Some(query)),
-        None => (rest, None),
-    };
-    let mut kept = Vec::new();
-    for pair in query.into_iter().flat_map(|q| q.split('&')) {
-        match pair.split_once('=').unwrap_or((pair, "")) {
-            ("cluster", value) => {
-                cluster = match value {
-                    "true" | "1" | "yes" | "" => true,
-                    "false" | "0" | "no" => false,
-                    _ => {
-                        return Err(Error::Config(
-                            "the Redis URL parameter `cluster` must be true or false".into(),
-                        ));
-                    }
-                };
-            }
-            _ if pair.is_empty() => {}
-            _ => kept.push(pair),
-        }
-    }
-    let query = if kept.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", kept.join("&"))
+        Some((before, query)) if !query.is_empty() => (before, format!("?{query}")),
+        Some((before, _)) => (before, String::new()),
+        None => (rest, String::new()),
     };
     if !cluster {
         if before_query.contains(',') && !base_scheme.contains("unix") {
@@ -178,56 +131,21 @@ pub fn backend(e: redis::RedisError) -> Error {
     Error::backend(NAME, e)
 }
 
-/// Opens the connection and checks the server version.
-pub async fn open(
-    target: &Target,
-    response_timeout: Duration,
-    connect_timeout: Duration,
-) -> Result<Conn> {
-    let conn = match target {
-        Target::Standalone(url) => {
-            let client = redis::Client::open(url.as_str()).map_err(backend)?;
-            let config = ConnectionManagerConfig::new()
-                .set_response_timeout(Some(response_timeout))
-                .set_connection_timeout(Some(connect_timeout))
-                .set_max_delay(Duration::from_secs(2));
-            Conn::Single(
-                ConnectionManager::new_with_config(client, config)
-                    .await
-                    .map_err(backend)?,
-            )
-        }
-        Target::Cluster(nodes) => {
-            let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
-                .connection_timeout(connect_timeout)
-                .response_timeout(response_timeout)
-                .build()
-                .map_err(backend)?;
-            Conn::Cluster(client.get_async_connection().await.map_err(backend)?)
-        }
-    };
-    for node in nodes(&conn).await? {
-        let info: String = node.query(&conn, redis::cmd("INFO").arg("server")).await?;
-        check_version(&info)?;
-    }
-    Ok(conn)
-}
+/// `WAIT` arguments for writes that must reach replicas: (replicas, ms).
+pub type Wait = Option<(u32, u64)>;
 
-/// Refuses servers older than [`MIN_REDIS_VERSION`], from `INFO server`.
-pub fn check_version(info: &str) -> Result<()> {
-    let version = info
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("redis_version:"))
-        .ok_or_else(|| Error::Config("the server's INFO has no redis_version".into()))?;
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if found < MIN_REDIS_VERSION {
-        return Err(Error::Config(format!(
-            "Redis {version} is too old: this store needs Redis {}.{} or newer (exclusive XRANGE ranges)",
-            MIN_REDIS_VERSION.0, MIN_REDIS_VERSION.1
-        )));
+/// The error when `WAIT` saw fewer replicas than asked for.
+pub fn check_replicas(acked: u32, replicas: u32, ms: u64, what: &str) -> Result<()> {
+    if acked >= replicas {
+        return Ok(());
     }
-    Ok(())
+    Err(Error::backend(
+        NAME,
+        format!(
+            "{what} was stored on the Redis primary, but only {acked} of {replicas} replicas \
+             acknowledged it within {ms} ms (WAIT): it may not survive a failover"
+        ),
+    ))
 }
 
 /// One node to send keyless commands (`SCAN`, `INFO`) to: the server itself,
@@ -330,88 +248,4 @@ pub async fn masters(conn: &Conn) -> Result<Vec<Master>> {
             address: Some(format!("{}:{port}", String::from_utf8_lossy(&host))),
         })
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn standalone_urls_pass_through() {
-        for url in [
-            "redis://127.0.0.1:6379",
-            "redis://:secret@host/2",
-            "rediss://host:6380",
-            "redis+unix:///run/redis.sock",
-        ] {
-            assert_eq!(parse_url(url).unwrap(), Target::Standalone(url.into()));
-        }
-        assert_eq!(
-            parse_url("redis://h?protocol=resp3&cluster=false").unwrap(),
-            Target::Standalone("redis://h?protocol=resp3".into())
-        );
-    }
-
-    #[test]
-    fn cluster_urls_name_every_seed() {
-        let want = Target::Cluster(vec!["redis://u:p@a:1/0".into(), "redis://u:p@b:2/0".into()]);
-        assert_eq!(parse_url("redis+cluster://u:p@a:1,b:2/0").unwrap(), want);
-        assert_eq!(
-            parse_url("redis://u:p@a:1,b:2/0?cluster=true").unwrap(),
-            want
-        );
-        assert_eq!(
-            parse_url("rediss+cluster://a:1?protocol=resp3").unwrap(),
-            Target::Cluster(vec!["rediss://a:1?protocol=resp3".into()])
-        );
-        assert_eq!(
-            parse_url("rediss+cluster://a:1,b:2#insecure").unwrap(),
-            Target::Cluster(vec![
-                "rediss://a:1#insecure".into(),
-                "rediss://b:2#insecure".into()
-            ])
-        );
-    }
-
-    #[test]
-    fn every_listed_scheme_parses() {
-        for scheme in URL_SCHEMES {
-            let url = if scheme.contains("unix") {
-                format!("{scheme}:///run/redis.sock")
-            } else {
-                format!("{scheme}://127.0.0.1:6379")
-            };
-            let target = parse_url(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
-            assert_eq!(
-                matches!(target, Target::Cluster(_)),
-                scheme.ends_with("+cluster"),
-                "{url}"
-            );
-        }
-    }
-
-    #[test]
-    fn bad_urls_are_config_errors_without_the_password() {
-        for url in [
-            "127.0.0.1:6379",
-            "http://user:hunter2@host",
-            "redis://user:hunter2@a,b",
-            "redis+cluster://user:hunter2@",
-            "redis://h?cluster=maybe",
-            "redis+unix:///x?cluster=true",
-        ] {
-            let err = parse_url(url).unwrap_err();
-            assert!(matches!(err, Error::Config(_)), "{url}: {err}");
-            assert!(!err.to_string().contains("hunter2"), "{err}");
-        }
-    }
-
-    #[test]
-    fn old_servers_are_refused() {
-        check_version("# Server\r\nredis_version:7.0.15\r\n").unwrap();
-        check_version("redis_version:6.2.0").unwrap();
-        let err = check_version("redis_version:6.0.9").unwrap_err();
-        assert!(err.to_string().contains("6.2"), "{err}");
-        assert!(check_version("nothing").is_err());
-    }
 }

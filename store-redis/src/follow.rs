@@ -21,22 +21,24 @@
 //! followers are woken once then: an append between a follower's first read
 //! and that baseline is not missed. The task ends when nobody follows any
 //! more (after its current block or poll) and is aborted when the handle is
-//! dropped.
+//! closed or dropped.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use mcp_event_store_core::Position;
 use mcp_event_store_core::backend::StreamToken;
-use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::backend::follow::{Wakeups, follow, reread};
+use mcp_event_store_core::{EventId, FollowOptions, Position, Replay, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 use tokio::task::AbortHandle;
 
+use crate::RedisStore;
 use crate::conn::Conn;
 use crate::keys::Keys;
+use crate::options::NAME;
 use crate::wire::{entry_id, parse_entry_id};
 
 /// How long one `XREAD` blocks at most. Bounds how long a watcher stays
@@ -93,6 +95,8 @@ struct State {
     client_id: Option<i64>,
     /// While an `XREAD` is in flight: the generation its keys were taken at.
     blocking: Option<u64>,
+    /// The handle was closed: no watcher starts again.
+    closed: bool,
 }
 
 impl Follow {
@@ -118,6 +122,9 @@ impl Follow {
     pub(crate) async fn watch(&self, token: StreamToken) {
         let (client_id, generation) = {
             let mut state = self.shared.state();
+            if state.closed {
+                return;
+            }
             if state.task.is_none() {
                 let shared = self.shared.clone();
                 let task = tokio::spawn(async move { shared.run().await });
@@ -167,11 +174,58 @@ impl Follow {
     }
 }
 
+impl Follow {
+    /// Stops the watcher (its connection closes with it) for good, and wakes
+    /// every follower, so each reads again and meets the closed handle.
+    pub(crate) fn close(&self) {
+        let task = {
+            let mut state = self.shared.state();
+            state.closed = true;
+            state.client_id = None;
+            state.blocking = None;
+            state.covered.clear();
+            state.task.take()
+        };
+        if let Some(task) = task {
+            task.abort();
+        }
+        self.shared.hub.wake_all();
+    }
+}
+
 impl Drop for Follow {
     fn drop(&mut self) {
         if let Some(task) = self.shared.state().task.take() {
             task.abort();
         }
+    }
+}
+
+impl RedisStore {
+    /// Opens a follow (C13): the replay after `last_event_id`, then every
+    /// event appended to its stream, woken by this handle's hub.
+    pub(crate) async fn open_follow(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        let cursor: EventId = last_event_id.parse()?;
+        // Subscribe before the first read, so no wake-up falls in between;
+        // then make sure the watcher covers the stream.
+        let subscription = self.inner.follow.hub().subscribe(cursor.token);
+        self.inner.follow.watch(cursor.token).await;
+        let first =
+            mcp_event_store_core::EventStore::replay_events_after(self, last_event_id).await?;
+        let store = self.clone();
+        Ok(follow(
+            NAME,
+            first,
+            subscription,
+            last_event_id.to_owned(),
+            self.inner.options.follow_recheck,
+            options,
+            reread(store),
+        ))
     }
 }
 

@@ -17,8 +17,9 @@ use mcp_event_store_core::{
 use redis::Value;
 
 use crate::conn::{self, Master, Node};
+use crate::options::NAME;
 use crate::scripts::SCRIPTS;
-use crate::{FORMAT_VERSION, NAME, RedisStore};
+use crate::{FORMAT_VERSION, RedisStore};
 
 /// `SCAN COUNT` for statistics and listings. Part of what a listing cursor
 /// means: a page that ends inside a batch reads that batch again, with the

@@ -20,10 +20,8 @@
 use mcp_event_store_core::backend::{StreamKey, StreamToken};
 use mcp_event_store_core::{Error, Result};
 
-/// The prefix used when none is configured.
-pub const DEFAULT_KEY_PREFIX: &str = "mcp-event-store";
-/// Longest accepted key prefix, in bytes.
-const MAX_PREFIX_LEN: usize = 128;
+use crate::options::MAX_KEY_PREFIX_LEN;
+
 /// The layout version written into every data key's name.
 const LAYOUT: &str = "v1";
 /// Domain separation between stream tokens and session tokens.
@@ -34,9 +32,9 @@ const SESSION_DOMAIN: &str = "mcp-event-store/session\0";
 /// No `{`/`}` so the stream token is always the key's hash tag, and no glob
 /// characters so `SCAN MATCH <prefix>:...` matches only this store's keys.
 pub fn validate_prefix(prefix: &str) -> Result<()> {
-    if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
+    if prefix.is_empty() || prefix.len() > MAX_KEY_PREFIX_LEN {
         return Err(Error::Config(format!(
-            "key_prefix must be 1 to {MAX_PREFIX_LEN} bytes, got {}",
+            "key_prefix must be 1 to {MAX_KEY_PREFIX_LEN} bytes, got {}",
             prefix.len()
         )));
     }

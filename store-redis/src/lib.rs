@@ -12,57 +12,9 @@
 //! let id = store.store_event("session-1:common", NewEvent::new(b"{}")).await?;
 //! let replay = store.replay_events_after(&id.to_string()).await?;
 //! # drop(replay);
+//! store.close().await;
 //! # Ok(()) }
 //! ```
-//!
-//! # How it works
-//!
-//! * **One Redis Stream per event stream**, appended with `XADD *`: the
-//!   server assigns the entry id `<ms>-<seq>`, which becomes the event id's
-//!   position (major = ms, minor = seq). The id's stream token names the
-//!   stream's keys directly (see the [key layout](#key-layout)), so resuming
-//!   needs no index lookup.
-//! * **`store_event` is one round trip**: one Lua script (`EVALSHA`; a node
-//!   that does not know it, after a restart or a failover, gets it by `EVAL`
-//!   on that one call, on that node only) checks the stream id against the
-//!   token, appends, updates the metadata hash, trims by count and bytes, and
-//!   sets the stream's TTL. Scripts are atomic, so ids are assigned in
-//!   visibility order and a reader can never see an event appear behind its
-//!   cursor (C6). The append that *creates* a stream takes two more round
-//!   trips, to check that the handle's cached stream secret is still the
-//!   stored one (see [after a restart](#restart-without-persistence)); with
-//!   [`wait_replicas`](RedisOptions::wait_replicas), `WAIT` rides in the same
-//!   round trip as the script (see [replicas](#replicas-and-wait)).
-//! * **Replay** is one round trip for the first page: the metadata and an
-//!   inclusive `XRANGE <cursor> + COUNT <page + 1>` in one `MULTI`. Within
-//!   the retained window the read must start with the cursor's own entry,
-//!   so a position never issued (between two real ids, just beside one, or
-//!   with a zero part such as `v1.<token>.0`) is `UnknownEventId`, never a
-//!   resume from the middle. Later pages read exclusively, `XRANGE (<id> +`,
-//!   each checked against the metadata in the same `MULTI`. A cursor before
-//!   the retained window is `EventsPurged`, decided from the metadata
-//!   (`purged`, the newest id retention removed) without reading the
-//!   stream; every later page is checked the same way, so a purge racing a
-//!   replay is an error, never a silent gap. Ids after the newest issued,
-//!   before the stream's first, or on a stream that does not exist are
-//!   `UnknownEventId`. Lookup (`get_stream_id_for_event_id`) reads
-//!   `XRANGE <id> <id>`: only an entry that exists is found.
-//! * **Retention**: the count and byte limits are applied exactly, inline on
-//!   every append (the newest event is never removed by them). The byte limit
-//!   uses a running byte counter in the metadata hash; trimming reads each
-//!   removed entry once to learn its size, which is why trimming is exact
-//!   rather than `MAXLEN ~` (an approximate trim does not say what it
-//!   removed). Age is judged by the store's [`Clock`](mcp_event_store_core::Clock)
-//!   (each entry records the clock's time) and applied by
-//!   [`purge_expired`](EventStore::purge_expired), which `SCAN`s this prefix's
-//!   metadata and session hashes in batches on every master. As a backstop in
-//!   real time, every append sets `PEXPIRE <max_age>` on the stream's keys, so
-//!   an idle stream disappears by itself even if nobody purges.
-//! * **Sessions** are hashes with the expiry time by the store's clock, plus a
-//!   `PEXPIRE` of the TTL as a real-time backstop.
-//! * **Cluster-safe**: every command and script touches only keys under one
-//!   hash tag, so nothing is ever `CROSSSLOT`; streams spread over all masters
-//!   by their tokens.
 //!
 //! # Connecting
 //!
@@ -83,15 +35,24 @@
 //! `cluster=true`, `wait_replicas=<n>`, `wait_timeout_ms=<ms>`,
 //! `follow_recheck_ms=<ms>`, `cluster_follow_poll_ms=<ms>`. They
 //! override the same settings in the [`RedisOptions`] given to
-//! `connect_with`. Every other parameter (`protocol=resp3`, ...) goes to the
-//! redis crate unchanged.
+//! `connect_with`. The redis crate's own parameters
+//! ([`DRIVER_URL_PARAMETERS`]: `protocol=resp3`, and `db`, `user`, `pass`
+//! on unix sockets) go to it unchanged. Any other parameter, or one given
+//! twice, is refused with [`Error::Config`](mcp_event_store_core::Error::Config)
+//! naming it, rather than ignored. [`RedisOptions::from_url`] reads the
+//! same parameters into options.
 //!
 //! Servers older than 6.2 are refused when connecting.
 //!
-//! # Key layout
+//! [`RedisStore::close`] stops the handle's follow watcher and makes every
+//! later call of the handle and its clones fail with
+//! [`Error::Closed`](mcp_event_store_core::Error::Closed); the connection
+//! closes when the last clone is dropped.
+//!
+//! # Layout
 //!
 //! ```text
-//! <prefix>:format                        "1": the format marker (C12)
+//! <prefix>:format                        "1": the format marker (see Format)
 //! <prefix>:v1:stream-key                 32 random bytes keying stream tokens
 //! <prefix>:v1:{<token>}:events           the Redis Stream (fields t, d, r)
 //! <prefix>:v1:{<token>}:meta             hash: sid base last purged bytes head_t [pending]
@@ -99,21 +60,67 @@
 //! <prefix>:v1:{<session token>}:session  hash: id d exp [pending]
 //! ```
 //!
-//! `<token>` is the 24-character token of the event ids. The prefix may not
-//! contain `{`, `}` or glob characters, so the token is always the hash tag:
-//! a stream id never appears in a key name and cannot choose a slot. The
-//! first store to connect creates the marker and the secret with `SET NX`;
-//! every later one reads them, so all instances derive the same tokens. A
-//! marker other than `1` (a newer, incompatible layout) is refused with
-//! [`Error::IncompatibleFormat`]. `pending` marks a stream or session whose
-//! creator has not yet checked the secret (next section).
+//! **One Redis Stream per event stream**, appended with `XADD *`: the
+//! server assigns the entry id `<ms>-<seq>`, which becomes the event id's
+//! position (major = ms, minor = seq). `<token>` is the 24-character token
+//! of the event ids, so an id names its stream's keys directly and resuming
+//! needs no index lookup. The prefix may not contain `{`, `}` or glob
+//! characters, so the token is always the hash tag: a stream id never
+//! appears in a key name and cannot choose a slot. `pending` marks a stream
+//! or session whose creator has not yet checked the secret (see
+//! [Restart without persistence](#restart-without-persistence)).
 //!
 //! A stream started again under the same stream id, after `delete_stream` or
 //! after it expired whole, never reissues an id of its earlier life: its
 //! first id is after the `gone` marker (and Redis's own ids are later than
 //! any the server issued before, unless its clock went back).
 //!
-//! # Durability (C1, C10)
+//! ## Appending
+//!
+//! `store_event` is one round trip: one Lua script (`EVALSHA`; a node
+//! that does not know it, after a restart or a failover, gets it by `EVAL`
+//! on that one call, on that node only) checks the stream id against the
+//! token, appends, updates the metadata hash, trims by count and bytes, and
+//! sets the stream's TTL. Scripts are atomic, so ids are assigned in
+//! visibility order and a reader can never see an event appear behind its
+//! cursor (C6). The append that *creates* a stream takes two more round
+//! trips, to check that the handle's cached stream secret is still the
+//! stored one (see [after a restart](#restart-without-persistence)); with
+//! [`wait_replicas`](RedisOptions::wait_replicas), `WAIT` rides in the same
+//! round trip as the script (see [replicas](#replicas-and-wait)).
+//!
+//! ## Replaying
+//!
+//! Replay is one round trip for the first page: the metadata and an
+//! inclusive `XRANGE <cursor> + COUNT <page + 1>` in one `MULTI`. Within
+//! the retained window the read must start with the cursor's own entry,
+//! so a position never issued (between two real ids, just beside one, or
+//! with a zero part such as `v1.<token>.0`) is `UnknownEventId`, never a
+//! resume from the middle. Later pages read exclusively, `XRANGE (<id> +`,
+//! each checked against the metadata in the same `MULTI`. A cursor before
+//! the retained window is `EventsPurged`, decided from the metadata
+//! (`purged`, the newest id retention removed) without reading the
+//! stream; every later page is checked the same way, so a purge racing a
+//! replay is an error, never a silent gap. Ids after the newest issued,
+//! before the stream's first, or on a stream that does not exist are
+//! `UnknownEventId`. Lookup (`get_stream_id_for_event_id`) reads
+//! `XRANGE <id> <id>`: only an entry that exists is found.
+//!
+//! ## Sessions
+//!
+//! Sessions are hashes named by a keyed hash of the session id (keyed with
+//! the stream secret, so no more guessable than a stream's keys), with the
+//! expiry time by the store's clock, plus a `PEXPIRE` of the TTL as a
+//! real-time backstop.
+//!
+//! ## Redis Cluster
+//!
+//! Every command and script touches only keys under one hash tag, so
+//! nothing is ever `CROSSSLOT`; streams spread over all masters by their
+//! tokens. Keyless commands (`SCAN`, `INFO`, `CONFIG GET`) go to every
+//! master.
+//!
+//! # Durability
 //!
 //! `store_event` returns once the Redis primary has executed the append, so
 //! the event is as durable as that server's persistence makes it; this
@@ -201,6 +208,26 @@
 //! 9,200. Across a network the added time is the round trip from the
 //! primary to its slowest awaited replica.
 //!
+//! # Retention
+//!
+//! The count and byte limits are applied exactly, inline on every append
+//! (the newest event is never removed by them). The byte limit uses a
+//! running byte counter in the metadata hash; trimming reads each removed
+//! entry once to learn its size, which is why trimming is exact rather than
+//! `MAXLEN ~` (an approximate trim does not say what it removed). Age is
+//! judged by the store's [`Clock`](mcp_event_store_core::Clock) (each entry
+//! records the clock's time) and applied by
+//! [`purge_expired`](EventStore::purge_expired), which `SCAN`s this prefix's
+//! metadata and session hashes in batches on every master. As a backstop in
+//! real time, every append sets `PEXPIRE <max_age>` on the stream's keys, so
+//! an idle stream disappears by itself even if nobody purges. Sessions
+//! expire by their TTL the same two ways.
+//!
+//! [`delete_stream`](EventStore::delete_stream) removes a stream's keys at
+//! once and leaves its newest id in the `gone` key for an hour (see
+//! [Layout](#layout)); [`RedisStore::destroy`] removes every key of the
+//! prefix.
+//!
 //! # Following
 //!
 //! [`follow_events_after`](EventStore::follow_events_after) (C13) replays
@@ -270,7 +297,7 @@
 //!   Redis then loses acknowledged events.
 //! * `appendfsync`: `always` is ok; `everysec` warns (an operating-system
 //!   crash or power loss can lose about the last second of acknowledged
-//!   events, see [Durability](#durability-c1-c10)), and so does `no`.
+//!   events, see [Durability](#durability)), and so does `no`.
 //!   Reported as unused while `appendonly` is `no`.
 //! * `save` (RDB snapshots): ok with `appendonly yes`; otherwise it warns,
 //!   saying whether snapshots are all there is or nothing is persisted.
@@ -309,53 +336,73 @@
 //!
 //! Appends are one script call each, never batched, so this backend
 //! records no append batch size metric.
+//!
+//! # Format
+//!
+//! The layout is version [`FORMAT_VERSION`]: the `v1` in every data key's
+//! name, and the marker `<prefix>:format` holding `1` (an unversioned name,
+//! so a newer layout can refuse this one). The first store to connect
+//! creates the marker and the secret with `SET NX`; every later one reads
+//! them, so all instances derive the same tokens. A marker other than `1`
+//! (a newer, incompatible layout) is refused with
+//! [`Error::IncompatibleFormat`](mcp_event_store_core::Error::IncompatibleFormat)
+//! when connecting, and nothing under the prefix is changed. After the
+//! server lost its data, the marker is put back with the secret (see
+//! [Restart without persistence](#restart-without-persistence)).
+//!
+//! # Limits
+//!
+//! * Stream ids of 1 to 1024 bytes and payloads up to the
+//!   [`StoreOptions`](mcp_event_store_core::StoreOptions) maximum (8 MiB by
+//!   default), as for every backend; Redis itself takes values up to its
+//!   `proto-max-bulk-len` (512 MB by default).
+//! * Key prefixes: 1 to 128 bytes of `[A-Za-z0-9._:/-]` (no hash tags, no
+//!   glob characters).
+//! * Redis [`MIN_REDIS_VERSION`] (6.2) or newer, standalone or Cluster;
+//!   Cluster not over unix sockets.
+//! * One append removes at most 256 entries by retention, one purge script
+//!   call at most 1,000: more is left to later appends and purges, so no
+//!   call stalls the server.
+//! * Replies wait [`DEFAULT_RESPONSE_TIMEOUT`] (30 s) and connections
+//!   [`DEFAULT_CONNECT_TIMEOUT`] (5 s) unless configured; an append that
+//!   waits for replicas waits at most
+//!   [`wait_timeout`](RedisOptions::wait_timeout).
+//! * TTLs longer than about 35 years are not set on the keys (nothing would
+//!   expire anyway).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod append;
 mod conn;
 mod follow;
 mod inspect;
 mod keys;
 mod options;
+mod purge;
+mod replay;
 mod scripts;
-mod secret;
+mod sessions;
+mod setup;
+mod store;
 mod wire;
 
 #[cfg(feature = "conformance")]
 pub mod testing;
 
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use futures_util::{StreamExt, TryStreamExt};
-use mcp_event_store_core::backend::follow::follow;
-use mcp_event_store_core::backend::{
-    Page, StreamKey, StreamToken, observe, paged_replay, retry_to_millis, validate_session_id,
-    validate_stream_id,
-};
-use mcp_event_store_core::{
-    Backend, Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, Position,
-    PurgeReport, Replay, Result, SessionStore, Store, StoreStats, StreamCursor, StreamPage,
-};
-use redis::{ErrorKind, FromRedisValue, Pipeline, ServerErrorKind, Value};
+#[cfg(doc)]
+use mcp_event_store_core::EventStore;
+use mcp_event_store_core::{Backend, Store};
 
-pub use conn::{MIN_REDIS_VERSION, URL_SCHEMES};
 pub use follow::WATCHER_CLIENT_NAME;
-pub use keys::{DEFAULT_KEY_PREFIX, validate_prefix};
+pub use keys::validate_prefix;
 pub use options::{
     DEFAULT_CLUSTER_FOLLOW_POLL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FOLLOW_RECHECK,
-    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, RedisOptions, URL_PARAMETERS,
+    DEFAULT_KEY_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, DRIVER_URL_PARAMETERS,
+    MIN_REDIS_VERSION, RedisOptions, URL_PARAMETERS, URL_SCHEMES,
 };
-
-use conn::{Conn, Target, backend};
-use follow::{Follow, Source};
-use keys::{Keys, StreamKeys};
-use scripts::{Call, SCRIPTS};
-use secret::{Secret, Wait, check_replicas, settle};
-use wire::{after, entry_id, parse_entries, parse_entry_id, parse_meta_id};
+pub use store::RedisStore;
 
 /// This backend as the `mcp-event-store` facade's `connect` finds it: URL
 /// schemes [`URL_SCHEMES`], facade feature `redis`. Its `connect` reads the
@@ -367,7 +414,7 @@ use wire::{after, entry_id, parse_entries, parse_entry_id, parse_meta_id};
 /// assert!(mcp_event_store_redis::BACKEND.opens("valkey+cluster://h1:7000,h2:7001"));
 /// ```
 pub const BACKEND: Backend = Backend {
-    name: NAME,
+    name: options::NAME,
     schemes: URL_SCHEMES,
     feature: "redis",
     connect: |url, options| {
@@ -379,1008 +426,6 @@ pub const BACKEND: Backend = Backend {
     },
 };
 
-/// The backend name in errors and traces.
-const NAME: &str = "redis";
 /// The storage format this release reads and writes (the `<prefix>:format`
 /// marker, and the `v1` in every data key).
 pub const FORMAT_VERSION: u32 = 1;
-/// Most entries one append removes by retention; more are left to the next
-/// appends and to `purge_expired`, so one append never stalls the server.
-const APPEND_TRIM_BUDGET: u32 = 256;
-/// How long `delete_stream` (and a purge that empties a stream) remembers
-/// the stream's newest id. Ids are
-/// server milliseconds, so a re-created stream only needs it for as long as
-/// the server clock might lag behind the old ids; an hour is ample.
-const GONE_MARKER_TTL: Duration = Duration::from_secs(60 * 60);
-/// Most entries one purge script call removes before yielding the server.
-const PURGE_TRIM_BUDGET: u32 = 1_000;
-/// `SCAN COUNT` during purges.
-const SCAN_BATCH: u32 = 500;
-/// Streams purged at once during `purge_expired`.
-const PURGE_CONCURRENCY: usize = 16;
-/// TTLs beyond this (about 30 years) are not set: nothing would expire anyway.
-const MAX_PEXPIRE_MS: u64 = 1 << 40;
-/// How many times one call writes again after finding that the stream
-/// secret changed under it (each time means the backend lost its data
-/// again while the call ran).
-const SECRET_ATTEMPTS: usize = 4;
-
-/// An [`EventStore`] and [`SessionStore`] on Redis Streams.
-///
-/// Cheap to clone; clones share one connection (or one set of cluster node
-/// connections), which reconnects by itself after the connection is lost.
-/// Calls in flight when a connection drops may fail; later calls go through
-/// once the server answers again.
-#[derive(Clone)]
-pub struct RedisStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    conn: Conn,
-    keys: Keys,
-    secret: Secret,
-    options: RedisOptions,
-    follow: Follow,
-}
-
-impl fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("key_prefix", &self.inner.keys.prefix())
-            .field("cluster", &self.is_cluster())
-            .finish_non_exhaustive()
-    }
-}
-
-/// What the metadata hash says about a stream.
-struct Meta {
-    base: Position,
-    last: Position,
-    purged: Option<Position>,
-}
-
-impl Meta {
-    fn parse(base: Option<String>, last: Option<String>, purged: Option<String>) -> Result<Self> {
-        let (Some(base), Some(last)) = (
-            parse_meta_id(base.as_deref())?,
-            parse_meta_id(last.as_deref())?,
-        ) else {
-            return Err(Error::Corrupt(
-                "stream metadata without base or last id".into(),
-            ));
-        };
-        Ok(Self {
-            base,
-            last,
-            purged: parse_meta_id(purged.as_deref())?,
-        })
-    }
-
-    /// Whether `position` lies in the range of ids this stream issued.
-    fn issued(&self, position: Position) -> bool {
-        (self.base..=self.last).contains(&position)
-    }
-}
-
-impl RedisStore {
-    /// Connects with default options; see [`connect_with`](Self::connect_with).
-    pub async fn connect(url: &str) -> Result<Self> {
-        Self::connect_with(url, RedisOptions::default()).await
-    }
-
-    /// Connects to the server or cluster `url` names (see the
-    /// [crate docs](crate#connecting) for the forms and the parameters this
-    /// crate reads from the URL, which override the same settings in
-    /// `options`), checks the server version and the format marker, and
-    /// loads (or creates) the stream-token secret.
-    pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
-        let (options, url) = options.apply_url(url)?;
-        options.validate()?;
-        let keys = Keys::new(&options.key_prefix)?;
-        let target = conn::parse_url(&url)?;
-        let conn = conn::open(&target, options.response_timeout, options.connect_timeout).await?;
-        let wait = wait_of(&options);
-        let key = settle(&conn, &keys, &StreamKey::generate()?, wait).await?;
-        warn_without_persistence(&conn).await;
-        let source = match &target {
-            Target::Standalone(url) => Source::Standalone {
-                client: redis::Client::open(url.as_str()).map_err(backend)?,
-                main: conn.clone(),
-                connect_timeout: options.connect_timeout,
-                response_timeout: options.response_timeout,
-            },
-            Target::Cluster(_) => Source::Cluster {
-                conn: conn.clone(),
-                poll: options.cluster_follow_poll,
-            },
-        };
-        let follow = Follow::new(keys.clone(), source);
-        Ok(Self {
-            inner: Arc::new(Inner {
-                conn,
-                keys,
-                secret: Secret::new(key),
-                options,
-                follow,
-            }),
-        })
-    }
-
-    /// The key prefix every key of this store starts with.
-    pub fn key_prefix(&self) -> &str {
-        self.inner.keys.prefix()
-    }
-
-    /// Whether this store talks to a Redis Cluster.
-    pub fn is_cluster(&self) -> bool {
-        matches!(self.inner.conn, Conn::Cluster(_))
-    }
-
-    /// The options this store was opened with.
-    pub fn options(&self) -> &RedisOptions {
-        &self.inner.options
-    }
-
-    fn conn(&self) -> Conn {
-        self.inner.conn.clone()
-    }
-
-    /// The stream secret this handle uses now.
-    fn key(&self) -> StreamKey {
-        self.inner.secret.current()
-    }
-
-    /// `WAIT` arguments, if appends wait for replicas.
-    fn wait(&self) -> Wait {
-        wait_of(&self.inner.options)
-    }
-
-    /// Checks that `key`, the secret a call just used, is still the stored
-    /// one, putting it (and the format marker) back if the backend lost
-    /// them. `false`: another handle stored a different secret after a
-    /// loss; this handle now uses that one, and the call must be made again.
-    async fn secret_holds(&self, key: &StreamKey) -> Result<bool> {
-        let stored = settle(&self.inner.conn, &self.inner.keys, key, self.wait()).await?;
-        if stored.as_bytes() == key.as_bytes() {
-            return Ok(true);
-        }
-        tracing::warn!(
-            key_prefix = self.inner.keys.prefix(),
-            "the stream secret in Redis is not the one this handle used: the server lost its \
-             data (a restart without persistence?) and another handle stored a new secret; \
-             adopting it"
-        );
-        self.inner.secret.adopt(stored);
-        Ok(false)
-    }
-
-    /// Runs `call`, followed in the same round trip by `WAIT` when `wait`
-    /// and appends wait for replicas (on the same connection and, on a
-    /// cluster, on the same master: a pipeline goes where its first key
-    /// lives). By `EVALSHA`; if the node does not know the script (it
-    /// restarted, was promoted, or `SCRIPT FLUSH`), once more by `EVAL` of
-    /// the source (the script did not run, so nothing is done twice).
-    /// Returns the script's reply and, with `WAIT`, how many replicas
-    /// acknowledged.
-    async fn run(&self, call: &Call<'_>, wait: bool) -> Result<(Value, Option<u32>)> {
-        let wait = self.wait().filter(|_| wait);
-        let mut conn = self.conn();
-        let mut by_source = false;
-        loop {
-            let mut pipe = redis::pipe();
-            pipe.add_command(call.cmd(by_source));
-            let result = match wait {
-                Some((replicas, ms)) => {
-                    pipe.cmd("WAIT").arg(replicas).arg(ms);
-                    pipe.query_async::<(Value, u32)>(&mut conn)
-                        .await
-                        .map(|(reply, acked)| (reply, Some(acked)))
-                }
-                None => pipe
-                    .query_async::<(Value,)>(&mut conn)
-                    .await
-                    .map(|(reply,)| (reply, None)),
-            };
-            match result {
-                Err(e)
-                    if !by_source && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
-                {
-                    by_source = true;
-                }
-                other => return other.map_err(backend),
-            }
-        }
-    }
-
-    /// Runs `call` (never followed by `WAIT`) and converts its reply.
-    async fn invoke<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
-        let (reply, _) = self.run(&call, false).await?;
-        T::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))
-    }
-
-    /// Fails a write that `WAIT` says too few replicas hold.
-    fn check_wait(&self, acked: Option<u32>, what: &str) -> Result<()> {
-        match (self.wait(), acked) {
-            (Some((replicas, ms)), Some(acked)) => check_replicas(acked, replicas, ms, what),
-            _ => Ok(()),
-        }
-    }
-
-    fn now(&self) -> i64 {
-        self.inner.options.store.clock.now_millis()
-    }
-
-    fn page_size(&self) -> usize {
-        self.inner.options.store.page_size
-    }
-
-    /// Runs a read-only pipeline, retrying once if the connection dropped
-    /// under it (reads are idempotent; appends are never retried).
-    async fn read<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
-        let mut conn = self.conn();
-        match pipe.query_async(&mut conn).await {
-            Ok(value) => Ok(value),
-            Err(e) if e.is_connection_dropped() || (e.is_io_error() && !e.is_timeout()) => {
-                tracing::debug!(error = %e, "connection lost during a read; retrying once");
-                pipe.query_async(&mut conn).await.map_err(backend)
-            }
-            Err(e) => Err(backend(e)),
-        }
-    }
-
-    async fn append(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        self.inner
-            .options
-            .store
-            .check_append(stream_id, event.data.len())?;
-        for _ in 0..SECRET_ATTEMPTS {
-            let key = self.key();
-            let token = key.token(stream_id);
-            let keys = self.inner.keys.stream(&token);
-            let (id, check) = self.append_once(stream_id, event, token, &keys).await?;
-            let Some(check) = check else {
-                return Ok(id);
-            };
-            if check == "restarted" {
-                tracing::warn!(
-                    stream_id,
-                    "part of this stream's keys was gone (evicted or deleted by hand); \
-                     it starts over, and cursors into its old events are refused"
-                );
-            }
-            match self.secret_holds(&key).await {
-                Ok(true) => {
-                    let confirmed: i64 = self
-                        .invoke(
-                            SCRIPTS
-                                .confirm
-                                .call()
-                                .key(&keys.events)
-                                .key(&keys.meta)
-                                .arg(entry_id(id.position))
-                                .arg(stream_id),
-                        )
-                        .await?;
-                    if confirmed == 1 {
-                        return Ok(id);
-                    }
-                    // The entry went between the append and this check (the
-                    // backend lost its data again): append once more.
-                }
-                Ok(false) => self.discard(&keys, stream_id).await?,
-                Err(e) => {
-                    if matches!(e, Error::IncompatibleFormat(_)) {
-                        // A newer release took the prefix over after a loss.
-                        self.discard(&keys, stream_id).await?;
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        Err(secret_kept_changing())
-    }
-
-    /// Removes a stream this handle created under a secret that turned out
-    /// to be out of date (nothing in it was acknowledged).
-    async fn discard(&self, keys: &StreamKeys, stream_id: &str) -> Result<()> {
-        let _: i64 = self
-            .invoke(
-                SCRIPTS
-                    .discard
-                    .call()
-                    .key(&keys.events)
-                    .key(&keys.meta)
-                    .arg(stream_id),
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// One run of the append script (and `WAIT`): the id, and the state
-    /// (`new`, `restarted`, `pending`) when the secret must be checked
-    /// before the id may be returned.
-    async fn append_once(
-        &self,
-        stream_id: &str,
-        event: NewEvent<'_>,
-        token: StreamToken,
-        keys: &StreamKeys,
-    ) -> Result<(EventId, Option<&'static str>)> {
-        let retention = self.inner.options.store.retention;
-        let call = SCRIPTS
-            .append
-            .call()
-            .key(&keys.events)
-            .key(&keys.meta)
-            .key(&keys.gone)
-            .arg(stream_id)
-            .arg(event.data)
-            .arg(
-                retry_to_millis(event.retry)
-                    .map(|ms| ms.to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(self.now())
-            .arg(optional(retention.max_events_per_stream))
-            .arg(optional(retention.max_bytes_per_stream))
-            .arg(ttl_arg(retention.max_age))
-            .arg(APPEND_TRIM_BUDGET);
-        let (reply, acked) = self.run(&call, true).await?;
-        let (id, check) = match reply {
-            Value::BulkString(id) => (parse_entry_id(&id)?, None),
-            Value::SimpleString(id) => (parse_entry_id(id.as_bytes())?, None),
-            Value::Array(parts) => match <(Vec<u8>, String)>::from_redis_value(Value::Array(parts))
-            {
-                Ok((id, state)) => {
-                    let check = match state.as_str() {
-                        "new" => "new",
-                        "restarted" => "restarted",
-                        "pending" => "pending",
-                        _ => return Err(unexpected_reply("append")),
-                    };
-                    (parse_entry_id(&id)?, Some(check))
-                }
-                Err(_) => return Err(unexpected_reply("append")),
-            },
-            Value::Int(-1) => {
-                return Err(Error::Corrupt(format!(
-                    "stream token {token} already belongs to another stream id"
-                )));
-            }
-            _ => return Err(unexpected_reply("append")),
-        };
-        self.check_wait(acked, "the event")?;
-        Ok((EventId::new(token, id), check))
-    }
-
-    async fn open_replay(&self, raw: &str) -> Result<Replay> {
-        let cursor: EventId = raw.parse()?;
-        let token = cursor.token;
-        let keys = self.inner.keys.stream(&token);
-        let page_size = self.page_size();
-        // One round trip: the metadata, and an inclusive range that must
-        // start with the cursor itself, which proves the cursor was issued
-        // (a position between two real ids is never accepted).
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HMGET")
-            .arg(&keys.meta)
-            .arg(&["sid", "base", "last", "purged"])
-            .cmd("XRANGE")
-            .arg(&keys.events)
-            .arg(entry_id(cursor.position))
-            .arg("+")
-            .arg("COUNT")
-            .arg(page_size.saturating_add(1));
-        let (meta, entries): (MetaRow, Value) = self.read(&pipe).await?;
-        let (Some(stream_id), base, last, purged) = meta else {
-            return Err(Error::unknown_event_id(raw));
-        };
-        let meta = Meta::parse(base, last, purged)?;
-        let mut events = first_page(raw, &meta, cursor.position, parse_entries(token, entries)?)?;
-        events.truncate(page_size);
-        let mut first = Some(Page {
-            last: events.len() < page_size,
-            events,
-        });
-        let store = self.clone();
-        let raw = raw.to_owned();
-        let base = meta.base;
-        let events = paged_replay(cursor.position, move |position| {
-            let first = first.take();
-            let store = store.clone();
-            let raw = raw.clone();
-            let keys = keys.clone();
-            async move {
-                match first {
-                    Some(page) => Ok(page),
-                    None => store.page(&raw, token, &keys, base, position).await,
-                }
-            }
-        });
-        Ok(Replay { stream_id, events })
-    }
-
-    /// Reads the page after `position`, checked against the metadata read in
-    /// the same transaction: the stream must be the same incarnation (same
-    /// `base`) and retention must not have removed anything after `position`.
-    async fn page(
-        &self,
-        raw: &str,
-        token: StreamToken,
-        keys: &StreamKeys,
-        base: Position,
-        position: Position,
-    ) -> Result<Page> {
-        let page_size = self.page_size();
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XRANGE")
-            .arg(&keys.events)
-            .arg(after(position))
-            .arg("+")
-            .arg("COUNT")
-            .arg(page_size)
-            .cmd("HMGET")
-            .arg(&keys.meta)
-            .arg(&["base", "last", "purged"]);
-        let (entries, (base_now, last, purged)): (Value, PageMeta) = self.read(&pipe).await?;
-        if parse_meta_id(base_now.as_deref())? != Some(base) {
-            // Deleted (or deleted and recreated) while we were reading.
-            return Err(Error::events_purged(raw));
-        }
-        if parse_meta_id(purged.as_deref())?.is_some_and(|purged| purged > position) {
-            return Err(Error::events_purged(raw));
-        }
-        let events = parse_entries(token, entries)?;
-        check_not_emptied(raw, &events, parse_meta_id(last.as_deref())?, position)?;
-        Ok(Page {
-            last: events.len() < page_size,
-            events,
-        })
-    }
-
-    async fn purge(&self) -> Result<PurgeReport> {
-        let now = self.now();
-        let pattern = self.inner.keys.scan_pattern();
-        let mut report = PurgeReport::default();
-        for node in conn::nodes(&self.inner.conn).await? {
-            let mut cursor = 0u64;
-            loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_BATCH)
-                    .arg("TYPE")
-                    .arg("hash");
-                let (next, found): (u64, Vec<Vec<u8>>) =
-                    node.query(&self.inner.conn, &scan).await?;
-                let reports: Vec<PurgeReport> = futures_util::stream::iter(found)
-                    .filter_map(|key| async move { String::from_utf8(key).ok() })
-                    .map(|key| async move { self.purge_key(&key, now).await })
-                    .buffer_unordered(PURGE_CONCURRENCY)
-                    .try_collect()
-                    .await?;
-                for one in reports {
-                    report.add(one);
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
-        }
-        Ok(report)
-    }
-
-    /// Applies retention to one stream, or expiry to one session, found by SCAN.
-    async fn purge_key(&self, key: &str, now: i64) -> Result<PurgeReport> {
-        let mut report = PurgeReport::default();
-        if key.ends_with(":session") {
-            let removed: u64 = self
-                .invoke(SCRIPTS.session_purge.call().key(key).arg(now))
-                .await?;
-            report.sessions += removed;
-            return Ok(report);
-        }
-        let Some(keys) = self.inner.keys.stream_of_meta(key) else {
-            return Ok(report);
-        };
-        let retention = self.inner.options.store.retention;
-        let cutoff = retention.expiry_cutoff_millis(now);
-        loop {
-            let (removed, gone, more): (u64, u64, u64) = self
-                .invoke(
-                    SCRIPTS
-                        .purge
-                        .call()
-                        .key(&keys.events)
-                        .key(&keys.meta)
-                        .key(&keys.gone)
-                        .arg(cutoff.map(|c| c.to_string()).unwrap_or_default())
-                        .arg(optional(retention.max_events_per_stream))
-                        .arg(optional(retention.max_bytes_per_stream))
-                        .arg(PURGE_TRIM_BUDGET)
-                        .arg(GONE_MARKER_TTL.as_millis() as u64),
-                )
-                .await?;
-            report.events += removed;
-            report.streams += gone;
-            if more == 0 {
-                return Ok(report);
-            }
-        }
-    }
-
-    /// Removes every key under this store's prefix: all streams, sessions, the
-    /// secret and the format marker. For tests and for decommissioning. Handles
-    /// still open on the prefix go on as after a server restart without
-    /// persistence (see the [crate docs](crate#restart-without-persistence)).
-    pub async fn destroy(&self) -> Result<u64> {
-        unlink_matching(&self.inner.conn, &self.inner.keys.all_pattern()).await
-    }
-}
-
-/// Removes every key matching `pattern` on every node (`SCAN` + `UNLINK`
-/// per master), returning how many went.
-pub(crate) async fn unlink_matching(conn: &Conn, pattern: &str) -> Result<u64> {
-    let mut removed = 0;
-    for node in conn::nodes(conn).await? {
-        let mut cursor = 0u64;
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_BATCH);
-            let (next, found): (u64, Vec<Vec<u8>>) = node.query(conn, &scan).await?;
-            for key in found {
-                // One key per UNLINK: keys of different slots may not
-                // share a command, and UNLINK frees big streams off-thread.
-                let n: u64 = redis::cmd("UNLINK")
-                    .arg(key)
-                    .query_async(&mut conn.clone())
-                    .await
-                    .map_err(backend)?;
-                removed += n;
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
-            }
-        }
-    }
-    Ok(removed)
-}
-
-/// `HMGET meta base last purged`, read with each later page.
-type PageMeta = (Option<String>, Option<String>, Option<String>);
-
-/// Checks the first page of a replay, read inclusively from the cursor, and
-/// returns the events after the cursor (at most one page).
-///
-/// * outside the ids this stream issued: `UnknownEventId`;
-/// * before the newest id retention removed: `EventsPurged`;
-/// * the newest id retention removed itself: it was issued, and nothing
-///   after it is gone, so the replay goes on from there;
-/// * within the retained window: the read must start with the cursor's own
-///   entry, or the position was never issued (`UnknownEventId`); nothing at
-///   all while the stream's newest id is at or after the cursor means the
-///   events key was lost (`EventsPurged`).
-fn first_page(
-    raw: &str,
-    meta: &Meta,
-    cursor: Position,
-    mut events: Vec<mcp_event_store_core::StoredEvent>,
-) -> Result<Vec<mcp_event_store_core::StoredEvent>> {
-    if !meta.issued(cursor) {
-        return Err(Error::unknown_event_id(raw));
-    }
-    match meta.purged {
-        Some(purged) if cursor < purged => return Err(Error::events_purged(raw)),
-        Some(purged) if cursor == purged => {
-            events.retain(|e| e.id.position > cursor);
-        }
-        _ => match events.first() {
-            None => return Err(Error::events_purged(raw)),
-            Some(first) if first.id.position != cursor => {
-                return Err(Error::unknown_event_id(raw));
-            }
-            Some(_) => {
-                events.remove(0);
-            }
-        },
-    }
-    Ok(events)
-}
-
-/// An empty page while the stream's newest id lies beyond `position` means
-/// the events after it are gone (the events key was evicted or deleted by
-/// hand): a gap, refused like any other.
-fn check_not_emptied(
-    raw: &str,
-    events: &[mcp_event_store_core::StoredEvent],
-    last: Option<Position>,
-    position: Position,
-) -> Result<()> {
-    if events.is_empty() && last.is_some_and(|last| last > position) {
-        return Err(Error::events_purged(raw));
-    }
-    Ok(())
-}
-
-/// `HMGET meta sid base last purged`.
-type MetaRow = (
-    Option<String>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
-
-/// A limit as a script argument: its decimal value, or `''` for none.
-fn optional(limit: Option<u64>) -> String {
-    limit.map(|l| l.to_string()).unwrap_or_default()
-}
-
-/// The real-time TTL that backs up age retention: `max_age` in ms (at least
-/// 1, since `PEXPIRE 0` deletes at once), or `''` for no TTL.
-fn ttl_arg(max_age: Option<Duration>) -> String {
-    match max_age.map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)) {
-        Some(ms) if ms <= MAX_PEXPIRE_MS => ms.max(1).to_string(),
-        _ => String::new(),
-    }
-}
-
-/// `WAIT` arguments from the options: (replicas, timeout ms), or none.
-fn wait_of(options: &RedisOptions) -> Wait {
-    (options.wait_replicas > 0).then(|| (options.wait_replicas, options.wait_timeout_ms()))
-}
-
-fn unexpected_reply(script: &str) -> Error {
-    Error::Corrupt(format!("unexpected reply from the {script} script"))
-}
-
-/// A write found the stream secret changed again and again: the backend
-/// keeps losing its data under it.
-fn secret_kept_changing() -> Error {
-    Error::backend(
-        NAME,
-        format!(
-            "the stream secret in Redis changed {SECRET_ATTEMPTS} times during one call; \
-             is something emptying the server?"
-        ),
-    )
-}
-
-/// Says once per process, at connect, when the server would lose events on
-/// restart, since C1 and C10 then hold only as long as the server runs.
-async fn warn_without_persistence(conn: &Conn) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if WARNED.load(std::sync::atomic::Ordering::Relaxed) {
-        return;
-    }
-    let Ok(nodes) = conn::nodes(conn).await else {
-        return;
-    };
-    for node in nodes {
-        let info: Result<String> = node
-            .query(conn, redis::cmd("INFO").arg("persistence"))
-            .await;
-        if let Ok(info) = info {
-            let aof = info.lines().any(|l| l.trim() == "aof_enabled:1");
-            if !aof && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::warn!(
-                    "Redis has no append-only file: acknowledged events are lost if the server restarts"
-                );
-                return;
-            }
-        }
-    }
-}
-
-#[async_trait]
-impl EventStore for RedisStore {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        let id = observe::append(
-            NAME,
-            stream_id,
-            event.data.len(),
-            self.append(stream_id, event),
-        )
-        .await?;
-        // The script returned: the event is visible to every reader now.
-        self.inner.follow.hub().wake(&id.token);
-        Ok(id)
-    }
-
-    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        observe::replay(NAME, last_event_id, self.open_replay(last_event_id)).await
-    }
-
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
-        let Some(id) = EventId::parse(event_id) else {
-            return Ok(None);
-        };
-        let keys = self.inner.keys.stream(&id.token);
-        // The entry itself must exist: a position between two issued ids is
-        // never found.
-        let at = entry_id(id.position);
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HGET")
-            .arg(&keys.meta)
-            .arg("sid")
-            .cmd("XRANGE")
-            .arg(&keys.events)
-            .arg(&at)
-            .arg(&at)
-            .arg("COUNT")
-            .arg(1);
-        let (sid, entry): (Option<String>, Vec<Value>) = self.read(&pipe).await?;
-        Ok(sid.filter(|_| !entry.is_empty()))
-    }
-
-    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
-        validate_stream_id(stream_id)?;
-        for _ in 0..SECRET_ATTEMPTS {
-            let key = self.key();
-            let keys = self.inner.keys.stream(&key.token(stream_id));
-            let removed: i64 = self
-                .invoke(
-                    SCRIPTS
-                        .delete
-                        .call()
-                        .key(&keys.events)
-                        .key(&keys.meta)
-                        .key(&keys.gone)
-                        .arg(stream_id)
-                        .arg(GONE_MARKER_TTL.as_millis() as u64),
-                )
-                .await?;
-            // No such stream: unless this handle's secret is out of date
-            // (then the stream lives under another token), there is
-            // nothing to delete.
-            if removed >= 0 || self.secret_holds(&key).await? {
-                return Ok(u64::try_from(removed).unwrap_or(0));
-            }
-        }
-        Err(secret_kept_changing())
-    }
-
-    async fn purge_expired(&self) -> Result<PurgeReport> {
-        observe::purge(NAME, self.purge()).await
-    }
-
-    async fn follow_events_after(
-        &self,
-        last_event_id: &str,
-        options: FollowOptions,
-    ) -> Result<Replay> {
-        let cursor: EventId = last_event_id.parse()?;
-        // Subscribe before the first read, so no wake-up falls in between;
-        // then make sure the watcher covers the stream.
-        let subscription = self.inner.follow.hub().subscribe(cursor.token);
-        self.inner.follow.watch(cursor.token).await;
-        let first = self.replay_events_after(last_event_id).await?;
-        let store = self.clone();
-        Ok(follow(
-            NAME,
-            first,
-            subscription,
-            last_event_id.to_owned(),
-            self.inner.options.follow_recheck,
-            options,
-            mcp_event_store_core::backend::follow::reread(store),
-        ))
-    }
-
-    fn open_follows(&self) -> usize {
-        self.inner.follow.hub().followers()
-    }
-
-    async fn stats(&self) -> Result<StoreStats> {
-        self.inspect_stats().await
-    }
-
-    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
-        self.inspect_list(after, limit).await
-    }
-
-    async fn check(&self) -> Result<HealthReport> {
-        self.inspect_check().await
-    }
-}
-
-#[async_trait]
-impl SessionStore for RedisStore {
-    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        let expires_at =
-            self.inner
-                .options
-                .store
-                .check_session_put(session_id, state.len(), ttl)?;
-        for _ in 0..SECRET_ATTEMPTS {
-            let key = self.key();
-            let session = self.inner.keys.session(&key, session_id);
-            let call = SCRIPTS
-                .session_put
-                .call()
-                .key(&session)
-                .arg(session_id)
-                .arg(state)
-                .arg(expires_at)
-                .arg(ttl_arg(Some(ttl)));
-            let (reply, acked) = self.run(&call, true).await?;
-            let check = i64::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))?;
-            self.check_wait(acked, "the session")?;
-            if check == 0 {
-                return Ok(());
-            }
-            // A new session (or one still pending): as for a new stream, the
-            // secret that named it must be the stored one.
-            if self.secret_holds(&key).await? {
-                let confirmed: i64 = self
-                    .invoke(SCRIPTS.session_confirm.call().key(&session).arg(session_id))
-                    .await?;
-                if confirmed == 1 {
-                    return Ok(());
-                }
-            } else {
-                let _: i64 = self
-                    .invoke(SCRIPTS.session_discard.call().key(&session).arg(session_id))
-                    .await?;
-            }
-        }
-        Err(secret_kept_changing())
-    }
-
-    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
-        if validate_session_id(session_id).is_err() {
-            return Ok(None);
-        }
-        for _ in 0..SECRET_ATTEMPTS {
-            let key = self.key();
-            let session = self.inner.keys.session(&key, session_id);
-            let mut pipe = redis::pipe();
-            pipe.cmd("HMGET").arg(&session).arg(&["id", "d", "exp"]);
-            let ((id, data, expires_at),): ((Option<String>, Option<Vec<u8>>, Option<i64>),) =
-                self.read(&pipe).await?;
-            let (Some(id), Some(data), Some(expires_at)) = (id, data, expires_at) else {
-                // Missing: unless this handle's secret is out of date (then
-                // the session lives under another key), there is none.
-                if self.secret_holds(&key).await? {
-                    return Ok(None);
-                }
-                continue;
-            };
-            if id != session_id {
-                return Err(Error::Corrupt(
-                    "session token already belongs to another session id".into(),
-                ));
-            }
-            return Ok((expires_at > self.now()).then(|| Bytes::from(data)));
-        }
-        Err(secret_kept_changing())
-    }
-
-    async fn delete_session(&self, session_id: &str) -> Result<bool> {
-        if validate_session_id(session_id).is_err() {
-            return Ok(false);
-        }
-        for _ in 0..SECRET_ATTEMPTS {
-            let key = self.key();
-            let session = self.inner.keys.session(&key, session_id);
-            let outcome: i64 = self
-                .invoke(
-                    SCRIPTS
-                        .session_delete
-                        .call()
-                        .key(&session)
-                        .arg(session_id)
-                        .arg(self.now()),
-                )
-                .await?;
-            if outcome >= 0 || self.secret_holds(&key).await? {
-                return Ok(outcome == 1);
-            }
-        }
-        Err(secret_kept_changing())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttl_arguments() {
-        assert_eq!(ttl_arg(None), "");
-        assert_eq!(ttl_arg(Some(Duration::ZERO)), "1");
-        assert_eq!(ttl_arg(Some(Duration::from_secs(60))), "60000");
-        assert_eq!(ttl_arg(Some(Duration::MAX)), "");
-        assert_eq!(optional(None), "");
-        assert_eq!(optional(Some(5)), "5");
-    }
-
-    #[test]
-    fn meta_ranges() {
-        let meta = Meta {
-            base: Position::new(10, 0),
-            last: Position::new(20, 3),
-            purged: Some(Position::new(12, 0)),
-        };
-        assert!(!meta.issued(Position::seq(9)));
-        assert!(meta.issued(Position::new(20, 3)));
-        assert!(!meta.issued(Position::new(20, 4)));
-    }
-
-    #[test]
-    fn the_first_page_must_start_at_the_cursor() {
-        let token = StreamKey::generate().unwrap().token("s");
-        let page = |positions: &[(u64, u64)]| -> Vec<mcp_event_store_core::StoredEvent> {
-            positions
-                .iter()
-                .map(|&(a, b)| mcp_event_store_core::StoredEvent {
-                    id: EventId::new(token, Position::new(a, b)),
-                    data: Bytes::new(),
-                    retry: None,
-                })
-                .collect()
-        };
-        let positions = |events: Vec<mcp_event_store_core::StoredEvent>| -> Vec<Position> {
-            events.iter().map(|e| e.id.position).collect()
-        };
-        let meta = Meta {
-            base: Position::new(10, 0),
-            last: Position::new(30, 0),
-            purged: Some(Position::new(12, 0)),
-        };
-        let unknown = |r: Result<_>| matches!(r, Err(Error::UnknownEventId { .. }));
-        let purged = |r: Result<_>| matches!(r, Err(Error::EventsPurged { .. }));
-        // Within the window: the read starts with the cursor, which is dropped.
-        let got = first_page("x", &meta, Position::new(20, 0), page(&[(20, 0), (25, 0)]));
-        assert_eq!(positions(got.unwrap()), vec![Position::new(25, 0)]);
-        // A position between two real ids, or before one, was never issued.
-        assert!(unknown(first_page(
-            "x",
-            &meta,
-            Position::new(20, 1),
-            page(&[(25, 0)])
-        )));
-        assert!(unknown(first_page(
-            "x",
-            &meta,
-            Position::new(13, 0),
-            page(&[(14, 0)])
-        )));
-        // Outside the issued range.
-        assert!(unknown(first_page("x", &meta, Position::ZERO, page(&[]))));
-        assert!(unknown(first_page(
-            "x",
-            &meta,
-            Position::new(30, 1),
-            page(&[])
-        )));
-        // Before the newest purged id: a gap.
-        assert!(purged(first_page(
-            "x",
-            &meta,
-            Position::new(11, 0),
-            page(&[(14, 0)])
-        )));
-        // The newest purged id itself: nothing after it is gone.
-        let got = first_page("x", &meta, Position::new(12, 0), page(&[(14, 0)]));
-        assert_eq!(positions(got.unwrap()), vec![Position::new(14, 0)]);
-        // Nothing at all although the stream reaches the cursor: lost events.
-        assert!(purged(first_page(
-            "x",
-            &meta,
-            Position::new(30, 0),
-            page(&[])
-        )));
-    }
-}

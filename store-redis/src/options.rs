@@ -1,11 +1,40 @@
-//! Options of the Redis backend.
+//! Options of the Redis backend: [`RedisOptions`], every URL parameter
+//! ([`RedisOptions::from_url`]), and the backend's defaults and limits.
 
 use std::time::Duration;
 
 use mcp_event_store_core::{Error, Result, StoreOptions};
 
-use crate::keys::{DEFAULT_KEY_PREFIX, validate_prefix};
+use crate::conn::{Target, Wait};
+use crate::keys::validate_prefix;
 
+/// The backend name in errors, traces and metrics.
+pub(crate) const NAME: &str = "redis";
+
+/// Every URL scheme [`RedisStore::connect`](crate::RedisStore::connect)
+/// accepts. The `+cluster` forms open a Redis Cluster; `redis+unix`,
+/// `valkey+unix` and `unix` a unix socket; `rediss` and `valkeys` TLS (when
+/// the redis crate is built with a TLS feature).
+pub const URL_SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+unix",
+    "unix",
+    "redis+cluster",
+    "rediss+cluster",
+    "valkey",
+    "valkeys",
+    "valkey+unix",
+    "valkey+cluster",
+    "valkeys+cluster",
+];
+
+/// Oldest server accepted: exclusive `XRANGE` bounds (`(id`) came in 6.2.
+pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
+/// The prefix used when none is configured.
+pub const DEFAULT_KEY_PREFIX: &str = "mcp-event-store";
+/// Longest accepted key prefix, in bytes.
+pub(crate) const MAX_KEY_PREFIX_LEN: usize = 128;
 /// Default time to wait for a reply. Generous on purpose: the redis crate's
 /// own default (500 ms) fails large replay pages and 8 MiB appends on a busy
 /// server, and a timed-out append leaves the caller not knowing whether it
@@ -24,9 +53,29 @@ pub const DEFAULT_FOLLOW_RECHECK: Duration = Duration::from_secs(5);
 /// [`RedisOptions::cluster_follow_poll`]).
 pub const DEFAULT_CLUSTER_FOLLOW_POLL: Duration = Duration::from_millis(100);
 
+/// Most entries one append removes by retention; more are left to the next
+/// appends and to `purge_expired`, so one append never stalls the server.
+pub(crate) const APPEND_TRIM_BUDGET: u32 = 256;
+/// How long `delete_stream` (and a purge that empties a stream) remembers
+/// the stream's newest id. Ids are
+/// server milliseconds, so a re-created stream only needs it for as long as
+/// the server clock might lag behind the old ids; an hour is ample.
+pub(crate) const GONE_MARKER_TTL: Duration = Duration::from_secs(60 * 60);
+/// Most entries one purge script call removes before yielding the server.
+pub(crate) const PURGE_TRIM_BUDGET: u32 = 1_000;
+/// `SCAN COUNT` during purges.
+pub(crate) const SCAN_BATCH: u32 = 500;
+/// Streams purged at once during `purge_expired`.
+pub(crate) const PURGE_CONCURRENCY: usize = 16;
+/// TTLs beyond this (about 30 years) are not set: nothing would expire anyway.
+pub(crate) const MAX_PEXPIRE_MS: u64 = 1 << 40;
+/// How many times one call writes again after finding that the stream
+/// secret changed under it (each time means the backend lost its data
+/// again while the call ran).
+pub(crate) const SECRET_ATTEMPTS: usize = 4;
+
 /// The URL query parameters this crate reads itself and removes before the
-/// redis crate parses the URL (every other parameter goes to the redis
-/// crate unchanged):
+/// redis crate parses the URL:
 ///
 /// * `prefix=<key prefix>` sets [`RedisOptions::key_prefix`];
 /// * `cluster=true|false` chooses Redis Cluster for a `redis://` URL;
@@ -35,8 +84,11 @@ pub const DEFAULT_CLUSTER_FOLLOW_POLL: Duration = Duration::from_millis(100);
 /// * `follow_recheck_ms=<ms>` sets [`RedisOptions::follow_recheck`];
 /// * `cluster_follow_poll_ms=<ms>` sets [`RedisOptions::cluster_follow_poll`].
 ///
-/// A parameter in the URL overrides the same setting in the options passed
-/// to [`connect_with`](crate::RedisStore::connect_with).
+/// The redis crate's own parameters ([`DRIVER_URL_PARAMETERS`]) are passed
+/// on to it. Any other parameter, and any parameter given twice, is an
+/// [`Error::Config`] naming it. A parameter in the URL overrides the same
+/// setting in the options passed to
+/// [`connect_with`](crate::RedisStore::connect_with).
 pub const URL_PARAMETERS: &[&str] = &[
     "prefix",
     "cluster",
@@ -45,6 +97,14 @@ pub const URL_PARAMETERS: &[&str] = &[
     "follow_recheck_ms",
     "cluster_follow_poll_ms",
 ];
+
+/// The redis crate's URL parameters, passed on to it unchanged:
+/// `protocol=resp2|resp3` on every URL, and on unix-socket URLs (which
+/// have no other place for them) `db=<n>`, `user=<name>` and `pass=<password>`.
+/// A TCP URL names its database in the path (`redis://host/2`) and its
+/// user in the authority (`redis://user:pass@host`); `db`, `user` or `pass`
+/// in its query would be ignored by the redis crate, so they are refused.
+pub const DRIVER_URL_PARAMETERS: &[&str] = &["protocol", "db", "user", "pass"];
 
 /// Everything [`RedisStore::connect_with`](crate::RedisStore::connect_with)
 /// accepts beside the URL.
@@ -204,24 +264,71 @@ impl RedisOptions {
             .max(1)
     }
 
-    /// Takes this crate's parameters ([`URL_PARAMETERS`] except `cluster`,
-    /// which [`conn::parse_url`](crate::conn::parse_url) reads) out of
-    /// `url`, applies them over these options, and returns the options and
-    /// the URL without them. Errors never quote the URL, which may hold a
-    /// password.
-    pub(crate) fn apply_url(mut self, url: &str) -> Result<(Self, String)> {
+    /// `WAIT` arguments from these options: (replicas, timeout ms), or
+    /// none when appends do not wait for replicas.
+    pub(crate) fn wait(&self) -> Wait {
+        (self.wait_replicas > 0).then(|| (self.wait_replicas, self.wait_timeout_ms()))
+    }
+
+    /// The options a store URL describes: [`RedisOptions::default`] with
+    /// every parameter of the URL applied. This is where every URL
+    /// parameter of this backend is read ([`URL_PARAMETERS`], and the redis
+    /// crate's own [`DRIVER_URL_PARAMETERS`], checked and left for it); an
+    /// unknown parameter, one given twice, or a bad value is an
+    /// [`Error::Config`] naming it (never quoting the URL, which may hold a
+    /// password). The location (scheme, hosts, database, credentials) is not
+    /// part of the options: [`connect_with`](crate::RedisStore::connect_with)
+    /// takes it from the URL it is given.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mcp_event_store_redis::RedisOptions;
+    ///
+    /// let options = RedisOptions::from_url("redis://127.0.0.1/2?prefix=app:events&wait_replicas=1")?;
+    /// assert_eq!(options.key_prefix, "app:events");
+    /// assert_eq!(options.wait_replicas, 1);
+    /// assert_eq!(options.wait_timeout, Duration::from_secs(1));
+    /// assert!(RedisOptions::from_url("redis://127.0.0.1?prefx=typo").is_err());
+    /// # Ok::<(), mcp_event_store_core::Error>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (options, _) = Self::default().with_url(url)?;
+        Ok(options)
+    }
+
+    /// Applies the parameters of `url` over these options (a parameter in
+    /// the URL wins) and returns the options and where to connect: the
+    /// URL's location with the redis crate's parameters left in it.
+    pub(crate) fn with_url(mut self, url: &str) -> Result<(Self, Target)> {
+        let (scheme, _) = url.split_once("://").ok_or_else(|| {
+            Error::Config("Redis URL has no scheme (expected redis://...)".into())
+        })?;
+        if !URL_SCHEMES.contains(&scheme) {
+            return Err(Error::Config(format!(
+                "unsupported Redis URL scheme {scheme:?}; use one of {}",
+                URL_SCHEMES.join("://, ") + "://"
+            )));
+        }
+        let unix = scheme.contains("unix");
         let (rest, fragment) = match url.split_once('#') {
             Some((rest, fragment)) => (rest, Some(fragment)),
             None => (url, None),
         };
-        let Some((base, query)) = rest.split_once('?') else {
-            return Ok((self, url.to_owned()));
-        };
+        let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let mut seen = Vec::new();
+        let mut cluster = None;
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|pair| !pair.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if seen.contains(&name) {
+                return Err(Error::Config(format!(
+                    "the Redis URL parameter `{name}` is given more than once"
+                )));
+            }
+            seen.push(name);
             match name {
                 "prefix" => self.key_prefix = percent_decode(value, "prefix")?,
+                "cluster" => cluster = Some(parse_cluster(value)?),
                 "wait_replicas" => {
                     self.wait_replicas = parse_number(value, "wait_replicas")?;
                 }
@@ -237,19 +344,46 @@ impl RedisOptions {
                     self.cluster_follow_poll =
                         Duration::from_millis(parse_number(value, "cluster_follow_poll_ms")?);
                 }
-                _ => kept.push(pair),
+                "protocol" => kept.push(pair),
+                "db" | "user" | "pass" if unix => kept.push(pair),
+                "db" | "user" | "pass" => {
+                    return Err(Error::Config(format!(
+                        "the Redis URL parameter `{name}` is only read on unix-socket URLs; \
+                         a {scheme}:// URL names the database in its path (/2) and the \
+                         user and password before the host (user:pass@host)"
+                    )));
+                }
+                _ => {
+                    return Err(Error::Config(format!(
+                        "unknown Redis URL parameter `{name}`; this backend reads {} and passes \
+                         protocol (and db, user, pass on unix sockets) to the redis crate",
+                        URL_PARAMETERS.join(", ")
+                    )));
+                }
             }
         }
-        let mut url = base.to_owned();
+        let mut location = base.to_owned();
         if !kept.is_empty() {
-            url.push('?');
-            url.push_str(&kept.join("&"));
+            location.push('?');
+            location.push_str(&kept.join("&"));
         }
         if let Some(fragment) = fragment {
-            url.push('#');
-            url.push_str(fragment);
+            location.push('#');
+            location.push_str(fragment);
         }
-        Ok((self, url))
+        let target = crate::conn::target(&location, cluster)?;
+        Ok((self, target))
+    }
+}
+
+/// The `cluster` URL parameter (a bare `cluster` means true).
+fn parse_cluster(value: &str) -> Result<bool> {
+    match value {
+        "true" | "1" | "yes" | "" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err(Error::Config(
+            "the Redis URL parameter `cluster` must be true or false".into(),
+        )),
     }
 }
 
@@ -297,38 +431,152 @@ fn percent_decode(value: &str, name: &str) -> Result<String> {
 mod tests {
     use super::*;
 
+    /// The options and where to connect, for a URL.
+    fn parse(url: &str) -> Result<(RedisOptions, Target)> {
+        RedisOptions::default().with_url(url)
+    }
+
     #[test]
     fn our_url_parameters_are_taken_out() {
-        let (options, url) = RedisOptions::default()
-            .apply_url("redis://:pw@h:1/2?prefix=app%3Aprod&protocol=resp3&wait_replicas=2&wait_timeout_ms=250&follow_recheck_ms=1500&cluster_follow_poll_ms=20#insecure")
+        let (options, target) = parse("redis://:pw@h:1/2?prefix=app%3Aprod&protocol=resp3&wait_replicas=2&wait_timeout_ms=250&follow_recheck_ms=1500&cluster_follow_poll_ms=20#insecure")
             .unwrap();
-        assert_eq!(url, "redis://:pw@h:1/2?protocol=resp3#insecure");
+        assert_eq!(
+            target,
+            Target::Standalone("redis://:pw@h:1/2?protocol=resp3#insecure".into())
+        );
         assert_eq!(options.follow_recheck, Duration::from_millis(1500));
         assert_eq!(options.cluster_follow_poll, Duration::from_millis(20));
         assert_eq!(options.key_prefix, "app:prod");
         assert_eq!(options.wait_replicas, 2);
         assert_eq!(options.wait_timeout, Duration::from_millis(250));
-        let (options, url) = RedisOptions::default()
+        let (options, target) = RedisOptions::default()
             .key_prefix("from-options")
-            .apply_url("redis+cluster://a:1,b:2?prefix=p&cluster=true")
+            .with_url("redis+cluster://a:1,b:2?prefix=p&cluster=true")
             .unwrap();
-        assert_eq!(url, "redis+cluster://a:1,b:2?cluster=true");
+        assert_eq!(
+            target,
+            Target::Cluster(vec!["redis://a:1".into(), "redis://b:2".into()])
+        );
         assert_eq!(options.key_prefix, "p");
-        let (options, url) = RedisOptions::default().apply_url("redis://h").unwrap();
-        assert_eq!(url, "redis://h");
+        let (options, target) = parse("redis://h").unwrap();
+        assert_eq!(target, Target::Standalone("redis://h".into()));
         assert_eq!(options.key_prefix, DEFAULT_KEY_PREFIX);
+        assert_eq!(
+            RedisOptions::from_url("redis://h?prefix=q")
+                .unwrap()
+                .key_prefix,
+            "q"
+        );
     }
 
     #[test]
     fn bad_parameters_are_config_errors_without_the_password() {
-        for url in [
-            "redis://u:hunter2@h?wait_replicas=many",
-            "redis://u:hunter2@h?wait_timeout_ms=-1",
-            "redis://u:hunter2@h?prefix=%zz",
-            "redis://u:hunter2@h?prefix=%ff",
-            "redis://u:hunter2@h?follow_recheck_ms=soon",
+        for (url, named) in [
+            ("redis://u:hunter2@h?wait_replicas=many", "wait_replicas"),
+            ("redis://u:hunter2@h?wait_timeout_ms=-1", "wait_timeout_ms"),
+            ("redis://u:hunter2@h?prefix=%zz", "prefix"),
+            ("redis://u:hunter2@h?prefix=%ff", "prefix"),
+            (
+                "redis://u:hunter2@h?follow_recheck_ms=soon",
+                "follow_recheck_ms",
+            ),
+            ("redis://u:hunter2@h?prefx=typo", "prefx"),
+            ("redis://u:hunter2@h?prefix=a&prefix=b", "prefix"),
+            (
+                "redis://u:hunter2@h?protocol=resp3&protocol=resp2",
+                "protocol",
+            ),
+            ("redis://u:hunter2@h?db=2", "db"),
+            ("rediss+cluster://u:hunter2@a:1?pass=x", "pass"),
         ] {
-            let err = RedisOptions::default().apply_url(url).unwrap_err();
+            let err = RedisOptions::from_url(url).unwrap_err();
+            assert!(matches!(err, Error::Config(_)), "{url}: {err}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+            assert!(
+                err.to_string().contains(&format!("`{named}`")),
+                "{url}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_redis_crates_parameters_are_passed_on() {
+        assert_eq!(
+            parse("redis+unix:///run/redis.sock?db=2&user=u&pass=p&protocol=resp3")
+                .unwrap()
+                .1,
+            Target::Standalone(
+                "redis+unix:///run/redis.sock?db=2&user=u&pass=p&protocol=resp3".into()
+            )
+        );
+        assert_eq!(
+            parse("redis://h?protocol=resp3&cluster=false").unwrap().1,
+            Target::Standalone("redis://h?protocol=resp3".into())
+        );
+    }
+
+    #[test]
+    fn standalone_urls_pass_through() {
+        for url in [
+            "redis://127.0.0.1:6379",
+            "redis://:secret@host/2",
+            "rediss://host:6380",
+            "redis+unix:///run/redis.sock",
+        ] {
+            assert_eq!(parse(url).unwrap().1, Target::Standalone(url.into()));
+        }
+        assert_eq!(
+            parse("redis+cluster://a:1?cluster=false").unwrap().1,
+            Target::Standalone("redis://a:1".into())
+        );
+    }
+
+    #[test]
+    fn cluster_urls_name_every_seed() {
+        let want = Target::Cluster(vec!["redis://u:p@a:1/0".into(), "redis://u:p@b:2/0".into()]);
+        assert_eq!(parse("redis+cluster://u:p@a:1,b:2/0").unwrap().1, want);
+        assert_eq!(parse("redis://u:p@a:1,b:2/0?cluster=true").unwrap().1, want);
+        assert_eq!(
+            parse("rediss+cluster://a:1?protocol=resp3").unwrap().1,
+            Target::Cluster(vec!["rediss://a:1?protocol=resp3".into()])
+        );
+        assert_eq!(
+            parse("rediss+cluster://a:1,b:2#insecure").unwrap().1,
+            Target::Cluster(vec![
+                "rediss://a:1#insecure".into(),
+                "rediss://b:2#insecure".into()
+            ])
+        );
+    }
+
+    #[test]
+    fn every_listed_scheme_parses() {
+        for scheme in URL_SCHEMES {
+            let url = if scheme.contains("unix") {
+                format!("{scheme}:///run/redis.sock")
+            } else {
+                format!("{scheme}://127.0.0.1:6379")
+            };
+            let (_, target) = parse(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(
+                matches!(target, Target::Cluster(_)),
+                scheme.ends_with("+cluster"),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors_without_the_password() {
+        for url in [
+            "127.0.0.1:6379",
+            "http://user:hunter2@host",
+            "redis://user:hunter2@a,b",
+            "redis+cluster://user:hunter2@",
+            "redis://h?cluster=maybe",
+            "redis+unix:///x?cluster=true",
+        ] {
+            let err = parse(url).unwrap_err();
             assert!(matches!(err, Error::Config(_)), "{url}: {err}");
             assert!(!err.to_string().contains("hunter2"), "{err}");
         }
@@ -350,6 +598,8 @@ mod tests {
         let options = RedisOptions::default().wait_replicas(1);
         options.validate().unwrap();
         assert_eq!(options.wait_timeout_ms(), 1000);
+        assert_eq!(options.wait(), Some((1, 1000)));
+        assert_eq!(RedisOptions::default().wait(), None);
         assert!(
             options
                 .clone()

@@ -26,8 +26,14 @@
 //! to a stream that exists and is not pending cost nothing extra.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
-use redis::{Cmd, Script, ToRedisArgs};
+use mcp_event_store_core::{Error, Result};
+use redis::{Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, ToRedisArgs, Value};
+
+use crate::RedisStore;
+use crate::conn::{backend, check_replicas};
+use crate::options::{MAX_PEXPIRE_MS, NAME};
 
 /// Shared by the append and purge scripts: removes a stream's oldest entries
 /// while a limit is exceeded. The age limit may remove every entry; the count
@@ -424,9 +430,88 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     session_purge: Lua::new(SESSION_PURGE.to_owned()),
 });
 
+/// A limit as a script argument: its decimal value, or `''` for none.
+pub(crate) fn optional(limit: Option<u64>) -> String {
+    limit.map(|l| l.to_string()).unwrap_or_default()
+}
+
+/// The real-time TTL that backs up age retention: `max_age` in ms (at least
+/// 1, since `PEXPIRE 0` deletes at once), or `''` for no TTL.
+pub(crate) fn ttl_arg(max_age: Option<Duration>) -> String {
+    match max_age.map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)) {
+        Some(ms) if ms <= MAX_PEXPIRE_MS => ms.max(1).to_string(),
+        _ => String::new(),
+    }
+}
+
+/// Running the scripts.
+impl RedisStore {
+    /// Runs `call`, followed in the same round trip by `WAIT` when `wait`
+    /// and appends wait for replicas (on the same connection and, on a
+    /// cluster, on the same master: a pipeline goes where its first key
+    /// lives). By `EVALSHA`; if the node does not know the script (it
+    /// restarted, was promoted, or `SCRIPT FLUSH`), once more by `EVAL` of
+    /// the source (the script did not run, so nothing is done twice).
+    /// Returns the script's reply and, with `WAIT`, how many replicas
+    /// acknowledged.
+    pub(crate) async fn run(&self, call: &Call<'_>, wait: bool) -> Result<(Value, Option<u32>)> {
+        let wait = self.wait().filter(|_| wait);
+        let mut conn = self.conn();
+        let mut by_source = false;
+        loop {
+            let mut pipe = redis::pipe();
+            pipe.add_command(call.cmd(by_source));
+            let result = match wait {
+                Some((replicas, ms)) => {
+                    pipe.cmd("WAIT").arg(replicas).arg(ms);
+                    pipe.query_async::<(Value, u32)>(&mut conn)
+                        .await
+                        .map(|(reply, acked)| (reply, Some(acked)))
+                }
+                None => pipe
+                    .query_async::<(Value,)>(&mut conn)
+                    .await
+                    .map(|(reply,)| (reply, None)),
+            };
+            match result {
+                Err(e)
+                    if !by_source && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                {
+                    by_source = true;
+                }
+                other => return other.map_err(backend),
+            }
+        }
+    }
+
+    /// Runs `call` (never followed by `WAIT`) and converts its reply.
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, call: Call<'_>) -> Result<T> {
+        let (reply, _) = self.run(&call, false).await?;
+        T::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))
+    }
+
+    /// Fails a write that `WAIT` says too few replicas hold.
+    pub(crate) fn check_wait(&self, acked: Option<u32>, what: &str) -> Result<()> {
+        match (self.wait(), acked) {
+            (Some((replicas, ms)), Some(acked)) => check_replicas(acked, replicas, ms, what),
+            _ => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ttl_arguments() {
+        assert_eq!(ttl_arg(None), "");
+        assert_eq!(ttl_arg(Some(Duration::ZERO)), "1");
+        assert_eq!(ttl_arg(Some(Duration::from_secs(60))), "60000");
+        assert_eq!(ttl_arg(Some(Duration::MAX)), "");
+        assert_eq!(optional(None), "");
+        assert_eq!(optional(Some(5)), "5");
+    }
 
     #[test]
     fn calls_name_the_script_by_hash_or_by_source() {

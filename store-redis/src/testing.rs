@@ -179,7 +179,10 @@ impl Drop for Shared {
 /// Removes every key under `prefix` on each node the URL names, ignoring
 /// errors: the panic-path fallback of [`Harness::teardown`].
 fn remove_prefix_blocking(url: &str, prefix: &str) {
-    let nodes = match crate::conn::parse_url(url) {
+    let nodes = match RedisOptions::default()
+        .with_url(url)
+        .map(|(_, target)| target)
+    {
         Ok(crate::conn::Target::Standalone(url)) => vec![url],
         Ok(crate::conn::Target::Cluster(nodes)) => nodes,
         Err(_) => return,
@@ -265,12 +268,13 @@ impl Harness for RedisHarness {
     /// without persistence does (the server's loaded scripts stay, which
     /// only spares the stores one `SCRIPT LOAD`).
     async fn lose_data(&self) -> bool {
-        let target = crate::conn::parse_url(self.url())
+        let (_, target) = RedisOptions::default()
+            .with_url(self.url())
             .unwrap_or_else(|e| panic!("bad test server URL {}: {e}", self.url()));
-        let conn = crate::conn::open(&target, Duration::from_secs(30), Duration::from_secs(5))
+        let conn = crate::setup::connect(&target, Duration::from_secs(30), Duration::from_secs(5))
             .await
             .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()));
-        crate::unlink_matching(&conn, &format!("{}:*", self.prefix()))
+        crate::purge::unlink_matching(&conn, &format!("{}:*", self.prefix()))
             .await
             .unwrap_or_else(|e| panic!("removing the keys under {} failed: {e}", self.prefix()));
         true

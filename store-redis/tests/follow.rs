@@ -11,7 +11,9 @@ mod common;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use mcp_event_store_core::{EventId, EventStore, FollowOptions, NewEvent, Replay, StoredEvent};
+use mcp_event_store_core::{
+    Error, EventId, EventStore, FollowOptions, NewEvent, Replay, StoredEvent,
+};
 use mcp_event_store_redis::testing::random_prefix;
 use mcp_event_store_redis::{RedisOptions, RedisStore, WATCHER_CLIENT_NAME};
 
@@ -260,5 +262,48 @@ async fn a_follow_started_while_the_watcher_blocks_is_covered() {
     }
     let a2 = append(&writer, "a", b"a2").await;
     assert_eq!(next(&mut follow_a).await.id, a2);
+    writer.destroy().await.unwrap();
+}
+
+/// `close` stops the handle's watcher (its connection goes) while a follow
+/// is open, and the follow ends at once with `Error::Closed` (its re-check
+/// is an hour away, so only the close can have woken it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_stops_the_watcher_and_ends_open_follows() {
+    let server = tokio::task::spawn_blocking(start_server).await.unwrap();
+    let url = server.process.url();
+    let prefix = random_prefix();
+    let reader = open(&url, &prefix).await;
+    let writer = open(&url, &prefix).await;
+    let mut admin = raw(&url).await;
+
+    let start = append(&writer, "s", b"start").await;
+    let mut follow = follow(&reader, &start).await;
+    let first = append(&writer, "s", b"1").await;
+    assert_eq!(next(&mut follow).await.id, first);
+    assert_eq!(watchers(&mut admin).await.len(), 1, "one watcher");
+
+    reader.close().await;
+    match tokio::time::timeout(EVENTUALLY, follow.events.next()).await {
+        Ok(Some(Err(Error::Closed))) => {}
+        Ok(other) => panic!("expected the follow to end with Closed, got {other:?}"),
+        Err(_) => panic!("the follow did not end within {EVENTUALLY:?} of the close"),
+    }
+    let name = format!("name={WATCHER_CLIENT_NAME} ");
+    eventually(&mut admin, "the watcher's end", |list| {
+        !list.iter().any(|l| l.contains(&name))
+    })
+    .await;
+    assert!(matches!(
+        reader
+            .follow_events_after(&start.to_string(), FollowOptions::default())
+            .await,
+        Err(Error::Closed)
+    ));
+    // The follow is still held, yet no watcher comes back.
+    append(&writer, "s", b"2").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(watchers(&mut admin).await.is_empty());
+    drop(follow);
     writer.destroy().await.unwrap();
 }

@@ -680,5 +680,73 @@ async fn url_parameters_are_read_by_connect() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Config(_)), "{err}");
+    // A parameter nobody reads is refused, not ignored.
+    let err = RedisStore::connect(&format!("{}?prefx={prefix}", h.url()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("`prefx`")),
+        "{err}"
+    );
+    h.teardown().await;
+}
+
+/// `close` ends the handle and its clones: every later call is
+/// `Error::Closed`, and so are further pages of a replay opened before;
+/// closing again does nothing, and other handles go on.
+#[tokio::test]
+async fn a_closed_store_refuses_every_call() {
+    let h = RedisHarness::new().await;
+    let clock = test_clock();
+    let store = open(&h, test_options(&clock).page_size(2)).await;
+    let first = append(&store, "s", b"0").await;
+    for i in 1..6u8 {
+        append(&store, "s", &[i]).await;
+    }
+    let mut replay = store.replay_events_after(&first.to_string()).await.unwrap();
+    let _ = replay.events.next().await.unwrap().unwrap();
+    let clone = store.clone();
+    store.close().await;
+    store.close().await;
+
+    let closed = |r: Result<(), Error>| matches!(r, Err(Error::Closed));
+    let mut rest = Vec::new();
+    while let Some(event) = replay.events.next().await {
+        rest.push(event.map(drop));
+    }
+    assert!(
+        rest.into_iter().any(closed),
+        "a replay open at close reads no further pages"
+    );
+    let id = first.to_string();
+    assert!(closed(
+        clone.store_event("s", NewEvent::new(b"x")).await.map(drop)
+    ));
+    assert!(closed(clone.replay_events_after(&id).await.map(drop)));
+    assert!(closed(
+        clone.get_stream_id_for_event_id(&id).await.map(drop)
+    ));
+    assert!(closed(clone.delete_stream("s").await.map(drop)));
+    assert!(closed(clone.purge_expired().await.map(drop)));
+    assert!(closed(
+        clone
+            .follow_events_after(&id, mcp_event_store_core::FollowOptions::default())
+            .await
+            .map(drop)
+    ));
+    assert!(closed(clone.stats().await.map(drop)));
+    assert!(closed(clone.list_streams(None, 10).await.map(drop)));
+    assert!(closed(clone.check().await.map(drop)));
+    assert!(closed(
+        clone
+            .put_session("sess", b"x", Duration::from_secs(60))
+            .await
+    ));
+    assert!(closed(clone.get_session("sess").await.map(drop)));
+    assert!(closed(clone.delete_session("sess").await.map(drop)));
+    assert!(closed(clone.destroy().await.map(drop)));
+
+    let other = open(&h, test_options(&clock)).await;
+    assert_eq!(replay_all(&other, &id).await.unwrap().1.len(), 5);
     h.teardown().await;
 }
