@@ -1,97 +1,84 @@
-//! Test support: finding a Redis server and running the shared conformance
-//! suite on it.
+//! Test support (feature `conformance`): the Redis server the tests use and
+//! the harness that runs the shared conformance suite on it, built on
+//! [`mcp_event_store_core::testkit`].
 //!
-//! The server is found in this order, and the tests fail (never skip) when
-//! none is found:
+//! The server is found as [`testkit::find_server`] says, and the tests fail
+//! (never skip) when none is found:
 //!
 //! 1. the `MCP_EVENT_STORE_REDIS_URL` environment variable;
 //! 2. the local default `redis://127.0.0.1:6379`, if it answers `PING`
 //!    within a second;
 //! 3. with the `testcontainers` feature, a container of a pinned Redis 7
-//!    image.
+//!    image ([`SERVER`]).
 //!
-//! Every harness works under its own random key prefix and removes every key
-//! under it in [`Harness::teardown`], so tests run in parallel on one server.
+//! Every harness works under its own random key prefix, a
+//! [`Namespace`] whose keys [`Harness::teardown`] removes (and the guard's
+//! drop, when a test panics first), so tests run in parallel on one server.
 //!
 //! ```ignore
 //! use mcp_event_store_redis::testing::RedisHarness;
 //! mcp_event_store_core::conformance_tests!(RedisHarness::new(), persistent);
 //! ```
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use mcp_event_store_core::StoreOptions;
-use mcp_event_store_core::backend::StreamKey;
-use mcp_event_store_core::conformance::Harness;
-use tokio::sync::OnceCell;
+use futures_util::future::BoxFuture;
+use mcp_event_store_core::conformance::{CRASH_LOCATOR_ENV, Harness, PersistentHarness};
+use mcp_event_store_core::testkit::{self, Container, Namespace, ServerSpec};
+use mcp_event_store_core::{Result, StoreOptions};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::{RedisOptions, RedisStore};
+use crate::conn::{Conn, Target, backend};
+use crate::keys::Keys;
+use crate::{FORMAT_VERSION, RedisOptions, RedisStore};
+
+/// Where the tests find their Redis: `MCP_EVENT_STORE_REDIS_URL`, else
+/// `redis://127.0.0.1:6379`, else (feature `testcontainers`) a
+/// `redis:7.2.5-alpine` container.
+pub const SERVER: ServerSpec = ServerSpec {
+    name: "Redis",
+    env: "MCP_EVENT_STORE_REDIS_URL",
+    local: "redis://127.0.0.1:6379",
+    container: Container {
+        image: "redis",
+        tag: "7.2.5-alpine",
+        port: 6379,
+        ready_on_stderr: false,
+        ready_message: "Ready to accept connections",
+        env: &[],
+        url: |host, port| format!("redis://{host}:{port}"),
+    },
+};
+
+/// The start of every test key prefix ([`random_prefix`], [`namespace`]).
+pub const TEST_PREFIX: &str = "mcp-es-test-";
 
 /// The environment variable naming the test server.
-pub const URL_VAR: &str = "MCP_EVENT_STORE_REDIS_URL";
+#[deprecated(note = "use `SERVER.env`")]
+pub const URL_VAR: &str = SERVER.env;
 /// The server tried when the variable is unset.
-pub const LOCAL_DEFAULT: &str = "redis://127.0.0.1:6379";
+#[deprecated(note = "use `SERVER.local`")]
+pub const LOCAL_DEFAULT: &str = SERVER.local;
 /// The image used with the `testcontainers` feature (Redis 7, pinned).
-pub const CONTAINER_IMAGE: (&str, &str) = ("redis", "7.2.5-alpine");
+#[deprecated(note = "use `SERVER.container.image` and `SERVER.container.tag`")]
+pub const CONTAINER_IMAGE: (&str, &str) = (SERVER.container.image, SERVER.container.tag);
 
-static SERVER: OnceCell<String> = OnceCell::const_new();
-
-/// The URL of the Redis server tests should use, found once per process.
+/// The URL of the Redis server tests should use, found once per process
+/// ([`testkit::find_server`] with [`SERVER`]).
 ///
 /// # Panics
 ///
 /// When no server is found, with a message naming every way to provide one.
 pub async fn server_url() -> String {
-    SERVER
-        .get_or_init(|| async {
-            match find_server().await {
-                Ok(url) => url,
-                Err(why) => panic!(
-                    "no Redis server for the tests ({why}). Provide one of: \
-                     (1) set {URL_VAR}=redis://host:port; \
-                     (2) run Redis on {LOCAL_DEFAULT} (e.g. `redis-server --port 6379 --save '' --appendonly no`); \
-                     (3) build with `--features testcontainers` and a working Docker, to start {}:{}",
-                    CONTAINER_IMAGE.0, CONTAINER_IMAGE.1
-                ),
-            }
-        })
-        .await
-        .clone()
+    testkit::find_server(&SERVER, probe).await
 }
 
-async fn find_server() -> Result<String, String> {
-    if let Ok(url) = std::env::var(URL_VAR) {
-        return answers(&url, Duration::from_secs(5))
-            .await
-            .map(|()| url)
-            .map_err(|e| format!("{URL_VAR} is set but its server does not answer: {e}"));
-    }
-    let local = answers(LOCAL_DEFAULT, Duration::from_secs(1)).await;
-    if local.is_ok() {
-        return Ok(LOCAL_DEFAULT.to_owned());
-    }
-    #[cfg(feature = "testcontainers")]
-    {
-        container::start().await.map_err(|e| {
-            format!(
-                "{URL_VAR} is unset, {LOCAL_DEFAULT} does not answer, and the container failed: {e}"
-            )
-        })
-    }
-    #[cfg(not(feature = "testcontainers"))]
-    Err(format!(
-        "{URL_VAR} is unset and {LOCAL_DEFAULT} does not answer: {}",
-        local.unwrap_err()
-    ))
-}
-
-/// Whether the server at `url` answers `PING` within `within`.
-pub async fn answers(url: &str, within: Duration) -> Result<(), String> {
-    let ping = async {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+/// Whether the server at `url` answers `PING`.
+fn probe(url: String) -> BoxFuture<'static, std::result::Result<(), String>> {
+    Box::pin(async move {
+        let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
@@ -99,63 +86,115 @@ pub async fn answers(url: &str, within: Duration) -> Result<(), String> {
         redis::cmd("PING")
             .query_async::<String>(&mut conn)
             .await
+            .map(drop)
             .map_err(|e| e.to_string())
-    };
-    match tokio::time::timeout(within, ping).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e),
+    })
+}
+
+/// Whether the server at `url` answers `PING` within `within`.
+#[deprecated(note = "`server_url` finds the server through `testkit::find_server`")]
+pub async fn answers(url: &str, within: Duration) -> std::result::Result<(), String> {
+    match tokio::time::timeout(within, probe(url.to_owned())).await {
+        Ok(answer) => answer,
         Err(_) => Err(format!("no answer within {within:?}")),
     }
 }
 
-#[cfg(feature = "testcontainers")]
-mod container {
-    use testcontainers::core::{IntoContainerPort, WaitFor};
-    use testcontainers::runners::AsyncRunner;
-    use testcontainers::{ContainerAsync, GenericImage};
-    use tokio::sync::OnceCell;
+/// A fresh key prefix, `mcp-es-test-<16 random hex digits>`, that nothing
+/// removes: for code that removes its keys itself (or a server it throws
+/// away). Tests on a shared server take a [`namespace`] instead.
+pub fn random_prefix() -> String {
+    format!("{TEST_PREFIX}{}", testkit::random_suffix())
+}
 
-    /// Kept for the life of the test process.
-    static CONTAINER: OnceCell<ContainerAsync<GenericImage>> = OnceCell::const_new();
+/// A key prefix of one test's own on the server or cluster at `url`
+/// (`mcp-es-test-<random hex>`): [`Namespace::remove`] removes every key
+/// under it, on every master, and so does dropping the guard if the test
+/// panicked first.
+pub fn namespace(url: &str) -> Namespace {
+    let url = url.to_owned();
+    Namespace::new(TEST_PREFIX, move |prefix| {
+        Box::pin(async move {
+            remove_prefix(&url, &prefix)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+    })
+}
 
-    pub async fn start() -> Result<String, String> {
-        let container = CONTAINER
-            .get_or_try_init(|| async {
-                GenericImage::new(super::CONTAINER_IMAGE.0, super::CONTAINER_IMAGE.1)
-                    .with_exposed_port(6379.tcp())
-                    .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
-                    .start()
+/// A connection of its own to the server or cluster `url` names (this
+/// crate's URL parameters are allowed and ignored). A standalone server is
+/// tried once, without the store's reconnect retries, so a guard dropped
+/// after its private server went fails at once.
+async fn connect(url: &str) -> Result<Conn> {
+    let (_, target) = RedisOptions::default().with_url(url)?;
+    match &target {
+        Target::Standalone(url) => {
+            let client = redis::Client::open(url.as_str()).map_err(backend)?;
+            let config = ConnectionManagerConfig::new()
+                .set_number_of_retries(0)
+                .set_connection_timeout(Some(Duration::from_secs(5)))
+                .set_response_timeout(Some(Duration::from_secs(30)));
+            Ok(Conn::Single(
+                ConnectionManager::new_with_config(client, config)
                     .await
-                    .map_err(|e| e.to_string())
-            })
-            .await?;
-        let host = container.get_host().await.map_err(|e| e.to_string())?;
-        let port = container
-            .get_host_port_ipv4(6379)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(format!("redis://{host}:{port}"))
+                    .map_err(backend)?,
+            ))
+        }
+        Target::Cluster(_) => {
+            crate::setup::connect(&target, Duration::from_secs(30), Duration::from_secs(5)).await
+        }
     }
 }
 
-/// A fresh key prefix for one test: `mcp-es-test-<random hex>`.
-pub fn random_prefix() -> String {
-    let key = StreamKey::generate().expect("OS randomness");
-    let hex: String = key.as_bytes()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("mcp-es-test-{hex}")
+/// Removes every key under `prefix` (`SCAN` + `UNLINK` on every master).
+async fn remove_prefix(url: &str, prefix: &str) -> Result<u64> {
+    let conn = connect(url).await?;
+    crate::purge::unlink_matching(&conn, &format!("{prefix}:*")).await
 }
 
-/// The conformance harness: one server, one random key prefix per harness.
-/// Every [`open`](Harness::open) is a new connection on that prefix, which is
-/// exactly a reopen, so the `persistent` cases apply.
+/// `url` with the `prefix` parameter set: a store URL for that prefix.
+fn with_prefix(url: &str, prefix: &str) -> String {
+    let (rest, fragment) = match url.split_once('#') {
+        Some((rest, fragment)) => (rest, format!("#{fragment}")),
+        None => (url, String::new()),
+    };
+    let separator = if rest.contains('?') { '&' } else { '?' };
+    format!("{rest}{separator}prefix={prefix}{fragment}")
+}
+
+/// The server URL and the key prefix of a [`PersistentHarness::locator`].
+fn split_locator(locator: &str) -> (String, String) {
+    let prefix = RedisOptions::from_url(locator)
+        .unwrap_or_else(|e| panic!("not a Redis harness locator ({e})"))
+        .key_prefix;
+    let (rest, fragment) = match locator.split_once('#') {
+        Some((rest, fragment)) => (rest, format!("#{fragment}")),
+        None => (locator, String::new()),
+    };
+    let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty() && !pair.starts_with("prefix="))
+        .collect();
+    let query = if kept.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", kept.join("&"))
+    };
+    (format!("{base}{query}{fragment}"), prefix)
+}
+
+/// The conformance harness: one server, one key prefix ([`namespace`]) per
+/// harness. Every [`open`](Harness::open) is a new connection on that
+/// prefix, which is exactly a reopen, so the `persistent` cases apply.
 ///
-/// Clones share the prefix. [`Harness::teardown`] removes every key under it;
-/// if a test panics before that, the last clone to drop removes them instead
-/// (best effort, through a plain blocking connection), so a failing test
-/// leaves nothing behind on a shared server either.
+/// Clones share the prefix. [`Harness::teardown`] removes every key under
+/// it; if a test panics before that, the prefix's [`Namespace`] guard
+/// removes them when the last clone drops, so a failing test leaves
+/// nothing behind on a shared server either. A harness made by
+/// [`attach`](PersistentHarness::attach) removes nothing.
 #[derive(Debug, Clone)]
 pub struct RedisHarness {
     shared: Arc<Shared>,
@@ -165,56 +204,8 @@ pub struct RedisHarness {
 struct Shared {
     url: String,
     prefix: String,
-    torn_down: AtomicBool,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if !self.torn_down.load(Ordering::SeqCst) {
-            remove_prefix_blocking(&self.url, &self.prefix);
-        }
-    }
-}
-
-/// Removes every key under `prefix` on each node the URL names, ignoring
-/// errors: the panic-path fallback of [`Harness::teardown`].
-fn remove_prefix_blocking(url: &str, prefix: &str) {
-    let nodes = match RedisOptions::default()
-        .with_url(url)
-        .map(|(_, target)| target)
-    {
-        Ok(crate::conn::Target::Standalone(url)) => vec![url],
-        Ok(crate::conn::Target::Cluster(nodes)) => nodes,
-        Err(_) => return,
-    };
-    for node in nodes {
-        let Ok(client) = redis::Client::open(node.as_str()) else {
-            continue;
-        };
-        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(2)) else {
-            continue;
-        };
-        let mut cursor = 0u64;
-        loop {
-            let Ok((next, keys)): redis::RedisResult<(u64, Vec<Vec<u8>>)> = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{prefix}:*"))
-                .arg("COUNT")
-                .arg(500)
-                .query(&mut conn)
-            else {
-                break;
-            };
-            for key in keys {
-                let _: redis::RedisResult<u64> = redis::cmd("UNLINK").arg(key).query(&mut conn);
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
-            }
-        }
-    }
+    /// Until the teardown removes it.
+    namespace: Mutex<Option<Namespace>>,
 }
 
 impl RedisHarness {
@@ -223,13 +214,20 @@ impl RedisHarness {
         Self::with_url(server_url().await).await
     }
 
-    /// A harness on the server or cluster at `url`.
+    /// A harness on the server or cluster at `url`, under a prefix of its
+    /// own.
     pub async fn with_url(url: impl Into<String>) -> Self {
+        let url = url.into();
+        let namespace = namespace(&url);
+        Self::on(url, namespace)
+    }
+
+    fn on(url: String, namespace: Namespace) -> Self {
         Self {
             shared: Arc::new(Shared {
-                url: url.into(),
-                prefix: random_prefix(),
-                torn_down: AtomicBool::new(false),
+                url,
+                prefix: namespace.name().to_owned(),
+                namespace: Mutex::new(Some(namespace)),
             }),
         }
     }
@@ -257,9 +255,13 @@ impl Harness for RedisHarness {
     type Store = RedisStore;
 
     async fn open(&self, options: StoreOptions) -> RedisStore {
-        RedisStore::connect_with(self.url(), self.options(options))
+        self.try_open(options)
             .await
             .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()))
+    }
+
+    async fn close(&self, store: RedisStore) {
+        store.close().await;
     }
 
     /// Removes every key under this harness's prefix, on every master of a
@@ -268,26 +270,96 @@ impl Harness for RedisHarness {
     /// without persistence does (the server's loaded scripts stay, which
     /// only spares the stores one `SCRIPT LOAD`).
     async fn lose_data(&self) -> bool {
-        let (_, target) = RedisOptions::default()
-            .with_url(self.url())
-            .unwrap_or_else(|e| panic!("bad test server URL {}: {e}", self.url()));
-        let conn = crate::setup::connect(&target, Duration::from_secs(30), Duration::from_secs(5))
-            .await
-            .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()));
-        crate::purge::unlink_matching(&conn, &format!("{}:*", self.prefix()))
+        remove_prefix(self.url(), self.prefix())
             .await
             .unwrap_or_else(|e| panic!("removing the keys under {} failed: {e}", self.prefix()));
         true
     }
 
     async fn teardown(self) {
-        let store = RedisStore::connect_with(self.url(), self.options(StoreOptions::default()))
+        let namespace = self
+            .shared
+            .namespace
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(namespace) = namespace {
+            namespace.remove().await;
+        }
+    }
+}
+
+#[async_trait]
+impl PersistentHarness for RedisHarness {
+    /// The server URL with this harness's prefix as its `prefix` parameter:
+    /// a store URL another process (or the command line) can open.
+    fn locator(&self) -> String {
+        with_prefix(self.url(), self.prefix())
+    }
+
+    async fn attach(locator: &str) -> Self {
+        if std::env::var_os(CRASH_LOCATOR_ENV).is_some() {
+            // In the SIGKILL case's child: libtest has printed `test
+            // sigkill_child_appender ... ` without a newline, and the
+            // child's first `START` line would be glued to it and lost
+            // (`Ack::parse` sees `test`). End that line first. A workaround
+            // until the core's child or parser allows for it.
+            println!();
+        }
+        let (url, prefix) = split_locator(locator);
+        Self::on(url, Namespace::borrowed(prefix))
+    }
+
+    async fn try_open(&self, options: StoreOptions) -> Result<RedisStore> {
+        RedisStore::connect_with(self.url(), self.options(options)).await
+    }
+
+    fn format_version(&self) -> u64 {
+        u64::from(FORMAT_VERSION)
+    }
+
+    /// Sets the `<prefix>:format` marker key, where every release keeps it.
+    async fn set_format_version(&self, version: u64) {
+        let key = Keys::new(self.prefix())
+            .expect("a valid test prefix")
+            .format();
+        let mut conn = connect(self.url())
             .await
-            .unwrap_or_else(|e| panic!("connecting to {} for teardown failed: {e}", self.url()));
-        store
-            .destroy()
+            .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()));
+        redis::cmd("SET")
+            .arg(&key)
+            .arg(version.to_string())
+            .query_async::<()>(&mut conn)
             .await
-            .unwrap_or_else(|e| panic!("removing the keys under {} failed: {e}", self.prefix()));
-        self.shared.torn_down.store(true, Ordering::SeqCst);
+            .unwrap_or_else(|e| panic!("setting {key} failed: {e}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locators_carry_the_prefix_and_give_it_back() {
+        for url in [
+            "redis://127.0.0.1:6379",
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+            "rediss://h:1/2?protocol=resp3#insecure",
+        ] {
+            let locator = with_prefix(url, "mcp-es-test-00ff");
+            RedisOptions::from_url(&locator).unwrap();
+            assert_eq!(
+                split_locator(&locator),
+                (url.to_owned(), "mcp-es-test-00ff".to_owned())
+            );
+        }
+    }
+
+    #[test]
+    fn test_prefixes_are_valid_and_differ() {
+        let (a, b) = (random_prefix(), random_prefix());
+        assert_ne!(a, b);
+        crate::validate_prefix(&a).unwrap();
+        assert!(a.starts_with(TEST_PREFIX));
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
-use mcp_event_store_core::conformance::{test_clock, test_options};
+use mcp_event_store_core::conformance::{Harness, test_clock, test_options};
 use mcp_event_store_core::{Error, EventId, EventStore, NewEvent};
 use mcp_event_store_redis::RedisStore;
 use mcp_event_store_redis::testing::{RedisHarness, random_prefix};
@@ -155,6 +155,7 @@ async fn acknowledged_events_survive_sigkill_with_appendfsync_always() {
         .await
         .unwrap();
     assert_all_acknowledged_replay(&reopened, &ledger).await;
+    harness.teardown().await;
     drop(server);
 }
 
@@ -236,6 +237,7 @@ async fn store_recovers_after_its_connections_are_killed() {
             .expect("appends succeed after recovery");
     }
     assert_all_acknowledged_replay(&store, &ledger).await;
+    harness.teardown().await;
     drop(server);
 }
 
@@ -372,5 +374,6 @@ async fn handles_converge_after_a_restart_without_persistence() {
     )
     .unwrap();
     assert_eq!(marker.as_deref(), Some("1"));
+    harness.teardown().await;
     drop(server);
 }

@@ -1,21 +1,24 @@
 //! Redis server processes for the tests that need their own: fault tests
 //! (SIGKILL, client kills, slow replies) and a three-master cluster.
 //!
-//! Each process is owned by a [`RedisProcess`] guard that kills it by pid on
-//! drop, also when the test panics. The shared cluster lives for the whole
-//! test binary and is torn down by an `atexit` hook, since statics are never
-//! dropped.
+//! Each process is owned by a [`RedisProcess`] on a
+//! [`ChildGuard`](mcp_event_store_core::testkit::ChildGuard), which kills it
+//! by pid on drop, also when the test panics. The shared cluster lives for
+//! the whole test binary and is torn down by an `atexit` hook, since statics
+//! are never dropped.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use mcp_event_store_core::testkit::ChildGuard;
+
 /// One `redis-server` process, killed (SIGKILL, by pid) when dropped.
 pub struct RedisProcess {
-    child: Option<Child>,
+    child: Option<ChildGuard>,
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
@@ -37,27 +40,28 @@ impl RedisProcess {
 
     fn spawn(&mut self) {
         let log = self.dir.join(format!("redis-{}.log", self.port));
-        let child = Command::new("redis-server")
-            .arg("--port")
-            .arg(self.port.to_string())
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--protected-mode",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .arg("--logfile")
-            .arg(&log)
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be on PATH for these tests");
+        let child = ChildGuard::spawn(
+            Command::new("redis-server")
+                .arg("--port")
+                .arg(self.port.to_string())
+                .args([
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--protected-mode",
+                    "no",
+                ])
+                .arg("--dir")
+                .arg(&self.dir)
+                .arg("--logfile")
+                .arg(&log)
+                .args(&self.extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .expect("redis-server must be on PATH for these tests");
         self.child = Some(child);
         self.wait_ready(&log);
     }
@@ -69,8 +73,11 @@ impl RedisProcess {
                 return;
             }
             if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
+                && !child.is_running()
             {
+                let status = child
+                    .wait()
+                    .map_or_else(|e| e.to_string(), |status| status.to_string());
                 panic!(
                     "redis-server on port {} exited with {status}; log:\n{}",
                     self.port,
@@ -100,9 +107,12 @@ impl RedisProcess {
     /// partitioned or stalled node, until `SIGCONT`.
     pub fn signal(&self, signal: i32) {
         let child = self.child.as_ref().expect("the server is running");
-        let pid = i32::try_from(child.id()).expect("pid fits an i32");
-        // SAFETY: kill(2) on the pid of our own child, which we have not
-        // reaped, so the pid cannot belong to another process.
+        let pid = i32::try_from(child.pid()).expect("pid fits an i32");
+        // SAFETY: kill(2) on the pid of our own child. Its guard reaps it
+        // only when killed (which takes the guard out of `self.child`) or
+        // when `is_running` finds it exited, which `wait_ready` turns into a
+        // panic before `start` returns; so it has not been reaped and the
+        // pid cannot belong to another process.
         let sent = unsafe { libc::kill(pid, signal) };
         assert_eq!(sent, 0, "kill({pid}, {signal}) failed");
     }
@@ -110,8 +120,7 @@ impl RedisProcess {
     /// SIGKILLs the server (by pid) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 
@@ -119,12 +128,6 @@ impl RedisProcess {
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
-    }
-}
-
-impl Drop for RedisProcess {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 
