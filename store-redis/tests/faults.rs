@@ -113,8 +113,12 @@ async fn assert_all_acknowledged_replay(store: &RedisStore, ledger: &Ledger) {
     }
 }
 
+/// The Redis *server* killed with SIGKILL under `appendfsync always`, with
+/// writers appending, and started again from its AOF: every acknowledged
+/// event is there, through the same handle (which reconnects by itself) and
+/// a new one. (The shared C10 case kills the appending process instead.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledged_events_survive_sigkill_with_appendfsync_always() {
+async fn acknowledged_events_survive_a_server_sigkill_with_appendfsync_always() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = RedisProcess::start(
         dir.path(),

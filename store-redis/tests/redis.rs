@@ -97,29 +97,6 @@ async fn keys_follow_the_documented_layout() {
 }
 
 #[tokio::test]
-async fn a_newer_format_marker_is_refused() {
-    let h = RedisHarness::new().await;
-    let mut conn = raw(h.url()).await;
-    let _: () = redis::cmd("SET")
-        .arg(format!("{}:format", h.prefix()))
-        .arg("2")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let err = RedisStore::connect_with(h.url(), h.options(StoreOptions::default()))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::IncompatibleFormat(_)), "{err}");
-    let _: () = redis::cmd("SET")
-        .arg(format!("{}:format", h.prefix()))
-        .arg("1")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    h.teardown().await;
-}
-
-#[tokio::test]
 async fn bad_prefixes_and_options_are_refused_before_connecting() {
     for prefix in ["", "{tag}", "a}b", "a*", "has space"] {
         let err = RedisStore::connect_with(
