@@ -37,9 +37,11 @@ use std::time::{Duration, Instant};
 
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::backend::{StreamToken, observe};
+use mcp_event_store_core::{Error, Result as StoreResult};
 use tokio::sync::oneshot;
 
-use crate::shared::{META_RELAXED, NAME, Slot, lock};
+use crate::keys::META_RELAXED;
+use crate::shared::{NAME, Slot, lock};
 
 /// The outcome of one flush, shared by everyone who waited on it.
 pub(crate) type FlushResult = Result<(), FlushError>;
@@ -58,6 +60,25 @@ impl fmt::Display for FlushError {
 impl StdError for FlushError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         Some(&*self.0)
+    }
+}
+
+/// Waits for a flush requested with [`Flusher::request`], as the store's
+/// result.
+pub(crate) async fn wait_flushed(wait: oneshot::Receiver<FlushResult>) -> StoreResult<()> {
+    flushed(wait.await)
+}
+
+/// A flush's outcome as the store's result: a failed flush, or one
+/// abandoned because the flusher stopped, is a backend error.
+pub(crate) fn flushed(outcome: Result<FlushResult, oneshot::error::RecvError>) -> StoreResult<()> {
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(Error::backend(NAME, e)),
+        Err(_) => Err(Error::backend(
+            NAME,
+            "the sled flush this write waited for was abandoned (the flusher stopped)",
+        )),
     }
 }
 
@@ -452,5 +473,141 @@ fn run(inner: &Inner, db: &sled::Db, meta: &sled::Tree, relaxed: &AtomicBool) {
             }
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use mcp_event_store_core::{EventStore, NewEvent};
+
+    use crate::store::test_support::{Unpause, replayed_after, until};
+    use crate::{SledOptions, SledStore};
+
+    /// Leader/follower: with no flush running, an append flushes on its own
+    /// blocking thread and is visible when it returns, without the flusher
+    /// thread (which would cost two more thread hand-offs per append).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lone_append_flushes_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SledOptions::default())
+            .await
+            .unwrap();
+        let db = store.shared().unwrap();
+        let first = store.store_event("s", NewEvent::new(b"0")).await.unwrap();
+        let flusher = &db.flusher;
+        flusher.stall_thread(true);
+        let before = flusher.stats();
+        for n in 1..=20u64 {
+            let id = tokio::time::timeout(
+                Duration::from_secs(10),
+                store.store_event("s", NewEvent::new(b"x")),
+            )
+            .await
+            .expect("the append waited for the stalled flusher thread")
+            .unwrap();
+            assert_eq!(id.position.minor, n + 1);
+            assert_eq!(
+                replayed_after(&store, &first).await.unwrap().last(),
+                Some(&id)
+            );
+        }
+        let after = flusher.stats();
+        assert_eq!(after.flushes - before.flushes, 20);
+        assert_eq!(after.thread_flushes, before.thread_flushes);
+        flusher.stall_thread(false);
+        drop(db);
+        store.close().await.unwrap();
+    }
+
+    /// An append arriving while another leads a flush neither starts a
+    /// second flush alongside it nor returns or becomes visible early: it
+    /// waits for the next flush, which the flusher thread runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_during_a_flush_wait_for_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SledOptions::default())
+            .await
+            .unwrap();
+        let db = store.shared().unwrap();
+        let a0 = store.store_event("a", NewEvent::new(b"0")).await.unwrap();
+        let b0 = store.store_event("b", NewEvent::new(b"0")).await.unwrap();
+        let flusher = &db.flusher;
+        let before = flusher.stats();
+        assert_eq!((before.queued, before.flushing), (0, false));
+        flusher.pause(true);
+        let unpause = Unpause(flusher);
+        let append = |stream: &'static str| {
+            let store = store.clone();
+            tokio::spawn(async move { store.store_event(stream, NewEvent::new(b"1")).await })
+        };
+        let written = db.events.len();
+        let leader = append("a");
+        until(|| db.events.len() > written).await;
+        until(|| flusher.stats().flushing).await;
+        assert_eq!(flusher.stats().queued, 0, "the append did not lead");
+        let follower = append("b");
+        until(|| flusher.stats().queued == 1).await;
+        // Time for a wrong second flush to start and publish.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!leader.is_finished() && !follower.is_finished());
+        assert_eq!(flusher.stats().flushes, before.flushes + 1);
+        assert_eq!(replayed_after(&store, &a0).await.unwrap(), []);
+        assert_eq!(replayed_after(&store, &b0).await.unwrap(), []);
+
+        drop(unpause);
+        let a1 = leader.await.unwrap().unwrap();
+        let b1 = follower.await.unwrap().unwrap();
+        assert_eq!(replayed_after(&store, &a0).await.unwrap(), [a1]);
+        assert_eq!(replayed_after(&store, &b0).await.unwrap(), [b1]);
+        let after = flusher.stats();
+        assert_eq!(after.flushes, before.flushes + 2);
+        assert_eq!(after.thread_flushes, before.thread_flushes + 1);
+        assert_eq!((after.queued, after.flushing), (0, false));
+        drop(db);
+        store.close().await.unwrap();
+    }
+
+    /// Under concurrency, whether an append led a flush or waited for one,
+    /// its event is durable and visible the moment it returns, and groups
+    /// still share flushes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_appends_are_visible_when_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), SledOptions::default())
+            .await
+            .unwrap();
+        let db = store.shared().unwrap();
+        let before = db.flusher.stats();
+        let mut tasks = tokio::task::JoinSet::new();
+        for writer in 0..16 {
+            let store = store.clone();
+            tasks.spawn(async move {
+                // Two writers per stream, so streams see interleaved appends.
+                let stream = format!("s{}", writer / 2);
+                for _ in 0..25 {
+                    let id = store
+                        .store_event(&stream, NewEvent::new(b"x"))
+                        .await
+                        .unwrap();
+                    let found = store
+                        .get_stream_id_for_event_id(&id.to_string())
+                        .await
+                        .unwrap();
+                    assert_eq!(found.as_deref(), Some(&stream[..]), "{id} not visible");
+                }
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+        let after = db.flusher.stats();
+        assert!(
+            after.flushes - before.flushes < 400,
+            "no flush was shared: {before:?} {after:?}"
+        );
+        drop(db);
+        store.close().await.unwrap();
     }
 }

@@ -43,6 +43,38 @@ pub(crate) const CUM_OFFSET: usize = 16;
 /// Marks "no retry hint" (retry hints saturate at `i64::MAX`, so it is free).
 const NO_RETRY: u64 = u64::MAX;
 
+// The trees, named for the format their layout first appeared in, and the
+// metadata tree's keys.
+
+pub(crate) const TREE_META: &str = "mcp-event-store/meta";
+pub(crate) const TREE_EVENTS: &str = "mcp-event-store/v1/events";
+/// Stream records of format 2 (with their incarnation).
+pub(crate) const TREE_STREAMS: &str = "mcp-event-store/v2/streams";
+/// Stream records of format 1 (with their era); emptied by the migration.
+pub(crate) const TREE_STREAMS_V1: &str = "mcp-event-store/v1/streams";
+pub(crate) const TREE_STREAM_AGE: &str = "mcp-event-store/v1/stream_age";
+pub(crate) const TREE_SESSIONS: &str = "mcp-event-store/v1/sessions";
+pub(crate) const TREE_SESSION_EXPIRY: &str = "mcp-event-store/v1/session_expiry";
+
+pub(crate) const META_FORMAT: &str = "format_version";
+pub(crate) const META_STREAM_KEY: &str = "stream_key";
+pub(crate) const META_CREATED_BY: &str = "created_by";
+/// Format 1 only: bumped after a relaxed session ended without a clean
+/// close. Read by the migration, then removed.
+pub(crate) const META_ERA: &str = "era";
+/// Streams whose incarnation is below this start a new life at their next
+/// append; raised after a relaxed session ended without a clean close.
+/// Absent: [`Incarnations::floor`](crate::shared::Incarnations::floor)'s
+/// default.
+pub(crate) const META_FLOOR: &str = "incarnation_floor";
+/// The incarnation streams migrated from format 1 went on in; absent in a
+/// database created in format 2.
+pub(crate) const META_MIGRATED: &str = "format_1_incarnation";
+/// Present while a handle with interval durability has the database open.
+pub(crate) const META_RELAXED: &str = "relaxed_open";
+/// The loosest count and byte limits any append has trimmed with.
+pub(crate) const META_LOOSEST: &str = "loosest_limits";
+
 fn token_bytes(token: &StreamToken) -> &[u8; TOKEN_LEN] {
     // A compile error here means the core changed the token length.
     token.as_bytes()

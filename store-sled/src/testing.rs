@@ -66,7 +66,10 @@ impl Harness for SledHarness {
 
 /// How many streams have a follower on `store`'s database in this process:
 /// the entries of the wake-up hub that every handle on the database shares.
-/// An entry goes with its stream's last follower.
+/// An entry goes with its stream's last follower. None once `store` is
+/// closed.
 pub fn followed_streams(store: &SledStore) -> usize {
-    store.shared.wakeups.followed().len()
+    store
+        .shared()
+        .map_or(0, |shared| shared.wakeups.followed().len())
 }

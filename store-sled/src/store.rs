@@ -1,0 +1,339 @@
+//! The store: a handle on a shared sled database, how it is opened and
+//! closed, its accessors, and the trait impls, which delegate to the files
+//! named for each job.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use mcp_event_store_core::{
+    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
+    SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
+};
+
+use crate::flusher::{FlushResult, wait_flushed};
+use crate::options::{Durability, SledOptions, SledUrl};
+use crate::shared::{Shared, blocking};
+use crate::{append, follow, inspect, purge, replay, sessions};
+
+/// An [`EventStore`] and [`SessionStore`] in a sled database.
+///
+/// Cheap to clone; clones share the database, the options and
+/// [`close`](Self::close). See the crate docs for durability, crash
+/// behaviour and the one-process rule.
+#[derive(Clone)]
+pub struct SledStore {
+    pub(crate) handle: Arc<Handle>,
+}
+
+/// One handle, shared by its clones: its options, and the database until
+/// [`SledStore::close`].
+pub(crate) struct Handle {
+    /// `None` once closed.
+    shared: RwLock<Option<Arc<Shared>>>,
+    /// The database directory (canonical).
+    path: PathBuf,
+    pub(crate) store: StoreOptions,
+    pub(crate) durability: Durability,
+    pub(crate) follow_recheck: Duration,
+    /// Whether this handle's limits are recorded (see `Shared::note_limits`).
+    pub(crate) limits_noted: AtomicBool,
+}
+
+impl fmt::Debug for SledStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SledStore")
+            .field("path", &self.handle.path)
+            .field("durability", &self.handle.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SledStore {
+    /// Opens the database a `sled://` URL names: `sled:///absolute/path` or
+    /// `sled://relative/path`, with default options and the URL's
+    /// parameters (see [`SledOptions::from_url`]): `?flush_interval_ms=N`
+    /// selects [`Durability::Interval`], `?durability=flush` is the
+    /// default, `?follow_recheck_ms=N` sets
+    /// [`SledOptions::follow_recheck`]. The path is taken literally (no
+    /// percent-decoding).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, SledOptions::default()).await
+    }
+
+    /// [`connect`](Self::connect) with options: the URL names the
+    /// directory, and a parameter it gives (durability, re-check interval)
+    /// wins over the same setting in `options`.
+    pub async fn connect_with(url: &str, options: SledOptions) -> Result<Self> {
+        let url = SledUrl::parse(url)?;
+        let options = url.apply(options);
+        Self::open(url.path, options).await
+    }
+
+    /// Opens (creating if needed) the database in directory `path`.
+    ///
+    /// If this process already has it open, the new handle shares that
+    /// database (with its own options). Fails with `Error::Config` if the
+    /// options are invalid ([`SledOptions::validate`]), `Error::Backend` if
+    /// another process holds the directory, and `Error::IncompatibleFormat`
+    /// if a newer incompatible release wrote it, or it is not an event
+    /// store.
+    pub async fn open(path: impl AsRef<Path>, options: SledOptions) -> Result<Self> {
+        options.validate()?;
+        let path = path.as_ref().to_owned();
+        let cache = options.cache_capacity;
+        let shared = blocking(move || Shared::open(&path, cache)).await?;
+        Self::with_shared(
+            shared,
+            options.store,
+            options.durability,
+            options.follow_recheck,
+        )
+        .await
+    }
+
+    /// Another handle on the same database, with other store options (and
+    /// this handle's durability and follow re-check interval). It has a
+    /// [`close`](Self::close) of its own.
+    pub async fn handle_with_options(&self, options: StoreOptions) -> Result<Self> {
+        options.validate()?;
+        Self::with_shared(
+            self.shared()?,
+            options,
+            self.handle.durability,
+            self.handle.follow_recheck,
+        )
+        .await
+    }
+
+    async fn with_shared(
+        shared: Arc<Shared>,
+        store: StoreOptions,
+        durability: Durability,
+        follow_recheck: Duration,
+    ) -> Result<Self> {
+        if let Durability::Interval(interval) = durability {
+            let shared = shared.clone();
+            blocking(move || shared.enter_relaxed(interval)).await?;
+        }
+        Ok(Self {
+            handle: Arc::new(Handle {
+                path: shared.path.clone(),
+                shared: RwLock::new(Some(shared)),
+                store,
+                durability,
+                follow_recheck,
+                limits_noted: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Flushes everything written so far and closes this handle and its
+    /// clones: afterwards every call through them fails with
+    /// [`Error::Closed`]. When it was the last handle on the database in
+    /// this process (and no replay stream is still reading), the database
+    /// closes too, on the blocking pool, before this returns, and unlocks
+    /// its directory; until then the directory stays locked. Other handles
+    /// on the directory ([`open`](Self::open) again,
+    /// [`handle_with_options`](Self::handle_with_options)) stay open.
+    ///
+    /// Idempotent: closing a closed handle returns `Ok(())` at once.
+    ///
+    /// # Errors
+    ///
+    /// The flush's failure, as [`Error::Backend`]: the handle is closed all
+    /// the same, but what it acknowledged with [`Durability::Interval`]
+    /// since the last successful flush may not be on disk. (Dropping the
+    /// last clone instead also flushes and closes, on the dropping thread,
+    /// but nobody learns whether that flush failed.)
+    pub async fn close(&self) -> Result<()> {
+        let taken = self
+            .handle
+            .shared
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(shared) = taken else {
+            return Ok(());
+        };
+        let flushed = wait_flushed(shared.flusher.request(None)).await;
+        blocking(move || {
+            drop(shared);
+            Ok(())
+        })
+        .await?;
+        flushed
+    }
+
+    /// The database directory (canonical).
+    pub fn path(&self) -> &Path {
+        &self.handle.path
+    }
+
+    /// This handle's durability.
+    pub fn durability(&self) -> Durability {
+        self.handle.durability
+    }
+
+    /// This handle's store options.
+    pub fn options(&self) -> &StoreOptions {
+        &self.handle.store
+    }
+
+    /// How often this handle's idle followers re-read their stream.
+    pub fn follow_recheck(&self) -> Duration {
+        self.handle.follow_recheck
+    }
+
+    /// Flushes everything written so far to disk (through the group
+    /// flusher). Useful with [`Durability::Interval`] before a planned stop.
+    pub async fn flush(&self) -> Result<()> {
+        wait_flushed(self.shared()?.flusher.request(None)).await
+    }
+
+    /// The database, or [`Error::Closed`] once this handle is closed.
+    pub(crate) fn shared(&self) -> Result<Arc<Shared>> {
+        self.handle
+            .shared
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or(Error::Closed)
+    }
+
+    /// Waits for durability if this handle's setting asks for it.
+    pub(crate) async fn settle(
+        &self,
+        wait: Option<tokio::sync::oneshot::Receiver<FlushResult>>,
+    ) -> Result<()> {
+        match wait {
+            Some(wait) => wait_flushed(wait).await,
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn relaxed(&self) -> bool {
+        matches!(self.handle.durability, Durability::Interval(_))
+    }
+
+    /// A flush to wait for after a write other than an append, in `Flush` mode.
+    pub(crate) fn flush_after_write(
+        &self,
+        shared: &Shared,
+    ) -> Option<tokio::sync::oneshot::Receiver<FlushResult>> {
+        if self.relaxed() {
+            shared.flusher.mark_dirty();
+            None
+        } else {
+            Some(shared.flusher.request(None))
+        }
+    }
+
+    pub(crate) fn now(&self) -> i64 {
+        self.handle.store.clock.now_millis()
+    }
+}
+
+#[async_trait]
+impl EventStore for SledStore {
+    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        append::store_event(self, stream_id, event).await
+    }
+
+    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
+        replay::replay_events_after(self, last_event_id).await
+    }
+
+    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
+        replay::get_stream_id_for_event_id(self, event_id).await
+    }
+
+    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
+        purge::delete_stream(self, stream_id).await
+    }
+
+    async fn purge_expired(&self) -> Result<PurgeReport> {
+        purge::purge_expired(self).await
+    }
+
+    async fn follow_events_after(
+        &self,
+        last_event_id: &str,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        follow::follow_events_after(self, last_event_id, options).await
+    }
+
+    fn open_follows(&self) -> usize {
+        follow::open_follows(self)
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        inspect::stats(self).await
+    }
+
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
+        inspect::list_streams(self, after, limit).await
+    }
+
+    async fn check(&self) -> Result<HealthReport> {
+        inspect::check(self).await
+    }
+}
+
+#[async_trait]
+impl SessionStore for SledStore {
+    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
+        sessions::put_session(self, session_id, state, ttl).await
+    }
+
+    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
+        sessions::get_session(self, session_id).await
+    }
+
+    async fn delete_session(&self, session_id: &str) -> Result<bool> {
+        sessions::delete_session(self, session_id).await
+    }
+}
+
+/// Helpers for this crate's unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::time::Duration;
+
+    use futures_util::TryStreamExt;
+    use mcp_event_store_core::{EventId, EventStore, Result};
+
+    use super::SledStore;
+    use crate::flusher::Flusher;
+
+    /// The ids a replay after `id` yields, to its end.
+    pub(crate) async fn replayed_after(store: &SledStore, id: &EventId) -> Result<Vec<EventId>> {
+        let replay = store.replay_events_after(&id.to_string()).await?;
+        let events: Vec<_> = replay.events.try_collect().await?;
+        Ok(events.into_iter().map(|e| e.id).collect())
+    }
+
+    /// Waits (up to ten seconds) until `done` holds.
+    pub(crate) async fn until(mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "timed out");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Releases paused flushes when dropped, also when an assertion fails,
+    /// so a held blocking task lets the runtime shut down.
+    pub(crate) struct Unpause<'a>(pub(crate) &'a Flusher);
+
+    impl Drop for Unpause<'_> {
+        fn drop(&mut self) {
+            self.0.pause(false);
+        }
+    }
+}
