@@ -5,13 +5,14 @@
 //! mcp_event_store_core::conformance_tests!(SledHarness::new(), persistent);
 //! ```
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use mcp_event_store_core::StoreOptions;
-use mcp_event_store_core::conformance::Harness;
+use mcp_event_store_core::conformance::{Harness, PersistentHarness};
+use mcp_event_store_core::{Result, StoreOptions};
 
-use crate::{SledOptions, SledStore};
+use crate::shared::blocking;
+use crate::{FORMAT_VERSION, SledOptions, SledStore};
 
 /// Runs the conformance suite on a sled database in its own temporary
 /// directory, removed with the harness.
@@ -19,10 +20,22 @@ use crate::{SledOptions, SledStore};
 /// Every [`open`](Harness::open) opens that directory again; while another
 /// handle is open the process-wide registry hands out the same database,
 /// and after [`close`](Harness::close) of the last one it is really reopened
-/// from disk.
+/// from disk. The harness itself never holds the database open, so another
+/// process can [`attach`](PersistentHarness::attach) to it (its
+/// [`locator`](PersistentHarness::locator) is the directory) while this one
+/// has no handle open: sled lets one process at a time open a database.
 #[derive(Debug)]
 pub struct SledHarness {
-    dir: tempfile::TempDir,
+    dir: Dir,
+}
+
+/// The harness's directory: its own, or another harness's.
+#[derive(Debug)]
+enum Dir {
+    /// Removed with the harness.
+    Owned(tempfile::TempDir),
+    /// Another harness's (another process's), left alone.
+    Attached(PathBuf),
 }
 
 impl SledHarness {
@@ -33,16 +46,21 @@ impl SledHarness {
     /// If no temporary directory can be created (test support only).
     pub async fn new() -> Self {
         Self {
-            dir: tempfile::Builder::new()
-                .prefix("mcp-event-store-sled-")
-                .tempdir()
-                .expect("create a temporary directory"),
+            dir: Dir::Owned(
+                tempfile::Builder::new()
+                    .prefix("mcp-event-store-sled-")
+                    .tempdir()
+                    .expect("create a temporary directory"),
+            ),
         }
     }
 
     /// The database directory.
     pub fn path(&self) -> &Path {
-        self.dir.path()
+        match &self.dir {
+            Dir::Owned(dir) => dir.path(),
+            Dir::Attached(path) => path,
+        }
     }
 }
 
@@ -51,9 +69,9 @@ impl Harness for SledHarness {
     type Store = SledStore;
 
     async fn open(&self, options: StoreOptions) -> SledStore {
-        SledStore::open(self.dir.path(), SledOptions::default().store(options))
+        self.try_open(options)
             .await
-            .unwrap_or_else(|e| panic!("open the sled store at {:?}: {e}", self.dir.path()))
+            .unwrap_or_else(|e| panic!("open the sled store at {:?}: {e}", self.path()))
     }
 
     async fn close(&self, store: SledStore) {
@@ -61,6 +79,51 @@ impl Harness for SledHarness {
             .close()
             .await
             .unwrap_or_else(|e| panic!("close the sled store: {e}"));
+    }
+}
+
+#[async_trait]
+impl PersistentHarness for SledHarness {
+    /// The database directory.
+    fn locator(&self) -> String {
+        self.path()
+            .to_str()
+            .expect("the temporary directory's path is UTF-8")
+            .to_owned()
+    }
+
+    async fn attach(locator: &str) -> Self {
+        // Workaround, until the core's reader skips it: the SIGKILL case's
+        // child (the one caller of `attach`) runs as a libtest test, which
+        // has printed `test <name> ... ` without a newline by now, and
+        // `testkit::Ack::parse` ignores a line that does not start with
+        // `START` or `ACK`, so the child's first acknowledgement would be
+        // lost. End libtest's line first.
+        println!();
+        Self {
+            dir: Dir::Attached(PathBuf::from(locator)),
+        }
+    }
+
+    async fn try_open(&self, options: StoreOptions) -> Result<SledStore> {
+        SledStore::open(self.path(), SledOptions::default().store(options)).await
+    }
+
+    fn format_version(&self) -> u64 {
+        u64::from(FORMAT_VERSION)
+    }
+
+    /// Rewrites the metadata tree's format record, with sled directly.
+    ///
+    /// # Panics
+    ///
+    /// If the database is open in this process, or cannot be written.
+    async fn set_format_version(&self, version: u64) {
+        let version = u32::try_from(version).expect("sled format versions are u32");
+        let path = self.path().to_owned();
+        blocking(move || crate::setup::write_format_version(&path, version))
+            .await
+            .unwrap_or_else(|e| panic!("set the format of {:?} to {version}: {e}", self.path()));
     }
 }
 
