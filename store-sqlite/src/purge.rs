@@ -45,7 +45,7 @@ pub(crate) async fn purge_expired(store: &SqliteStore) -> Result<PurgeReport> {
 }
 
 /// Where a purge in progress has got to.
-pub(crate) enum PurgePhase {
+enum PurgePhase {
     Age,
     Sessions,
     Limits { after_token: Vec<u8> },
