@@ -431,6 +431,17 @@ fn split_url(url: &str) -> Result<(UrlParameters<'_>, String)> {
     Ok((parameters, driver_url))
 }
 
+/// The schema a connection URL names (`schema=`), if any, and the URL
+/// left for the driver; every parameter checked as
+/// [`PostgresOptions::from_url`] checks it.
+#[cfg(feature = "conformance")]
+pub(crate) fn schema_and_driver_url(url: &str) -> Result<(Option<String>, String)> {
+    let (parameters, driver_url) = split_url(url)?;
+    let mut options = PostgresOptions::default();
+    options.apply_own(&parameters)?;
+    Ok((parameters.schema.map(|_| options.schema), driver_url))
+}
+
 /// Checks that `schema` is a plain lowercase identifier,
 /// `^[a-z_][a-z0-9_]{0,62}$`, so it can be quoted into SQL with no escaping
 /// and names the same schema quoted or not.

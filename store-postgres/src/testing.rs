@@ -1,146 +1,96 @@
-//! Test support (feature `conformance`): finding a server, isolating each
-//! test in its own schema, and the conformance [`Harness`].
+//! Test support (feature `conformance`): the test server, a schema per
+//! test, and the conformance harness [`PostgresHarness`], all on
+//! [`mcp_event_store_core::testkit`].
 //!
-//! Tests find their server in this order, and fail (never skip) when none
-//! answers:
+//! Tests find their server as [`SERVER`] describes, and fail (never skip)
+//! when none answers:
 //!
 //! 1. the URL in `MCP_EVENT_STORE_POSTGRES_URL`;
 //! 2. `postgres://postgres@127.0.0.1:5432/postgres`, if it answers within a
 //!    second;
 //! 3. with the `testcontainers` feature, a pinned `postgres` container
-//!    ([`CONTAINER_IMAGE`]) started through Docker.
-
-use std::time::Duration;
+//!    started through Docker.
+//!
+//! Each test works in a schema of its own ([`namespace`]), dropped when
+//! the test ends, also when it panics.
 
 use async_trait::async_trait;
-use mcp_event_store_core::StoreOptions;
-use mcp_event_store_core::conformance::Harness;
+use futures_util::future::BoxFuture;
+use mcp_event_store_core::conformance::{CRASH_LOCATOR_ENV, Harness, PersistentHarness};
+use mcp_event_store_core::testkit::{self, Container, Namespace, ServerSpec};
+use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection};
-use tokio::sync::OnceCell;
 
-use crate::{PostgresOptions, PostgresStore, validate_schema_name};
+use crate::options::schema_and_driver_url;
+use crate::setup::MIGRATOR;
+use crate::{FORMAT_VERSION, PostgresOptions, PostgresStore, validate_schema_name};
+
+/// Where the tests find their PostgreSQL server (see the module docs).
+pub const SERVER: ServerSpec = ServerSpec {
+    name: "PostgreSQL",
+    env: "MCP_EVENT_STORE_POSTGRES_URL",
+    local: "postgres://postgres@127.0.0.1:5432/postgres",
+    container: Container {
+        image: "postgres",
+        tag: "15.10-alpine",
+        port: 5432,
+        ready_on_stderr: true,
+        ready_message: "database system is ready to accept connections",
+        env: &[("POSTGRES_HOST_AUTH_METHOD", "trust")],
+        url: |host, port| format!("postgres://postgres@{host}:{port}/postgres"),
+    },
+};
 
 /// The environment variable naming the test server.
-pub const URL_ENV: &str = "MCP_EVENT_STORE_POSTGRES_URL";
+#[deprecated(since = "0.1.0", note = "use SERVER.env")]
+pub const URL_ENV: &str = SERVER.env;
 /// The local server tried when the variable is unset.
-pub const LOCAL_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+#[deprecated(since = "0.1.0", note = "use SERVER.local")]
+pub const LOCAL_URL: &str = SERVER.local;
 /// The image the `testcontainers` feature starts, pinned.
-pub const CONTAINER_IMAGE: (&str, &str) = ("postgres", "15.10-alpine");
+#[deprecated(
+    since = "0.1.0",
+    note = "use SERVER.container.image and SERVER.container.tag"
+)]
+pub const CONTAINER_IMAGE: (&str, &str) = (SERVER.container.image, SERVER.container.tag);
 
-/// The URL of the test server; panics, naming every way to provide one, if
-/// there is none.
+/// The prefix of every test schema's name.
+pub const SCHEMA_PREFIX: &str = "mcp_test_";
+
+/// The URL of the test server, found once per process
+/// ([`testkit::find_server`] with [`SERVER`]); panics, naming every way to
+/// provide one, if there is none.
 pub async fn server_url() -> String {
-    static URL: OnceCell<String> = OnceCell::const_new();
-    URL.get_or_init(find_server).await.clone()
+    testkit::find_server(&SERVER, probe).await
 }
 
-async fn find_server() -> String {
-    if let Ok(url) = std::env::var(URL_ENV)
-        && !url.is_empty()
-    {
-        return url;
-    }
-    let local = tokio::time::timeout(Duration::from_secs(1), PgConnection::connect(LOCAL_URL));
-    if let Ok(Ok(conn)) = local.await {
-        let _ = conn.close().await;
-        return LOCAL_URL.to_owned();
-    }
-    #[cfg(feature = "testcontainers")]
-    match container::start().await {
-        Ok(url) => return url,
-        Err(e) => panic!("{}\n(the container failed: {e})", no_server_message()),
-    }
-    #[allow(unreachable_code)]
-    {
-        panic!("{}", no_server_message())
-    }
+/// Whether a server answers at `url`: a connection opens and closes.
+fn probe(url: String) -> BoxFuture<'static, std::result::Result<(), String>> {
+    Box::pin(async move {
+        let conn = PgConnection::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        conn.close().await.map_err(|e| e.to_string())
+    })
 }
 
-fn no_server_message() -> String {
-    format!(
-        "no PostgreSQL server for the tests. Provide one of:\n\
-         1. {URL_ENV}=postgres://user@host:port/db in the environment;\n\
-         2. a server at {LOCAL_URL} (trust auth) answering within 1 s;\n\
-         3. Docker, and the `testcontainers` feature \
-         (cargo test -p mcp-event-store-postgres --features testcontainers), \
-         which starts {}:{}.",
-        CONTAINER_IMAGE.0, CONTAINER_IMAGE.1
-    )
-}
-
-#[cfg(feature = "testcontainers")]
-mod container {
-    use testcontainers::core::{IntoContainerPort, WaitFor};
-    use testcontainers::runners::AsyncRunner;
-    use testcontainers::{GenericImage, ImageExt};
-
-    /// Starts the container on a thread of its own, whose runtime lives as
-    /// long as the test process: each test has its own runtime, and the
-    /// container must outlive all of them.
-    pub(super) async fn start() -> Result<String, String> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    let _ = tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let (name, tag) = super::CONTAINER_IMAGE;
-                let started = GenericImage::new(name, tag)
-                    .with_exposed_port(5432.tcp())
-                    .with_wait_for(WaitFor::message_on_stderr(
-                        "database system is ready to accept connections",
-                    ))
-                    .with_env_var("POSTGRES_HOST_AUTH_METHOD", "trust")
-                    .start()
-                    .await;
-                let container = match started {
-                    Ok(container) => container,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                let port = match container.get_host_port_ipv4(5432.tcp()).await {
-                    Ok(port) => port,
-                    Err(e) => {
-                        let _ = tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                // The first "ready" line comes from the init server; wait
-                // for the real one to accept connections.
-                let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
-                for _ in 0..60 {
-                    if sqlx::PgPool::connect(&url).await.is_ok() {
-                        break;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                }
-                let _ = tx.send(Ok(url));
-                std::future::pending::<()>().await;
-                drop(container);
-            });
-        });
-        rx.await.map_err(|e| e.to_string())?
-    }
-}
-
-/// A fresh schema name, `mcp_test_` and 16 random hex digits.
+/// A fresh schema name, [`SCHEMA_PREFIX`] and 16 random hex digits.
 pub fn random_schema() -> String {
-    let n = getrandom::u64().expect("OS randomness");
-    format!("mcp_test_{n:016x}")
+    format!("{SCHEMA_PREFIX}{}", testkit::random_suffix())
+}
+
+/// A fresh schema on the server at `url`, dropped (with everything in it)
+/// by [`Namespace::remove`], or when the guard drops.
+pub fn namespace(url: &str) -> Namespace {
+    let url = url.to_owned();
+    Namespace::new(SCHEMA_PREFIX, move |schema| {
+        Box::pin(async move { drop_schema(&url, &schema).await.map_err(|e| e.to_string()) })
+    })
 }
 
 /// Drops a schema and everything in it.
-pub async fn drop_schema(url: &str, schema: &str) -> Result<(), sqlx::Error> {
+pub async fn drop_schema(url: &str, schema: &str) -> std::result::Result<(), sqlx::Error> {
     validate_schema_name(schema).map_err(|e| sqlx::Error::Configuration(e.into()))?;
     let mut conn = PgConnection::connect(url).await?;
     sqlx::query(AssertSqlSafe(format!(
@@ -153,7 +103,7 @@ pub async fn drop_schema(url: &str, schema: &str) -> Result<(), sqlx::Error> {
 
 /// Ends every server connection whose `application_name` is `name`, as a
 /// crash, a failover or an operator would; returns how many it ended.
-pub async fn terminate_connections(url: &str, name: &str) -> Result<u64, sqlx::Error> {
+pub async fn terminate_connections(url: &str, name: &str) -> std::result::Result<u64, sqlx::Error> {
     let mut conn = PgConnection::connect(url).await?;
     let ended: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
@@ -166,23 +116,69 @@ pub async fn terminate_connections(url: &str, name: &str) -> Result<u64, sqlx::E
     Ok(ended as u64)
 }
 
-/// The conformance harness: one random schema per test, dropped by
-/// `teardown` (or, if the test panicked first, when the harness drops).
-/// Every `open` makes a new pool on that schema.
+/// Records format `version` in `schema` where the migrations record it: a
+/// successful row of `_sqlx_migrations` for every version up to it (this
+/// release's own migrations as they are, newer ones as a newer release
+/// would have left them), none after it.
+async fn record_format(
+    url: &str,
+    schema: &str,
+    version: i64,
+) -> std::result::Result<(), sqlx::Error> {
+    validate_schema_name(schema).map_err(|e| sqlx::Error::Configuration(e.into()))?;
+    let table = format!("\"{schema}\"._sqlx_migrations");
+    let mut conn = PgConnection::connect(url).await?;
+    let mut tx = conn.begin().await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM {table} WHERE version > $1"
+    )))
+    .bind(version)
+    .execute(&mut *tx)
+    .await?;
+    for v in 1..=version {
+        let (description, checksum) = match MIGRATOR.iter().find(|m| m.version == v) {
+            Some(migration) => (
+                migration.description.to_string(),
+                migration.checksum.to_vec(),
+            ),
+            None => (format!("format {v} of a newer release"), vec![0]),
+        };
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} (version, description, success, checksum, execution_time) \
+             VALUES ($1, $2, true, $3, 0) ON CONFLICT (version) DO NOTHING"
+        )))
+        .bind(v)
+        .bind(description)
+        .bind(checksum)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    conn.close().await
+}
+
+/// The conformance harness: a schema of its own on the test server (a
+/// [`Namespace`], dropped by `teardown`, or when the harness drops after
+/// a panic). Every `open` makes a new pool on that schema.
+///
+/// Its [`locator`](PersistentHarness::locator) is a connection URL, the
+/// server's with `schema=` added, which
+/// [`PostgresStore::connect`] opens as it is.
 #[derive(Debug)]
 pub struct PostgresHarness {
+    /// The server's URL, without this crate's parameters.
     url: String,
-    schema: String,
-    torn_down: bool,
+    namespace: Namespace,
 }
 
 impl PostgresHarness {
     /// A harness on the test server, with a schema of its own.
     pub async fn new() -> Self {
+        let (_, url) = schema_and_driver_url(&server_url().await)
+            .unwrap_or_else(|e| panic!("the test server's URL: {e}"));
         Self {
-            url: server_url().await,
-            schema: random_schema(),
-            torn_down: false,
+            namespace: namespace(&url),
+            url,
         }
     }
 
@@ -191,16 +187,16 @@ impl PostgresHarness {
         &self.url
     }
 
-    /// The schema this harness owns.
+    /// The schema this harness works in.
     pub fn schema(&self) -> &str {
-        &self.schema
+        self.namespace.name()
     }
 
     /// Options for a store on this harness's schema.
     pub fn options(&self, store: StoreOptions) -> PostgresOptions {
         PostgresOptions::default()
             .store(store)
-            .schema(self.schema.clone())
+            .schema(self.schema())
             .max_connections(8)
     }
 
@@ -208,7 +204,7 @@ impl PostgresHarness {
     pub async fn open_with(&self, options: PostgresOptions) -> PostgresStore {
         PostgresStore::connect_with(&self.url, options)
             .await
-            .unwrap_or_else(|e| panic!("opening schema {}: {e}", self.schema))
+            .unwrap_or_else(|e| panic!("opening schema {}: {e}", self.schema()))
     }
 }
 
@@ -224,30 +220,65 @@ impl Harness for PostgresHarness {
         store.close().await;
     }
 
-    async fn teardown(mut self) {
-        drop_schema(&self.url, &self.schema)
-            .await
-            .unwrap_or_else(|e| panic!("dropping schema {}: {e}", self.schema));
-        self.torn_down = true;
+    async fn teardown(self) {
+        self.namespace.remove().await;
     }
 }
 
-impl Drop for PostgresHarness {
-    fn drop(&mut self) {
-        if self.torn_down {
-            return;
+#[async_trait]
+impl PersistentHarness for PostgresHarness {
+    /// The server's URL with `schema=<schema>` added, e.g.
+    /// `postgres://postgres@127.0.0.1:5432/postgres?schema=mcp_test_0123456789abcdef`.
+    fn locator(&self) -> String {
+        let (base, fragment) = match self.url.split_once('#') {
+            Some((base, fragment)) => (base, Some(fragment)),
+            None => (self.url.as_str(), None),
+        };
+        let separator = if base.contains('?') { '&' } else { '?' };
+        let mut locator = format!("{base}{separator}schema={}", self.schema());
+        if let Some(fragment) = fragment {
+            locator.push('#');
+            locator.push_str(fragment);
         }
-        // A test panicked before teardown: drop the schema anyway, on a
-        // thread with its own runtime since Drop cannot await.
-        let url = self.url.clone();
-        let schema = self.schema.clone();
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(drop_schema(&url, &schema)).ok()
-        });
-        let _ = cleanup.join();
+        locator
+    }
+
+    async fn attach(locator: &str) -> Self {
+        let (schema, url) = schema_and_driver_url(locator)
+            .unwrap_or_else(|e| panic!("the locator {locator:?}: {e}"));
+        let schema = schema.unwrap_or_else(|| panic!("the locator {locator:?} names no schema"));
+        if std::env::var(CRASH_LOCATOR_ENV).as_deref() == Ok(locator) {
+            // This process is the SIGKILL case's child, run by libtest with
+            // `--nocapture --test-threads=1`: libtest has printed
+            // `test sigkill_child_appender ... ` without a newline, and the
+            // child's first `START` line would be glued to it, where
+            // `testkit::Ack::parse` does not find it. End that line first.
+            // (To go once the core's parse or child does it.)
+            println!();
+        }
+        Self {
+            url,
+            namespace: Namespace::borrowed(schema),
+        }
+    }
+
+    async fn try_open(&self, options: StoreOptions) -> Result<PostgresStore> {
+        PostgresStore::connect_with(&self.url, self.options(options)).await
+    }
+
+    fn format_version(&self) -> u64 {
+        FORMAT_VERSION as u64
+    }
+
+    async fn set_format_version(&self, version: u64) {
+        let version = i64::try_from(version).expect("a format version within BIGINT");
+        record_format(&self.url, self.schema(), version)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "recording format {version} in schema {}: {e}",
+                    self.schema()
+                )
+            });
     }
 }

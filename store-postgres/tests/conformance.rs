@@ -1,6 +1,6 @@
-//! The shared conformance suite (contract C1 to C14) against PostgreSQL:
-//! one schema per case (found as `mcp_event_store_postgres::testing` says),
-//! dropped afterwards.
+//! The shared conformance suite against PostgreSQL, the persistent cases
+//! (restart, SIGKILL, newer format) included: one schema per case (found
+//! as `mcp_event_store_postgres::testing` says), dropped afterwards.
 
 use mcp_event_store_postgres::testing::PostgresHarness;
 
