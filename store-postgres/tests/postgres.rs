@@ -4,22 +4,23 @@
 //! random schema (see `mcp_event_store_postgres::testing`).
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::io::Read;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store_core::backend::{StreamKey, dense};
-use mcp_event_store_core::conformance::{Harness, replay_all, test_clock, test_options};
+use mcp_event_store_core::conformance::{
+    Harness, PersistentHarness, replay_all, test_clock, test_options,
+};
+use mcp_event_store_core::testkit::{self, ChildGuard};
 use mcp_event_store_core::{
     Error, EventId, EventStore, NewEvent, Position, Retention, SessionStore, StoreOptions,
 };
-use mcp_event_store_postgres::testing::{
-    PostgresHarness, URL_ENV, random_schema, terminate_connections,
-};
-use mcp_event_store_postgres::{FORMAT_VERSION, PostgresOptions, PostgresStore, Vacuum};
+use mcp_event_store_postgres::testing::{PostgresHarness, terminate_connections};
+use mcp_event_store_postgres::{PostgresOptions, PostgresStore, Vacuum};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 async fn admin(h: &PostgresHarness) -> PgConnection {
@@ -58,14 +59,15 @@ fn unbounded() -> StoreOptions {
     StoreOptions::default().retention(Retention::unbounded())
 }
 
-/// C12: a schema that a newer release migrated further is refused with a
-/// clear `IncompatibleFormat`; so is a half-applied migration; opening
-/// without migrations needs a schema that is up to date.
+/// C12 with `run_migrations` off: a missing schema is refused before
+/// anything is created; an up-to-date one opens and reads as before; one
+/// that is behind (lacks a migration of this release) or ahead (a newer
+/// release migrated it, named with the schema) is refused. The shared
+/// case `newer_format_is_refused_and_changes_nothing` covers a newer
+/// format with migrations on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn incompatible_format_is_refused() {
+async fn opening_without_migrations_needs_a_schema_at_this_format() {
     let h = PostgresHarness::new().await;
-
-    // Without migrations, a missing schema is refused before anything is created.
     let err = PostgresStore::connect_with(h.url(), h.options(unbounded()).run_migrations(false))
         .await
         .unwrap_err();
@@ -89,19 +91,50 @@ async fn incompatible_format_is_refused() {
     );
     h.close(store).await;
 
-    // A newer release applied migration FORMAT_VERSION + 1.
+    let current = h.format_version();
+    for (version, says) in [
+        (current - 1, "lacks migration"),
+        (current + 1, "newer release"),
+    ] {
+        h.set_format_version(version).await;
+        let err =
+            PostgresStore::connect_with(h.url(), h.options(unbounded()).run_migrations(false))
+                .await
+                .unwrap_err();
+        match &err {
+            Error::IncompatibleFormat(message) => {
+                assert!(message.contains(says), "format {version}: {message}");
+                assert!(message.contains(h.schema()), "format {version}: {message}");
+            }
+            other => panic!("format {version}: expected IncompatibleFormat, got {other}"),
+        }
+    }
+    h.set_format_version(current).await;
+    let store = h
+        .open_with(h.options(unbounded()).run_migrations(false))
+        .await;
+    h.close(store).await;
+    h.teardown().await;
+}
+
+/// C12: a migration that failed part way (its row says `success =
+/// false`) is refused, with migrations on or off, and nothing is changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_applied_migration_is_refused() {
+    let h = PostgresHarness::new().await;
+    let store = h.open(unbounded()).await;
+    let id = store.store_event("s", NewEvent::new(b"x")).await.unwrap();
+    h.close(store).await;
+
     let mut conn = admin(&h).await;
-    let newer = FORMAT_VERSION + 1;
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO \"{}\"._sqlx_migrations \
-         (version, description, success, checksum, execution_time) \
-         VALUES ($1, 'from the future', true, '\\x00', 0)",
-        h.schema()
-    )))
-    .bind(newer)
-    .execute(&mut conn)
-    .await
-    .unwrap();
+    let set_success = |success: bool| {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE \"{}\"._sqlx_migrations SET success = $1 WHERE version = 1",
+            h.schema()
+        )))
+        .bind(success)
+    };
+    set_success(false).execute(&mut conn).await.unwrap();
     for run_migrations in [true, false] {
         let err = PostgresStore::connect_with(
             h.url(),
@@ -111,34 +144,79 @@ async fn incompatible_format_is_refused() {
         .unwrap_err();
         match &err {
             Error::IncompatibleFormat(message) => {
-                assert!(message.contains("newer release"), "{message}");
-                assert!(message.contains(h.schema()), "{message}");
+                assert!(message.contains("failed part way"), "{message}")
             }
             other => panic!("expected IncompatibleFormat, got {other}"),
         }
     }
-
-    // A migration that failed part way.
-    sqlx::query(AssertSqlSafe(format!(
-        "DELETE FROM \"{}\"._sqlx_migrations WHERE version = $1",
-        h.schema()
-    )))
-    .bind(newer)
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE \"{}\"._sqlx_migrations SET success = false WHERE version = 1",
-        h.schema()
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    let err = PostgresStore::connect_with(h.url(), h.options(unbounded()))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::IncompatibleFormat(_)), "{err}");
+    set_success(true).execute(&mut conn).await.unwrap();
     conn.close().await.unwrap();
+    let store = h.open(unbounded()).await;
+    assert_eq!(
+        store
+            .get_stream_id_for_event_id(&id.to_string())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("s")
+    );
+    h.close(store).await;
+    h.teardown().await;
+}
+
+/// `close` is idempotent; afterwards every call, on the handle and its
+/// clones, fails with `Error::Closed`, and another handle carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_close_fail_with_closed() {
+    let h = PostgresHarness::new().await;
+    let store = h.open(unbounded()).await;
+    let other = h.open(unbounded()).await;
+    let id = store.store_event("s", NewEvent::new(b"x")).await.unwrap();
+    let clone = store.clone();
+    store.close().await;
+    store.close().await;
+    let closed = |what: &str, result: Result<(), Error>| match result {
+        Err(Error::Closed) => {}
+        other => panic!("{what} after close: expected Error::Closed, got {other:?}"),
+    };
+    let raw = id.to_string();
+    for handle in [&store, &clone] {
+        closed(
+            "store_event",
+            handle.store_event("s", NewEvent::new(b"y")).await.map(drop),
+        );
+        closed("replay", handle.replay_events_after(&raw).await.map(drop));
+        closed(
+            "lookup",
+            handle.get_stream_id_for_event_id(&raw).await.map(drop),
+        );
+        closed(
+            "follow",
+            handle
+                .follow_events_after(&raw, Default::default())
+                .await
+                .map(drop),
+        );
+        closed("delete_stream", handle.delete_stream("s").await.map(drop));
+        closed("purge_expired", handle.purge_expired().await.map(drop));
+        closed("stats", handle.stats().await.map(drop));
+        closed(
+            "put_session",
+            handle
+                .put_session("sess", b"state", Duration::from_secs(60))
+                .await,
+        );
+        closed("get_session", handle.get_session("sess").await.map(drop));
+    }
+    assert_eq!(
+        other
+            .get_stream_id_for_event_id(&raw)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("s")
+    );
+    h.close(other).await;
     h.teardown().await;
 }
 
@@ -515,73 +593,54 @@ async fn two_pools_append_while_a_third_replays() {
     h.teardown().await;
 }
 
+/// Tells [`shared_stream_child_appender`] which schema to append to (a
+/// harness locator) and its name: `<name> <locator>`.
 const CHILD_ENV: &str = "MCP_EVENT_STORE_POSTGRES_TEST_CHILD";
 const CHILD_EVENTS: usize = 150;
+/// How a child reports an acknowledged append to the shared stream.
+const SHARED_ACK: &str = "SHARED ";
 
-/// A child process, killed by pid when the guard drops (a failing parent
-/// never leaves writers behind).
-struct ChildGuard {
-    child: Child,
-    out: PathBuf,
+/// Starts [`shared_stream_child_appender`] as a child process (this test
+/// binary), owned by a [`ChildGuard`], with its stdout piped.
+fn spawn_child(h: &PostgresHarness, name: &str) -> ChildGuard {
+    let mut command = testkit::test_child("shared_stream_child_appender").unwrap();
+    command
+        .env(CHILD_ENV, format!("{name} {}", h.locator()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    ChildGuard::spawn(&mut command).expect("re-executing the test binary")
 }
 
-impl ChildGuard {
-    fn spawn(test: &str, url: &str, schema: &str, name: &str) -> Self {
-        let out = std::env::temp_dir().join(format!("{}-{name}.ids", random_schema()));
-        // The child's libtest report goes to a log, shown only if it fails,
-        // so it never mixes with this process's report.
-        let log = std::fs::File::create(out.with_extension("log")).unwrap();
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args([test, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, format!("{schema}|{name}|{}", out.display()))
-            .env(URL_ENV, url)
-            .stdout(log)
-            .spawn()
-            .expect("re-executing the test binary");
-        Self { child, out }
-    }
-
-    /// Waits for the child to succeed and returns the ids it acknowledged.
-    fn finish(mut self) -> Vec<EventId> {
-        let status = self.child.wait().unwrap();
-        if !status.success() {
-            let log = std::fs::read_to_string(self.out.with_extension("log")).unwrap_or_default();
-            panic!("child process failed: {status}\n{log}");
-        }
-        let ids = std::fs::read_to_string(&self.out).unwrap();
-        ids.lines().map(|line| line.parse().unwrap()).collect()
-    }
+/// Waits for the child to succeed and returns the shared-stream ids it
+/// acknowledged.
+fn finish(mut child: ChildGuard) -> Vec<EventId> {
+    let mut out = String::new();
+    child
+        .take_stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "child process failed: {status}\n{out}");
+    // A line may follow libtest's `test ... ` prefix: find the marker.
+    out.lines()
+        .filter_map(|line| line.split_once(SHARED_ACK))
+        .map(|(_, id)| id.trim().parse().unwrap())
+        .collect()
 }
 
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        // Kill (by pid) and reap; harmless if it already exited.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.out);
-        let _ = std::fs::remove_file(self.out.with_extension("log"));
-    }
-}
-
-/// The child's side: append to the shared stream and to its own, and write
-/// every acknowledged shared id to the file named in the environment.
-async fn child_main(spec: &str) {
-    let mut parts = spec.splitn(3, '|');
-    let (schema, name, out) = (
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-        parts.next().unwrap(),
-    );
-    let url = std::env::var(URL_ENV).unwrap();
-    let store = PostgresStore::connect_with(
-        &url,
-        PostgresOptions::default()
-            .schema(schema)
-            .store(unbounded())
-            .max_connections(4),
-    )
-    .await
-    .unwrap();
+/// The child's side of [`two_processes_append_while_a_third_replays`]:
+/// appends to the shared stream and to its own, printing every
+/// acknowledged shared id. Without [`CHILD_ENV`] it has nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of two_processes_append_while_a_third_replays"]
+async fn shared_stream_child_appender() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (name, locator) = spec.split_once(' ').unwrap();
+    let h = PostgresHarness::attach(locator).await;
+    let store = h.open_with(h.options(unbounded()).max_connections(4)).await;
     let own = format!("own-{name}");
     let tasks: Vec<_> = (0..4)
         .map(|t| {
@@ -609,23 +668,17 @@ async fn child_main(spec: &str) {
     let mut lines = String::new();
     for task in tasks {
         for id in task.await.unwrap() {
-            lines.push_str(&id.to_string());
-            lines.push('\n');
+            lines.push_str(&format!("\n{SHARED_ACK}{id}"));
         }
     }
-    std::fs::write(out, lines).unwrap();
-    store.close().await;
+    println!("{lines}");
+    h.close(store).await;
 }
 
 /// C6, C11: two OS processes append to one stream (and to their own) while
 /// this one appends too and follows the shared stream by cursor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_append_while_a_third_replays() {
-    const TEST: &str = "two_processes_append_while_a_third_replays";
-    if let Ok(spec) = std::env::var(CHILD_ENV) {
-        child_main(&spec).await;
-        return;
-    }
     let h = PostgresHarness::new().await;
     let store = Arc::new(h.open(unbounded()).await);
     let start = store
@@ -634,10 +687,7 @@ async fn two_processes_append_while_a_third_replays() {
         .unwrap();
     let done = Arc::new(AtomicBool::new(false));
     let follower = tokio::spawn(follow(store.clone(), start, done.clone()));
-    let children = [
-        ChildGuard::spawn(TEST, h.url(), h.schema(), "a"),
-        ChildGuard::spawn(TEST, h.url(), h.schema(), "b"),
-    ];
+    let children = [spawn_child(&h, "a"), spawn_child(&h, "b")];
     let mut acknowledged = Vec::new();
     for i in 0..100u32 {
         acknowledged.push(
@@ -648,7 +698,7 @@ async fn two_processes_append_while_a_third_replays() {
         );
     }
     let [a, b] = children;
-    let (a, b) = tokio::task::spawn_blocking(move || (a.finish(), b.finish()))
+    let (a, b) = tokio::task::spawn_blocking(move || (finish(a), finish(b)))
         .await
         .unwrap();
     assert_eq!(a.len(), CHILD_EVENTS / 4 * 4);
@@ -1028,7 +1078,8 @@ fn with_params(url: &str, params: &str) -> String {
 
 /// `connect` honours this crate's own URL parameters (`schema=`,
 /// `vacuum=`), which sqlx would ignore, and still hands the driver the
-/// rest (`application_name=` here).
+/// rest (`application_name=` here); a parameter the URL gives wins over
+/// the options, and an unknown or repeated one is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_honours_the_url_parameters_of_this_crate() {
     let h = PostgresHarness::new().await;
@@ -1067,9 +1118,39 @@ async fn connect_honours_the_url_parameters_of_this_crate() {
     assert_eq!(store.vacuum(), Vacuum::Auto, "not named in the URL");
     store.close().await;
 
-    // Bad values are refused before anything connects (port 1: nothing
-    // listens there).
-    for params in ["schema=Bad", "vacuum=sometimes", "schema=a&schema=b"] {
+    // The URL's application_name wins over the options' too.
+    let from_url = format!("{app}-url");
+    let store = PostgresStore::connect_with(
+        &with_params(
+            h.url(),
+            &format!("schema={}&application_name={from_url}", h.schema()),
+        ),
+        PostgresOptions::default().application_name(format!("{app}-options")),
+    )
+    .await
+    .unwrap();
+    store.store_event("s", NewEvent::new(b"y")).await.unwrap();
+    let mut conn = admin(&h).await;
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT application_name FROM pg_stat_activity WHERE application_name LIKE $1",
+    )
+    .bind(format!("{app}-%"))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    assert_eq!(names, [from_url]);
+    store.close().await;
+
+    // Bad values, unknown and repeated parameters are refused before
+    // anything connects (port 1: nothing listens there).
+    for params in [
+        "schema=Bad",
+        "vacuum=sometimes",
+        "schema=a&schema=b",
+        "sslmod=disable",
+        "sslmode=disable&sslmode=disable",
+    ] {
         let err = PostgresStore::connect(&with_params(
             "postgres://postgres@127.0.0.1:1/postgres",
             params,
