@@ -23,13 +23,13 @@ fn with_raw_meta(dir: &std::path::Path, edit: impl FnOnce(&sled::Tree)) {
     db.flush().unwrap();
 }
 
+/// The refusal of a newer format names the release that wrote it and what
+/// to do. (That it is refused and changes nothing is the shared case
+/// `newer_format_is_refused_and_changes_nothing`, C12.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_newer_format_is_refused_with_a_clear_error() {
+async fn a_newer_format_is_refused_naming_the_release_that_wrote_it() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path()).await.unwrap();
-    let id = store.store_event("s", NewEvent::new(b"x")).await.unwrap();
-    store.close().await.unwrap();
-
+    open(dir.path()).await.unwrap().close().await.unwrap();
     with_raw_meta(dir.path(), |meta| {
         meta.insert("format_version", &(FORMAT_VERSION + 1).to_be_bytes())
             .unwrap();
@@ -45,22 +45,6 @@ async fn a_newer_format_is_refused_with_a_clear_error() {
         }
         other => panic!("expected IncompatibleFormat, got {other:?}"),
     }
-
-    // Nothing was changed by the refused open: back to this format, it works.
-    with_raw_meta(dir.path(), |meta| {
-        meta.insert("format_version", &FORMAT_VERSION.to_be_bytes())
-            .unwrap();
-    });
-    let store = open(dir.path()).await.unwrap();
-    assert_eq!(
-        store
-            .get_stream_id_for_event_id(&id.to_string())
-            .await
-            .unwrap()
-            .as_deref(),
-        Some("s")
-    );
-    store.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,6 +120,85 @@ async fn handles_share_one_database() {
     three.close().await.unwrap();
 }
 
+/// `close(&self)` closes a handle and its clones: every later call through
+/// them is `Error::Closed`, closing again does nothing, other handles on the
+/// directory stay open, and once the last one is closed the database is
+/// closed too and opens afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_ends_a_handle_and_its_clones_once() {
+    use mcp_event_store_core::{FollowOptions, SessionStore};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path()).await.unwrap();
+    let clone = store.clone();
+    let other = open(dir.path()).await.unwrap();
+    let id = store.store_event("s", NewEvent::new(b"1")).await.unwrap();
+    let cursor = id.to_string();
+    store.close().await.unwrap();
+    store.close().await.unwrap();
+    clone.close().await.unwrap();
+
+    fn closed<T: std::fmt::Debug>(what: &str, result: mcp_event_store_core::Result<T>) {
+        assert!(
+            matches!(result, Err(Error::Closed)),
+            "{what} after close: {result:?}"
+        );
+    }
+    for handle in [&store, &clone] {
+        closed(
+            "store_event",
+            handle.store_event("s", NewEvent::new(b"2")).await,
+        );
+        closed(
+            "replay",
+            handle
+                .replay_events_after(&cursor)
+                .await
+                .map(|r| r.stream_id),
+        );
+        closed("lookup", handle.get_stream_id_for_event_id(&cursor).await);
+        closed("delete_stream", handle.delete_stream("s").await);
+        closed("purge_expired", handle.purge_expired().await);
+        closed(
+            "follow",
+            handle
+                .follow_events_after(&cursor, FollowOptions::default())
+                .await
+                .map(|r| r.stream_id),
+        );
+        closed("stats", handle.stats().await);
+        closed("list_streams", handle.list_streams(None, 10).await);
+        closed("check", handle.check().await);
+        closed(
+            "put_session",
+            handle
+                .put_session("x", b"state", Duration::from_secs(60))
+                .await,
+        );
+        closed("get_session", handle.get_session("x").await);
+        closed("delete_session", handle.delete_session("x").await);
+        closed("flush", handle.flush().await);
+        closed(
+            "handle_with_options",
+            handle.handle_with_options(StoreOptions::default()).await,
+        );
+        assert_eq!(handle.open_follows(), 0);
+        assert_eq!(handle.path(), other.path(), "accessors still answer");
+    }
+
+    // Another handle on the directory is unaffected.
+    let next = other.store_event("s", NewEvent::new(b"2")).await.unwrap();
+    assert_eq!(next.position, position(id.position.major, 2));
+    other.close().await.unwrap();
+
+    // The database really closed: it opens afresh and has everything.
+    let again = open(dir.path()).await.unwrap();
+    let replay = again.replay_events_after(&cursor).await.unwrap();
+    let got: Vec<_> = replay.events.try_collect().await.unwrap();
+    assert_eq!(got.len(), 1);
+    again.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_by_url() {
     let dir = tempfile::tempdir().unwrap();
@@ -156,6 +219,27 @@ async fn connect_by_url() {
         SledStore::connect("redis://x").await,
         Err(Error::Config(_))
     ));
+    // A parameter given twice, or both durability parameters, is refused.
+    for url in [
+        "?flush_interval_ms=5&flush_interval_ms=6",
+        "?durability=flush&flush_interval_ms=5",
+    ] {
+        let url = format!("sled://{}{url}", dir.path().display());
+        assert!(
+            matches!(SledStore::connect(&url).await, Err(Error::Config(_))),
+            "{url}"
+        );
+    }
+
+    // The URL's parameters win over the options given with it.
+    let url = format!("sled://{}?durability=flush", dir.path().display());
+    let relaxed = SledOptions::default()
+        .durability(Durability::Interval(Duration::from_millis(5)))
+        .follow_recheck(Duration::from_millis(7));
+    let store = SledStore::connect_with(&url, relaxed).await.unwrap();
+    assert_eq!(store.durability(), Durability::Flush);
+    assert_eq!(store.follow_recheck(), Duration::from_millis(7));
+    store.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
