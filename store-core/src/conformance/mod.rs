@@ -113,6 +113,28 @@ pub trait PersistentHarness: Harness {
     async fn set_format_version(&self, version: u64);
 }
 
+/// Private test storage that `connect` opens by URL, whatever the backend:
+/// what the tests that go through the front door (end-to-end servers,
+/// benches) are given, one per compiled-in backend, by the facade's
+/// `testing::storages()`.
+///
+/// Every backend crate's harness implements it.
+#[async_trait]
+pub trait UrlHarness: Send + Sync + 'static {
+    /// A URL that `connect` opens on this storage, with the backend's own
+    /// parameters (`?schema=`, `?prefix=`) saying where.
+    fn url(&self) -> String;
+
+    /// Whether several processes may use the storage at once (C11); `false`
+    /// for a backend limited to one process.
+    fn shared_across_processes(&self) -> bool {
+        true
+    }
+
+    /// Removes the storage (a dropped harness removes it too, best effort).
+    async fn remove(self: Box<Self>);
+}
+
 /// The harness for [`MemoryStore`](crate::MemoryStore): every `open` hands
 /// out a new handle on one shared set of data.
 #[derive(Debug, Default)]

@@ -47,9 +47,15 @@ impl Ack {
     }
 
     /// Parses a line of [`line`](Self::line)'s shape; `None` for any other
-    /// output (test harness chatter).
+    /// output. The acknowledgement may follow other text on its line: a
+    /// test binary run with `--nocapture` prints `test <name> ... ` with no
+    /// newline before the test's own first line.
     pub fn parse(line: &str) -> Option<Self> {
-        let mut words = line.split_whitespace();
+        let at = ["START ", "ACK "]
+            .iter()
+            .filter_map(|word| line.find(word))
+            .min()?;
+        let mut words = line[at..].split_whitespace();
         match (words.next()?, words.next()?, words.next()?) {
             ("START", stream, id) => Some(Ack::Start {
                 stream: stream.to_owned(),
@@ -231,6 +237,13 @@ mod tests {
             assert_eq!(Ack::parse(&ack.line()), Some(ack));
         }
         assert_eq!(Ack::parse("test crash_child ... ok"), None);
+        assert_eq!(
+            Ack::parse("test sigkill_child_appender ... START crash-0 v1.x.1"),
+            Some(Ack::Start {
+                stream: "crash-0".into(),
+                id: "v1.x.1".into(),
+            })
+        );
         assert_eq!(Ack::parse("ACK s notanumber id"), None);
     }
 
