@@ -10,11 +10,12 @@
 //! | `v1/stream_age` | age (8) ++ token (15) | empty |
 //! | `v1/sessions` | session id | expires (8) ++ state |
 //! | `v1/session_expiry` | expires (8) ++ session id | empty |
+//! | `meta` | a `META_*` name | format version (4), stream key, ... |
 //!
 //! A tree's name carries the format its layout first appeared in. Format 2
 //! changed only the stream record: format 1 kept it in `v1/streams` with the
 //! era the stream last appended in where the incarnation is now (see
-//! `shared::migrate_format_1`).
+//! `setup::migrate_format_1`).
 //!
 //! An event's id is `<incarnation>-<seq>` (see
 //! [`dense`](mcp_event_store_core::backend::dense)): the key holds the sequence

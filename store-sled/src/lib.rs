@@ -52,9 +52,9 @@
 //! sled locks the database directory for the process that opens it.
 //! Opening a directory another process holds fails at once with
 //! [`Error::Backend`], saying so. Within one process, every
-//! [`SledStore::open`] of the same directory (compared by canonical path) shares one underlying `sled::Db`, found in
-//! a process-wide registry, so handles see each other's events as soon as
-//! `store_event` returns (C11). [`SledStore::handle_with_options`] gives a
+//! [`SledStore::open`] of the same directory (compared by canonical path)
+//! shares one underlying `sled::Db`, found in a process-wide registry, so
+//! handles see each other's events as soon as `store_event` returns (C11). [`SledStore::handle_with_options`] gives a
 //! handle with other options directly. The database closes when the last
 //! handle and replay stream are gone: dropping the last handle flushes and
 //! closes on the dropping thread (briefly blocking it), so in async code
