@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use async_trait::async_trait;
-use mcp_event_store_core::conformance::{Harness, PersistentHarness};
+use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
 use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::Connection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
@@ -77,6 +77,19 @@ impl Harness for SqliteHarness {
             dir.close()
                 .unwrap_or_else(|e| panic!("removing the test directory {shown}: {e}"));
         }
+    }
+}
+
+/// `sqlite://<the database file>`; removing it removes the temporary
+/// directory.
+#[async_trait]
+impl UrlHarness for SqliteHarness {
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.locator())
+    }
+
+    async fn remove(self: Box<Self>) {
+        Harness::teardown(*self).await;
     }
 }
 
