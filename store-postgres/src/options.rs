@@ -116,8 +116,9 @@ pub struct PostgresOptions {
     /// How long a call waits for a free pooled connection before failing
     /// (default 10 s).
     pub acquire_timeout: Duration,
-    /// The `application_name` of the store's connections; `None` keeps the
-    /// URL's, or [`DEFAULT_APPLICATION_NAME`].
+    /// The `application_name` of the store's connections (URL parameter
+    /// `application_name=`, which wins); `None`: the environment's
+    /// `PGAPPNAME`, else [`DEFAULT_APPLICATION_NAME`].
     pub application_name: Option<String>,
     /// Whether purges vacuum the store's tables (default [`Vacuum::Off`]:
     /// autovacuum's job).
