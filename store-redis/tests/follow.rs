@@ -222,6 +222,14 @@ async fn a_follower_still_receives_after_its_watcher_connection_is_killed() {
         got.push(next(&mut follow).await.id);
     }
     assert_eq!(got, ids);
+    // They may have come through a wake-up the old watcher left pending
+    // (its first read of a stream wakes the stream's followers once), so
+    // the new watcher is awaited, not assumed to be there already.
+    let name = format!("name={WATCHER_CLIENT_NAME} ");
+    eventually(&mut admin, "the watcher's reconnection", |list| {
+        list.iter().filter(|l| l.contains(&name)).count() == 1
+    })
+    .await;
     let now = watchers(&mut admin).await;
     assert_eq!(now.len(), 1, "one watcher again");
     assert_ne!(now[0], killed[0], "the watcher connected again");
@@ -231,7 +239,6 @@ async fn a_follower_still_receives_after_its_watcher_connection_is_killed() {
     // The handle dropped with its follower: the watcher goes with it.
     drop(follow);
     drop(reader);
-    let name = format!("name={WATCHER_CLIENT_NAME} ");
     eventually(&mut admin, "the watcher's end", |list| {
         !list.iter().any(|l| l.contains(&name))
     })
