@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
-use mcp_event_store_core::conformance::{CRASH_LOCATOR_ENV, Harness, PersistentHarness};
+use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
 use mcp_event_store_core::testkit::{self, Container, Namespace, ServerSpec};
 use mcp_event_store_core::{Result, StoreOptions};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -194,7 +194,8 @@ fn split_locator(locator: &str) -> (String, String) {
 /// it; if a test panics before that, the prefix's [`Namespace`] guard
 /// removes them when the last clone drops, so a failing test leaves
 /// nothing behind on a shared server either. A harness made by
-/// [`attach`](PersistentHarness::attach) removes nothing.
+/// [`attach`](PersistentHarness::attach) removes nothing. As a
+/// [`UrlHarness`], its URL is the server's with `?prefix=`.
 #[derive(Debug, Clone)]
 pub struct RedisHarness {
     shared: Arc<Shared>,
@@ -298,14 +299,6 @@ impl PersistentHarness for RedisHarness {
     }
 
     async fn attach(locator: &str) -> Self {
-        if std::env::var_os(CRASH_LOCATOR_ENV).is_some() {
-            // In the SIGKILL case's child: libtest has printed `test
-            // sigkill_child_appender ... ` without a newline, and the
-            // child's first `START` line would be glued to it and lost
-            // (`Ack::parse` sees `test`). End that line first. A workaround
-            // until the core's child or parser allows for it.
-            println!();
-        }
         let (url, prefix) = split_locator(locator);
         Self::on(url, Namespace::borrowed(prefix))
     }
@@ -332,6 +325,19 @@ impl PersistentHarness for RedisHarness {
             .query_async::<()>(&mut conn)
             .await
             .unwrap_or_else(|e| panic!("setting {key} failed: {e}"));
+    }
+}
+
+#[async_trait]
+impl UrlHarness for RedisHarness {
+    /// The server URL with this harness's prefix as its `prefix` parameter
+    /// (the same as its [`locator`](PersistentHarness::locator)).
+    fn url(&self) -> String {
+        with_prefix(&self.shared.url, &self.shared.prefix)
+    }
+
+    async fn remove(self: Box<Self>) {
+        Harness::teardown(*self).await;
     }
 }
 

@@ -727,3 +727,31 @@ async fn a_closed_store_refuses_every_call() {
     assert_eq!(replay_all(&other, &id).await.unwrap().1.len(), 5);
     h.teardown().await;
 }
+
+/// The harness as a `UrlHarness`: its URL opens a store on its prefix, and
+/// removing it removes the prefix's keys.
+#[tokio::test]
+async fn the_harness_url_opens_its_prefix_and_remove_cleans_it() {
+    use mcp_event_store_core::conformance::UrlHarness;
+
+    let h = RedisHarness::new().await;
+    let prefix = h.prefix().to_owned();
+    let store = RedisStore::connect(&UrlHarness::url(&h)).await.unwrap();
+    assert_eq!(store.key_prefix(), prefix);
+    append(&store, "s", b"x").await;
+    let mut conn = raw(h.url()).await;
+    let pattern = format!("{prefix}:*");
+    let before: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!before.is_empty());
+    Box::new(h).remove().await;
+    let after: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(after.is_empty(), "keys left under {prefix}: {after:?}");
+}
