@@ -561,6 +561,8 @@ mod tests {
         let b1 = follower.await.unwrap().unwrap();
         assert_eq!(replayed_after(&store, &a0).await.unwrap(), [a1]);
         assert_eq!(replayed_after(&store, &b0).await.unwrap(), [b1]);
+        // The flusher thread answers its waiters before it ends its claim.
+        until(|| !flusher.stats().flushing).await;
         let after = flusher.stats();
         assert_eq!(after.flushes, before.flushes + 2);
         assert_eq!(after.thread_flushes, before.thread_flushes + 1);

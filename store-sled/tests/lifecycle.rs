@@ -11,13 +11,49 @@ use mcp_event_store_sled::{Durability, FORMAT_VERSION, SledOptions, SledStore};
 
 const META: &str = "mcp-event-store/meta";
 
+/// sled 0.34's background threads keep a database's directory locked a
+/// moment after its last `sled::Db` is dropped. The store retries after a
+/// close of its own; these tests also open the directory with sled
+/// directly, and retry the same way around those opens.
+const LOCK_RELEASE: Duration = Duration::from_secs(10);
+
+/// Opens the store, retrying while a raw `sled::Db` of this test is still
+/// releasing the directory's lock.
 async fn open(dir: &std::path::Path) -> mcp_event_store_core::Result<SledStore> {
-    SledStore::open(dir, SledOptions::default()).await
+    let deadline = std::time::Instant::now() + LOCK_RELEASE;
+    loop {
+        match SledStore::open(dir, SledOptions::default()).await {
+            Err(e)
+                if e.to_string().contains("locked by another process")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            opened => return opened,
+        }
+    }
+}
+
+/// Opens the database with sled directly, retrying while the store or an
+/// earlier raw open is still releasing the directory's lock.
+fn raw_open(dir: &std::path::Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + LOCK_RELEASE;
+    loop {
+        match sled::open(dir) {
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            opened => return opened.unwrap(),
+        }
+    }
 }
 
 /// Edits the metadata tree with sled directly, as another release would.
 fn with_raw_meta(dir: &std::path::Path, edit: impl FnOnce(&sled::Tree)) {
-    let db = sled::open(dir).unwrap();
+    let db = raw_open(dir);
     let meta = db.open_tree(META).unwrap();
     edit(&meta);
     db.flush().unwrap();
@@ -51,7 +87,7 @@ async fn a_newer_format_is_refused_naming_the_release_that_wrote_it() {
 async fn a_foreign_sled_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = raw_open(dir.path());
         db.insert("someone", "else's data").unwrap();
         db.flush().unwrap();
     }
@@ -455,7 +491,7 @@ mod format_1 {
         /// A format 1 database whose last lost relaxed session began `era`
         /// (0: none).
         pub fn create(dir: &std::path::Path, era: u64) -> Self {
-            let db = sled::open(dir).unwrap();
+            let db = super::raw_open(dir);
             let key = StreamKey::generate().unwrap();
             let meta = db.open_tree(super::META).unwrap();
             meta.insert("stream_key", &key.as_bytes()[..]).unwrap();
@@ -672,7 +708,7 @@ async fn a_format_1_database_is_migrated_and_keeps_serving_its_events() {
 
     // Migrated once, to this format; format 1's records are gone.
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = raw_open(dir.path());
         let meta = db.open_tree(META).unwrap();
         assert_eq!(
             meta.get("format_version").unwrap().as_deref(),
