@@ -16,7 +16,7 @@
 
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
-use mcp_event_store_core::conformance::{CRASH_LOCATOR_ENV, Harness, PersistentHarness};
+use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
 use mcp_event_store_core::testkit::{self, Container, Namespace, ServerSpec};
 use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::postgres::PgConnection;
@@ -225,6 +225,19 @@ impl Harness for PostgresHarness {
     }
 }
 
+/// The server's URL with `?schema=` ([`PersistentHarness::locator`]);
+/// removing it drops the schema.
+#[async_trait]
+impl UrlHarness for PostgresHarness {
+    fn url(&self) -> String {
+        self.locator()
+    }
+
+    async fn remove(self: Box<Self>) {
+        Harness::teardown(*self).await;
+    }
+}
+
 #[async_trait]
 impl PersistentHarness for PostgresHarness {
     /// The server's URL with `schema=<schema>` added, e.g.
@@ -247,15 +260,6 @@ impl PersistentHarness for PostgresHarness {
         let (schema, url) = schema_and_driver_url(locator)
             .unwrap_or_else(|e| panic!("the locator {locator:?}: {e}"));
         let schema = schema.unwrap_or_else(|| panic!("the locator {locator:?} names no schema"));
-        if std::env::var(CRASH_LOCATOR_ENV).as_deref() == Ok(locator) {
-            // This process is the SIGKILL case's child, run by libtest with
-            // `--nocapture --test-threads=1`: libtest has printed
-            // `test sigkill_child_appender ... ` without a newline, and the
-            // child's first `START` line would be glued to it, where
-            // `testkit::Ack::parse` does not find it. End that line first.
-            // (To go once the core's parse or child does it.)
-            println!();
-        }
         Self {
             url,
             namespace: Namespace::borrowed(schema),

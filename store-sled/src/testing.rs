@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use mcp_event_store_core::conformance::{Harness, PersistentHarness};
+use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
 use mcp_event_store_core::{Result, StoreOptions};
 
 use crate::shared::blocking;
@@ -82,6 +82,23 @@ impl Harness for SledHarness {
     }
 }
 
+/// `sled://<the database directory>`, usable by one process at a time;
+/// removing it removes the temporary directory.
+#[async_trait]
+impl UrlHarness for SledHarness {
+    fn url(&self) -> String {
+        format!("sled://{}", self.locator())
+    }
+
+    fn shared_across_processes(&self) -> bool {
+        false
+    }
+
+    async fn remove(self: Box<Self>) {
+        Harness::teardown(*self).await;
+    }
+}
+
 #[async_trait]
 impl PersistentHarness for SledHarness {
     /// The database directory.
@@ -93,13 +110,6 @@ impl PersistentHarness for SledHarness {
     }
 
     async fn attach(locator: &str) -> Self {
-        // Workaround, until the core's reader skips it: the SIGKILL case's
-        // child (the one caller of `attach`) runs as a libtest test, which
-        // has printed `test <name> ... ` without a newline by now, and
-        // `testkit::Ack::parse` ignores a line that does not start with
-        // `START` or `ACK`, so the child's first acknowledgement would be
-        // lost. End libtest's line first.
-        println!();
         Self {
             dir: Dir::Attached(PathBuf::from(locator)),
         }
