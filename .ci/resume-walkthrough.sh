@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The README's curl walk-through, as a check: against a running
-# `resumable_server` (session mode), start a slow tool call, drop the
-# connection half way, and resume once with Last-Event-ID while the call is
-# still running. Fails unless that one resume streams exactly the missed
-# steps, the ones still to come, and the result.
+# `resumable-server` (`cargo run -p resumable-server`, session mode), start
+# a slow tool call, drop the connection half way, and resume once with
+# Last-Event-ID while the call is still running. Fails unless that one
+# resume streams exactly the missed steps, the ones still to come, and the
+# result.
 #
 #   bash .ci/resume-walkthrough.sh [http://127.0.0.1:8000/mcp]
 set -euo pipefail

@@ -1,13 +1,22 @@
 //! A resumable MCP server: rmcp's Streamable HTTP transport over axum, with
 //! every SSE event kept in an mcp-event-store store.
 //!
+//! This package is the server of the workspace's README. Its command runs
+//! it; this library is the server itself (options, handler, router,
+//! `serve`), which the end-to-end tests in `tests/rmcp_e2e` drive over
+//! loopback. It depends on what the server uses and nothing else, so
+//! running it builds only that:
+//!
 //! ```text
-//! cargo run --example resumable_server --features rmcp
-//! cargo run --example resumable_server --features rmcp -- --stateless
-//! cargo run --example resumable_server --features full -- --store postgres://postgres@127.0.0.1/postgres
-//! cargo run --example resumable_server --features rmcp -- --poll-every 3 --retry-ms 500
-//! cargo run --example resumable_server --features rmcp -- --max-age 900 --max-events 1000
+//! cargo run -p resumable-server
+//! cargo run -p resumable-server -- --stateless
+//! cargo run -p resumable-server --features full -- --store postgres://postgres@127.0.0.1/postgres
+//! cargo run -p resumable-server -- --poll-every 3 --retry-ms 500
+//! cargo run -p resumable-server -- --max-age 900 --max-events 1000
 //! ```
+//!
+//! The default build has the SQLite backend (and `memory://`); the features
+//! `postgres`, `redis`, `sled` and `full` add the others.
 //!
 //! Options:
 //!
@@ -57,6 +66,8 @@
 //! Logs go to stderr through `tracing` (`RUST_LOG=debug` for the store's
 //! spans). Ctrl-C (or SIGTERM) stops accepting connections, ends the open
 //! SSE streams and exits.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -130,7 +141,7 @@ impl Default for Options {
     }
 }
 
-const USAGE: &str = "usage: resumable_server [--store URL] [--bind ADDR] [--stateless] \
+const USAGE: &str = "usage: resumable-server [--store URL] [--bind ADDR] [--stateless] \
 [--poll-every N] [--retry-ms MS] [--max-age SECS] [--max-events N] [--session-check-ms MS] \
 [--follow-hold SECS] [--allow-host HOST]... [--metrics ADDR]";
 
@@ -533,60 +544,5 @@ fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
-    }
-}
-
-/// Resolves on Ctrl-C, or SIGTERM on Unix.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
-    }
-}
-
-#[tokio::main]
-async fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,rmcp=warn".into()),
-        )
-        .init();
-    let options = match Options::parse(std::env::args().skip(1)) {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
-    let listener = match tokio::net::TcpListener::bind(options.bind).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            eprintln!("cannot listen on {}: {error}", options.bind);
-            std::process::exit(1);
-        }
-    };
-    if let Err(error) = serve(options, listener, shutdown_signal()).await {
-        eprintln!("error: {error}");
-        std::process::exit(1);
     }
 }

@@ -7,7 +7,7 @@
 //! Not a test: it prints figures for the README, and runs only when asked:
 //!
 //! ```text
-//! cargo test --release --all-features --test rmcp_e2e -- --ignored --nocapture measure_session_check
+//! cargo test --release -p resumable-server --all-features --test rmcp_e2e -- --ignored --nocapture measure_session_check
 //! ```
 
 use std::time::{Duration, Instant};

@@ -1,15 +1,13 @@
-//! rmcp end to end, over real HTTP on loopback: the `resumable_server`
-//! example (rmcp's Streamable HTTP server with our stores), driven by a
-//! client that speaks the wire protocol itself and by rmcp's own client.
+//! rmcp end to end, over real HTTP on loopback: this package's server (rmcp's
+//! Streamable HTTP server with our stores), driven by a client that speaks
+//! the wire protocol itself and by rmcp's own client.
 //!
 //! Every case runs on every backend compiled in; the list is at the bottom.
 //! Server-backed stores come from `mcp_event_store_postgres::testing` and
 //! `mcp_event_store_redis::testing`, which fail rather than skip when there
 //! is no server; each test works in a schema or key prefix of its own.
 
-#[allow(dead_code, clippy::all)]
-#[path = "../../examples/resumable_server.rs"]
-mod server;
+use resumable_server as server;
 
 mod cases;
 mod harness;
@@ -94,7 +92,7 @@ async fn child_server() {
         .expect("the server runs");
 }
 
-/// The example server's retention and session-check options reach the
+/// The server's retention and session-check options reach the
 /// store's options; nonsense is refused with the usage.
 #[test]
 fn server_options_set_retention_and_session_check() {
@@ -158,7 +156,7 @@ fn server_options_set_retention_and_session_check() {
     assert!(parse(&["--help"]).unwrap_err().contains("--max-age SECS"));
 }
 
-/// `--metrics`: the example's Prometheus endpoint reports the store's
+/// `--metrics`: the server's Prometheus endpoint reports the store's
 /// metrics, labelled with the backend, once the server has served a call.
 /// (The only test here that installs the process's metrics recorder.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

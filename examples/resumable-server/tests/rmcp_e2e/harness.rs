@@ -2,7 +2,6 @@
 //! as a child process that can be killed and started again.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,7 +39,8 @@ impl Fixture {
     }
 
     /// A store in a fresh temporary directory, removed afterwards.
-    pub async fn in_temp_dir(url: impl FnOnce(&Path) -> String) -> Self {
+    #[cfg(any(feature = "sqlite", feature = "sled"))]
+    pub async fn in_temp_dir(url: impl FnOnce(&std::path::Path) -> String) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut fixture = Self::with_url(url(dir.path()));
         fixture._dir = Some(dir);
@@ -103,7 +103,7 @@ pub enum Mode {
 /// The `retry` hint the test servers send, short so clients come back fast.
 pub const RETRY: Duration = Duration::from_millis(100);
 
-/// The example server, in this process, on a free loopback port.
+/// The server, in this process, on a free loopback port.
 pub struct Server {
     pub url: String,
     /// `GET`s that carried a `Last-Event-ID`: resumes.
@@ -124,7 +124,7 @@ impl Server {
         .await
     }
 
-    /// The example server whose `POST` responses (the live streams) end
+    /// The server whose `POST` responses (the live streams) end
     /// after `messages` JSON-RPC messages, while resumes are left alone:
     /// the client must resume once, mid-call, and get the rest there.
     pub async fn start_cutting_posts(store_url: &str, mode: Mode, messages: usize) -> Self {
@@ -140,7 +140,7 @@ impl Server {
         .await
     }
 
-    /// The example server with these options (the listening address is
+    /// The server with these options (the listening address is
     /// ignored: a free loopback port is taken).
     pub async fn start_with(options: server::Options) -> Self {
         Self::start_layered(options, None).await
@@ -218,7 +218,7 @@ impl Drop for Server {
 /// The environment variable that makes this test binary a server process.
 pub const CHILD_ENV: &str = "MCP_EVENT_STORE_E2E_SERVER_ARGS";
 
-/// The example server in a child process (this test binary, re-executed to
+/// The server in a child process (this test binary, re-executed to
 /// run `child_server`), killed by pid when dropped.
 pub struct ChildServer {
     child: Child,
