@@ -4,14 +4,25 @@ store/raw ratios the README's Performance section reports.
 
     python3 benches/summarize.py [CRITERION_DIR]
 
-CRITERION_DIR defaults to $CARGO_TARGET_DIR/criterion, else target/criterion.
+CRITERION_DIR defaults to $CRITERION_HOME, else $CARGO_TARGET_DIR/criterion,
+else the workspace's target/criterion (where `cargo bench -p
+mcp-event-store-benches` leaves its results), from any working directory.
 """
 import json
 import os
 import sys
 
-root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-    os.environ.get("CARGO_TARGET_DIR", "target"), "criterion")
+
+def default_root():
+    if os.environ.get("CRITERION_HOME"):
+        return os.environ["CRITERION_HOME"]
+    if os.environ.get("CARGO_TARGET_DIR"):
+        return os.path.join(os.environ["CARGO_TARGET_DIR"], "criterion")
+    workspace = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(workspace, "target", "criterion")
+
+
+root = sys.argv[1] if len(sys.argv) > 1 else default_root()
 
 
 def load():

@@ -8,9 +8,10 @@
 //!   follower on another, per backend.
 //!
 //! ```text
-//! cargo bench --bench scale && cargo bench --bench follow
-//! cargo run --example bench_charts            # reads target/criterion
-//! cargo run --example bench_charts -- DIR     # another criterion directory
+//! cargo bench -p mcp-event-store-benches --bench scale
+//! cargo bench -p mcp-event-store-benches --bench follow
+//! cargo run -p mcp-event-store-benches --example bench_charts           # reads target/criterion
+//! cargo run -p mcp-event-store-benches --example bench_charts -- DIR    # another criterion directory
 //! ```
 
 use std::collections::BTreeMap;
@@ -217,18 +218,18 @@ fn follow_chart(root_dir: &Path, out: &Path) -> Result<bool, Failure> {
 fn main() -> Result<(), Failure> {
     let criterion: PathBuf = match std::env::args_os().nth(1) {
         Some(dir) => dir.into(),
-        None => Path::new(&std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()))
-            .join("criterion"),
+        None => mcp_event_store_benches::criterion_dir(),
     };
     if !criterion.is_dir() {
         return Err(format!(
-            "no criterion results in {}: run `cargo bench --bench scale` and \
-             `cargo bench --bench follow` first",
+            "no criterion results in {}: run `cargo bench -p mcp-event-store-benches \
+             --bench scale` and `cargo bench -p mcp-event-store-benches --bench follow` first",
             criterion.display()
         )
         .into());
     }
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/charts");
+    // The workspace's docs/charts, beside the README that shows them.
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/charts");
     std::fs::create_dir_all(&out)?;
     let data = medians(&criterion)?;
     for (drawn, file) in [

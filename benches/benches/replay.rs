@@ -1,16 +1,17 @@
 //! The replay hot path: replay the last K events of a 100,000-event stream
 //! (K = 1, 10, 100, 1000, 10,000), per backend, beside the raw baseline: the
-//! same range read done by hand with the same driver (see `common::Raw`).
+//! same range read done by hand with the same driver (see `Raw` in this
+//! package's library, one module per backend).
 //!
 //! ```text
-//! cargo bench --bench replay                      # every backend
-//! cargo bench --bench replay -- sqlite/           # one backend (name filter)
-//! MCP_EVENT_STORE_BENCH_BACKENDS=redis cargo bench --bench replay
+//! cargo bench -p mcp-event-store-benches --bench replay              # every backend
+//! cargo bench -p mcp-event-store-benches --bench replay -- sqlite/   # one backend (name filter)
+//! MCP_EVENT_STORE_BENCH_BACKENDS=redis cargo bench -p mcp-event-store-benches --bench replay
 //! ```
 //!
 //! Benchmark ids: `replay/<backend>/{store,raw}/<K>`.
 
-mod common;
+use mcp_event_store_benches as common;
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -33,7 +34,7 @@ fn replay_hot_path(c: &mut Criterion) {
     }];
     for backend in common::selected() {
         let loaded = rt.block_on(common::load(backend, &plan));
-        let (raw, raw_dir) = rt.block_on(common::raw_for(backend, &loaded, &plan));
+        let raw = rt.block_on(common::raw(&loaded, &plan));
         let mut group = c.benchmark_group(format!("replay/{}", backend.name()));
         group.warm_up_time(Duration::from_secs(1));
         group.measurement_time(Duration::from_secs(3));
@@ -73,12 +74,11 @@ fn replay_hot_path(c: &mut Criterion) {
         }
         group.finish();
         drop(raw);
-        drop(raw_dir);
-        rt.block_on(loaded.cleanup.run());
+        rt.block_on(loaded.cleanup());
     }
 }
 
-// The rmcp adapter's per-event cost lives in `benches/rmcp.rs` (feature
-// `rmcp`): it is codec work, not a backend read.
+// The rmcp adapter's per-event cost lives in `benches/rmcp.rs`: it is codec
+// work, not a backend read.
 criterion_group!(benches, replay_hot_path);
 criterion_main!(benches);

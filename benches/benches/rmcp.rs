@@ -4,7 +4,7 @@
 //! serialization and parsing of the same message.
 //!
 //! ```text
-//! cargo bench --features rmcp --bench rmcp
+//! cargo bench -p mcp-event-store-benches --bench rmcp
 //! ```
 
 use std::hint::black_box;

@@ -8,13 +8,13 @@
 //! picked out by filtering the rest (`scale/memory/rmcp_linear_vec/<size>`).
 //!
 //! ```text
-//! cargo bench --bench scale                       # every backend
-//! cargo bench --bench scale -- postgres/          # one backend
+//! cargo bench -p mcp-event-store-benches --bench scale                 # every backend
+//! cargo bench -p mcp-event-store-benches --bench scale -- postgres/    # one backend
 //! ```
 //!
 //! Benchmark ids: `scale/<backend>/store/<events in the store>`.
 
-mod common;
+use mcp_event_store_benches as common;
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -114,7 +114,7 @@ fn scale(c: &mut Criterion) {
                     })
                 },
             );
-            rt.block_on(loaded.cleanup.run());
+            rt.block_on(loaded.cleanup());
             if backend == Backend::Memory {
                 let reference = LinearVecStore::build(&plan);
                 let probe = &plan[plan.len() - 1];

@@ -15,11 +15,11 @@
 //!   followers cost.
 //!
 //! ```text
-//! cargo bench --bench follow
-//! cargo bench --bench follow -- postgres/
+//! cargo bench -p mcp-event-store-benches --bench follow
+//! cargo bench -p mcp-event-store-benches --bench follow -- postgres/
 //! ```
 
-mod common;
+use mcp_event_store_benches as common;
 
 use std::time::{Duration, Instant};
 
@@ -84,17 +84,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[at]
 }
 
-fn criterion_dir() -> std::path::PathBuf {
-    std::env::var_os("CRITERION_HOME")
-        .map(Into::into)
-        .unwrap_or_else(|| {
-            std::path::Path::new(
-                &std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()),
-            )
-            .join("criterion")
-        })
-}
-
 fn latency(c: &mut Criterion) {
     let rt = common::runtime();
     let data = common::payload();
@@ -126,7 +115,7 @@ fn latency(c: &mut Criterion) {
             p99.as_secs_f64() * 1e3,
         );
         if !common::quick() {
-            let dir = criterion_dir()
+            let dir = common::criterion_dir()
                 .join("follow")
                 .join(backend.name())
                 .join("latency");

@@ -4,8 +4,8 @@
 //! event against group commit.
 //!
 //! ```text
-//! cargo bench --bench append                      # every backend
-//! cargo bench --bench append -- sled/             # one backend
+//! cargo bench -p mcp-event-store-benches --bench append              # every backend
+//! cargo bench -p mcp-event-store-benches --bench append -- sled/     # one backend
 //! ```
 //!
 //! Benchmark ids (`append/<backend>/...`), throughput in events:
@@ -24,7 +24,7 @@
 //! | `observe/append_wrapper` | what every backend's append adds for tracing and metrics (`observe::append` around a ready future), with no subscriber and no metrics recorder installed, as in an application that installs neither |
 //! | `observe/bare` | the same ready future alone: the baseline |
 
-mod common;
+use mcp_event_store_benches as common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -416,7 +416,10 @@ fn observe_overhead(c: &mut Criterion) {
     group.bench_function("append_wrapper", |b| {
         b.to_async(&rt).iter(|| async {
             std::hint::black_box(
-                mcp_event_store::observe::append("bench", "stream", 200, async { Ok(id) }).await,
+                mcp_event_store_core::backend::observe::append("bench", "stream", 200, async {
+                    Ok(id)
+                })
+                .await,
             )
         })
     });

@@ -1,0 +1,135 @@
+//! Redis: the data set appended through the store's own script (entry ids
+//! are the server's), under a random key prefix; the raw baseline is
+//! `XRANGE` on the store's own events key.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use mcp_event_store::{EventId, EventStore, NewEvent, Position};
+use mcp_event_store_redis::{RedisOptions, RedisStore};
+
+use crate::{Loaded, RAW_PAGE, RawEvent, StreamPlan, StreamToken, payload, schedule, unbounded};
+
+/// The store (whose prefix holds the data set), the server's URL and the
+/// key prefix.
+pub struct Storage {
+    store: RedisStore,
+    url: String,
+    prefix: String,
+}
+
+/// Appends every event through the store, hundreds in flight at once on the
+/// multiplexed connection, in schedule order.
+pub async fn load(plan: &[StreamPlan]) -> Loaded<Storage> {
+    let url = mcp_event_store_redis::testing::server_url().await;
+    let prefix = mcp_event_store_redis::testing::random_prefix();
+    let store = RedisStore::connect_with(
+        &url,
+        RedisOptions::default()
+            .key_prefix(prefix.clone())
+            .store(unbounded()),
+    )
+    .await
+    .expect("open redis");
+    let probe = plan.len() as u32 - 1;
+    let data = payload();
+    let mut ids: Vec<EventId> = futures_util::stream::iter(schedule(plan))
+        .map(|i| {
+            let store = &store;
+            let data = &data;
+            async move {
+                let id = store
+                    .store_event(&plan[i as usize].stream_id, NewEvent::new(data))
+                    .await
+                    .expect("append");
+                (i == probe).then_some(id)
+            }
+        })
+        .buffer_unordered(256)
+        .filter_map(|id| async move { id })
+        .collect()
+        .await;
+    ids.sort_by_key(|id| id.position);
+    Loaded {
+        store: Arc::new(store.clone()),
+        token: ids[0].token,
+        positions: ids.iter().map(|id| id.position).collect(),
+        storage: Storage { store, url, prefix },
+    }
+}
+
+/// The raw baseline: `XRANGE key (<id> + COUNT 1000` on the store's own
+/// events key, until a short page.
+pub struct Raw {
+    conn: redis::aio::MultiplexedConnection,
+    key: String,
+}
+
+/// A connection of its own, reading the probe stream's events key (the
+/// store's key layout: `<prefix>:v1:{<token>}:events`).
+pub async fn raw(storage: &Storage, token: StreamToken, _probe: &StreamPlan) -> Raw {
+    let client = redis::Client::open(storage.url.as_str()).expect("redis url");
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(30)))
+        .set_connection_timeout(Some(Duration::from_secs(5)));
+    let conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("raw redis connection");
+    let key = format!("{}:v1:{{{}}}:events", storage.prefix, token.to_text());
+    Raw { conn, key }
+}
+
+impl Raw {
+    /// Every event after `after`, page by page.
+    pub async fn read_after(&self, after: Position) -> Vec<RawEvent> {
+        let mut conn = self.conn.clone();
+        let mut out = Vec::new();
+        let mut after = after;
+        loop {
+            let entries: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
+                .arg(&self.key)
+                .arg(format!("({}-{}", after.major, after.minor))
+                .arg("+")
+                .arg("COUNT")
+                .arg(RAW_PAGE)
+                .query_async(&mut conn)
+                .await
+                .expect("raw XRANGE");
+            let n = entries.len();
+            for (id, fields) in entries {
+                let (major, minor) = id.split_once('-').expect("a stream entry id");
+                after = Position {
+                    major: major.parse().expect("ms"),
+                    minor: minor.parse().expect("seq"),
+                };
+                let mut data = Bytes::new();
+                let mut retry = None;
+                for pair in fields.chunks(2) {
+                    match (&pair[0][..], pair.get(1)) {
+                        (b"d", Some(v)) => data = Bytes::from(v.clone()),
+                        (b"r", Some(v)) => {
+                            retry = std::str::from_utf8(v).ok().and_then(|v| v.parse().ok())
+                        }
+                        _ => {}
+                    }
+                }
+                out.push((after, data, retry));
+            }
+            if n < RAW_PAGE {
+                return out;
+            }
+        }
+    }
+}
+
+/// Removes every key under the prefix.
+pub async fn cleanup(storage: Storage) {
+    storage
+        .store
+        .destroy()
+        .await
+        .expect("remove the bench key prefix");
+}

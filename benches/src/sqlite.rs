@@ -1,0 +1,174 @@
+//! SQLite: the data set written by hand in the store's own tables, through
+//! its triggers; the raw baseline is sqlx's keyset range read on the same
+//! file and table.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use mcp_event_store::Position;
+use mcp_event_store_sqlite::{SqliteOptions, SqliteStore};
+use sqlx::{Connection, Row};
+
+use crate::{
+    Loaded, RAW_PAGE, RawEvent, StreamKey, StreamPlan, StreamToken, dense, dense_positions,
+    now_millis, payload, unbounded,
+};
+
+/// The store and its file, in a temporary directory.
+pub struct Storage {
+    store: SqliteStore,
+    path: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+/// Opens the store (migrations, stream key), then writes the rows by hand
+/// in one transaction, in schedule order: the stream rows first, then every
+/// event through the store's own triggers, which keep `last_seq` and the
+/// byte counts right.
+pub async fn load(plan: &[StreamPlan]) -> Loaded<Storage> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("events.db");
+    let store = SqliteStore::open_with(SqliteOptions::new(&path).store(unbounded()))
+        .await
+        .expect("open sqlite");
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("raw sqlite connection");
+    let key: Vec<u8> = sqlx::query_scalar("SELECT value FROM mes_meta WHERE key = 'stream_key'")
+        .fetch_one(&mut conn)
+        .await
+        .expect("stream key");
+    let key = StreamKey::from_bytes(&key).expect("a stream key");
+    let now = now_millis();
+    let data = payload();
+    let mut tx = conn.begin().await.expect("begin");
+    sqlx::query("CREATE TEMP TABLE bench_plan (token BLOB NOT NULL, len INTEGER NOT NULL)")
+        .execute(&mut *tx)
+        .await
+        .expect("plan table");
+    for stream in plan {
+        let token = key.token(&stream.stream_id);
+        // Each row takes the next incarnation; the store's trigger moves
+        // the counter.
+        sqlx::query(
+            "INSERT INTO mes_streams (token, stream_id, incarnation, last_seq, bytes, updated_at) \
+             VALUES (?1, ?2, (SELECT value + 1 FROM mes_meta WHERE key = 'last_incarnation'), \
+                     0, 0, ?3)",
+        )
+        .bind(&token.as_bytes()[..])
+        .bind(&stream.stream_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .expect("stream row");
+        sqlx::query("INSERT INTO bench_plan (token, len) VALUES (?1, ?2)")
+            .bind(&token.as_bytes()[..])
+            .bind(stream.len as i64)
+            .execute(&mut *tx)
+            .await
+            .expect("plan row");
+    }
+    sqlx::query(
+        "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s \
+             WHERE n < (SELECT MAX(len) FROM bench_plan)) \
+         INSERT INTO mes_events (token, seq, stored_at, retry_ms, payload) \
+         SELECT p.token, s.n, ?1, NULL, ?2 FROM s JOIN bench_plan p ON s.n <= p.len \
+         ORDER BY CAST(s.n AS REAL) / p.len, p.token",
+    )
+    .bind(now)
+    .bind(&data)
+    .execute(&mut *tx)
+    .await
+    .expect("bulk events");
+    sqlx::query("DROP TABLE bench_plan")
+        .execute(&mut *tx)
+        .await
+        .expect("drop plan");
+    tx.commit().await.expect("commit");
+    sqlx::query("ANALYZE")
+        .execute(&mut conn)
+        .await
+        .expect("analyze");
+    let probe = &plan[plan.len() - 1];
+    let incarnation: i64 =
+        sqlx::query_scalar("SELECT incarnation FROM mes_streams WHERE token = ?1")
+            .bind(&key.token(&probe.stream_id).as_bytes()[..])
+            .fetch_one(&mut conn)
+            .await
+            .expect("the probe's incarnation");
+    conn.close().await.expect("close");
+    Loaded {
+        store: Arc::new(store.clone()),
+        token: key.token(&probe.stream_id),
+        positions: dense_positions(incarnation as u64, probe.len),
+        storage: Storage { store, path, dir },
+    }
+}
+
+/// The raw baseline: `SELECT .. WHERE token = ? AND seq > ? ORDER BY seq
+/// LIMIT 1000` on the store's own file and table, until a short page.
+pub struct Raw {
+    pool: sqlx::SqlitePool,
+    token: Vec<u8>,
+}
+
+/// A pool of its own on the store's file.
+pub async fn raw(storage: &Storage, token: StreamToken, _probe: &StreamPlan) -> Raw {
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(4)
+        .test_before_acquire(false)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&storage.path)
+                .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal),
+        )
+        .await
+        .expect("raw sqlite pool");
+    Raw {
+        pool,
+        token: token.as_bytes().to_vec(),
+    }
+}
+
+impl Raw {
+    /// Every event after `after`, page by page.
+    pub async fn read_after(&self, after: Position) -> Vec<RawEvent> {
+        let incarnation = after.major;
+        let mut out = Vec::new();
+        let mut after = after.minor as i64;
+        loop {
+            let rows = sqlx::query(
+                "SELECT seq, retry_ms, payload FROM mes_events \
+                 WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            )
+            .bind(&self.token[..])
+            .bind(after)
+            .bind(RAW_PAGE as i64)
+            .fetch_all(&self.pool)
+            .await
+            .expect("raw sqlite read");
+            let n = rows.len();
+            for row in rows {
+                let seq: i64 = row.get(0);
+                let retry: Option<i64> = row.get(1);
+                let data: Vec<u8> = row.get(2);
+                after = seq;
+                out.push((
+                    dense::position(incarnation, seq as u64),
+                    Bytes::from(data),
+                    retry,
+                ));
+            }
+            if n < RAW_PAGE {
+                return out;
+            }
+        }
+    }
+}
+
+/// Closes the store and removes its directory.
+pub async fn cleanup(storage: Storage) {
+    storage.store.close().await;
+    drop(storage.dir);
+}
