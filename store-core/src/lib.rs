@@ -41,6 +41,7 @@ mod store;
 
 pub mod backend;
 pub mod observe;
+pub mod task;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

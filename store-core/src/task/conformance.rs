@@ -1,0 +1,1483 @@
+//! The task conformance suite: every backend's [`TaskStore`] runs every
+//! case (contract T1 to T11).
+//!
+//! As with the event suite ([`crate::conformance`]), each case is a plain
+//! async function over a [`TaskHarness`], and
+//! [`task_conformance_tests!`](crate::task_conformance_tests) turns them into
+//! one `#[tokio::test]` per case:
+//!
+//! ```ignore
+//! mcp_event_store_core::task_conformance_tests!(MyTaskHarness::new());
+//! ```
+//!
+//! The cases run on [`ManualClock`]s and assume the
+//! store's [`TaskOptions`] are the defaults.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::{
+    Applied, CancelMode, EXPIRED_ERROR, Finish, INSTANCE_LOST_ERROR, InstanceId, MAX_INPUT_BYTES,
+    MAX_MESSAGE_BYTES, MAX_OUTSTANDING_INPUTS, MemoryTaskStore, NewTask, Owner, TaskId,
+    TaskOptions, TaskRecord, TaskStatus, TaskStore, WorkerChange,
+};
+use crate::conformance::{test_clock, test_options};
+use crate::{Error, ManualClock, StoreOptions};
+
+/// What a backend provides so the task suite can run against it.
+///
+/// A harness owns one isolated piece of storage; every
+/// [`open`](TaskHarness::open) gives a new handle on that same storage, so
+/// the suite can check sharing (T9) and cross-handle wake-ups (T5, T10).
+#[async_trait]
+pub trait TaskHarness: Send + Sync + 'static {
+    /// The store under test.
+    type Store: TaskStore;
+
+    /// Opens a handle on this harness's storage with these options (and
+    /// the default [`TaskOptions`]).
+    async fn open(&self, options: StoreOptions) -> Self::Store;
+
+    /// Closes a handle, releasing what it holds (by default, drops it).
+    async fn close(&self, store: Self::Store) {
+        drop(store);
+    }
+
+    /// Every row (record, key, entry) the backend holds for this harness's
+    /// storage, raw, as an operator's dump would show it; `None` (the
+    /// default) if the harness cannot tell, and then the cases that scan
+    /// the storage check only what the API shows.
+    async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {
+        None
+    }
+
+    /// The longest a change may take to wake a watcher on another handle
+    /// (T10). Default 1 s; the in-process stores are far quicker.
+    fn wake_bound(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// Removes the storage after the case (by default, nothing to do).
+    async fn teardown(self)
+    where
+        Self: Sized,
+    {
+    }
+}
+
+/// The harness for [`MemoryTaskStore`]: every `open` hands out a new handle
+/// on one shared set of data.
+#[derive(Debug, Default)]
+pub struct MemoryTaskHarness {
+    store: std::sync::Mutex<Option<MemoryTaskStore>>,
+}
+
+impl MemoryTaskHarness {
+    /// A harness with no store yet, as an async constructor for the macro.
+    pub async fn new() -> Self {
+        Self::default()
+    }
+
+    fn shared(&self) -> std::sync::MutexGuard<'_, Option<MemoryTaskStore>> {
+        self.store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl TaskHarness for MemoryTaskHarness {
+    type Store = MemoryTaskStore;
+
+    async fn open(&self, options: StoreOptions) -> MemoryTaskStore {
+        let mut shared = self.shared();
+        match &*shared {
+            Some(store) => store.share_with_options(options, TaskOptions::default()),
+            None => shared
+                .insert(MemoryTaskStore::with_options(
+                    options,
+                    TaskOptions::default(),
+                ))
+                .clone(),
+        }
+    }
+
+    async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {
+        Some(
+            self.shared()
+                .as_ref()
+                .map_or_else(Vec::new, MemoryTaskStore::raw_rows),
+        )
+    }
+
+    fn wake_bound(&self) -> Duration {
+        // An in-process notify takes microseconds; the rest is slack for a
+        // loaded machine.
+        Duration::from_millis(500)
+    }
+}
+
+/// Generates one `#[tokio::test]` per task conformance case for a harness.
+///
+/// `$harness` is an expression evaluating to a future of the harness (an
+/// `async` constructor call), evaluated afresh for each case.
+#[macro_export]
+macro_rules! task_conformance_tests {
+    ($harness:expr) => {
+        $crate::__task_conformance_cases!($harness;
+            created_task_is_readable_from_another_handle,
+            task_ids_are_unique_well_formed_and_never_stored,
+            malformed_task_ids_find_nothing,
+            wrong_owner_is_indistinguishable_from_unknown,
+            every_status_and_operation,
+            racing_finishers_exactly_one_wins,
+            racing_answers_cancels_and_finishes_stay_consistent,
+            spent_keys_are_refused,
+            partial_answer_keeps_input_required,
+            unknown_and_duplicate_answers_change_nothing,
+            answer_on_one_handle_wakes_a_watch_on_another,
+            cancel_supersedes_outstanding_inputs,
+            cooperative_cancel_leaves_the_ending_to_the_worker,
+            immediate_cancel_ends_the_task,
+            payloads_at_the_limit_are_accepted_one_more_is_refused,
+            hostile_payloads_and_keys_round_trip,
+            expired_task_reads_failed,
+            expired_task_is_purged_with_its_inputs_after_grace,
+            null_ttl_is_capped,
+            set_ttl_takes_effect,
+            watch_returns_at_once_when_newer,
+            watch_returns_the_unchanged_task_at_max_wait,
+            watch_wakes_across_handles,
+            lapsed_instance_fails_its_tasks,
+            renewed_heartbeat_keeps_tasks_alive,
+            late_finish_from_a_reaped_instance_is_already_terminal
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __task_conformance_cases {
+    ($harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $harness.await;
+                $crate::task::conformance::$case(&harness).await;
+                $crate::task::conformance::TaskHarness::teardown(harness).await;
+            }
+        )*
+    };
+}
+
+const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+const LONG: Duration = Duration::from_secs(10);
+
+/// A handle, its clock, a heartbeating instance and an owner.
+struct Fixture<S> {
+    store: S,
+    clock: Arc<ManualClock>,
+    me: InstanceId,
+    owner: Owner,
+}
+
+async fn fixture<H: TaskHarness>(h: &H) -> Fixture<H::Store> {
+    fixture_with(h, test_options(&test_clock())).await
+}
+
+async fn fixture_with<H: TaskHarness>(h: &H, options: StoreOptions) -> Fixture<H::Store> {
+    let clock = test_clock();
+    let store = h.open(options.clock(clock.clone())).await;
+    let me = InstanceId::generate().unwrap();
+    assert!(store.heartbeat(me, DAY).await.unwrap());
+    Fixture {
+        store,
+        clock,
+        me,
+        owner: Owner::principal(b"alice").unwrap(),
+    }
+}
+
+impl<S: TaskStore> Fixture<S> {
+    async fn create(&self) -> (TaskId, String) {
+        self.create_with(NewTask::new(&self.owner, self.me)).await
+    }
+
+    async fn create_with(&self, task: NewTask<'_>) -> (TaskId, String) {
+        let (id, record) = self.store.create(task).await.unwrap();
+        assert_eq!(record.status, TaskStatus::Working);
+        (id, id.to_string())
+    }
+
+    async fn get(&self, id: &str) -> TaskRecord {
+        self.store
+            .get(id, &self.owner)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("task {id:?} should be readable"))
+    }
+
+    async fn apply(&self, id: &TaskId, change: WorkerChange<'_>) -> Applied {
+        self.store.apply(id, self.me, change).await.unwrap()
+    }
+
+    async fn request(&self, id: &TaskId, key: &str) {
+        let applied = self
+            .apply(
+                id,
+                WorkerChange::RequestInput {
+                    key,
+                    request: b"{\"q\":1}",
+                },
+            )
+            .await;
+        assert!(
+            matches!(applied, Applied::Changed { .. }),
+            "request {key:?}: {applied:?}"
+        );
+    }
+
+    async fn answer(&self, id: &str, responses: &[(&str, &[u8])]) -> TaskRecord {
+        self.store
+            .answer(id, &self.owner, responses)
+            .await
+            .unwrap()
+            .expect("the owner may answer")
+    }
+
+    async fn cancel(&self, id: &str, mode: CancelMode) -> TaskRecord {
+        self.store
+            .request_cancel(id, &self.owner, mode)
+            .await
+            .unwrap()
+            .expect("the owner may cancel")
+    }
+
+    async fn take(&self, id: &TaskId, key: &str) -> Option<Vec<u8>> {
+        match self.apply(id, WorkerChange::TakeAnswer { key }).await {
+            Applied::Changed { answer, .. } => answer.map(|a| a.to_vec()),
+            other => panic!("take_answer({key:?}): {other:?}"),
+        }
+    }
+
+    async fn close<H: TaskHarness<Store = S>>(self, h: &H) {
+        h.close(self.store).await;
+    }
+}
+
+fn is_changed(applied: &Applied) -> bool {
+    matches!(applied, Applied::Changed { .. })
+}
+
+// ---------------------------------------------------------------- T1, T9
+
+/// T1, T9: a created task is readable at once from another handle.
+pub async fn created_task_is_readable_from_another_handle<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let other = h.open(test_options(&f.clock)).await;
+    let (_, id) = f
+        .create_with(NewTask::new(&f.owner, f.me).message("starting").ttl(LONG))
+        .await;
+    let seen = other
+        .get(&id, &f.owner)
+        .await
+        .unwrap()
+        .expect("visible on B");
+    assert_eq!(seen, f.get(&id).await);
+    assert_eq!(seen.message.as_deref(), Some("starting"));
+    assert_eq!(seen.ttl_ms, Some(10_000));
+    assert!(!seen.cancel_requested && seen.outcome.is_none());
+    h.close(other).await;
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T2
+
+/// T2: 10k ids are distinct and spelled `t1.` + 26 base32hex characters;
+/// no stored row contains an id.
+pub async fn task_ids_are_unique_well_formed_and_never_stored<H: TaskHarness>(h: &H) {
+    let mut seen = HashSet::new();
+    for _ in 0..10_000 {
+        let id = TaskId::generate().unwrap().to_string();
+        assert_eq!(id.len(), 29, "{id}");
+        assert!(id.starts_with("t1."), "{id}");
+        assert!(
+            id[3..]
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'v')),
+            "{id}"
+        );
+        assert_eq!(TaskId::parse(&id).map(|p| p.to_string()), Some(id.clone()));
+        assert!(seen.insert(id), "an id was drawn twice");
+    }
+    let f = fixture(h).await;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let (task, id) = f.create().await;
+        f.request(&task, "k").await;
+        ids.push(id);
+    }
+    if let Some(rows) = h.raw_rows().await {
+        assert!(!rows.is_empty(), "the harness sees no rows");
+        for id in &ids {
+            for needle in [id.as_bytes(), &id.as_bytes()[3..]] {
+                assert!(
+                    !rows
+                        .iter()
+                        .any(|row| row.windows(needle.len()).any(|w| w == needle)),
+                    "a stored row contains the task id {id}"
+                );
+            }
+        }
+    }
+    f.close(h).await;
+}
+
+/// T2: malformed ids, altered ids and the empty id find nothing, through
+/// every call taking an id, and change nothing.
+pub async fn malformed_task_ids_find_nothing<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (_, id) = f.create().await;
+    let before = f.get(&id).await;
+    let mut bad: Vec<String> = vec![
+        String::new(),
+        "t1.".into(),
+        "t1".into(),
+        id.to_uppercase(),
+        id.replacen("t1.", "t2.", 1),
+        id.replacen("t1.", "T1.", 1),
+        format!("{id} "),
+        format!(" {id}"),
+        format!("{id}0"),
+        id[..id.len() - 1].to_owned(),
+        id[3..].to_owned(),
+        format!("{id}\0"),
+        "t1.zzzzzzzzzzzzzzzzzzzzzzzzzz".into(),
+        "t1.😀😀😀😀😀😀".into(),
+        "x".repeat(100_000),
+    ];
+    for (i, _) in id.char_indices().skip(3) {
+        let mut altered = id.clone().into_bytes();
+        altered[i] = if altered[i] == b'0' { b'1' } else { b'0' };
+        bad.push(String::from_utf8(altered).unwrap());
+    }
+    for text in &bad {
+        assert_eq!(f.store.get(text, &f.owner).await.unwrap(), None, "{text:?}");
+        assert_eq!(
+            f.store
+                .answer(text, &f.owner, &[("k", b"1")])
+                .await
+                .unwrap(),
+            None
+        );
+        for mode in [CancelMode::Cooperative, CancelMode::Immediate] {
+            assert_eq!(
+                f.store.request_cancel(text, &f.owner, mode).await.unwrap(),
+                None
+            );
+        }
+        assert_eq!(
+            f.store
+                .watch(text, &f.owner, 0, Duration::ZERO)
+                .await
+                .unwrap(),
+            None
+        );
+        assert!(!f.store.delete(text).await.unwrap(), "{text:?}");
+    }
+    assert_eq!(f.get(&id).await, before, "a malformed id changed the task");
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T3
+
+/// T3: a wrong owner, anonymous against owned and owned against anonymous
+/// all get what an unknown id gets, from every client-facing call, and
+/// change nothing.
+pub async fn wrong_owner_is_indistinguishable_from_unknown<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let bob = Owner::principal(b"bob").unwrap();
+    let (owned_task, owned) = f.create().await;
+    f.request(&owned_task, "k").await;
+    let (anon_task, anon) = f.create_with(NewTask::new(&Owner::Anonymous, f.me)).await;
+    f.request(&anon_task, "k").await;
+    let unknown = TaskId::generate().unwrap().to_string();
+    let cases = [
+        (&owned, bob),
+        (&owned, Owner::Anonymous),
+        (&anon, f.owner),
+        (&anon, bob),
+        (&unknown, f.owner),
+    ];
+    let owned_before = f.get(&owned).await;
+    let anon_before = f.store.get(&anon, &Owner::Anonymous).await.unwrap();
+    assert!(anon_before.is_some(), "anonymous sees its own task");
+    for (id, who) in &cases {
+        let who = *who;
+        assert_eq!(f.store.get(id, &who).await.unwrap(), None, "get {who:?}");
+        assert_eq!(
+            f.store.answer(id, &who, &[("k", b"1")]).await.unwrap(),
+            None,
+            "answer {who:?}"
+        );
+        for mode in [CancelMode::Cooperative, CancelMode::Immediate] {
+            assert_eq!(
+                f.store.request_cancel(id, &who, mode).await.unwrap(),
+                None,
+                "cancel {who:?}"
+            );
+        }
+        assert_eq!(
+            f.store
+                .watch(id, &who, 0, Duration::from_millis(1))
+                .await
+                .unwrap(),
+            None,
+            "watch {who:?}"
+        );
+    }
+    assert_eq!(f.get(&owned).await, owned_before);
+    assert_eq!(
+        f.store.get(&anon, &Owner::Anonymous).await.unwrap(),
+        anon_before
+    );
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T4
+
+/// Brings a fresh task to `status`; `k0` is outstanding when it is
+/// `input_required`.
+async fn task_in<S: TaskStore>(f: &Fixture<S>, status: TaskStatus) -> (TaskId, String) {
+    let (task, id) = f.create().await;
+    let finish = match status {
+        TaskStatus::Working => None,
+        TaskStatus::InputRequired => {
+            f.request(&task, "k0").await;
+            None
+        }
+        TaskStatus::Completed => Some(Finish::Completed(b"{\"content\":[]}")),
+        TaskStatus::Failed => Some(Finish::Failed(b"{\"code\":1,\"message\":\"no\"}")),
+        TaskStatus::Cancelled => Some(Finish::Cancelled),
+    };
+    if let Some(finish) = finish {
+        assert!(is_changed(
+            &f.apply(&task, WorkerChange::Finish(finish)).await
+        ));
+    }
+    assert_eq!(f.get(&id).await.status, status);
+    (task, id)
+}
+
+/// T4: every (status, operation) pair: what each does from each status,
+/// `rev` bumped by every change and by nothing else, terminal tasks
+/// immutable.
+pub async fn every_status_and_operation<H: TaskHarness>(h: &H) {
+    use TaskStatus::*;
+    let f = fixture(h).await;
+    let changes: [(&str, WorkerChange<'_>); 8] = [
+        (
+            "request_input",
+            WorkerChange::RequestInput {
+                key: "new",
+                request: b"{}",
+            },
+        ),
+        ("take_answer", WorkerChange::TakeAnswer { key: "k0" }),
+        ("set_message", WorkerChange::SetMessage(Some("m"))),
+        (
+            "set_poll_interval",
+            WorkerChange::SetPollInterval(Some(Duration::from_secs(2))),
+        ),
+        (
+            "set_ttl",
+            WorkerChange::SetTtl(Some(Duration::from_secs(3600))),
+        ),
+        (
+            "complete",
+            WorkerChange::Finish(Finish::Completed(b"{\"r\":1}")),
+        ),
+        ("fail", WorkerChange::Finish(Finish::Failed(b"{\"e\":1}"))),
+        ("cancelled", WorkerChange::Finish(Finish::Cancelled)),
+    ];
+    for status in TaskStatus::ALL {
+        for (name, change) in changes {
+            let (task, id) = task_in(&f, status).await;
+            let before = f.get(&id).await;
+            let applied = f.apply(&task, change).await;
+            let after = f.get(&id).await;
+            let what = format!("{name} on a {status} task");
+            if status.is_terminal() {
+                assert_eq!(applied, Applied::AlreadyTerminal(status), "{what}");
+                assert_eq!(after, before, "{what} changed a terminal task");
+                continue;
+            }
+            if name == "take_answer" {
+                // Nothing answered yet: nothing to take, nothing changes.
+                assert_eq!(
+                    applied,
+                    Applied::Changed {
+                        rev: before.rev,
+                        answer: None
+                    },
+                    "{what}"
+                );
+                assert_eq!(after, before, "{what}");
+                continue;
+            }
+            assert_eq!(
+                applied,
+                Applied::Changed {
+                    rev: after.rev,
+                    answer: None
+                },
+                "{what}"
+            );
+            assert!(after.rev > before.rev, "{what}: rev did not increase");
+            assert!(after.updated_at >= before.updated_at, "{what}");
+            let want = match change {
+                WorkerChange::RequestInput { .. } => InputRequired,
+                WorkerChange::Finish(finish) => finish.status(),
+                _ => status,
+            };
+            assert_eq!(after.status, want, "{what}");
+            match change {
+                WorkerChange::SetMessage(m) => assert_eq!(after.message.as_deref(), m),
+                WorkerChange::SetPollInterval(_) => assert_eq!(after.poll_interval_ms, Some(2_000)),
+                WorkerChange::SetTtl(_) => assert_eq!(after.ttl_ms, Some(3_600_000)),
+                WorkerChange::Finish(finish) => {
+                    assert_eq!(after.outcome.as_deref(), finish.outcome(), "{what}");
+                    assert!(after.outstanding.is_empty(), "{what}");
+                }
+                _ => {}
+            }
+        }
+        // The client's calls from the same status.
+        for mode in [
+            None,
+            Some(CancelMode::Cooperative),
+            Some(CancelMode::Immediate),
+        ] {
+            let (_, id) = task_in(&f, status).await;
+            let before = f.get(&id).await;
+            let returned = match mode {
+                None => f.answer(&id, &[("k0", b"{\"a\":1}")]).await,
+                Some(mode) => f.cancel(&id, mode).await,
+            };
+            let after = f.get(&id).await;
+            assert_eq!(
+                returned, after,
+                "{mode:?} on a {status} task returns the task"
+            );
+            let what = format!("{} on a {status} task", mode.map_or("answer", |_| "cancel"));
+            if status.is_terminal() || (mode.is_none() && status == Working) {
+                assert_eq!(after, before, "{what} changed it");
+                continue;
+            }
+            assert!(after.rev > before.rev, "{what}: rev did not increase");
+            let want = match mode {
+                Some(CancelMode::Immediate) => Cancelled,
+                _ => Working,
+            };
+            assert_eq!(after.status, want, "{what}");
+            assert_eq!(after.cancel_requested, mode.is_some(), "{what}");
+            assert!(after.outstanding.is_empty(), "{what}");
+        }
+    }
+    f.close(h).await;
+}
+
+/// T4: of 32 finishers racing on two handles, exactly one wins; the others
+/// see the winner's status and the winner's outcome stays.
+pub async fn racing_finishers_exactly_one_wins<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let a = Arc::new(h.open(test_options(&f.clock)).await);
+    let b = Arc::new(h.open(test_options(&f.clock)).await);
+    for round in 0..3 {
+        let (task, id) = f.create().await;
+        let racers: Vec<_> = (0..32u32)
+            .map(|i| {
+                let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let me = f.me;
+                tokio::spawn(async move {
+                    let outcome = format!("{{\"winner\":{i}}}");
+                    let change = match i % 3 {
+                        0 => WorkerChange::Finish(Finish::Completed(outcome.as_bytes())),
+                        1 => WorkerChange::Finish(Finish::Failed(outcome.as_bytes())),
+                        _ => WorkerChange::Finish(Finish::Cancelled),
+                    };
+                    let status = match change {
+                        WorkerChange::Finish(finish) => finish.status(),
+                        _ => unreachable!(),
+                    };
+                    let applied = store.apply(&task, me, change).await.unwrap();
+                    (i, status, outcome, applied)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        let mut losers = Vec::new();
+        for racer in racers {
+            let (i, status, outcome, applied) = racer.await.unwrap();
+            match applied {
+                Applied::Changed { .. } => winners.push((i, status, outcome)),
+                Applied::AlreadyTerminal(seen) => losers.push(seen),
+                other => panic!("round {round}: racer {i} got {other:?}"),
+            }
+        }
+        assert_eq!(
+            winners.len(),
+            1,
+            "round {round}: {} finishers won",
+            winners.len()
+        );
+        let (_, status, outcome) = &winners[0];
+        assert!(losers.iter().all(|seen| seen == status), "round {round}");
+        let after = f.get(&id).await;
+        assert_eq!(after.status, *status);
+        let want = (*status != TaskStatus::Cancelled).then_some(outcome.as_bytes());
+        assert_eq!(after.outcome.as_deref(), want, "round {round}");
+        assert_eq!(after.rev, 2, "round {round}: one change, one bump");
+    }
+    for store in [a, b] {
+        h.close(Arc::into_inner(store).expect("racers done")).await;
+    }
+    f.close(h).await;
+}
+
+/// T4: an answer racing a finish, and an input request racing a cancel,
+/// end in a state one order or the other would give; `rev` never goes
+/// back for a watcher.
+pub async fn racing_answers_cancels_and_finishes_stay_consistent<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let other = Arc::new(h.open(test_options(&f.clock)).await);
+    let owner = f.owner;
+    for round in 0..20 {
+        // Answer against finish.
+        let (task, id) = f.create().await;
+        f.request(&task, "k").await;
+        let answer = {
+            let (other, id) = (other.clone(), id.clone());
+            tokio::spawn(async move { other.answer(&id, &owner, &[("k", b"1")]).await })
+        };
+        let finish = f
+            .apply(&task, WorkerChange::Finish(Finish::Completed(b"{}")))
+            .await;
+        let answered = answer.await.unwrap().unwrap().expect("visible");
+        assert!(
+            is_changed(&finish),
+            "round {round}: the finish must win: {finish:?}"
+        );
+        let end = f.get(&id).await;
+        assert_eq!(end.status, TaskStatus::Completed, "round {round}");
+        assert!(answered.rev <= end.rev, "round {round}");
+        assert!(end.outstanding.is_empty(), "round {round}");
+
+        // Input request against cancel.
+        let (task, id) = f.create().await;
+        let cancel = {
+            let (other, id) = (other.clone(), id.clone());
+            tokio::spawn(async move {
+                other
+                    .request_cancel(&id, &owner, CancelMode::Cooperative)
+                    .await
+            })
+        };
+        let request = f
+            .apply(
+                &task,
+                WorkerChange::RequestInput {
+                    key: "k",
+                    request: b"{}",
+                },
+            )
+            .await;
+        cancel.await.unwrap().unwrap().expect("visible");
+        assert!(
+            matches!(request, Applied::Changed { .. } | Applied::CancelRequested),
+            "round {round}: {request:?}"
+        );
+        let end = f.get(&id).await;
+        assert_eq!(end.status, TaskStatus::Working, "round {round}");
+        assert!(end.cancel_requested, "round {round}");
+        assert!(
+            end.outstanding.is_empty(),
+            "round {round}: an input request outlived the cancel"
+        );
+        let again = f
+            .apply(
+                &task,
+                WorkerChange::RequestInput {
+                    key: "k",
+                    request: b"{}",
+                },
+            )
+            .await;
+        let want = match request {
+            Applied::Changed { .. } => Applied::KeySpent,
+            _ => Applied::CancelRequested,
+        };
+        assert_eq!(again, want, "round {round}");
+    }
+    h.close(Arc::into_inner(other).expect("racers done")).await;
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T5
+
+/// T5: a key is spent once requested, whether answered, taken or
+/// superseded; reusing it changes nothing.
+pub async fn spent_keys_are_refused<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f.create().await;
+    let reuse = WorkerChange::RequestInput {
+        key: "a",
+        request: b"{}",
+    };
+    f.request(&task, "a").await;
+    assert_eq!(
+        f.apply(&task, reuse).await,
+        Applied::KeySpent,
+        "outstanding"
+    );
+    f.answer(&id, &[("a", b"1")]).await;
+    assert_eq!(f.apply(&task, reuse).await, Applied::KeySpent, "answered");
+    assert_eq!(f.take(&task, "a").await.as_deref(), Some(&b"1"[..]));
+    let before = f.get(&id).await;
+    assert_eq!(f.apply(&task, reuse).await, Applied::KeySpent, "taken");
+    assert_eq!(f.take(&task, "a").await, None, "an answer is taken once");
+    assert_eq!(
+        f.get(&id).await,
+        before,
+        "a refused request changed the task"
+    );
+    f.close(h).await;
+}
+
+/// T5: answering some of the outstanding keys leaves the task
+/// `input_required`; answering the rest makes it `working`.
+pub async fn partial_answer_keeps_input_required<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f.create().await;
+    f.request(&task, "a").await;
+    f.request(&task, "b").await;
+    let seen = f.get(&id).await;
+    let keys: Vec<_> = seen.outstanding.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["a", "b"]);
+    assert_eq!(seen.outstanding[0].1.as_ref(), b"{\"q\":1}");
+    let partial = f.answer(&id, &[("a", b"\"A\"")]).await;
+    assert_eq!(partial.status, TaskStatus::InputRequired);
+    assert_eq!(partial.outstanding.len(), 1);
+    assert_eq!(partial.answered, ["a"]);
+    let full = f.answer(&id, &[("b", b"\"B\"")]).await;
+    assert_eq!(full.status, TaskStatus::Working);
+    assert!(full.outstanding.is_empty());
+    assert_eq!(full.answered, ["a", "b"]);
+    assert_eq!(f.take(&task, "b").await.as_deref(), Some(&b"\"B\""[..]));
+    assert_eq!(f.take(&task, "a").await.as_deref(), Some(&b"\"A\""[..]));
+    assert!(f.get(&id).await.answered.is_empty());
+    f.close(h).await;
+}
+
+/// T5 (SEP:381): keys that are not outstanding are ignored, and answering
+/// a key twice changes nothing the second time.
+pub async fn unknown_and_duplicate_answers_change_nothing<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f.create().await;
+    f.request(&task, "a").await;
+    let before = f.get(&id).await;
+    let ignored = f
+        .answer(&id, &[("zzz", b"1"), ("", b"2"), ("A", b"3")])
+        .await;
+    assert_eq!(ignored, before, "unknown keys changed the task");
+    let once = f.answer(&id, &[("a", b"first"), ("other", b"x")]).await;
+    assert!(once.rev > before.rev);
+    let twice = f.answer(&id, &[("a", b"second")]).await;
+    assert_eq!(twice, once, "a duplicate answer changed the task");
+    assert_eq!(f.take(&task, "a").await.as_deref(), Some(&b"first"[..]));
+    f.close(h).await;
+}
+
+/// T5, T10: an answer written through handle B wakes the worker's watch on
+/// handle A.
+pub async fn answer_on_one_handle_wakes_a_watch_on_another<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let b = h.open(test_options(&f.clock)).await;
+    let (task, id) = f.create().await;
+    f.request(&task, "k").await;
+    let rev = f.get(&id).await.rev;
+    let watcher = {
+        let watch = f.store.watch(&id, &f.owner, rev, LONG);
+        async move {
+            let started = Instant::now();
+            (watch.await, started.elapsed())
+        }
+    };
+    let answer = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        b.answer(&id, &f.owner, &[("k", b"42")])
+            .await
+            .unwrap()
+            .unwrap();
+        Instant::now()
+    };
+    let ((woken, waited), _) = tokio::join!(watcher, answer);
+    let woken = woken.unwrap().expect("the task is there");
+    assert!(woken.rev > rev);
+    assert_eq!(woken.answered, ["k"]);
+    assert!(
+        waited < Duration::from_millis(50) + h.wake_bound(),
+        "the watch took {waited:?} to wake"
+    );
+    assert_eq!(f.take(&task, "k").await.as_deref(), Some(&b"42"[..]));
+    h.close(b).await;
+    f.close(h).await;
+}
+
+/// T5, T6: a cancel supersedes the outstanding inputs: they are no longer
+/// shown, answers to them are ignored, and their keys are spent.
+pub async fn cancel_supersedes_outstanding_inputs<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f.create().await;
+    f.request(&task, "a").await;
+    f.request(&task, "b").await;
+    let cancelled = f.cancel(&id, CancelMode::Cooperative).await;
+    assert_eq!(cancelled.status, TaskStatus::Working);
+    assert!(cancelled.cancel_requested && cancelled.outstanding.is_empty());
+    assert_eq!(f.answer(&id, &[("a", b"1")]).await, cancelled);
+    assert_eq!(f.take(&task, "a").await, None);
+    for key in ["a", "b"] {
+        assert_eq!(
+            f.apply(
+                &task,
+                WorkerChange::RequestInput {
+                    key,
+                    request: b"{}"
+                }
+            )
+            .await,
+            Applied::KeySpent
+        );
+    }
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T6
+
+/// T6: a cooperative cancel records the request; the worker sees it, may
+/// ask for no more input, and chooses how the task ends.
+pub async fn cooperative_cancel_leaves_the_ending_to_the_worker<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f.create().await;
+    let rev = f.get(&id).await.rev;
+    let cancelled = f.cancel(&id, CancelMode::Cooperative).await;
+    assert_eq!(cancelled.status, TaskStatus::Working);
+    assert!(cancelled.cancel_requested);
+    assert_eq!(
+        f.cancel(&id, CancelMode::Cooperative).await,
+        cancelled,
+        "a second cancel changed the task"
+    );
+    let seen = f
+        .store
+        .watch(&id, &f.owner, rev, LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(seen.cancel_requested, "the worker sees the request");
+    assert_eq!(
+        f.apply(
+            &task,
+            WorkerChange::RequestInput {
+                key: "k",
+                request: b"{}"
+            }
+        )
+        .await,
+        Applied::CancelRequested
+    );
+    assert!(is_changed(
+        &f.apply(&task, WorkerChange::SetMessage(Some("winding down")))
+            .await
+    ));
+    assert!(is_changed(
+        &f.apply(
+            &task,
+            WorkerChange::Finish(Finish::Completed(b"{\"partial\":true}"))
+        )
+        .await
+    ));
+    let end = f.get(&id).await;
+    assert_eq!(end.status, TaskStatus::Completed);
+    assert_eq!(f.cancel(&id, CancelMode::Immediate).await, end);
+    f.close(h).await;
+}
+
+/// T6: an immediate cancel ends the task as `cancelled` in the same step;
+/// the worker's later finish is refused.
+pub async fn immediate_cancel_ends_the_task<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f.create().await;
+    f.request(&task, "k").await;
+    let cancelled = f.cancel(&id, CancelMode::Immediate).await;
+    assert_eq!(cancelled.status, TaskStatus::Cancelled);
+    assert!(cancelled.cancel_requested && cancelled.outstanding.is_empty());
+    assert_eq!(f.get(&id).await, cancelled);
+    assert_eq!(
+        f.apply(&task, WorkerChange::Finish(Finish::Completed(b"{}")))
+            .await,
+        Applied::AlreadyTerminal(TaskStatus::Cancelled)
+    );
+    assert_eq!(f.cancel(&id, CancelMode::Immediate).await, cancelled);
+    assert_eq!(f.cancel(&id, CancelMode::Cooperative).await, cancelled);
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T7
+
+fn assert_too_large<T: std::fmt::Debug>(result: crate::Result<T>, what: &str) {
+    match result {
+        Err(Error::PayloadTooLarge { .. }) => {}
+        other => panic!("{what}: expected PayloadTooLarge, got {other:?}"),
+    }
+}
+
+/// T7: each limit accepts exactly its size and refuses one byte more with
+/// `PayloadTooLarge`, leaving the task as it was; keys are 1 to 256 bytes
+/// and at most 64 inputs are outstanding.
+pub async fn payloads_at_the_limit_are_accepted_one_more_is_refused<H: TaskHarness>(h: &H) {
+    const OUTCOME: usize = 64 * 1024;
+    let clock = test_clock();
+    let f = fixture_with(h, test_options(&clock).max_payload_bytes(OUTCOME)).await;
+    let (task, id) = f.create().await;
+    let big = vec![b'x'; MAX_INPUT_BYTES + 1];
+
+    let message = "m".repeat(MAX_MESSAGE_BYTES + 1);
+    assert_too_large(
+        f.store
+            .create(NewTask::new(&f.owner, f.me).message(&message))
+            .await,
+        "create with a long message",
+    );
+    let before = f.get(&id).await;
+    assert_too_large(
+        f.store
+            .apply(&task, f.me, WorkerChange::SetMessage(Some(&message)))
+            .await,
+        "message",
+    );
+    assert_too_large(
+        f.store
+            .apply(
+                &task,
+                f.me,
+                WorkerChange::RequestInput {
+                    key: "k",
+                    request: &big,
+                },
+            )
+            .await,
+        "input request",
+    );
+    assert_eq!(
+        f.get(&id).await,
+        before,
+        "a refused payload changed the task"
+    );
+    assert!(is_changed(
+        &f.apply(&task, WorkerChange::SetMessage(Some(&message[1..])))
+            .await
+    ));
+    assert!(is_changed(
+        &f.apply(
+            &task,
+            WorkerChange::RequestInput {
+                key: "k",
+                request: &big[1..]
+            }
+        )
+        .await
+    ));
+    assert_eq!(f.get(&id).await.outstanding[0].1.len(), MAX_INPUT_BYTES);
+
+    let before = f.get(&id).await;
+    assert_too_large(
+        f.store.answer(&id, &f.owner, &[("k", &big)]).await,
+        "response",
+    );
+    assert_eq!(
+        f.get(&id).await,
+        before,
+        "a refused response changed the task"
+    );
+    f.answer(&id, &[("k", &big[1..])]).await;
+    assert_eq!(
+        f.take(&task, "k").await.map(|a| a.len()),
+        Some(MAX_INPUT_BYTES)
+    );
+
+    for key in ["", &"k".repeat(257)] {
+        let refused = f
+            .store
+            .apply(
+                &task,
+                f.me,
+                WorkerChange::RequestInput {
+                    key,
+                    request: b"{}",
+                },
+            )
+            .await;
+        assert!(
+            refused.is_err(),
+            "a key of {} bytes was accepted",
+            key.len()
+        );
+    }
+    f.request(&task, &"k".repeat(256)).await;
+    for i in 1..MAX_OUTSTANDING_INPUTS {
+        f.request(&task, &format!("many-{i}")).await;
+    }
+    let before = f.get(&id).await;
+    assert_eq!(before.outstanding.len(), MAX_OUTSTANDING_INPUTS);
+    let refused = f
+        .store
+        .apply(
+            &task,
+            f.me,
+            WorkerChange::RequestInput {
+                key: "one-more",
+                request: b"{}",
+            },
+        )
+        .await;
+    assert!(refused.is_err(), "a 65th outstanding input was accepted");
+    assert_eq!(f.get(&id).await, before);
+
+    let outcome = vec![b'o'; OUTCOME + 1];
+    for finish in [Finish::Completed(&outcome), Finish::Failed(&outcome)] {
+        assert_too_large(
+            f.store
+                .apply(&task, f.me, WorkerChange::Finish(finish))
+                .await,
+            "outcome",
+        );
+    }
+    assert_eq!(
+        f.get(&id).await,
+        before,
+        "a refused outcome changed the task"
+    );
+    assert!(is_changed(
+        &f.apply(
+            &task,
+            WorkerChange::Finish(Finish::Completed(&outcome[1..]))
+        )
+        .await
+    ));
+    assert_eq!(f.get(&id).await.outcome.map(|o| o.len()), Some(OUTCOME));
+    f.close(h).await;
+}
+
+/// Keys that break naive backends: quoting, LIKE wildcards, Redis hash
+/// tags, NUL, emoji.
+const HOSTILE_KEYS: &[&str] = &[
+    "'", "%", "_", "a%", "a_", "{}", "{x}", "😀", "a\0b", " ", "\\",
+];
+
+/// T7: payloads are bytes, never parsed (NUL, invalid UTF-8), and hostile
+/// keys are data; everything comes back exactly.
+pub async fn hostile_payloads_and_keys_round_trip<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f.create().await;
+    let payload = |i: usize| [&b"\0\xff\xfe{"[..], &i.to_be_bytes(), "😀".as_bytes()].concat();
+    for (i, key) in HOSTILE_KEYS.iter().enumerate() {
+        assert!(is_changed(
+            &f.apply(
+                &task,
+                WorkerChange::RequestInput {
+                    key,
+                    request: &payload(i)
+                }
+            )
+            .await
+        ));
+    }
+    let seen = f.get(&id).await;
+    let want: Vec<(String, Vec<u8>)> = HOSTILE_KEYS
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.to_string(), payload(i)))
+        .collect();
+    let got: Vec<(String, Vec<u8>)> = seen
+        .outstanding
+        .iter()
+        .map(|(k, r)| (k.clone(), r.to_vec()))
+        .collect();
+    assert_eq!(got, want, "requests in order, byte for byte");
+    let responses: Vec<(&str, Vec<u8>)> = HOSTILE_KEYS
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (*k, payload(i + 100)))
+        .collect();
+    // One at a time, so a key matched as a pattern would answer another.
+    for (key, response) in &responses {
+        f.answer(&id, &[(key, response)]).await;
+    }
+    for (key, response) in &responses {
+        assert_eq!(f.take(&task, key).await.as_ref(), Some(response), "{key:?}");
+    }
+    let message = "\0 '%_{} 😀";
+    assert!(is_changed(
+        &f.apply(&task, WorkerChange::SetMessage(Some(message)))
+            .await
+    ));
+    let outcome = payload(7);
+    assert!(is_changed(
+        &f.apply(&task, WorkerChange::Finish(Finish::Failed(&outcome)))
+            .await
+    ));
+    let end = f.get(&id).await;
+    assert_eq!(end.message.as_deref(), Some(message));
+    assert_eq!(end.outcome.as_deref(), Some(&outcome[..]));
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T8
+
+/// T8: a task past its ttl reads `failed` with "task expired", the worker
+/// can no longer change it, and purging persists exactly what reads showed.
+pub async fn expired_task_reads_failed<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f
+        .create_with(NewTask::new(&f.owner, f.me).ttl(Duration::from_secs(60)))
+        .await;
+    f.request(&task, "k").await;
+    f.clock.advance(Duration::from_millis(59_999));
+    assert_eq!(f.get(&id).await.status, TaskStatus::InputRequired);
+    f.clock.advance(Duration::from_millis(1));
+    let expired = f.get(&id).await;
+    assert_eq!(expired.status, TaskStatus::Failed);
+    assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
+    assert!(expired.outstanding.is_empty());
+    assert_eq!(
+        f.apply(&task, WorkerChange::Finish(Finish::Completed(b"{}")))
+            .await,
+        Applied::AlreadyTerminal(TaskStatus::Failed)
+    );
+    assert_eq!(f.answer(&id, &[("k", b"1")]).await, expired);
+    let report = f.store.purge_expired().await.unwrap();
+    assert_eq!(report.expired, 1);
+    assert_eq!(
+        f.get(&id).await,
+        expired,
+        "the purge changed what reads show"
+    );
+    assert_eq!(f.store.purge_expired().await.unwrap().expired, 0);
+    f.close(h).await;
+}
+
+/// T8: a task is deleted one ttl (at most an hour) after it expires, with
+/// its inputs, and reads as unknown from then on, finished or not.
+pub async fn expired_task_is_purged_with_its_inputs_after_grace<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let rows_before = h.raw_rows().await.map(|rows| rows.len());
+    let ttl = Duration::from_secs(60);
+    let (running, running_id) = f.create_with(NewTask::new(&f.owner, f.me).ttl(ttl)).await;
+    let (done, done_id) = f.create_with(NewTask::new(&f.owner, f.me).ttl(ttl)).await;
+    for task in [&running, &done] {
+        f.request(task, "asked").await;
+        f.request(task, "answered").await;
+    }
+    f.answer(&running_id, &[("answered", b"1")]).await;
+    f.apply(&done, WorkerChange::Finish(Finish::Completed(b"{}")))
+        .await;
+    f.clock.advance(ttl + ttl - Duration::from_millis(1));
+    assert_eq!(f.get(&running_id).await.status, TaskStatus::Failed);
+    assert_eq!(
+        f.get(&done_id).await.status,
+        TaskStatus::Completed,
+        "kept for its grace"
+    );
+    f.clock.advance(Duration::from_millis(1));
+    for id in [&running_id, &done_id] {
+        assert_eq!(
+            f.store.get(id, &f.owner).await.unwrap(),
+            None,
+            "past its grace"
+        );
+    }
+    let report = f.store.purge_expired().await.unwrap();
+    assert_eq!(report.deleted, 2);
+    if let (Some(before), Some(after)) = (rows_before, h.raw_rows().await) {
+        assert_eq!(
+            after.len(),
+            before,
+            "rows of purged tasks are left: {after:?}"
+        );
+    }
+    assert_eq!(f.store.purge_expired().await.unwrap().deleted, 0);
+    f.close(h).await;
+}
+
+/// T8: a `null` ttl is capped by `max_task_age` (7 days by default).
+pub async fn null_ttl_is_capped<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (_, id) = f.create().await;
+    let created = f.get(&id).await;
+    assert_eq!(created.ttl_ms, None);
+    let week = 7 * DAY;
+    assert_eq!(
+        created.expires_at,
+        created.created_at + week.as_millis() as i64
+    );
+    let step = Duration::from_secs(12 * 60 * 60);
+    for _ in 0..13 {
+        f.clock.advance(step);
+        assert!(f.store.heartbeat(f.me, DAY).await.unwrap());
+    }
+    f.clock.advance(step - Duration::from_millis(1));
+    assert_eq!(f.get(&id).await.status, TaskStatus::Working);
+    f.clock.advance(Duration::from_millis(1));
+    let expired = f.get(&id).await;
+    assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
+    f.clock.advance(Duration::from_secs(3600));
+    assert_eq!(f.store.get(&id, &f.owner).await.unwrap(), None);
+    f.close(h).await;
+}
+
+/// T8: `set_ttl` moves the expiry, still counted from creation.
+pub async fn set_ttl_takes_effect<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f
+        .create_with(NewTask::new(&f.owner, f.me).ttl(Duration::from_secs(60)))
+        .await;
+    let created = f.get(&id).await.created_at;
+    f.apply(&task, WorkerChange::SetTtl(Some(Duration::from_secs(600))))
+        .await;
+    let longer = f.get(&id).await;
+    assert_eq!(longer.ttl_ms, Some(600_000));
+    assert_eq!(longer.expires_at, created + 600_000);
+    f.clock.advance(Duration::from_secs(61));
+    assert_eq!(f.get(&id).await.status, TaskStatus::Working);
+    // Expired 11 s ago, within its grace (one ttl) still readable.
+    f.apply(&task, WorkerChange::SetTtl(Some(Duration::from_secs(50))))
+        .await;
+    let expired = f.get(&id).await;
+    assert_eq!(
+        expired.status,
+        TaskStatus::Failed,
+        "a ttl already past expires the task"
+    );
+    assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T10
+
+/// T10: a watch whose task is already past `after` returns at once.
+pub async fn watch_returns_at_once_when_newer<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f.create().await;
+    f.apply(&task, WorkerChange::SetMessage(Some("one"))).await;
+    let now = f.get(&id).await;
+    let started = Instant::now();
+    let seen = f
+        .store
+        .watch(&id, &f.owner, now.rev - 1, LONG)
+        .await
+        .unwrap();
+    assert_eq!(seen, Some(now));
+    assert!(
+        started.elapsed() < h.wake_bound(),
+        "took {:?}",
+        started.elapsed()
+    );
+    f.close(h).await;
+}
+
+/// T10: with no change, a watch returns the unchanged task at `max_wait`;
+/// a deleted task ends it with `None`.
+pub async fn watch_returns_the_unchanged_task_at_max_wait<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (_, id) = f.create().await;
+    let now = f.get(&id).await;
+    let wait = Duration::from_millis(200);
+    let started = Instant::now();
+    let seen = f.store.watch(&id, &f.owner, now.rev, wait).await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(seen, Some(now));
+    assert!(waited >= wait, "returned after {waited:?}");
+    assert!(waited < wait + h.wake_bound(), "returned after {waited:?}");
+    let watch = f.store.watch(&id, &f.owner, f.get(&id).await.rev, LONG);
+    let delete = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(f.store.delete(&id).await.unwrap());
+    };
+    let started = Instant::now();
+    let (gone, ()) = tokio::join!(watch, delete);
+    assert_eq!(gone.unwrap(), None);
+    assert!(
+        started.elapsed() < LONG,
+        "a deleted task's watch waited it out"
+    );
+    f.close(h).await;
+}
+
+/// T10: a watcher on one handle wakes when another handle changes the
+/// task, within the backend's bound.
+pub async fn watch_wakes_across_handles<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let b = h.open(test_options(&f.clock)).await;
+    let (task, id) = f.create().await;
+    for round in 0..5 {
+        let rev = f.get(&id).await.rev;
+        let watch = async {
+            let started = Instant::now();
+            let seen = b.watch(&id, &f.owner, rev, LONG).await;
+            (seen, started.elapsed())
+        };
+        let change = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let message = format!("round {round}");
+            f.apply(&task, WorkerChange::SetMessage(Some(&message)))
+                .await
+        };
+        let ((seen, waited), applied) = tokio::join!(watch, change);
+        let Applied::Changed { rev: new_rev, .. } = applied else {
+            panic!("{applied:?}")
+        };
+        let seen = seen.unwrap().expect("visible");
+        assert_eq!(seen.rev, new_rev, "round {round}");
+        assert!(
+            waited < Duration::from_millis(20) + h.wake_bound(),
+            "round {round}: woke after {waited:?}"
+        );
+    }
+    h.close(b).await;
+    f.close(h).await;
+}
+
+// ---------------------------------------------------------------- T11
+
+/// T11: when an instance's heartbeat lapses, its running tasks read
+/// `failed` with "server instance lost", and the instance cannot come back.
+pub async fn lapsed_instance_fails_its_tasks<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let lease = Duration::from_secs(30);
+    let gone = InstanceId::generate().unwrap();
+    assert!(f.store.heartbeat(gone, lease).await.unwrap());
+    let (task, id) = f.create_with(NewTask::new(&f.owner, gone)).await;
+    let (_, finished) = f.create_with(NewTask::new(&f.owner, gone)).await;
+    f.store
+        .apply(
+            &task,
+            gone,
+            WorkerChange::RequestInput {
+                key: "k",
+                request: b"{}",
+            },
+        )
+        .await
+        .unwrap();
+    let done = TaskId::parse(&finished).unwrap();
+    f.store
+        .apply(&done, gone, WorkerChange::Finish(Finish::Completed(b"{}")))
+        .await
+        .unwrap();
+    let (_, healthy) = f.create().await;
+    f.clock.advance(lease - Duration::from_millis(1));
+    assert_eq!(f.get(&id).await.status, TaskStatus::InputRequired);
+    f.clock.advance(Duration::from_millis(1));
+    let lost = f.get(&id).await;
+    assert_eq!(lost.status, TaskStatus::Failed);
+    assert_eq!(lost.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
+    assert_eq!(f.get(&finished).await.status, TaskStatus::Completed);
+    assert_eq!(f.get(&healthy).await.status, TaskStatus::Working);
+    assert!(
+        !f.store.heartbeat(gone, lease).await.unwrap(),
+        "a lapsed instance was revived"
+    );
+    assert_eq!(f.get(&id).await, lost);
+    let report = f.store.purge_expired().await.unwrap();
+    assert_eq!(report.orphaned, 1);
+    assert_eq!(f.get(&id).await, lost, "the purge changed what reads show");
+    f.close(h).await;
+}
+
+/// T11: renewing the heartbeat keeps an instance's tasks running well past
+/// one lease.
+pub async fn renewed_heartbeat_keeps_tasks_alive<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let lease = Duration::from_secs(30);
+    let me = InstanceId::generate().unwrap();
+    assert!(f.store.heartbeat(me, lease).await.unwrap());
+    let (_, id) = f.create_with(NewTask::new(&f.owner, me)).await;
+    for _ in 0..10 {
+        f.clock.advance(Duration::from_secs(10));
+        assert!(f.store.heartbeat(me, lease).await.unwrap());
+        assert_eq!(f.store.purge_expired().await.unwrap().orphaned, 0);
+        assert_eq!(f.get(&id).await.status, TaskStatus::Working);
+    }
+    f.close(h).await;
+}
+
+/// T11: a worker whose instance was reaped gets `AlreadyTerminal` for its
+/// late finish, and the task keeps its "instance lost" outcome.
+pub async fn late_finish_from_a_reaped_instance_is_already_terminal<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let lease = Duration::from_secs(30);
+    let zombie = InstanceId::generate().unwrap();
+    assert!(f.store.heartbeat(zombie, lease).await.unwrap());
+    let (task, id) = f.create_with(NewTask::new(&f.owner, zombie)).await;
+    f.clock.advance(lease + Duration::from_secs(1));
+    f.store.purge_expired().await.unwrap();
+    let lost = f.get(&id).await;
+    let late = f
+        .store
+        .apply(
+            &task,
+            zombie,
+            WorkerChange::Finish(Finish::Completed(b"{}")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(late, Applied::AlreadyTerminal(TaskStatus::Failed));
+    assert_eq!(f.get(&id).await, lost);
+    assert_eq!(lost.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
+    f.close(h).await;
+}
+
+#[cfg(test)]
+mod registration {
+    //! Every case this file defines is registered by the macro, once.
+
+    #[test]
+    fn every_case_is_registered() {
+        let source = include_str!("conformance.rs");
+        let start = source.find("macro_rules! task_conformance_tests").unwrap();
+        let end = source[start..]
+            .find("macro_rules! __task_conformance_cases")
+            .unwrap();
+        let registered: Vec<&str> = source[start..start + end]
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .collect();
+        let defined: Vec<&str> = source
+            .lines()
+            .filter_map(|line| line.strip_prefix("pub async fn "))
+            .filter(|rest| rest.contains("TaskHarness"))
+            .map(|rest| rest.split(['<', '(']).next().unwrap_or_default())
+            .collect();
+        assert!(defined.len() >= 20, "found only {defined:?}");
+        for case in defined {
+            assert_eq!(
+                registered.iter().filter(|w| **w == case).count(),
+                1,
+                "{case} is not registered exactly once"
+            );
+        }
+    }
+}

@@ -1,0 +1,660 @@
+//! The in-memory task store: the reference implementation of the contract.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::{
+    Applied, CancelMode, EXPIRED_ERROR, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
+    TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, WorkerChange, check_responses,
+    millis,
+};
+use crate::error::{Error, Result};
+use crate::options::StoreOptions;
+
+/// A [`TaskStore`] kept in process memory.
+///
+/// Every mutation is one critical section under one lock, so exactly one
+/// of racing finishers wins; each task has a `watch` channel of its `rev`
+/// that its watchers subscribe to under the same lock as their read, so no
+/// change slips between the two. Clones, and handles from
+/// [`share_with_options`](Self::share_with_options), share the same data,
+/// like two handles on one database. Nothing survives the process.
+#[derive(Clone, Debug)]
+pub struct MemoryTaskStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    options: StoreOptions,
+    tasks: TaskOptions,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    tasks: HashMap<TaskDigest, Task>,
+    /// Each instance's heartbeat deadline.
+    instances: HashMap<InstanceId, i64>,
+}
+
+#[derive(Debug)]
+struct Task {
+    owner: Owner,
+    instance: InstanceId,
+    /// Everything but `outstanding` and `answered`, which `inputs` holds.
+    record: TaskRecord,
+    inputs: BTreeMap<String, Input>,
+    next_seq: u64,
+    /// The task's `rev`, for its watchers; dropped with the task, which
+    /// wakes them to find it gone.
+    changed: watch::Sender<Rev>,
+}
+
+#[derive(Debug)]
+struct Input {
+    seq: u64,
+    state: InputState,
+}
+
+#[derive(Debug)]
+enum InputState {
+    Outstanding(Bytes),
+    Answered(Bytes),
+    /// Answered and taken, or superseded: the key is never usable again.
+    Spent,
+}
+
+impl Task {
+    /// The record as stored, with its inputs.
+    fn stored(&self) -> TaskRecord {
+        let mut inputs: Vec<_> = self.inputs.iter().collect();
+        inputs.sort_by_key(|(_, input)| input.seq);
+        let mut record = self.record.clone();
+        for (key, input) in inputs {
+            match &input.state {
+                InputState::Outstanding(request) => {
+                    record.outstanding.push((key.clone(), request.clone()))
+                }
+                InputState::Answered(_) => record.answered.push(key.clone()),
+                InputState::Spent => {}
+            }
+        }
+        record
+    }
+
+    fn outstanding(&self) -> usize {
+        self.inputs
+            .values()
+            .filter(|i| matches!(i.state, InputState::Outstanding(_)))
+            .count()
+    }
+
+    /// Marks every outstanding input superseded; `true` if there was one.
+    fn supersede_inputs(&mut self) -> bool {
+        let mut any = false;
+        for input in self.inputs.values_mut() {
+            if matches!(input.state, InputState::Outstanding(_)) {
+                input.state = InputState::Spent;
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Records a change made at `now` and wakes the watchers.
+    fn bump(&mut self, now: i64) -> Rev {
+        self.record.rev += 1;
+        self.record.updated_at = now.max(self.record.updated_at);
+        self.changed.send_replace(self.record.rev);
+        self.record.rev
+    }
+}
+
+impl State {
+    /// The task under `digest` as `who` may see it at `now` (`None` for
+    /// any owner), with the task itself.
+    fn seen(
+        &mut self,
+        digest: &TaskDigest,
+        who: Option<&Owner>,
+        now: i64,
+    ) -> Option<(TaskRecord, &mut Task)> {
+        let task = self.tasks.get_mut(digest)?;
+        if who.is_some_and(|who| *who != task.owner) {
+            return None;
+        }
+        let alive_until = self.instances.get(&task.instance).copied();
+        let seen = task.stored().seen_at(now, alive_until)?;
+        Some((seen, task))
+    }
+}
+
+impl Default for MemoryTaskStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryTaskStore {
+    /// A store with default options.
+    pub fn new() -> Self {
+        Self::with_options(StoreOptions::default(), TaskOptions::default())
+    }
+
+    /// A store with these options: `options` gives the clock and the
+    /// outcome limit (`max_payload_bytes`), `tasks` the lifetimes.
+    pub fn with_options(options: StoreOptions, tasks: TaskOptions) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                options,
+                tasks,
+                state: Arc::default(),
+            }),
+        }
+    }
+
+    /// Another handle on the same data with other options (as two processes
+    /// may open one database with different settings).
+    pub fn share_with_options(&self, options: StoreOptions, tasks: TaskOptions) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                options,
+                tasks,
+                state: self.inner.state.clone(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section completes its change before the guard
+        // drops, so a poisoned lock holds nothing half-done.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now(&self) -> i64 {
+        self.inner.options.clock.now_millis()
+    }
+
+    /// Every stored row as bytes, one per task and one per input, as a raw
+    /// scan of a database would find them; for the conformance suite.
+    #[cfg(feature = "conformance")]
+    pub(crate) fn raw_rows(&self) -> Vec<Vec<u8>> {
+        let state = self.state();
+        let mut rows = Vec::new();
+        for (digest, task) in &state.tasks {
+            rows.push(format!("{digest:?} {:?} {:?}", task.owner, task.record).into_bytes());
+            for (key, input) in &task.inputs {
+                rows.push(format!("{digest:?} {key:?} {input:?}").into_bytes());
+            }
+        }
+        rows.extend(
+            state
+                .instances
+                .iter()
+                .map(|(id, until)| format!("{id} {until}").into_bytes()),
+        );
+        rows
+    }
+}
+
+#[async_trait]
+impl TaskStore for MemoryTaskStore {
+    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
+        task.check()?;
+        let now = self.now();
+        let lifetime = self.inner.tasks.lifetime(now, task.ttl);
+        let record = TaskRecord {
+            status: TaskStatus::Working,
+            rev: 1,
+            message: task.message.map(str::to_owned),
+            created_at: now,
+            updated_at: now,
+            ttl_ms: lifetime.ttl_ms,
+            expires_at: lifetime.expires_at,
+            purge_at: lifetime.purge_at,
+            poll_interval_ms: task.poll_interval.map(millis),
+            cancel_requested: false,
+            outcome: None,
+            outstanding: Vec::new(),
+            answered: Vec::new(),
+        };
+        let mut state = self.state();
+        let std::collections::hash_map::Entry::Vacant(slot) = state.tasks.entry(id.digest()) else {
+            return Ok(None);
+        };
+        slot.insert(Task {
+            owner: *task.owner,
+            instance: task.instance,
+            record: record.clone(),
+            inputs: BTreeMap::new(),
+            next_seq: 0,
+            changed: watch::channel(record.rev).0,
+        });
+        Ok(Some(record))
+    }
+
+    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let now = self.now();
+        Ok(self
+            .state()
+            .seen(&digest, Some(who), now)
+            .map(|(seen, _)| seen))
+    }
+
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        responses: &[(&str, &[u8])],
+    ) -> Result<Option<TaskRecord>> {
+        check_responses(responses)?;
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let now = self.now();
+        let mut state = self.state();
+        let Some((seen, task)) = state.seen(&digest, Some(who), now) else {
+            return Ok(None);
+        };
+        if seen.status.is_terminal() {
+            return Ok(Some(seen));
+        }
+        let mut changed = false;
+        for (key, response) in responses {
+            if let Some(input) = task.inputs.get_mut(*key)
+                && matches!(input.state, InputState::Outstanding(_))
+            {
+                input.state = InputState::Answered(Bytes::copy_from_slice(response));
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(Some(seen));
+        }
+        if task.outstanding() == 0 {
+            task.record.status = TaskStatus::Working;
+        }
+        task.bump(now);
+        Ok(Some(task.stored()))
+    }
+
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> Result<Option<TaskRecord>> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let now = self.now();
+        let mut state = self.state();
+        let Some((seen, task)) = state.seen(&digest, Some(who), now) else {
+            return Ok(None);
+        };
+        if seen.status.is_terminal() {
+            return Ok(Some(seen));
+        }
+        let mut changed = !task.record.cancel_requested;
+        task.record.cancel_requested = true;
+        changed |= task.supersede_inputs();
+        let status = match mode {
+            CancelMode::Cooperative => TaskStatus::Working,
+            CancelMode::Immediate => TaskStatus::Cancelled,
+        };
+        changed |= task.record.status != status;
+        task.record.status = status;
+        if changed {
+            task.bump(now);
+        }
+        Ok(Some(task.stored()))
+    }
+
+    async fn apply(
+        &self,
+        id: &TaskId,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        change.check(self.inner.options.max_payload_bytes)?;
+        let now = self.now();
+        let mut state = self.state();
+        let Some((seen, task)) = state.seen(&id.digest(), None, now) else {
+            return Ok(Applied::Unknown);
+        };
+        if seen.status.is_terminal() {
+            return Ok(Applied::AlreadyTerminal(seen.status));
+        }
+        let mut answer = None;
+        match change {
+            WorkerChange::RequestInput { key, request } => {
+                if task.inputs.contains_key(key) {
+                    return Ok(Applied::KeySpent);
+                }
+                if task.record.cancel_requested {
+                    return Ok(Applied::CancelRequested);
+                }
+                if task.outstanding() >= super::MAX_OUTSTANDING_INPUTS {
+                    return Err(Error::Config(format!(
+                        "a task may have at most {} input requests outstanding",
+                        super::MAX_OUTSTANDING_INPUTS
+                    )));
+                }
+                task.next_seq += 1;
+                task.inputs.insert(
+                    key.to_owned(),
+                    Input {
+                        seq: task.next_seq,
+                        state: InputState::Outstanding(Bytes::copy_from_slice(request)),
+                    },
+                );
+                task.record.status = TaskStatus::InputRequired;
+            }
+            WorkerChange::TakeAnswer { key } => {
+                let Some(input) = task
+                    .inputs
+                    .get_mut(key)
+                    .filter(|i| matches!(i.state, InputState::Answered(_)))
+                else {
+                    return Ok(Applied::Changed {
+                        rev: seen.rev,
+                        answer: None,
+                    });
+                };
+                if let InputState::Answered(response) =
+                    std::mem::replace(&mut input.state, InputState::Spent)
+                {
+                    answer = Some(response);
+                }
+            }
+            WorkerChange::SetMessage(message) => {
+                task.record.message = message.map(str::to_owned);
+            }
+            WorkerChange::SetPollInterval(interval) => {
+                task.record.poll_interval_ms = interval.map(millis);
+            }
+            WorkerChange::SetTtl(ttl) => {
+                let lifetime = self.inner.tasks.lifetime(task.record.created_at, ttl);
+                task.record.ttl_ms = lifetime.ttl_ms;
+                task.record.expires_at = lifetime.expires_at;
+                task.record.purge_at = lifetime.purge_at;
+            }
+            WorkerChange::Finish(finish) => {
+                task.record.status = finish.status();
+                task.record.outcome = finish.outcome().map(Bytes::copy_from_slice);
+                task.supersede_inputs();
+            }
+        }
+        task.instance = by;
+        let rev = task.bump(now);
+        Ok(Applied::Changed { rev, answer })
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            let mut changed = {
+                let now = self.now();
+                let mut state = self.state();
+                let Some((seen, task)) = state.seen(&digest, Some(who), now) else {
+                    return Ok(None);
+                };
+                if seen.rev > after {
+                    return Ok(Some(seen));
+                }
+                // Subscribed under the lock of the read: a change after it
+                // is a change this receiver sees.
+                task.changed.subscribe()
+            };
+            tokio::select! {
+                // An error means the task was deleted: the re-read says so.
+                _ = changed.changed() => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    return self.get(id, who).await;
+                }
+            }
+        }
+    }
+
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        let now = self.now();
+        let mut state = self.state();
+        if state.instances.get(&me).is_some_and(|until| *until <= now) {
+            return Ok(false);
+        }
+        let until = now.saturating_add(i64::try_from(millis(lease)).unwrap_or(i64::MAX));
+        state.instances.insert(me, until);
+        Ok(true)
+    }
+
+    async fn purge_expired(&self) -> Result<TaskPurgeReport> {
+        let now = self.now();
+        let mut report = TaskPurgeReport::default();
+        let mut state = self.state();
+        let State { tasks, instances } = &mut *state;
+        tasks.retain(|_, task| {
+            let alive_until = instances.get(&task.instance).copied();
+            let Some(seen) = task.stored().seen_at(now, alive_until) else {
+                report.deleted += 1;
+                return false;
+            };
+            if seen.status != task.record.status {
+                if seen.outcome.as_deref() == Some(EXPIRED_ERROR) {
+                    report.expired += 1;
+                } else {
+                    report.orphaned += 1;
+                }
+                task.supersede_inputs();
+                task.record.status = seen.status;
+                task.record.outcome = seen.outcome;
+                task.record.rev = seen.rev;
+                task.record.updated_at = seen.updated_at;
+                task.changed.send_replace(seen.rev);
+            }
+            true
+        });
+        // Every task of a lapsed instance is terminal now, so forgetting the
+        // instance brings nothing back.
+        instances.retain(|_, until| {
+            let keep = *until > now;
+            report.instances += u64::from(!keep);
+            keep
+        });
+        Ok(report)
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(false);
+        };
+        Ok(self.state().tasks.remove(&digest).is_some())
+    }
+}
+
+#[cfg(all(test, feature = "conformance"))]
+mod tests {
+    //! The task suite on this store, and proof that it fails flawed ones.
+
+    use std::panic::AssertUnwindSafe;
+
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::task::conformance::{self, MemoryTaskHarness, TaskHarness};
+
+    crate::task_conformance_tests!(MemoryTaskHarness::new());
+
+    #[derive(Clone, Copy, Debug)]
+    enum Flaw {
+        /// A finisher that finds the task terminal is told it won anyway.
+        TwoFinishersWin,
+        /// Every owner sees every task.
+        IgnoresOwner,
+        /// Reads ignore the ttl.
+        NeverExpires,
+    }
+
+    struct Flawed {
+        inner: MemoryTaskStore,
+        flaw: Flaw,
+    }
+
+    #[async_trait]
+    impl TaskStore for Flawed {
+        async fn try_create(&self, id: &TaskId, t: &NewTask<'_>) -> Result<Option<TaskRecord>> {
+            match self.flaw {
+                Flaw::IgnoresOwner => {
+                    let t = NewTask {
+                        owner: &Owner::Anonymous,
+                        ..*t
+                    };
+                    self.inner.try_create(id, &t).await
+                }
+                _ => self.inner.try_create(id, t).await,
+            }
+        }
+        async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
+            match self.flaw {
+                Flaw::IgnoresOwner => self.inner.get(id, &Owner::Anonymous).await,
+                Flaw::NeverExpires => {
+                    let record = self.inner.get(id, who).await?;
+                    Ok(record.map(|mut r| {
+                        if r.outcome.as_deref() == Some(EXPIRED_ERROR) {
+                            r.status = TaskStatus::Working;
+                        }
+                        r
+                    }))
+                }
+                Flaw::TwoFinishersWin => self.inner.get(id, who).await,
+            }
+        }
+        async fn answer(
+            &self,
+            id: &str,
+            who: &Owner,
+            r: &[(&str, &[u8])],
+        ) -> Result<Option<TaskRecord>> {
+            self.inner.answer(id, who, r).await
+        }
+        async fn request_cancel(
+            &self,
+            id: &str,
+            who: &Owner,
+            mode: CancelMode,
+        ) -> Result<Option<TaskRecord>> {
+            self.inner.request_cancel(id, who, mode).await
+        }
+        async fn apply(
+            &self,
+            id: &TaskId,
+            by: InstanceId,
+            change: WorkerChange<'_>,
+        ) -> Result<Applied> {
+            let applied = self.inner.apply(id, by, change).await?;
+            match (self.flaw, applied) {
+                (Flaw::TwoFinishersWin, Applied::AlreadyTerminal(_)) => Ok(Applied::Changed {
+                    rev: 0,
+                    answer: None,
+                }),
+                (_, applied) => Ok(applied),
+            }
+        }
+        async fn watch(
+            &self,
+            id: &str,
+            who: &Owner,
+            after: Rev,
+            max_wait: Duration,
+        ) -> Result<Option<TaskRecord>> {
+            self.inner.watch(id, who, after, max_wait).await
+        }
+        async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+            self.inner.heartbeat(me, lease).await
+        }
+        async fn purge_expired(&self) -> Result<TaskPurgeReport> {
+            self.inner.purge_expired().await
+        }
+        async fn delete(&self, id: &str) -> Result<bool> {
+            self.inner.delete(id).await
+        }
+    }
+
+    struct FlawedHarness {
+        memory: MemoryTaskHarness,
+        flaw: Flaw,
+    }
+
+    #[async_trait]
+    impl TaskHarness for FlawedHarness {
+        type Store = Flawed;
+
+        async fn open(&self, options: StoreOptions) -> Flawed {
+            Flawed {
+                inner: self.memory.open(options).await,
+                flaw: self.flaw,
+            }
+        }
+    }
+
+    async fn assert_case_fails<F, Fut>(flaw: Flaw, case: F)
+    where
+        F: FnOnce(FlawedHarness) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let harness = FlawedHarness {
+            memory: MemoryTaskHarness::new().await,
+            flaw,
+        };
+        let outcome = AssertUnwindSafe(case(harness)).catch_unwind().await;
+        assert!(outcome.is_err(), "the task suite let {flaw:?} through");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_winning_finishers_fail_the_suite() {
+        assert_case_fails(Flaw::TwoFinishersWin, |h| async move {
+            conformance::racing_finishers_exactly_one_wins(&h).await
+        })
+        .await;
+        assert_case_fails(Flaw::TwoFinishersWin, |h| async move {
+            conformance::every_status_and_operation(&h).await
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_store_that_ignores_the_owner_fails_the_suite() {
+        assert_case_fails(Flaw::IgnoresOwner, |h| async move {
+            conformance::wrong_owner_is_indistinguishable_from_unknown(&h).await
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_store_whose_tasks_never_expire_fails_the_suite() {
+        assert_case_fails(Flaw::NeverExpires, |h| async move {
+            conformance::expired_task_reads_failed(&h).await
+        })
+        .await;
+    }
+}

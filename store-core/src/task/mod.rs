@@ -1,0 +1,513 @@
+//! Durable tasks (SEP-2663): the contract every backend's [`TaskStore`] meets.
+//!
+//! Protocol 2026-07-28 drops `Last-Event-ID`; durable work uses tasks
+//! instead. A server must not answer `CreateTaskResult` until a `tasks/get`
+//! for the id would resolve on any instance, so the task's state lives in
+//! the shared store, not in the process running it.
+//!
+//! This module holds what every backend shares, so that backends differ
+//! only in how they store bytes:
+//!
+//! * [`TaskId`], the one id scheme (T2): generated and parsed here only, and
+//!   never stored (backends key a task by its [`TaskDigest`]);
+//! * [`Owner`], who may see a task (T3);
+//! * [`TaskStatus`], [`TaskRecord`] and the state machine's operations
+//!   ([`WorkerChange`], [`TaskStore::answer`], [`TaskStore::request_cancel`])
+//!   with their results ([`Applied`]) (T4 to T6);
+//! * the limits (T7) and [`TaskOptions`] (T8);
+//! * [`TaskRecord::seen_at`], the read-time decision that turns an expired
+//!   task or one whose instance died into `failed` (T8, T11), so no sweeper
+//!   is needed for correctness;
+//! * [`MemoryTaskStore`], the reference implementation;
+//! * with the `conformance` feature, the shared suite ([`conformance`]).
+
+mod id;
+mod memory;
+mod record;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::error::{Error, Result};
+
+pub use id::{InstanceId, Owner, TaskDigest, TaskId};
+pub use memory::MemoryTaskStore;
+pub use record::{TaskRecord, TaskStatus};
+
+/// A task's revision: bumped by every change, never decreasing (T4).
+pub type Rev = u64;
+
+/// Longest accepted input key, in bytes (T5); the shortest is 1.
+pub const MAX_INPUT_KEY_BYTES: usize = 256;
+/// Largest accepted input request or response, in bytes (T7).
+pub const MAX_INPUT_BYTES: usize = 1024 * 1024;
+/// Largest accepted status message, in bytes (T7).
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
+/// Most input requests a task may have outstanding at once (T5).
+pub const MAX_OUTSTANDING_INPUTS: usize = 64;
+/// Longest accepted principal, in bytes (T3).
+pub const MAX_PRINCIPAL_BYTES: usize = 256;
+
+/// The JSON-RPC error a task that outlived its ttl reads as (T8).
+pub const EXPIRED_ERROR: &[u8] = br#"{"code":-32603,"message":"task expired"}"#;
+/// The JSON-RPC error a task whose instance stopped heartbeating reads as
+/// (T11).
+pub const INSTANCE_LOST_ERROR: &[u8] = br#"{"code":-32603,"message":"server instance lost"}"#;
+
+/// How long tasks live when nobody says otherwise (T8).
+///
+/// ```
+/// use std::time::Duration;
+/// use mcp_event_store_core::task::TaskOptions;
+///
+/// let options = TaskOptions::default().max_task_age(Duration::from_secs(3600));
+/// assert_eq!(options.max_grace, Duration::from_secs(3600));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TaskOptions {
+    /// The longest a task lives, whatever its ttl; a `null` ttl gets this.
+    /// Without it a task with no ttl would be kept forever (C8). Default:
+    /// 7 days.
+    pub max_task_age: Duration,
+    /// The longest a task is kept after it expires, so a client can still
+    /// read its outcome. The grace is one ttl, at most this. Default: 1 h.
+    pub max_grace: Duration,
+}
+
+impl Default for TaskOptions {
+    fn default() -> Self {
+        Self {
+            max_task_age: Duration::from_secs(7 * 24 * 60 * 60),
+            max_grace: Duration::from_secs(60 * 60),
+        }
+    }
+}
+
+impl TaskOptions {
+    /// Sets the longest a task lives.
+    pub fn max_task_age(mut self, age: Duration) -> Self {
+        self.max_task_age = age;
+        self
+    }
+
+    /// Sets the longest a task is kept after it expires.
+    pub fn max_grace(mut self, grace: Duration) -> Self {
+        self.max_grace = grace;
+        self
+    }
+
+    /// The ttl to record, when the task expires and when it is purged, for
+    /// a task created at `created_at` with the requested `ttl` (T8). A ttl
+    /// over [`max_task_age`](Self::max_task_age), or none, is capped to it;
+    /// the recorded ttl stays `None` for a `null` request.
+    pub fn lifetime(&self, created_at: i64, ttl: Option<Duration>) -> Lifetime {
+        let cap = millis(self.max_task_age);
+        let ttl_ms = ttl.map(|ttl| millis(ttl).min(cap));
+        let live = ttl_ms.unwrap_or(cap);
+        let grace = live.min(millis(self.max_grace));
+        let expires_at = created_at.saturating_add(to_i64(live));
+        Lifetime {
+            ttl_ms,
+            expires_at,
+            purge_at: expires_at.saturating_add(to_i64(grace)),
+        }
+    }
+}
+
+/// When a task expires and is purged; see [`TaskOptions::lifetime`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    /// The ttl recorded (capped), `None` for a `null` ttl.
+    pub ttl_ms: Option<u64>,
+    /// Past this (ms since the epoch) a non-terminal task reads `failed`.
+    pub expires_at: i64,
+    /// From this on the task reads as unknown and may be deleted.
+    pub purge_at: i64,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn to_i64(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// What the runtime passes to [`TaskStore::create`].
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct NewTask<'a> {
+    /// Who may see the task.
+    pub owner: &'a Owner,
+    /// The instance running the task; it must be heartbeating (T11), or
+    /// the task reads as lost at once.
+    pub instance: InstanceId,
+    /// The requested ttl (`ttlMs`), `None` for `null`.
+    pub ttl: Option<Duration>,
+    /// The suggested poll interval (`pollIntervalMs`).
+    pub poll_interval: Option<Duration>,
+    /// The first status message.
+    pub message: Option<&'a str>,
+}
+
+impl<'a> NewTask<'a> {
+    /// A task of `owner` run by `instance`, with a `null` ttl and no poll
+    /// interval or message.
+    pub fn new(owner: &'a Owner, instance: InstanceId) -> Self {
+        Self {
+            owner,
+            instance,
+            ttl: None,
+            poll_interval: None,
+            message: None,
+        }
+    }
+
+    /// Sets the ttl.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Sets the poll interval.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = Some(interval);
+        self
+    }
+
+    /// Sets the first status message.
+    pub fn message(mut self, message: &'a str) -> Self {
+        self.message = Some(message);
+        self
+    }
+
+    /// Checks the limits (T7) before any backend work.
+    pub fn check(&self) -> Result<()> {
+        check_message(self.message)
+    }
+}
+
+/// How a worker ends a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish<'a> {
+    /// Completed with this result (a serialized `CallToolResult`).
+    Completed(&'a [u8]),
+    /// Failed with this error (a serialized JSON-RPC error object).
+    Failed(&'a [u8]),
+    /// Ended on a cancel request.
+    Cancelled,
+}
+
+impl Finish<'_> {
+    /// The status the task ends in.
+    pub fn status(&self) -> TaskStatus {
+        match self {
+            Finish::Completed(_) => TaskStatus::Completed,
+            Finish::Failed(_) => TaskStatus::Failed,
+            Finish::Cancelled => TaskStatus::Cancelled,
+        }
+    }
+
+    /// The outcome bytes to store.
+    pub fn outcome(&self) -> Option<&[u8]> {
+        match self {
+            Finish::Completed(bytes) | Finish::Failed(bytes) => Some(bytes),
+            Finish::Cancelled => None,
+        }
+    }
+}
+
+/// A change the worker running a task makes through [`TaskStore::apply`].
+///
+/// Each is one atomic step, allowed only while the task is not terminal
+/// (T4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerChange<'a> {
+    /// Asks the client for input under `key` (SEP `inputRequests`): the
+    /// task becomes `input_required`. A key is spent once used, for the
+    /// task's lifetime (T5).
+    RequestInput {
+        /// The key, 1 to 256 bytes.
+        key: &'a str,
+        /// The serialized request, at most [`MAX_INPUT_BYTES`].
+        request: &'a [u8],
+    },
+    /// Takes the client's response to `key`, once: the answer is consumed.
+    TakeAnswer {
+        /// The key the input was requested under.
+        key: &'a str,
+    },
+    /// Replaces the status message (`None` clears it).
+    SetMessage(Option<&'a str>),
+    /// Replaces the poll interval.
+    SetPollInterval(Option<Duration>),
+    /// Replaces the ttl, still counted from creation (T8).
+    SetTtl(Option<Duration>),
+    /// Ends the task; exactly one finisher wins.
+    Finish(Finish<'a>),
+}
+
+impl WorkerChange<'_> {
+    /// Checks the limits (T5, T7) before any backend work.
+    pub fn check(&self, max_payload_bytes: usize) -> Result<()> {
+        match self {
+            WorkerChange::RequestInput { key, request } => {
+                check_key(key)?;
+                check_size(request.len(), MAX_INPUT_BYTES)
+            }
+            WorkerChange::TakeAnswer { key } => check_key(key),
+            WorkerChange::SetMessage(message) => check_message(*message),
+            WorkerChange::Finish(finish) => {
+                check_size(finish.outcome().map_or(0, <[u8]>::len), max_payload_bytes)
+            }
+            WorkerChange::SetPollInterval(_) | WorkerChange::SetTtl(_) => Ok(()),
+        }
+    }
+}
+
+/// What [`TaskStore::apply`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Applied {
+    /// The change was made; the task is now at `rev`. For
+    /// [`WorkerChange::TakeAnswer`], `answer` is the response taken, or
+    /// `None` (and nothing changed) when there was none to take.
+    Changed {
+        /// The task's revision after the change.
+        rev: Rev,
+        /// The response taken, for `TakeAnswer`.
+        answer: Option<Bytes>,
+    },
+    /// The task was already terminal (perhaps only as read: expired or
+    /// orphaned); nothing changed.
+    AlreadyTerminal(TaskStatus),
+    /// [`WorkerChange::RequestInput`] with a key this task already used;
+    /// nothing changed.
+    KeySpent,
+    /// [`WorkerChange::RequestInput`] after the client asked to cancel:
+    /// the worker should wind down instead; nothing changed.
+    CancelRequested,
+    /// No such task (never created, or purged).
+    Unknown,
+}
+
+/// How [`TaskStore::request_cancel`] ends a task (T6).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CancelMode {
+    /// Records the request; the worker sees it and chooses how the task
+    /// ends (rmcp's behaviour).
+    #[default]
+    Cooperative,
+    /// Records the request and ends the task as `cancelled` in the same
+    /// step (the C# SDK's and tower-mcp's behaviour).
+    Immediate,
+}
+
+/// What [`TaskStore::purge_expired`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskPurgeReport {
+    /// Tasks past their ttl persisted as `failed`.
+    pub expired: u64,
+    /// Tasks of lapsed instances persisted as `failed`.
+    pub orphaned: u64,
+    /// Tasks deleted with their inputs, past their grace.
+    pub deleted: u64,
+    /// Lapsed instances forgotten.
+    pub instances: u64,
+}
+
+/// Durable, shared task state (SEP-2663), keyed by [`TaskDigest`].
+///
+/// Client-facing calls take the id as received, text, and the caller's
+/// [`Owner`]: a malformed id, an unknown one and one of another owner all
+/// give the same `Ok(None)` (T2, T3). Worker calls take the parsed
+/// [`TaskId`] the worker was given at creation. Every mutation is one atomic
+/// step, visible to every handle on the backend once it returns (T4, T9).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> mcp_event_store_core::Result<()> {
+/// use std::time::Duration;
+/// use mcp_event_store_core::task::*;
+///
+/// let store = MemoryTaskStore::new();
+/// let me = InstanceId::generate()?;
+/// store.heartbeat(me, Duration::from_secs(30)).await?;
+/// let owner = Owner::principal(b"alice")?;
+/// let (id, task) = store.create(NewTask::new(&owner, me)).await?;
+/// assert_eq!(task.status, TaskStatus::Working);
+///
+/// let done = store.apply(&id, me, WorkerChange::Finish(Finish::Completed(b"{}"))).await?;
+/// assert!(matches!(done, Applied::Changed { .. }));
+/// let seen = store.get(&id.to_string(), &owner).await?.unwrap();
+/// assert_eq!(seen.status, TaskStatus::Completed);
+/// assert!(store.get(&id.to_string(), &Owner::Anonymous).await?.is_none());
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait TaskStore: Send + Sync + 'static {
+    /// Inserts a `working` task under `id` if no task has that id, and
+    /// returns it once it is durable and readable from every handle (T1);
+    /// `None` when the id is taken (then nothing changed).
+    ///
+    /// Use [`create`](Self::create), which draws the id.
+    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>>;
+
+    /// Creates a task under a fresh id (T1, T2): ids are never reissued, so
+    /// a taken id is drawn again.
+    async fn create(&self, task: NewTask<'_>) -> Result<(TaskId, TaskRecord)> {
+        task.check()?;
+        for _ in 0..8 {
+            let id = TaskId::generate()?;
+            if let Some(record) = self.try_create(&id, &task).await? {
+                return Ok((id, record));
+            }
+        }
+        Err(Error::Corrupt(
+            "eight fresh task ids in a row were taken; the random source is broken".into(),
+        ))
+    }
+
+    /// The task as its owner sees it now (T8, T11 decided at read time), or
+    /// `None`.
+    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>>;
+
+    /// Records the client's responses (`tasks/update`): outstanding keys
+    /// become answered, every other key is ignored (SEP:381), and with none
+    /// left outstanding the task is `working` again. On a terminal task it
+    /// changes nothing. Returns the task after the call, or `None`.
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        responses: &[(&str, &[u8])],
+    ) -> Result<Option<TaskRecord>>;
+
+    /// Records the client's cancel request (`tasks/cancel`, T6): on a
+    /// non-terminal task it sets the cancel flag, supersedes the outstanding
+    /// inputs and makes the task `working` (or, [`CancelMode::Immediate`],
+    /// `cancelled`). Idempotent; returns the task after the call, or `None`.
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> Result<Option<TaskRecord>>;
+
+    /// Applies a worker's change (T4), made by instance `by`, which becomes
+    /// the task's instance: the instance that last worked on a task is the
+    /// one whose heartbeat keeps it alive (T11). On a task that is terminal,
+    /// or only reads so (expired, orphaned), nothing changes.
+    async fn apply(&self, id: &TaskId, by: InstanceId, change: WorkerChange<'_>)
+    -> Result<Applied>;
+
+    /// The task as soon as its `rev` is past `after`, or as it is when
+    /// `max_wait` passes; `None` as [`get`](Self::get) (T10). A wake-up
+    /// only prompts a re-read; dropping the future frees everything.
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>>;
+
+    /// Registers or renews instance `me` for `lease` from now (T11).
+    /// Returns `false`, changing nothing, when `me` had lapsed: its tasks
+    /// already read as lost, and reviving it would bring them back, so the
+    /// runtime must register under a new id.
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool>;
+
+    /// Persists what reads already show (expired and orphaned tasks as
+    /// `failed`), deletes tasks past their grace with their inputs, and
+    /// forgets lapsed instances with no task left running (T8, T11).
+    async fn purge_expired(&self) -> Result<TaskPurgeReport>;
+
+    /// Deletes a task and its inputs, whoever owns it (an operator's call);
+    /// `true` if it existed.
+    async fn delete(&self, id: &str) -> Result<bool>;
+}
+
+/// Checks an input key: 1 to [`MAX_INPUT_KEY_BYTES`] bytes (T5).
+pub fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_INPUT_KEY_BYTES {
+        return Err(Error::Config(format!(
+            "input key is {} bytes, it must be 1 to {MAX_INPUT_KEY_BYTES}",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a status message against [`MAX_MESSAGE_BYTES`] (T7).
+pub fn check_message(message: Option<&str>) -> Result<()> {
+    check_size(message.map_or(0, str::len), MAX_MESSAGE_BYTES)
+}
+
+/// Checks client responses (T7): each at most [`MAX_INPUT_BYTES`]. Keys are
+/// not checked: a key that is not outstanding is ignored, whatever it is.
+pub fn check_responses(responses: &[(&str, &[u8])]) -> Result<()> {
+    responses
+        .iter()
+        .try_for_each(|(_, response)| check_size(response.len(), MAX_INPUT_BYTES))
+}
+
+fn check_size(size: usize, max: usize) -> Result<()> {
+    if size > max {
+        return Err(Error::PayloadTooLarge { size, max });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifetime_caps_the_ttl_and_the_grace() {
+        let options = TaskOptions::default();
+        let hour = 3_600_000;
+        let l = options.lifetime(1_000, Some(Duration::from_secs(60)));
+        assert_eq!(l.ttl_ms, Some(60_000));
+        assert_eq!((l.expires_at, l.purge_at), (61_000, 121_000));
+        let l = options.lifetime(0, Some(Duration::from_secs(3 * 3600)));
+        assert_eq!(l.purge_at - l.expires_at, hour);
+        let l = options.lifetime(0, None);
+        assert_eq!(l.ttl_ms, None);
+        assert_eq!(l.expires_at, 7 * 24 * hour);
+        let l = options.lifetime(0, Some(Duration::from_secs(30 * 24 * 3600)));
+        assert_eq!(l.ttl_ms, Some(7 * 24 * 3_600_000));
+    }
+
+    #[tokio::test]
+    async fn the_trait_is_dyn_compatible() {
+        let store: std::sync::Arc<dyn TaskStore> = std::sync::Arc::new(MemoryTaskStore::new());
+        let me = InstanceId::generate().unwrap();
+        assert!(store.heartbeat(me, Duration::from_secs(30)).await.unwrap());
+        let (id, _) = store
+            .create(NewTask::new(&Owner::Anonymous, me))
+            .await
+            .unwrap();
+        let seen = store.get(&id.to_string(), &Owner::Anonymous).await.unwrap();
+        assert_eq!(seen.map(|t| t.status), Some(TaskStatus::Working));
+    }
+
+    #[test]
+    fn limits_are_inclusive() {
+        assert!(check_key("k").is_ok());
+        assert!(check_key("").is_err());
+        assert!(check_key(&"k".repeat(256)).is_ok());
+        assert!(check_key(&"k".repeat(257)).is_err());
+        assert!(check_message(Some(&"m".repeat(MAX_MESSAGE_BYTES))).is_ok());
+        assert!(matches!(
+            check_message(Some(&"m".repeat(MAX_MESSAGE_BYTES + 1))),
+            Err(Error::PayloadTooLarge { .. })
+        ));
+    }
+}

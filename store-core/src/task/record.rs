@@ -1,0 +1,199 @@
+//! A task's status and its record as stored and as read.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+use super::{EXPIRED_ERROR, INSTANCE_LOST_ERROR, Rev};
+
+/// Where a task is in its life (SEP-2663's five statuses).
+///
+/// The numbers ([`as_u8`](Self::as_u8)) are what backends store: the
+/// non-terminal statuses are below 2, so "still running" is `status < 2`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskStatus {
+    /// Running.
+    Working,
+    /// Waiting for the client to answer input requests.
+    InputRequired,
+    /// Ended with a result.
+    Completed,
+    /// Ended with an error.
+    Failed,
+    /// Ended on a cancel request.
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// Every status, in the order of their numbers.
+    pub const ALL: [TaskStatus; 5] = [
+        TaskStatus::Working,
+        TaskStatus::InputRequired,
+        TaskStatus::Completed,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+    ];
+
+    /// `true` once the task has ended; a terminal task never changes (T4).
+    pub fn is_terminal(self) -> bool {
+        self.as_u8() >= 2
+    }
+
+    /// The stored number, 0 to 4.
+    pub fn as_u8(self) -> u8 {
+        self as u8
+    }
+
+    /// The status a stored number stands for.
+    pub fn from_u8(n: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(n)).copied()
+    }
+
+    /// The protocol's spelling: `working`, `input_required`, `completed`,
+    /// `failed` or `cancelled`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Working => "working",
+            TaskStatus::InputRequired => "input_required",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A task as a store returns it.
+///
+/// Times are milliseconds since the epoch by the store's clock. Payloads
+/// are the serialized JSON the worker and the client gave, never parsed by
+/// the store (T7).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskRecord {
+    /// The status.
+    pub status: TaskStatus,
+    /// Bumped by every change (T4).
+    pub rev: Rev,
+    /// The status message.
+    pub message: Option<String>,
+    /// When the task was created.
+    pub created_at: i64,
+    /// When it last changed.
+    pub updated_at: i64,
+    /// The ttl (capped by `max_task_age`); `None` for a `null` ttl.
+    pub ttl_ms: Option<u64>,
+    /// Past this a non-terminal task reads `failed` (T8).
+    pub expires_at: i64,
+    /// From this on the task reads as unknown and may be deleted (T8).
+    pub purge_at: i64,
+    /// The suggested poll interval.
+    pub poll_interval_ms: Option<u64>,
+    /// Whether the client asked to cancel (T6).
+    pub cancel_requested: bool,
+    /// The result when `completed`, the error when `failed`.
+    pub outcome: Option<Bytes>,
+    /// The input requests awaiting an answer, `(key, request)`, oldest
+    /// first: what the client is shown.
+    pub outstanding: Vec<(String, Bytes)>,
+    /// The keys answered but not yet taken by the worker, oldest first.
+    pub answered: Vec<String>,
+}
+
+impl TaskRecord {
+    /// The task as a read at `now` must show it (T8, T11), given when its
+    /// instance's heartbeat runs out (`None`: the instance is unknown, so
+    /// lost). Backends store what changed and call this on every read, so
+    /// no sweeper is needed for correctness.
+    ///
+    /// * From `purge_at` on: `None`, as if deleted.
+    /// * Non-terminal past `expires_at`, or past its instance's lapse:
+    ///   `failed` with [`EXPIRED_ERROR`] or [`INSTANCE_LOST_ERROR`],
+    ///   whichever came first, at `rev + 1` and updated when it happened;
+    ///   exactly what [`TaskStore::purge_expired`](super::TaskStore::purge_expired)
+    ///   persists later, so the record reads the same before and after.
+    pub fn seen_at(mut self, now: i64, instance_alive_until: Option<i64>) -> Option<Self> {
+        if now >= self.purge_at {
+            return None;
+        }
+        if self.status.is_terminal() {
+            return Some(self);
+        }
+        let lapsed_at = instance_alive_until.unwrap_or(i64::MIN);
+        let ended = if now >= self.expires_at && self.expires_at <= lapsed_at {
+            Some((self.expires_at, EXPIRED_ERROR))
+        } else if now >= lapsed_at {
+            Some((lapsed_at.max(self.created_at), INSTANCE_LOST_ERROR))
+        } else {
+            None
+        };
+        if let Some((at, error)) = ended {
+            self.status = TaskStatus::Failed;
+            self.rev += 1;
+            self.updated_at = at.max(self.updated_at);
+            self.outcome = Some(Bytes::from_static(error));
+            self.outstanding.clear();
+        }
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> TaskRecord {
+        TaskRecord {
+            status: TaskStatus::Working,
+            rev: 1,
+            message: None,
+            created_at: 100,
+            updated_at: 100,
+            ttl_ms: Some(100),
+            expires_at: 200,
+            purge_at: 300,
+            poll_interval_ms: None,
+            cancel_requested: false,
+            outcome: None,
+            outstanding: vec![("k".into(), Bytes::from_static(b"{}"))],
+            answered: vec![],
+        }
+    }
+
+    #[test]
+    fn statuses_round_trip_their_numbers() {
+        for status in TaskStatus::ALL {
+            assert_eq!(TaskStatus::from_u8(status.as_u8()), Some(status));
+        }
+        assert_eq!(TaskStatus::from_u8(5), None);
+        assert!(!TaskStatus::InputRequired.is_terminal());
+        assert!(TaskStatus::Completed.is_terminal());
+    }
+
+    #[test]
+    fn read_time_decisions() {
+        assert_eq!(record().seen_at(150, Some(1_000)), Some(record()));
+        let expired = record().seen_at(200, Some(1_000)).unwrap();
+        assert_eq!(expired.status, TaskStatus::Failed);
+        assert_eq!(expired.rev, 2);
+        assert_eq!(expired.updated_at, 200);
+        assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
+        assert!(expired.outstanding.is_empty());
+        let lost = record().seen_at(180, Some(150)).unwrap();
+        assert_eq!(lost.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
+        assert_eq!(lost.updated_at, 150);
+        // Lost first, then expired: lost it stays.
+        let lost = record().seen_at(250, Some(150)).unwrap();
+        assert_eq!(lost.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
+        assert_eq!(record().seen_at(300, Some(1_000)), None);
+        let unknown_instance = record().seen_at(150, None).unwrap();
+        assert_eq!(unknown_instance.status, TaskStatus::Failed);
+        let mut done = record();
+        done.status = TaskStatus::Completed;
+        assert_eq!(done.clone().seen_at(250, None), Some(done));
+    }
+}
