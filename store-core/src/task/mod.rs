@@ -410,6 +410,9 @@ pub trait TaskStore: Send + Sync + 'static {
     /// The task as soon as its `rev` is past `after`, or as it is when
     /// `max_wait` passes; `None` as [`get`](Self::get) (T10). A wake-up
     /// only prompts a re-read; dropping the future frees everything.
+    /// Expiry and orphaning are decided by reads (T8, T11) and wake no
+    /// one: a watcher sees them at `max_wait` at the latest, so a worker's
+    /// `max_wait` bounds how long it keeps running on a task already failed.
     async fn watch(
         &self,
         id: &str,
