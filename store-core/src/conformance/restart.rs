@@ -200,7 +200,7 @@ pub async fn acknowledged_events_survive_sigkill<H: PersistentHarness>(h: &H, mo
 
 /// The child of [`acknowledged_events_survive_sigkill`]: attaches to the
 /// storage named by [`CRASH_LOCATOR_ENV`] (a harness like the one `make`
-/// builds) and appends to [`CRASH_STREAMS`] streams until it is killed,
+/// builds) and appends to a few streams at once until it is killed,
 /// printing `START` and `ACK` lines ([`Ack`](crate::testkit::Ack)). Run
 /// without the variable (by `cargo test -- --ignored`), it has nothing to
 /// do.
