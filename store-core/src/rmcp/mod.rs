@@ -131,6 +131,7 @@ mod codec;
 mod events;
 mod scoped;
 mod sessions;
+pub mod tasks;
 mod tracker;
 
 pub use codec::{DecodeError, decode, encode, replays_exactly};
@@ -140,6 +141,7 @@ pub use scoped::{
     SessionScoped,
 };
 pub use sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL, RmcpSessionStore};
+pub use tasks::{DurableTaskContext, DurableTasks, DurableTasksBuilder};
 
 use std::sync::Arc;
 

@@ -1,0 +1,570 @@
+//! End to end, in process: rmcp's own client and server over a duplex pipe,
+//! the server's handler backed by [`DurableTasks`] over the memory task
+//! store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rmcp::model::*;
+use rmcp::service::{RequestContext, RoleClient, RoleServer, RunningService};
+use rmcp::{ServerHandler, ServiceExt};
+use serde_json::json;
+
+use super::*;
+use crate::task::{MemoryTaskStore, NewTask, TaskPurgeReport};
+
+/// Counts every write that reaches the store.
+struct Counting {
+    inner: MemoryTaskStore,
+    writes: AtomicUsize,
+}
+
+impl Counting {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            inner: MemoryTaskStore::new(),
+            writes: AtomicUsize::new(0),
+        })
+    }
+
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl TaskStore for Counting {
+    async fn try_create(
+        &self,
+        id: &TaskId,
+        task: &NewTask<'_>,
+    ) -> crate::Result<Option<TaskRecord>> {
+        self.wrote();
+        self.inner.try_create(id, task).await
+    }
+    async fn get(&self, id: &str, who: &Owner) -> crate::Result<Option<TaskRecord>> {
+        self.inner.get(id, who).await
+    }
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        responses: &[(&str, &[u8])],
+    ) -> crate::Result<Option<TaskRecord>> {
+        self.wrote();
+        self.inner.answer(id, who, responses).await
+    }
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> crate::Result<Option<TaskRecord>> {
+        self.wrote();
+        self.inner.request_cancel(id, who, mode).await
+    }
+    async fn apply(
+        &self,
+        id: &TaskId,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+    ) -> crate::Result<Applied> {
+        self.wrote();
+        self.inner.apply(id, by, change).await
+    }
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> crate::Result<Option<TaskRecord>> {
+        self.inner.watch(id, who, after, max_wait).await
+    }
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> crate::Result<bool> {
+        self.inner.heartbeat(me, lease).await
+    }
+    async fn purge_expired(&self) -> crate::Result<TaskPurgeReport> {
+        self.inner.purge_expired().await
+    }
+    async fn delete(&self, id: &str) -> crate::Result<bool> {
+        self.inner.delete(id).await
+    }
+}
+
+/// The server: each client is its own owner (its `clientInfo.name`).
+#[derive(Clone)]
+struct Server {
+    tasks: DurableTasks,
+}
+
+fn text(result: &CallToolResult) -> String {
+    result.content[0].as_text().unwrap().text.clone()
+}
+
+fn ok(text: impl Into<String>) -> CallToolResult {
+    CallToolResult::success(vec![ContentBlock::text(text.into())])
+}
+
+impl ServerHandler for Server {
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let options = TaskOptions::new().with_poll_interval_ms(10);
+        let task = match request.name.as_ref() {
+            // Counts to `to`, saying where it is, then answers the count.
+            "count" => {
+                let to = request
+                    .arguments
+                    .as_ref()
+                    .and_then(|a| a.get("to"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(3);
+                self.tasks
+                    .spawn(&ctx, options, move |t| {
+                        Box::pin(async move {
+                            let mut n = 0;
+                            while n < to {
+                                n += 1;
+                                t.set_status_message(format!("at {n}")).await?;
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                            Ok(ok(n.to_string()))
+                        })
+                    })
+                    .await?
+            }
+            // Asks for a name, then greets it.
+            "ask" => {
+                self.tasks
+                    .spawn(&ctx, options, |t| {
+                        Box::pin(async move {
+                            let request: InputRequest = serde_json::from_value(json!({
+                                "method": "elicitation/create",
+                                "params": {
+                                    "message": "What is your name?",
+                                    "requestedSchema": {"type": "object", "properties": {}}
+                                }
+                            }))
+                            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                            let answer = t.request_input("name", request).await?;
+                            let name = answer["content"]["name"].as_str().unwrap_or("?");
+                            Ok(ok(format!("hello {name}")))
+                        })
+                    })
+                    .await?
+            }
+            // Waits for a cancel and ends as cancelled.
+            "wait" => {
+                self.tasks
+                    .spawn(&ctx, options, |t| {
+                        Box::pin(async move {
+                            t.cancelled().await;
+                            assert!(t.is_cancel_requested().await);
+                            Err(TaskExit::Cancelled)
+                        })
+                    })
+                    .await?
+            }
+            // Outlives a 500 ms ttl.
+            "sleep" => {
+                self.tasks
+                    .spawn(&ctx, options.with_ttl_ms(500), |_| {
+                        Box::pin(async move {
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                            Ok(ok("never"))
+                        })
+                    })
+                    .await?
+            }
+            // Runs for 1.5 s (longer than the tests' 600 ms lease).
+            "long" => {
+                self.tasks
+                    .spawn(&ctx, options, |_| {
+                        Box::pin(async move {
+                            tokio::time::sleep(Duration::from_millis(1500)).await;
+                            Ok(ok("survived"))
+                        })
+                    })
+                    .await?
+            }
+            "panic" => {
+                self.tasks
+                    .spawn(&ctx, options, |_| Box::pin(async move { panic!("boom") }))
+                    .await?
+            }
+            other => {
+                return Err(ErrorData::invalid_params(format!("no tool {other}"), None));
+            }
+        };
+        Ok(CallToolResponse::Task(task))
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.tasks.get_task(&ctx, request).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.update_task(&ctx, request).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.cancel_task(&ctx, request).await
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+    }
+}
+
+fn by_client_name(ctx: &RequestContext<RoleServer>) -> Owner {
+    ctx.peer
+        .peer_info()
+        .map(|info| Owner::principal(info.client_info.name.as_bytes()).unwrap())
+        .unwrap_or(Owner::Anonymous)
+}
+
+async fn tasks_over(store: Arc<dyn TaskStore>) -> DurableTasks {
+    DurableTasks::builder(store)
+        .owner(by_client_name)
+        .heartbeat(Duration::from_millis(100), Duration::from_millis(600))
+        .watch_wait(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap()
+}
+
+type Client = RunningService<RoleClient, ClientConfig>;
+
+/// A client named `name`, declaring the tasks extension or not, connected
+/// to a server on `tasks`.
+async fn connect(tasks: &DurableTasks, name: &str, declare_tasks: bool) -> Client {
+    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+    let server = Server {
+        tasks: tasks.clone(),
+    };
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let capabilities = if declare_tasks {
+        ClientCapabilities::builder().enable_tasks().build()
+    } else {
+        ClientCapabilities::default()
+    };
+    let mut info = Implementation::from_build_env();
+    info.name = name.into();
+    ClientConfig::new(capabilities, info)
+        .serve(client_io)
+        .await
+        .unwrap()
+}
+
+async fn call(client: &Client, tool: &str, arguments: Value) -> CreateTaskResult {
+    let mut params = CallToolRequestParams::new(tool.to_owned());
+    if let Value::Object(arguments) = arguments {
+        params = params.with_arguments(arguments);
+    }
+    match client.call_tool_once(params).await.unwrap() {
+        CallToolResponse::Task(task) => task,
+        other => panic!("expected a task, got {other:?}"),
+    }
+}
+
+async fn get(client: &Client, id: &str) -> DetailedTask {
+    client
+        .peer()
+        .get_task(GetTaskParams::new(id.to_owned()))
+        .await
+        .unwrap()
+        .task
+}
+
+/// Polls until the task satisfies `done`, for at most 5 s.
+async fn until(client: &Client, id: &str, done: impl Fn(&DetailedTask) -> bool) -> DetailedTask {
+    for _ in 0..500 {
+        let task = get(client, id).await;
+        if done(&task) {
+            return task;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("task {id} never reached the expected state");
+}
+
+fn terminal(task: &DetailedTask) -> bool {
+    task.status().is_terminal()
+}
+
+fn error_code(error: rmcp::ServiceError) -> ErrorCode {
+    match error {
+        rmcp::ServiceError::McpError(e) => e.code,
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counting_task_is_durable_at_once_and_completes_with_its_result() {
+    let store = Counting::new();
+    let tasks = tasks_over(store.clone()).await;
+    let client = connect(&tasks, "alice", true).await;
+    let created = call(&client, "count", json!({"to": 3})).await;
+    assert_eq!(created.result_type, ResultType::TASK);
+    assert_eq!(created.task.status, rmcp::model::TaskStatus::Working);
+    assert_eq!(created.task.poll_interval_ms, Some(10));
+    assert!(
+        created.task.created_at.ends_with('Z'),
+        "{}",
+        created.task.created_at
+    );
+    let id = created.task.task_id.clone();
+    assert!(TaskId::parse(&id).is_some(), "{id}");
+    // T1: the store has it before the client had the CreateTaskResult.
+    assert!(
+        store
+            .inner
+            .get(&id, &Owner::principal(b"alice").unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let done = until(&client, &id, terminal).await;
+    match &done.payload {
+        TaskPayload::Completed { result } => {
+            let result: CallToolResult =
+                serde_json::from_value(Value::Object(result.clone())).unwrap();
+            assert_eq!(text(&result), "3");
+        }
+        other => panic!("expected completed, got {other:?}"),
+    }
+    assert_eq!(done.task.status_message.as_deref(), Some("at 3"));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_extension_spawn_answers_32021_and_writes_nothing() {
+    let store = Counting::new();
+    let tasks = tasks_over(store.clone()).await;
+    let client = connect(&tasks, "bob", false).await;
+    let error = client
+        .call_tool_once(CallToolRequestParams::new("count"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error_code(error),
+        ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY
+    );
+    assert_eq!(ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY.0, -32021);
+    // rmcp's own guard would also answer -32021, but after the handler had
+    // created the task: nothing reached the store.
+    assert_eq!(store.writes.load(Ordering::SeqCst), 0);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_asks_for_input_and_gets_the_answer_through_tasks_update() {
+    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let client = connect(&tasks, "alice", true).await;
+    let id = call(&client, "ask", Value::Null).await.task.task_id;
+    let waiting = until(&client, &id, |t| {
+        t.status() == rmcp::model::TaskStatus::InputRequired
+    })
+    .await;
+    let TaskPayload::InputRequired { input_requests } = &waiting.payload else {
+        panic!("expected input_required, got {waiting:?}");
+    };
+    assert_eq!(input_requests.keys().collect::<Vec<_>>(), ["name"]);
+    assert!(matches!(
+        input_requests["name"],
+        InputRequest::Elicitation(_)
+    ));
+
+    let mut responses = InputResponses::new();
+    responses.insert(
+        "name".into(),
+        json!({"action": "accept", "content": {"name": "Ada"}}),
+    );
+    responses.insert("unknown".into(), json!({})); // ignored (SEP-2663)
+    client
+        .peer()
+        .update_task(UpdateTaskParams::new(id.clone(), responses))
+        .await
+        .unwrap();
+    let done = until(&client, &id, terminal).await;
+    let TaskPayload::Completed { result } = &done.payload else {
+        panic!("expected completed, got {done:?}");
+    };
+    assert_eq!(result["content"][0]["text"], "hello Ada");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_is_seen_by_a_waiting_task_and_by_one_waiting_for_input() {
+    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let client = connect(&tasks, "alice", true).await;
+    let waiting = call(&client, "wait", Value::Null).await.task.task_id;
+    let asking = call(&client, "ask", Value::Null).await.task.task_id;
+    until(&client, &asking, |t| {
+        t.status() == rmcp::model::TaskStatus::InputRequired
+    })
+    .await;
+    assert_eq!(
+        get(&client, &waiting).await.status(),
+        rmcp::model::TaskStatus::Working
+    );
+    for id in [&waiting, &asking] {
+        client
+            .peer()
+            .cancel_task(CancelTaskParams::new(id.clone()))
+            .await
+            .unwrap();
+    }
+    for id in [&waiting, &asking] {
+        let done = until(&client, id, terminal).await;
+        assert_eq!(done.status(), rmcp::model::TaskStatus::Cancelled, "{id}");
+    }
+    // On a terminal task, cancel is an acknowledgement with no change.
+    client
+        .peer()
+        .cancel_task(CancelTaskParams::new(waiting.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        get(&client, &waiting).await.status(),
+        rmcp::model::TaskStatus::Cancelled
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_task_reads_failed_with_32603() {
+    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let client = connect(&tasks, "alice", true).await;
+    let created = call(&client, "sleep", Value::Null).await;
+    assert_eq!(created.task.ttl_ms, Some(500));
+    let id = created.task.task_id;
+    assert_eq!(
+        get(&client, &id).await.status(),
+        rmcp::model::TaskStatus::Working
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let task = get(&client, &id).await;
+    let TaskPayload::Failed { error } = &task.payload else {
+        panic!("expected failed, got {task:?}");
+    };
+    assert_eq!(error["code"], -32603);
+    assert_eq!(error["message"], "task expired");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_ids_and_other_owners_tasks_are_32602_for_every_call() {
+    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let alice = connect(&tasks, "alice", true).await;
+    let mallory = connect(&tasks, "mallory", true).await;
+    let id = call(&alice, "wait", Value::Null).await.task.task_id;
+    for (client, id) in [(&alice, "t1.nope".to_owned()), (&mallory, id.clone())] {
+        let peer = client.peer();
+        let get = peer.get_task(GetTaskParams::new(id.clone())).await;
+        let update = peer
+            .update_task(UpdateTaskParams::new(id.clone(), InputResponses::new()))
+            .await;
+        let cancel = peer.cancel_task(CancelTaskParams::new(id.clone())).await;
+        assert_eq!(error_code(get.unwrap_err()), ErrorCode::INVALID_PARAMS);
+        assert_eq!(error_code(update.unwrap_err()), ErrorCode::INVALID_PARAMS);
+        assert_eq!(error_code(cancel.unwrap_err()), ErrorCode::INVALID_PARAMS);
+    }
+    // Mallory's cancel changed nothing.
+    assert_eq!(
+        get(&alice, &id).await.status(),
+        rmcp::model::TaskStatus::Working
+    );
+    alice.cancel().await.unwrap();
+    mallory.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_heartbeat_keeps_a_long_task_alive_and_lapses_once_the_runtime_is_gone() {
+    let store = Arc::new(MemoryTaskStore::new());
+    let tasks = tasks_over(store.clone()).await;
+    let client = connect(&tasks, "alice", true).await;
+    // The lease is 600 ms; the task runs 1.5 s.
+    let id = call(&client, "long", Value::Null).await.task.task_id;
+    let done = until(&client, &id, terminal).await;
+    assert_eq!(done.status(), rmcp::model::TaskStatus::Completed);
+
+    // A task whose runtime is gone (no clone left, so no heartbeat) reads
+    // lost once the lease runs out.
+    let owner = Owner::Anonymous;
+    let gone = tasks_over(store.clone()).await;
+    let (orphan, _) = store
+        .create(NewTask::new(&owner, gone.instance()))
+        .await
+        .unwrap();
+    drop(gone);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let lost = store
+        .get(&orphan.to_string(), &owner)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(lost.status, crate::task::TaskStatus::Failed);
+    assert_eq!(
+        lost.outcome.as_deref(),
+        Some(crate::task::INSTANCE_LOST_ERROR)
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_operation_fails_its_task() {
+    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let client = connect(&tasks, "alice", true).await;
+    let id = call(&client, "panic", Value::Null).await.task.task_id;
+    let task = until(&client, &id, terminal).await;
+    let TaskPayload::Failed { error } = &task.payload else {
+        panic!("expected failed, got {task:?}");
+    };
+    assert_eq!(error["code"], -32603);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_lease_must_outlast_the_interval() {
+    let built = DurableTasks::builder(Arc::new(MemoryTaskStore::new()))
+        .heartbeat(Duration::from_secs(30), Duration::from_secs(30))
+        .build()
+        .await;
+    assert!(matches!(built, Err(Error::Config(_))));
+}
+
+#[test]
+fn timestamps_are_iso_8601_utc() {
+    assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    assert_eq!(iso8601(1_795_000_000_123), "2026-11-18T11:06:40.123Z");
+    assert_eq!(iso8601(-1), "1969-12-31T23:59:59.999Z");
+}
