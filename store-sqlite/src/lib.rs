@@ -54,8 +54,10 @@
 //! token, id, incarnation, newest sequence number and retained bytes),
 //! `mes_events` (token, sequence number, time, retry hint, payload; unique
 //! on `(token, seq)`, indexed on the time), `mes_sessions`, `mes_meta` (the
-//! format version, the stream secret, the incarnation counter) and
-//! `mes_migrations` (the embedded migrations applied).
+//! format version, the stream secret, the incarnation counter),
+//! `mes_migrations` (the embedded migrations applied), and for durable tasks
+//! `mes_tasks`, `mes_task_inputs`, `mes_instances` and `mes_task_migrations`
+//! (see [Tasks](#tasks)).
 //!
 //! ## One writer, many readers
 //!
@@ -93,6 +95,49 @@
 //! under it ends in [`Error::EventsPurged`], never in events of the new
 //! life.
 //!
+//! ## Tasks
+//!
+//! [`SqliteStore`] is also a
+//! [`TaskStore`](mcp_event_store_core::task::TaskStore) (SEP-2663 durable
+//! tasks), in three tables:
+//!
+//! * `mes_tasks`: one row per task, keyed by the 16-byte digest of its id
+//!   (the id itself is never stored, so a copy of the file hands out no
+//!   bearer token), with its owner's digest (empty for anonymous), status,
+//!   `rev`, times, ttl, poll interval, cancel flag, the instance running it
+//!   and its outcome bytes; indexed on `purge_at`, and on `instance` for
+//!   running tasks only.
+//! * `mes_task_inputs`: one row per input key a task used, with its
+//!   request, its response and its state (outstanding, answered, spent),
+//!   kept until the task goes so a key is never usable twice.
+//! * `mes_instances`: each runtime instance's heartbeat deadline.
+//!
+//! **One atomic step per mutation.** Every task mutation goes through the
+//! handle's writer task, like an append: it reads the task, decides with
+//! the state machine every backend shares, and writes the row back
+//! conditioned on the `rev` it read, all inside one transaction that holds
+//! SQLite's write lock from the read to the commit (`BEGIN IMMEDIATE`, or
+//! the group commit's transaction it shares). Handles and processes on the
+//! file take turns on that lock, so of racing finishers exactly one wins.
+//! `create` (an insert-if-absent) and `heartbeat` (an upsert that refuses a
+//! lapsed instance) are single statements. The caller is answered after
+//! the commit, so a task is durable (under the [durability](#durability)
+//! setting) and readable from every handle before `create` returns.
+//! Expiry and lost instances are decided when a task is read;
+//! [`TaskStore::purge_expired`](mcp_event_store_core::task::TaskStore::purge_expired)
+//! persists them and deletes tasks past their grace with their inputs,
+//! in one transaction. Lifetimes come from [`SqliteOptions::tasks`].
+//!
+//! **Watching.** `get` and `watch` read one snapshot (the task, its inputs
+//! and its instance's deadline) from the read pool. A change through this
+//! handle wakes its watchers from the writer task, right after the commit.
+//! A change through another handle or process is found by each watcher
+//! re-reading its task's `rev` every
+//! [`SqliteOptions::follow_poll_interval`] (default 50 ms): expect it within
+//! one interval. An idle watcher holds no connection and no task: a
+//! registration in the handle's wake-up hub and one indexed read per
+//! interval; dropping the `watch` future frees both.
+//!
 //! # Durability
 //!
 //! The default, [`Durability::Process`] (`synchronous=NORMAL`), survives
@@ -111,6 +156,11 @@
 //! at most 500 rows interleaved with append groups, so retention never
 //! stalls appends for long. [`EventStore::delete_stream`] removes a stream's
 //! row and events in one transaction.
+//!
+//! Tasks are kept apart from this: their lifetimes are
+//! [`SqliteOptions::tasks`], and
+//! [`TaskStore::purge_expired`](mcp_event_store_core::task::TaskStore::purge_expired)
+//! (see [Tasks](#tasks)) deletes them.
 //!
 //! # Following
 //!
@@ -198,6 +248,18 @@
 //! release refuses (it cannot create streams: the new schema refuses rows
 //! without an incarnation).
 //!
+//! ## Tasks and older releases
+//!
+//! The task tables are additive and leave the event format alone:
+//! [`FORMAT_VERSION`] stays 2. Their migration (`migrations/tasks/`) is
+//! recorded in a table of its own, `mes_task_migrations`, not in
+//! `mes_migrations`, because a release checks `mes_migrations` against the
+//! migrations it embeds and refuses a file with one it does not know. So a
+//! release from before tasks still opens a file holding tasks and keeps
+//! serving its events (it never touches the task tables). A task migration
+//! of a newer release is refused with [`Error::IncompatibleFormat`] naming
+//! it, and the refusal changes nothing.
+//!
 //! # Limits
 //!
 //! * Payloads up to [`StoreOptions::max_payload_bytes`](mcp_event_store_core::StoreOptions::max_payload_bytes)
@@ -208,6 +270,11 @@
 //!   SQLite's write lock, each committing up to [`SqliteOptions::max_batch`]
 //!   appends (default 512) per transaction; up to 4096 writes queue at a
 //!   handle's writer before callers wait.
+//! * Tasks: outcomes up to `max_payload_bytes`, each input request and
+//!   response up to 1 MiB, status messages up to 4 KiB, input keys of 1 to
+//!   256 bytes, at most 64 inputs outstanding per task, as every backend.
+//!   Each task watcher re-reads its task once per poll interval, so many
+//!   watchers of tasks changed elsewhere cost that many reads per interval.
 //! * WAL needs shared memory between the processes on the file: one host,
 //!   a local file system (not a network share), not `:memory:`.
 #![deny(missing_docs)]
@@ -222,6 +289,7 @@ mod replay;
 mod sessions;
 mod setup;
 mod store;
+mod tasks;
 mod watcher;
 mod writer;
 

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{Error, Result, StoreOptions};
 
 /// The backend name in errors, traces and metrics.
@@ -101,6 +102,11 @@ pub struct SqliteOptions {
     /// wake-up: the safety net should a wake-up be missed. Default 5 s; at
     /// least 1 ms. URL: `?follow_recheck_ms=`.
     pub follow_recheck: Duration,
+    /// How long tasks live and are kept after they expire (T8). The
+    /// interval at which a task watcher re-reads its task, to see changes
+    /// made through other handles and processes, is
+    /// [`follow_poll_interval`](Self::follow_poll_interval).
+    pub tasks: TaskOptions,
 }
 
 impl Default for SqliteOptions {
@@ -116,6 +122,7 @@ impl Default for SqliteOptions {
             max_batch: DEFAULT_MAX_BATCH,
             follow_poll_interval: DEFAULT_FOLLOW_POLL_INTERVAL,
             follow_recheck: DEFAULT_FOLLOW_RECHECK,
+            tasks: TaskOptions::default(),
         }
     }
 }
@@ -256,6 +263,12 @@ impl SqliteOptions {
     /// Sets how often a follower re-reads its stream without a wake-up.
     pub fn follow_recheck(mut self, recheck: Duration) -> Self {
         self.follow_recheck = recheck;
+        self
+    }
+
+    /// Sets how long tasks live and are kept after they expire.
+    pub fn tasks(mut self, tasks: TaskOptions) -> Self {
+        self.tasks = tasks;
         self
     }
 

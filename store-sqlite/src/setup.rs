@@ -13,6 +13,7 @@ use std::time::Duration;
 use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::{Error, Result};
 use sqlx::Connection;
+use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 
 use crate::FORMAT_VERSION;
@@ -127,9 +128,46 @@ async fn prepare(conn: &mut SqliteConnection) -> Result<StreamKey> {
 /// Runs the embedded migrations, refusing a database from a newer release.
 /// The caller holds the write lock; sqlx nests each migration's own
 /// transaction as a savepoint.
+///
+/// The event migrations (`migrations/`, recorded in `mes_migrations`) and
+/// the task migrations (`migrations/tasks/`, recorded in
+/// `mes_task_migrations`) are kept apart: a release that knows only the
+/// event migrations finds nothing unknown in `mes_migrations`, so it keeps
+/// serving events from a file that also holds tasks. Each set refuses what
+/// a newer release added to it.
 async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.dangerous_set_table_name("mes_migrations");
+    run(&migrator, conn, "").await?;
+    let format: Option<i64> = sqlx::query_scalar(
+        "SELECT CAST(value AS INTEGER) FROM mes_meta WHERE key = 'format_version'",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db_error)?;
+    match format {
+        Some(FORMAT_VERSION) => {}
+        Some(other) => {
+            return Err(Error::IncompatibleFormat(format!(
+                "the database has format version {other}; this release reads version {FORMAT_VERSION}"
+            )));
+        }
+        None => {
+            return Err(Error::Corrupt(
+                "the format version record is missing".into(),
+            ));
+        }
+    }
+    let mut tasks = sqlx::migrate!("./migrations/tasks");
+    tasks.dangerous_set_table_name(TASK_MIGRATIONS);
+    run(&tasks, conn, "task ").await
+}
+
+/// The table recording the task migrations applied.
+pub(crate) const TASK_MIGRATIONS: &str = "mes_task_migrations";
+
+/// Runs one set of migrations; `what` names the set in a refusal.
+async fn run(migrator: &Migrator, conn: &mut SqliteConnection, what: &str) -> Result<()> {
     // `run_direct` is sqlx's own way around `Acquire`'s lifetime limits for a
     // bare connection inside a `Send` future.
     migrator
@@ -138,34 +176,19 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
         .map_err(|e| match e {
             sqlx::migrate::MigrateError::VersionMissing(version) => {
                 Error::IncompatibleFormat(format!(
-                    "the database was migrated to version {version} by a newer release of \
-             mcp-event-store-sqlite; this release knows versions up to {}",
+                    "the database was migrated to {what}version {version} by a newer release of \
+             mcp-event-store-sqlite; this release knows {what}versions up to {}",
                     migrator.iter().map(|m| m.version).max().unwrap_or(0)
                 ))
             }
             sqlx::migrate::MigrateError::VersionMismatch(version) => {
                 Error::IncompatibleFormat(format!(
-                    "migration {version} in the database differs from this release's; \
+                    "{what}migration {version} in the database differs from this release's; \
              it was written by an incompatible release"
                 ))
             }
             other => Error::backend(NAME, other),
-        })?;
-    let format: Option<i64> = sqlx::query_scalar(
-        "SELECT CAST(value AS INTEGER) FROM mes_meta WHERE key = 'format_version'",
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(db_error)?;
-    match format {
-        Some(FORMAT_VERSION) => Ok(()),
-        Some(other) => Err(Error::IncompatibleFormat(format!(
-            "the database has format version {other}; this release reads version {FORMAT_VERSION}"
-        ))),
-        None => Err(Error::Corrupt(
-            "the format version record is missing".into(),
-        )),
-    }
+        })
 }
 
 /// Loads the secret that keys stream tokens, creating it on first open.

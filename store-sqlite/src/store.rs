@@ -9,6 +9,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::task::{
+    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions, TaskPurgeReport,
+    TaskRecord, TaskStore, WorkerChange,
+};
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
     SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
@@ -19,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::options::{Durability, NAME, SqliteOptions, WRITER_QUEUE};
 use crate::watcher::Watcher;
 use crate::writer::{Command, Reply, Write, Writer};
-use crate::{append, follow, inspect, purge, replay, sessions, setup};
+use crate::{append, follow, inspect, purge, replay, sessions, setup, tasks};
 
 /// An event store (and session store) in one SQLite database file.
 ///
@@ -39,6 +43,14 @@ pub(crate) struct Inner {
     pub(crate) writer: mpsc::Sender<Command>,
     /// This handle's followers; the writer wakes them after its commits.
     pub(crate) wakeups: Arc<Wakeups>,
+    /// This handle's task watchers; the writer wakes them after its
+    /// commits.
+    pub(crate) task_wakeups: Arc<Wakeups>,
+    /// How often a task watcher re-reads its task, to see other handles'
+    /// and processes' changes.
+    pub(crate) task_poll: Duration,
+    /// How long tasks live.
+    pub(crate) task_options: TaskOptions,
     /// Finds other handles' and processes' writes while anyone follows.
     pub(crate) watcher: Watcher,
     /// How often a follower re-reads without a wake-up.
@@ -92,12 +104,15 @@ impl SqliteStore {
         options.validate()?;
         let opened = setup::open(&options).await?;
         let wakeups = Arc::new(Wakeups::default());
+        let task_wakeups = Arc::new(Wakeups::default());
         let (sender, receiver) = mpsc::channel(WRITER_QUEUE);
         let writer = Writer::new(
             opened.writer,
             options.store.retention,
             options.max_batch,
             wakeups.clone(),
+            task_wakeups.clone(),
+            options.tasks,
         );
         tokio::spawn(writer.run(receiver));
         Ok(Self {
@@ -112,6 +127,9 @@ impl SqliteStore {
                     wakeups.clone(),
                 ),
                 wakeups,
+                task_wakeups,
+                task_poll: options.follow_poll_interval,
+                task_options: options.tasks,
                 follow_recheck: options.follow_recheck,
                 durability: options.durability,
             }),
@@ -134,8 +152,10 @@ impl SqliteStore {
         }
         self.inner.readers.close().await;
         self.inner.watcher.close();
-        // Followers re-read, find the store closed, and end.
+        // Followers and task watchers re-read, find the store closed, and
+        // end.
         self.inner.wakeups.wake_all();
+        self.inner.task_wakeups.wake_all();
     }
 
     /// Queues a write for the writer task and waits for its answer, which
@@ -219,6 +239,68 @@ impl SessionStore for SqliteStore {
 
     async fn delete_session(&self, session_id: &str) -> Result<bool> {
         sessions::delete_session(self, session_id).await
+    }
+}
+
+/// Durable tasks in `mes_tasks`, `mes_task_inputs` and `mes_instances`; see
+/// the crate's "Tasks" section.
+#[async_trait]
+impl TaskStore for SqliteStore {
+    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
+        tasks::try_create(self, id, task).await
+    }
+
+    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
+        tasks::get(self, id, who).await
+    }
+
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        responses: &[(&str, &[u8])],
+    ) -> Result<Option<TaskRecord>> {
+        tasks::answer(self, id, who, responses).await
+    }
+
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> Result<Option<TaskRecord>> {
+        tasks::request_cancel(self, id, who, mode).await
+    }
+
+    async fn apply(
+        &self,
+        id: &TaskId,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        tasks::apply(self, id, by, change).await
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        tasks::watch(self, id, who, after, max_wait).await
+    }
+
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        tasks::heartbeat(self, me, lease).await
+    }
+
+    async fn purge_expired(&self) -> Result<TaskPurgeReport> {
+        tasks::purge_expired(self).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        tasks::delete(self, id).await
     }
 }
 

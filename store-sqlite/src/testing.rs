@@ -8,12 +8,14 @@
 //! (the SIGKILL case's child) [attaches](PersistentHarness::attach) to it.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
+use mcp_event_store_core::task::conformance::TaskHarness;
 use mcp_event_store_core::{Result, StoreOptions};
-use sqlx::Connection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use sqlx::{AssertSqlSafe, Connection, Row};
 
 use crate::{FORMAT_VERSION, SqliteOptions, SqliteStore};
 
@@ -167,6 +169,74 @@ impl PersistentHarness for SqliteHarness {
         assert_eq!(updated, 1, "the database has no format version record");
         tx.commit().await.expect("commit");
         conn.close().await.expect("close");
+    }
+}
+
+/// The task suite's harness: every `open` is a new handle on this
+/// harness's file, and [`raw_rows`](TaskHarness::raw_rows) dumps the task
+/// tables through a connection of its own.
+#[async_trait]
+impl TaskHarness for SqliteHarness {
+    type Store = SqliteStore;
+
+    async fn open(&self, options: StoreOptions) -> SqliteStore {
+        Harness::open(self, options).await
+    }
+
+    async fn close(&self, store: SqliteStore) {
+        store.close().await;
+    }
+
+    /// Every row of `mes_tasks`, `mes_task_inputs` and `mes_instances`,
+    /// each column as the bytes SQLite holds, joined by `|`.
+    async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {
+        const TABLES: [(&str, &str); 3] = [
+            (
+                "mes_tasks",
+                "digest, owner, status, rev, message, created_at, updated_at, expires_at, \
+                 purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq",
+            ),
+            (
+                "mes_task_inputs",
+                "digest, key, seq, state, request, response",
+            ),
+            ("mes_instances", "id, alive_until"),
+        ];
+        let mut conn = self.raw().await;
+        let mut rows = Vec::new();
+        for (table, columns) in TABLES {
+            let select = columns
+                .split(", ")
+                .map(|column| format!("CAST({} AS BLOB)", column.trim()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let query = format!("SELECT {select} FROM {table}");
+            for row in sqlx::query(AssertSqlSafe(query))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("dump {table}: {e}"))
+            {
+                let mut raw = Vec::new();
+                for column in 0..row.len() {
+                    let value: Option<Vec<u8>> = row.try_get(column).expect("a column as bytes");
+                    raw.extend(value.unwrap_or_default());
+                    raw.push(b'|');
+                }
+                rows.push(raw);
+            }
+        }
+        conn.close().await.expect("close");
+        Some(rows)
+    }
+
+    /// One poll interval (a watcher on another handle finds the change by
+    /// re-reading its task) plus slack for a loaded machine.
+    fn wake_bound(&self) -> Duration {
+        SqliteOptions::default().follow_poll_interval + Duration::from_millis(450)
+    }
+
+    async fn teardown(self) {
+        Harness::teardown(self).await;
     }
 }
 

@@ -15,13 +15,15 @@
 //! groups, so retention never stalls appends for long.
 //!
 //! What each write does is in the file for its job: [`crate::append`],
-//! [`crate::purge`] (stream deletes and purges), [`crate::sessions`].
+//! [`crate::purge`] (stream deletes and purges), [`crate::sessions`],
+//! [`crate::tasks`] (every task mutation, each in one transaction).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::backend::{StreamToken, observe};
+use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{Error, Position, PurgeReport, Result, Retention};
 use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;
@@ -29,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::options::NAME;
 use crate::purge::PurgeJob;
+use crate::tasks::{TaskAnswer, TaskWrite};
 
 /// A write for the writer task, and where its answer goes.
 pub(crate) enum Command {
@@ -58,6 +61,8 @@ pub(crate) enum Write {
         session_id: String,
         now: i64,
     },
+    /// A task mutation: one atomic step under the write lock.
+    Task(Box<TaskWrite>),
 }
 
 /// One event to append.
@@ -75,6 +80,7 @@ pub(crate) enum Reply {
     Count(oneshot::Sender<Result<u64>>),
     Unit(oneshot::Sender<Result<()>>),
     Flag(oneshot::Sender<Result<bool>>),
+    Task(oneshot::Sender<Result<TaskAnswer>>),
 }
 
 /// What a write produced.
@@ -83,6 +89,7 @@ pub(crate) enum Answer {
     Count(u64),
     Unit,
     Flag(bool),
+    Task(TaskAnswer),
 }
 
 impl Reply {
@@ -92,6 +99,7 @@ impl Reply {
             (Reply::Count(tx), Ok(Answer::Count(n))) => drop(tx.send(Ok(n))),
             (Reply::Unit(tx), Ok(Answer::Unit)) => drop(tx.send(Ok(()))),
             (Reply::Flag(tx), Ok(Answer::Flag(flag))) => drop(tx.send(Ok(flag))),
+            (Reply::Task(tx), Ok(Answer::Task(answer))) => drop(tx.send(Ok(answer))),
             (reply, Ok(_)) => reply.fail(Error::Corrupt("writer answered the wrong kind".into())),
             (reply, Err(e)) => reply.fail(e),
         }
@@ -103,6 +111,7 @@ impl Reply {
             Reply::Count(tx) => drop(tx.send(Err(e))),
             Reply::Unit(tx) => drop(tx.send(Err(e))),
             Reply::Flag(tx) => drop(tx.send(Err(e))),
+            Reply::Task(tx) => drop(tx.send(Err(e))),
         }
     }
 }
@@ -130,6 +139,11 @@ pub(crate) struct Writer {
     /// The handle's followers, woken after each commit that touched their
     /// stream.
     wakeups: Arc<Wakeups>,
+    /// The handle's task watchers, woken after each commit that changed
+    /// their task.
+    task_wakeups: Arc<Wakeups>,
+    /// How long tasks live.
+    pub(crate) task_options: TaskOptions,
 }
 
 impl Writer {
@@ -138,6 +152,8 @@ impl Writer {
         retention: Retention,
         max_batch: usize,
         wakeups: Arc<Wakeups>,
+        task_wakeups: Arc<Wakeups>,
+        task_options: TaskOptions,
     ) -> Self {
         Self {
             conn,
@@ -146,6 +162,8 @@ impl Writer {
             purge: None,
             known: HashMap::new(),
             wakeups,
+            task_wakeups,
+            task_options,
         }
     }
 
@@ -161,6 +179,7 @@ impl Writer {
             Write::Append(Append { token, .. }) | Write::DeleteStream { token } => {
                 self.wakeups.wake(token);
             }
+            Write::Task(task) => task.wake(&self.task_wakeups),
             Write::PutSession { .. } | Write::DeleteSession { .. } => {}
         }
     }
@@ -334,6 +353,7 @@ impl Writer {
                 .delete_session(session_id, *now)
                 .await
                 .map(Answer::Flag),
+            Write::Task(task) => self.task(task, in_transaction).await.map(Answer::Task),
         }
     }
 

@@ -1,0 +1,958 @@
+//! The task store (SEP-2663 durable tasks): `mes_tasks`, `mes_task_inputs`
+//! and `mes_instances`.
+//!
+//! Every mutation is one [`TaskWrite`] for the writer task, which runs it as
+//! one transaction under SQLite's write lock (`BEGIN IMMEDIATE`, or the
+//! group's transaction when it shares a group commit): the task is read,
+//! the state machine decides in Rust with the same code every backend uses
+//! ([`TaskRecord::seen_at`]), and the row is written back conditioned on the
+//! `rev` just read. Holding the write lock from the read to the commit makes
+//! the step atomic across handles and processes (T4); `create` and
+//! `heartbeat` are single statements. The caller is answered after the
+//! commit (T1).
+//!
+//! Reads (`get`, `watch`) use the read pool, in one read transaction, so a
+//! task and its inputs come from one snapshot. The writer wakes this
+//! handle's watchers after each commit that changed their task; changes
+//! made through other handles and processes are found by each watcher
+//! re-reading its task's `rev` every poll interval (T10).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::task::{
+    Applied, CancelMode, EXPIRED_ERROR, InstanceId, MAX_OUTSTANDING_INPUTS, NewTask, Owner, Rev,
+    TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStatus, WorkerChange, check_responses,
+};
+use mcp_event_store_core::{Error, Result};
+use sqlx::Row;
+use sqlx::sqlite::SqliteConnection;
+
+use crate::SqliteStore;
+use crate::store::db_error;
+use crate::writer::{Reply, Write, Writer};
+
+/// An input request awaiting its answer.
+const OUTSTANDING: i64 = 0;
+/// An input answered, not yet taken by the worker.
+const ANSWERED: i64 = 1;
+/// An input taken or superseded: its key is never usable again.
+const SPENT: i64 = 2;
+
+/// A task mutation for the writer, with everything it needs owned.
+pub(crate) enum TaskWrite {
+    Create {
+        digest: TaskDigest,
+        owner: Vec<u8>,
+        instance: InstanceId,
+        record: TaskRecord,
+    },
+    Answer {
+        digest: TaskDigest,
+        owner: Vec<u8>,
+        responses: Vec<(String, Vec<u8>)>,
+        now: i64,
+    },
+    Cancel {
+        digest: TaskDigest,
+        owner: Vec<u8>,
+        mode: CancelMode,
+        now: i64,
+    },
+    Apply {
+        digest: TaskDigest,
+        by: InstanceId,
+        change: Change,
+        now: i64,
+    },
+    Heartbeat {
+        me: InstanceId,
+        until: i64,
+        now: i64,
+    },
+    Purge {
+        now: i64,
+    },
+    Delete {
+        digest: TaskDigest,
+    },
+}
+
+/// A [`WorkerChange`], owned.
+pub(crate) enum Change {
+    RequestInput {
+        key: String,
+        request: Vec<u8>,
+    },
+    TakeAnswer {
+        key: String,
+    },
+    SetMessage(Option<String>),
+    SetPollInterval(Option<u64>),
+    /// The new lifetime, computed by the caller from the creation time
+    /// the writer reads: `None` here means a `null` ttl.
+    SetTtl(Option<Duration>),
+    Finish {
+        status: TaskStatus,
+        outcome: Option<Vec<u8>>,
+    },
+}
+
+impl Change {
+    fn of(change: &WorkerChange<'_>) -> Self {
+        match *change {
+            WorkerChange::RequestInput { key, request } => Change::RequestInput {
+                key: key.to_owned(),
+                request: request.to_vec(),
+            },
+            WorkerChange::TakeAnswer { key } => Change::TakeAnswer {
+                key: key.to_owned(),
+            },
+            WorkerChange::SetMessage(message) => Change::SetMessage(message.map(str::to_owned)),
+            WorkerChange::SetPollInterval(interval) => {
+                Change::SetPollInterval(interval.map(millis))
+            }
+            WorkerChange::SetTtl(ttl) => Change::SetTtl(ttl),
+            WorkerChange::Finish(finish) => Change::Finish {
+                status: finish.status(),
+                outcome: finish.outcome().map(<[u8]>::to_vec),
+            },
+        }
+    }
+}
+
+/// What a [`TaskWrite`] produced.
+pub(crate) enum TaskAnswer {
+    Record(Option<TaskRecord>),
+    Applied(Applied),
+    Flag(bool),
+    Purged(TaskPurgeReport),
+}
+
+impl TaskWrite {
+    /// Wakes this handle's watchers of the task the committed write
+    /// changed.
+    pub(crate) fn wake(&self, hub: &Wakeups) {
+        match self {
+            TaskWrite::Answer { digest, .. }
+            | TaskWrite::Cancel { digest, .. }
+            | TaskWrite::Apply { digest, .. }
+            | TaskWrite::Delete { digest } => hub.wake(&token(digest)),
+            TaskWrite::Purge { .. } => hub.wake_all(),
+            TaskWrite::Create { .. } | TaskWrite::Heartbeat { .. } => {}
+        }
+    }
+}
+
+/// The key a task's watchers wait under in the handle's hub. A prefix of
+/// the digest: two tasks sharing it only cost a spurious re-read.
+fn token(digest: &TaskDigest) -> StreamToken {
+    StreamToken::from_bytes(&digest.as_bytes()[..mcp_event_store_core::backend::STREAM_TOKEN_LEN])
+        .expect("a digest prefix of a token's length")
+}
+
+/// The owner as stored: the principal's digest, empty for anonymous.
+fn owner_bytes(owner: &Owner) -> Vec<u8> {
+    owner.digest().map_or_else(Vec::new, |d| d.to_vec())
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+// ------------------------------------------------------------ client side
+
+pub(crate) async fn try_create(
+    store: &SqliteStore,
+    id: &TaskId,
+    task: &NewTask<'_>,
+) -> Result<Option<TaskRecord>> {
+    task.check()?;
+    let now = store.now();
+    let lifetime = store.inner.task_options.lifetime(now, task.ttl);
+    let record = TaskRecord {
+        status: TaskStatus::Working,
+        rev: 1,
+        message: task.message.map(str::to_owned),
+        created_at: now,
+        updated_at: now,
+        ttl_ms: lifetime.ttl_ms,
+        expires_at: lifetime.expires_at,
+        purge_at: lifetime.purge_at,
+        poll_interval_ms: task.poll_interval.map(millis),
+        cancel_requested: false,
+        outcome: None,
+        outstanding: Vec::new(),
+        answered: Vec::new(),
+    };
+    task_write(
+        store,
+        TaskWrite::Create {
+            digest: id.digest(),
+            owner: owner_bytes(task.owner),
+            instance: task.instance,
+            record,
+        },
+    )
+    .await
+    .and_then(record_answer)
+}
+
+pub(crate) async fn get(store: &SqliteStore, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
+    let Some(digest) = TaskDigest::of(id) else {
+        return Ok(None);
+    };
+    read(store, &digest, &owner_bytes(who)).await
+}
+
+pub(crate) async fn answer(
+    store: &SqliteStore,
+    id: &str,
+    who: &Owner,
+    responses: &[(&str, &[u8])],
+) -> Result<Option<TaskRecord>> {
+    check_responses(responses)?;
+    let Some(digest) = TaskDigest::of(id) else {
+        return Ok(None);
+    };
+    let write = TaskWrite::Answer {
+        digest,
+        owner: owner_bytes(who),
+        responses: responses
+            .iter()
+            .map(|(key, response)| ((*key).to_owned(), response.to_vec()))
+            .collect(),
+        now: store.now(),
+    };
+    task_write(store, write).await.and_then(record_answer)
+}
+
+pub(crate) async fn request_cancel(
+    store: &SqliteStore,
+    id: &str,
+    who: &Owner,
+    mode: CancelMode,
+) -> Result<Option<TaskRecord>> {
+    let Some(digest) = TaskDigest::of(id) else {
+        return Ok(None);
+    };
+    let write = TaskWrite::Cancel {
+        digest,
+        owner: owner_bytes(who),
+        mode,
+        now: store.now(),
+    };
+    task_write(store, write).await.and_then(record_answer)
+}
+
+pub(crate) async fn apply(
+    store: &SqliteStore,
+    id: &TaskId,
+    by: InstanceId,
+    change: WorkerChange<'_>,
+) -> Result<Applied> {
+    change.check(store.inner.options.max_payload_bytes)?;
+    let write = TaskWrite::Apply {
+        digest: id.digest(),
+        by,
+        change: Change::of(&change),
+        now: store.now(),
+    };
+    match task_write(store, write).await? {
+        TaskAnswer::Applied(applied) => Ok(applied),
+        _ => Err(wrong_kind()),
+    }
+}
+
+pub(crate) async fn watch(
+    store: &SqliteStore,
+    id: &str,
+    who: &Owner,
+    after: Rev,
+    max_wait: Duration,
+) -> Result<Option<TaskRecord>> {
+    let Some(digest) = TaskDigest::of(id) else {
+        return Ok(None);
+    };
+    let owner = owner_bytes(who);
+    let deadline = tokio::time::Instant::now() + max_wait;
+    // Subscribed before the first read: a commit after the read started
+    // wakes the next wait.
+    let mut woken = store.inner.task_wakeups.subscribe(token(&digest));
+    loop {
+        woken.mark_seen();
+        let seen = read(store, &digest, &owner).await?;
+        match &seen {
+            Some(task) if task.rev <= after => {}
+            _ => return Ok(seen),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(seen);
+        }
+        let poll = tokio::time::Instant::now() + store.inner.task_poll;
+        tokio::select! {
+            () = woken.changed() => {}
+            // Other handles and processes wake no one here: their changes
+            // are found by this re-read of `rev`.
+            () = tokio::time::sleep_until(poll.min(deadline)) => {}
+        }
+    }
+}
+
+pub(crate) async fn heartbeat(
+    store: &SqliteStore,
+    me: InstanceId,
+    lease: Duration,
+) -> Result<bool> {
+    let now = store.now();
+    let write = TaskWrite::Heartbeat {
+        me,
+        until: now.saturating_add(to_i64(millis(lease))),
+        now,
+    };
+    match task_write(store, write).await? {
+        TaskAnswer::Flag(flag) => Ok(flag),
+        _ => Err(wrong_kind()),
+    }
+}
+
+pub(crate) async fn purge_expired(store: &SqliteStore) -> Result<TaskPurgeReport> {
+    let write = TaskWrite::Purge { now: store.now() };
+    match task_write(store, write).await? {
+        TaskAnswer::Purged(report) => Ok(report),
+        _ => Err(wrong_kind()),
+    }
+}
+
+pub(crate) async fn delete(store: &SqliteStore, id: &str) -> Result<bool> {
+    let Some(digest) = TaskDigest::of(id) else {
+        return Ok(false);
+    };
+    match task_write(store, TaskWrite::Delete { digest }).await? {
+        TaskAnswer::Flag(flag) => Ok(flag),
+        _ => Err(wrong_kind()),
+    }
+}
+
+async fn task_write(store: &SqliteStore, write: TaskWrite) -> Result<TaskAnswer> {
+    store.write(Reply::Task, Write::Task(Box::new(write))).await
+}
+
+fn record_answer(answer: TaskAnswer) -> Result<Option<TaskRecord>> {
+    match answer {
+        TaskAnswer::Record(record) => Ok(record),
+        _ => Err(wrong_kind()),
+    }
+}
+
+fn wrong_kind() -> Error {
+    Error::Corrupt("the writer answered a task write with the wrong kind".into())
+}
+
+/// The task as `owner` sees it now, read from one snapshot on the read
+/// pool.
+async fn read(
+    store: &SqliteStore,
+    digest: &TaskDigest,
+    owner: &[u8],
+) -> Result<Option<TaskRecord>> {
+    let now = store.now();
+    let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
+    let stored = load(&mut tx, digest).await?;
+    drop(tx);
+    Ok(stored
+        .filter(|stored| stored.owner == owner)
+        .and_then(|stored| stored.seen(now)))
+}
+
+// ------------------------------------------------------------ storage
+
+/// A task row with its inputs and its instance's heartbeat deadline.
+struct Stored {
+    owner: Vec<u8>,
+    instance: Vec<u8>,
+    next_seq: i64,
+    /// The record as stored, with `outstanding` and `answered` from the
+    /// inputs.
+    record: TaskRecord,
+    /// Every key the task used, with its state.
+    inputs: Vec<(String, i64)>,
+    alive_until: Option<i64>,
+}
+
+impl Stored {
+    /// The record as a read at `now` shows it (T8, T11).
+    fn seen(&self, now: i64) -> Option<TaskRecord> {
+        self.record.clone().seen_at(now, self.alive_until)
+    }
+
+    fn input(&self, key: &str) -> Option<i64> {
+        self.inputs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, state)| *state)
+    }
+}
+
+/// Reads a task, its inputs and its instance's deadline; on the writer's
+/// connection inside its transaction, or on a read transaction.
+async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option<Stored>> {
+    let Some(row) = sqlx::query(
+        "SELECT owner, instance, status, rev, message, created_at, updated_at, ttl_ms, \
+                expires_at, purge_at, poll_ms, cancel, outcome, next_seq, \
+                (SELECT alive_until FROM mes_instances i WHERE i.id = t.instance) \
+         FROM mes_tasks t WHERE digest = ?1",
+    )
+    .bind(&digest.as_bytes()[..])
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db_error)?
+    else {
+        return Ok(None);
+    };
+    let status: i64 = row.try_get(2).map_err(db_error)?;
+    let status = u8::try_from(status)
+        .ok()
+        .and_then(TaskStatus::from_u8)
+        .ok_or_else(|| Error::Corrupt(format!("a task has the unknown status {status}")))?;
+    let mut record = TaskRecord {
+        status,
+        rev: to_u64(row.try_get(3).map_err(db_error)?),
+        message: row.try_get(4).map_err(db_error)?,
+        created_at: row.try_get(5).map_err(db_error)?,
+        updated_at: row.try_get(6).map_err(db_error)?,
+        ttl_ms: row
+            .try_get::<Option<i64>, _>(7)
+            .map_err(db_error)?
+            .map(to_u64),
+        expires_at: row.try_get(8).map_err(db_error)?,
+        purge_at: row.try_get(9).map_err(db_error)?,
+        poll_interval_ms: row
+            .try_get::<Option<i64>, _>(10)
+            .map_err(db_error)?
+            .map(to_u64),
+        cancel_requested: row.try_get(11).map_err(db_error)?,
+        outcome: row
+            .try_get::<Option<Vec<u8>>, _>(12)
+            .map_err(db_error)?
+            .map(Into::into),
+        outstanding: Vec::new(),
+        answered: Vec::new(),
+    };
+    let owner = row.try_get(0).map_err(db_error)?;
+    let instance = row.try_get(1).map_err(db_error)?;
+    let next_seq = row.try_get(13).map_err(db_error)?;
+    let alive_until = row.try_get(14).map_err(db_error)?;
+    let rows = sqlx::query(
+        "SELECT key, state, CASE WHEN state = 0 THEN request END \
+         FROM mes_task_inputs WHERE digest = ?1 ORDER BY seq",
+    )
+    .bind(&digest.as_bytes()[..])
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db_error)?;
+    let mut inputs = Vec::with_capacity(rows.len());
+    for row in rows {
+        let key = String::from_utf8(row.try_get(0).map_err(db_error)?)
+            .map_err(|_| Error::Corrupt("an input key is not UTF-8".into()))?;
+        let state: i64 = row.try_get(1).map_err(db_error)?;
+        match state {
+            OUTSTANDING => {
+                let request: Vec<u8> = row.try_get(2).map_err(db_error)?;
+                record.outstanding.push((key.clone(), request.into()));
+            }
+            ANSWERED => record.answered.push(key.clone()),
+            _ => {}
+        }
+        inputs.push((key, state));
+    }
+    Ok(Some(Stored {
+        owner,
+        instance,
+        next_seq,
+        record,
+        inputs,
+        alive_until,
+    }))
+}
+
+/// Writes `record` back over the row read at `read_rev`, with its `rev`
+/// and `updated_at`; the row must still be at `read_rev`.
+async fn save(
+    conn: &mut SqliteConnection,
+    digest: &TaskDigest,
+    read_rev: Rev,
+    record: &TaskRecord,
+    instance: &[u8],
+    next_seq: i64,
+) -> Result<()> {
+    let saved = sqlx::query(
+        "UPDATE mes_tasks SET status = ?1, rev = ?2, message = ?3, updated_at = ?4, \
+                ttl_ms = ?5, expires_at = ?6, purge_at = ?7, poll_ms = ?8, cancel = ?9, \
+                outcome = ?10, instance = ?11, next_seq = ?12 \
+         WHERE digest = ?13 AND rev = ?14",
+    )
+    .bind(i64::from(record.status.as_u8()))
+    .bind(to_i64(record.rev))
+    .bind(record.message.as_deref())
+    .bind(record.updated_at)
+    .bind(record.ttl_ms.map(to_i64))
+    .bind(record.expires_at)
+    .bind(record.purge_at)
+    .bind(record.poll_interval_ms.map(to_i64))
+    .bind(record.cancel_requested)
+    .bind(record.outcome.as_deref())
+    .bind(instance)
+    .bind(next_seq)
+    .bind(&digest.as_bytes()[..])
+    .bind(to_i64(read_rev))
+    .execute(&mut *conn)
+    .await
+    .map_err(db_error)?
+    .rows_affected();
+    if saved != 1 {
+        return Err(Error::Corrupt("a task changed under the write lock".into()));
+    }
+    Ok(())
+}
+
+/// Marks every outstanding input of a task spent.
+async fn supersede_inputs(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<()> {
+    sqlx::query("UPDATE mes_task_inputs SET state = ?1 WHERE digest = ?2 AND state = ?3")
+        .bind(SPENT)
+        .bind(&digest.as_bytes()[..])
+        .bind(OUTSTANDING)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_error)?;
+    Ok(())
+}
+
+fn bump(record: &mut TaskRecord, now: i64) {
+    record.rev += 1;
+    record.updated_at = now.max(record.updated_at);
+}
+
+// ------------------------------------------------------------ writer side
+
+impl Writer {
+    /// Runs one task write as one transaction: the group's, or one of its
+    /// own under the write lock. `create` and `heartbeat` are one statement
+    /// each and need none.
+    pub(crate) async fn task(
+        &mut self,
+        write: &TaskWrite,
+        in_transaction: bool,
+    ) -> Result<TaskAnswer> {
+        if in_transaction
+            || matches!(
+                write,
+                TaskWrite::Create { .. } | TaskWrite::Heartbeat { .. }
+            )
+        {
+            return self.task_step(write).await;
+        }
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut self.conn)
+            .await
+            .map_err(db_error)?;
+        let answer = match self.task_step(write).await {
+            Ok(answer) => match sqlx::query("COMMIT").execute(&mut self.conn).await {
+                Ok(_) => return Ok(answer),
+                Err(e) => Err(db_error(e)),
+            },
+            Err(e) => Err(e),
+        };
+        let _ = sqlx::query("ROLLBACK").execute(&mut self.conn).await;
+        answer
+    }
+
+    async fn task_step(&mut self, write: &TaskWrite) -> Result<TaskAnswer> {
+        let conn = &mut self.conn;
+        match write {
+            TaskWrite::Create {
+                digest,
+                owner,
+                instance,
+                record,
+            } => create(conn, digest, owner, instance, record).await,
+            TaskWrite::Answer {
+                digest,
+                owner,
+                responses,
+                now,
+            } => answer_step(conn, digest, owner, responses, *now).await,
+            TaskWrite::Cancel {
+                digest,
+                owner,
+                mode,
+                now,
+            } => cancel_step(conn, digest, owner, *mode, *now).await,
+            TaskWrite::Apply {
+                digest,
+                by,
+                change,
+                now,
+            } => {
+                let options = self.task_options;
+                apply_step(conn, digest, by, change, *now, &options).await
+            }
+            TaskWrite::Heartbeat { me, until, now } => {
+                // Inserted, or renewed while still alive; a lapsed instance
+                // stays lapsed (its tasks already read as lost).
+                let renewed: Option<i64> = sqlx::query_scalar(
+                    "INSERT INTO mes_instances (id, alive_until) VALUES (?1, ?2) \
+                     ON CONFLICT (id) DO UPDATE SET alive_until = excluded.alive_until \
+                         WHERE mes_instances.alive_until > ?3 \
+                     RETURNING 1",
+                )
+                .bind(&me.0[..])
+                .bind(until)
+                .bind(now)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db_error)?;
+                Ok(TaskAnswer::Flag(renewed.is_some()))
+            }
+            TaskWrite::Purge { now } => purge_step(conn, *now).await.map(TaskAnswer::Purged),
+            TaskWrite::Delete { digest } => {
+                sqlx::query("DELETE FROM mes_task_inputs WHERE digest = ?1")
+                    .bind(&digest.as_bytes()[..])
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db_error)?;
+                let deleted = sqlx::query("DELETE FROM mes_tasks WHERE digest = ?1")
+                    .bind(&digest.as_bytes()[..])
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected();
+                Ok(TaskAnswer::Flag(deleted > 0))
+            }
+        }
+    }
+}
+
+async fn create(
+    conn: &mut SqliteConnection,
+    digest: &TaskDigest,
+    owner: &[u8],
+    instance: &InstanceId,
+    record: &TaskRecord,
+) -> Result<TaskAnswer> {
+    let inserted = sqlx::query(
+        "INSERT INTO mes_tasks (digest, owner, status, rev, message, created_at, updated_at, \
+                 expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, FALSE, ?12, NULL, 0) \
+         ON CONFLICT (digest) DO NOTHING",
+    )
+    .bind(&digest.as_bytes()[..])
+    .bind(owner)
+    .bind(i64::from(record.status.as_u8()))
+    .bind(to_i64(record.rev))
+    .bind(record.message.as_deref())
+    .bind(record.created_at)
+    .bind(record.updated_at)
+    .bind(record.expires_at)
+    .bind(record.purge_at)
+    .bind(record.ttl_ms.map(to_i64))
+    .bind(record.poll_interval_ms.map(to_i64))
+    .bind(&instance.0[..])
+    .execute(&mut *conn)
+    .await
+    .map_err(db_error)?
+    .rows_affected();
+    Ok(TaskAnswer::Record((inserted == 1).then(|| record.clone())))
+}
+
+/// The task under `digest` if `owner` (or, `None`, anyone) may see it, as
+/// stored and as seen at `now`.
+async fn visible(
+    conn: &mut SqliteConnection,
+    digest: &TaskDigest,
+    owner: Option<&[u8]>,
+    now: i64,
+) -> Result<Option<(Stored, TaskRecord)>> {
+    let Some(stored) = load(conn, digest).await? else {
+        return Ok(None);
+    };
+    if owner.is_some_and(|owner| owner != stored.owner) {
+        return Ok(None);
+    }
+    Ok(stored.seen(now).map(|seen| (stored, seen)))
+}
+
+/// The task as the call leaves it, re-read inside the same transaction.
+async fn reread(conn: &mut SqliteConnection, digest: &TaskDigest, now: i64) -> Result<TaskAnswer> {
+    let stored = load(conn, digest).await?;
+    Ok(TaskAnswer::Record(stored.and_then(|s| s.seen(now))))
+}
+
+async fn answer_step(
+    conn: &mut SqliteConnection,
+    digest: &TaskDigest,
+    owner: &[u8],
+    responses: &[(String, Vec<u8>)],
+    now: i64,
+) -> Result<TaskAnswer> {
+    let Some((stored, seen)) = visible(conn, digest, Some(owner), now).await? else {
+        return Ok(TaskAnswer::Record(None));
+    };
+    if seen.status.is_terminal() {
+        return Ok(TaskAnswer::Record(Some(seen)));
+    }
+    let mut answered = HashSet::new();
+    for (key, response) in responses {
+        if stored.input(key) == Some(OUTSTANDING) && answered.insert(key.as_str()) {
+            sqlx::query(
+                "UPDATE mes_task_inputs SET state = ?1, response = ?2 \
+                 WHERE digest = ?3 AND key = ?4 AND state = ?5",
+            )
+            .bind(ANSWERED)
+            .bind(&response[..])
+            .bind(&digest.as_bytes()[..])
+            .bind(key.as_bytes())
+            .bind(OUTSTANDING)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_error)?;
+        }
+    }
+    if answered.is_empty() {
+        return Ok(TaskAnswer::Record(Some(seen)));
+    }
+    let mut record = stored.record.clone();
+    if record.outstanding.len() == answered.len() {
+        record.status = TaskStatus::Working;
+    }
+    bump(&mut record, now);
+    save(
+        conn,
+        digest,
+        stored.record.rev,
+        &record,
+        &stored.instance,
+        stored.next_seq,
+    )
+    .await?;
+    reread(conn, digest, now).await
+}
+
+async fn cancel_step(
+    conn: &mut SqliteConnection,
+    digest: &TaskDigest,
+    owner: &[u8],
+    mode: CancelMode,
+    now: i64,
+) -> Result<TaskAnswer> {
+    let Some((stored, seen)) = visible(conn, digest, Some(owner), now).await? else {
+        return Ok(TaskAnswer::Record(None));
+    };
+    if seen.status.is_terminal() {
+        return Ok(TaskAnswer::Record(Some(seen)));
+    }
+    let status = match mode {
+        CancelMode::Cooperative => TaskStatus::Working,
+        CancelMode::Immediate => TaskStatus::Cancelled,
+    };
+    let mut record = stored.record.clone();
+    let changed =
+        !record.cancel_requested || !record.outstanding.is_empty() || record.status != status;
+    if !changed {
+        return Ok(TaskAnswer::Record(Some(seen)));
+    }
+    supersede_inputs(conn, digest).await?;
+    record.cancel_requested = true;
+    record.status = status;
+    bump(&mut record, now);
+    save(
+        conn,
+        digest,
+        stored.record.rev,
+        &record,
+        &stored.instance,
+        stored.next_seq,
+    )
+    .await?;
+    reread(conn, digest, now).await
+}
+
+async fn apply_step(
+    conn: &mut SqliteConnection,
+    digest: &TaskDigest,
+    by: &InstanceId,
+    change: &Change,
+    now: i64,
+    options: &mcp_event_store_core::task::TaskOptions,
+) -> Result<TaskAnswer> {
+    let Some((stored, seen)) = visible(conn, digest, None, now).await? else {
+        return Ok(TaskAnswer::Applied(Applied::Unknown));
+    };
+    if seen.status.is_terminal() {
+        return Ok(TaskAnswer::Applied(Applied::AlreadyTerminal(seen.status)));
+    }
+    let mut record = stored.record.clone();
+    let mut next_seq = stored.next_seq;
+    let mut answer = None;
+    match change {
+        Change::RequestInput { key, request } => {
+            if stored.input(key).is_some() {
+                return Ok(TaskAnswer::Applied(Applied::KeySpent));
+            }
+            if record.cancel_requested {
+                return Ok(TaskAnswer::Applied(Applied::CancelRequested));
+            }
+            if record.outstanding.len() >= MAX_OUTSTANDING_INPUTS {
+                return Err(Error::Config(format!(
+                    "a task may have at most {MAX_OUTSTANDING_INPUTS} input requests outstanding"
+                )));
+            }
+            next_seq += 1;
+            sqlx::query(
+                "INSERT INTO mes_task_inputs (digest, key, seq, state, request) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .bind(&digest.as_bytes()[..])
+            .bind(key.as_bytes())
+            .bind(next_seq)
+            .bind(OUTSTANDING)
+            .bind(&request[..])
+            .execute(&mut *conn)
+            .await
+            .map_err(db_error)?;
+            record.status = TaskStatus::InputRequired;
+        }
+        Change::TakeAnswer { key } => {
+            let response: Option<Option<Vec<u8>>> = sqlx::query_scalar(
+                "SELECT response FROM mes_task_inputs WHERE digest = ?1 AND key = ?2 AND state = ?3",
+            )
+            .bind(&digest.as_bytes()[..])
+            .bind(key.as_bytes())
+            .bind(ANSWERED)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db_error)?;
+            let Some(response) = response else {
+                return Ok(TaskAnswer::Applied(Applied::Changed {
+                    rev: seen.rev,
+                    answer: None,
+                }));
+            };
+            sqlx::query(
+                "UPDATE mes_task_inputs SET state = ?1, response = NULL \
+                 WHERE digest = ?2 AND key = ?3",
+            )
+            .bind(SPENT)
+            .bind(&digest.as_bytes()[..])
+            .bind(key.as_bytes())
+            .execute(&mut *conn)
+            .await
+            .map_err(db_error)?;
+            answer = Some(response.unwrap_or_default().into());
+        }
+        Change::SetMessage(message) => record.message.clone_from(message),
+        Change::SetPollInterval(interval) => record.poll_interval_ms = *interval,
+        Change::SetTtl(ttl) => {
+            let lifetime = options.lifetime(record.created_at, *ttl);
+            record.ttl_ms = lifetime.ttl_ms;
+            record.expires_at = lifetime.expires_at;
+            record.purge_at = lifetime.purge_at;
+        }
+        Change::Finish { status, outcome } => {
+            record.status = *status;
+            record.outcome = outcome.clone().map(Into::into);
+            supersede_inputs(conn, digest).await?;
+        }
+    }
+    bump(&mut record, now);
+    save(conn, digest, stored.record.rev, &record, &by.0, next_seq).await?;
+    Ok(TaskAnswer::Applied(Applied::Changed {
+        rev: record.rev,
+        answer,
+    }))
+}
+
+/// Persists what reads show (expired and orphaned tasks as `failed`),
+/// deletes tasks past their grace with their inputs, and forgets lapsed
+/// instances, in one transaction.
+async fn purge_step(conn: &mut SqliteConnection, now: i64) -> Result<TaskPurgeReport> {
+    let mut report = TaskPurgeReport::default();
+    let ended: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT digest FROM mes_tasks t WHERE status < 2 AND (expires_at <= ?1 OR NOT EXISTS \
+             (SELECT 1 FROM mes_instances i WHERE i.id = t.instance AND i.alive_until > ?1))",
+    )
+    .bind(now)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db_error)?;
+    for digest in ended {
+        let digest = TaskDigest(
+            digest
+                .try_into()
+                .map_err(|_| Error::Corrupt("a task digest is not 16 bytes".into()))?,
+        );
+        let Some(stored) = load(conn, &digest).await? else {
+            continue;
+        };
+        // Tasks past their grace are deleted below.
+        let Some(seen) = stored.seen(now) else {
+            continue;
+        };
+        if seen.status == stored.record.status {
+            continue;
+        }
+        if seen.outcome.as_deref() == Some(EXPIRED_ERROR) {
+            report.expired += 1;
+        } else {
+            report.orphaned += 1;
+        }
+        supersede_inputs(conn, &digest).await?;
+        let mut record = stored.record.clone();
+        record.status = seen.status;
+        record.outcome = seen.outcome;
+        record.rev = seen.rev;
+        record.updated_at = seen.updated_at;
+        save(
+            conn,
+            &digest,
+            stored.record.rev,
+            &record,
+            &stored.instance,
+            stored.next_seq,
+        )
+        .await?;
+    }
+    sqlx::query(
+        "DELETE FROM mes_task_inputs WHERE digest IN \
+             (SELECT digest FROM mes_tasks WHERE purge_at <= ?1)",
+    )
+    .bind(now)
+    .execute(&mut *conn)
+    .await
+    .map_err(db_error)?;
+    report.deleted = sqlx::query("DELETE FROM mes_tasks WHERE purge_at <= ?1")
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_error)?
+        .rows_affected();
+    // Every running task of a lapsed instance is terminal now, so
+    // forgetting the instance brings nothing back.
+    report.instances = sqlx::query("DELETE FROM mes_instances WHERE alive_until <= ?1")
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_error)?
+        .rows_affected();
+    Ok(report)
+}

@@ -1,0 +1,205 @@
+//! SQLite-specific task behaviour beyond the shared task suite
+//! (tests/tasks.rs): the task tables are additive, so a release that knows
+//! only the event migrations keeps serving events from a file that holds
+//! tasks; a newer task format is refused and changes nothing; tasks survive
+//! a restart; a closed handle refuses task calls.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use mcp_event_store_core::task::{
+    Applied, Finish, InstanceId, NewTask, Owner, TaskStatus, TaskStore, WorkerChange,
+};
+use mcp_event_store_core::{Error, EventStore, NewEvent};
+use mcp_event_store_sqlite::{FORMAT_VERSION, SqliteStore};
+use sqlx::{Connection, SqliteConnection};
+
+async fn raw(path: &std::path::Path) -> SqliteConnection {
+    SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap()
+}
+
+/// A file with events and a task, written by this release.
+async fn file_with_a_task(path: &std::path::Path) -> (String, Owner) {
+    let store = SqliteStore::open(path).await.unwrap();
+    store.store_event("s", NewEvent::new(b"e")).await.unwrap();
+    let me = InstanceId::generate().unwrap();
+    store.heartbeat(me, Duration::from_secs(30)).await.unwrap();
+    let owner = Owner::principal(b"alice").unwrap();
+    let (id, _) = store.create(NewTask::new(&owner, me)).await.unwrap();
+    let applied = store
+        .apply(
+            &id,
+            me,
+            WorkerChange::RequestInput {
+                key: "k",
+                request: b"{}",
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(applied, Applied::Changed { .. }), "{applied:?}");
+    store.close().await;
+    (id.to_string(), owner)
+}
+
+/// What a release of event format 2 that knows no tasks does on open (its
+/// embedded migrations 1 and 2 checked against `mes_migrations`, then the
+/// format record) succeeds on a file holding tasks: the task migration is
+/// recorded elsewhere, and the format record is unchanged.
+#[tokio::test]
+async fn a_release_without_tasks_still_opens_a_file_with_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    file_with_a_task(&path).await;
+
+    let mut older = sqlx::migrate!("./migrations");
+    older.migrations = Cow::Owned(
+        older
+            .iter()
+            .filter(|migration| migration.version <= 2)
+            .cloned()
+            .collect(),
+    );
+    assert_eq!(older.iter().count(), 2, "format 2's event migrations");
+    older.dangerous_set_table_name("mes_migrations");
+    let mut conn = raw(&path).await;
+    older
+        .run_direct(None, &mut conn, false)
+        .await
+        .expect("a format 2 release's migration check passes");
+    let format: i64 = sqlx::query_scalar(
+        "SELECT CAST(value AS INTEGER) FROM mes_meta WHERE key = 'format_version'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(format, 2);
+    assert_eq!(
+        FORMAT_VERSION, 2,
+        "the task tables leave the event format alone"
+    );
+    let tasks: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mes_tasks")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(tasks, 1);
+    conn.close().await.unwrap();
+}
+
+/// A task migration of a newer release is refused, naming it, and the
+/// refusal changes nothing: events and tasks read as before once the
+/// marker is gone.
+#[tokio::test]
+async fn a_newer_task_format_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let (id, owner) = file_with_a_task(&path).await;
+    let newest: i64 = sqlx::migrate!("./migrations/tasks")
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap();
+    let mut conn = raw(&path).await;
+    sqlx::query(
+        "INSERT INTO mes_task_migrations (version, description, success, checksum, execution_time) \
+         VALUES (?1, 'a newer release (test)', TRUE, X'00', 0)",
+    )
+    .bind(newest + 1)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::IncompatibleFormat(m)
+            if m.contains(&format!("task version {}", newest + 1))),
+        "{err}"
+    );
+    let mut conn = raw(&path).await;
+    sqlx::query("DELETE FROM mes_task_migrations WHERE version = ?1")
+        .bind(newest + 1)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    let task = store.get(&id, &owner).await.unwrap().expect("the task");
+    assert_eq!(task.status, TaskStatus::InputRequired);
+    assert_eq!(store.stats().await.unwrap().events, 1);
+    store.close().await;
+}
+
+/// A task, its outcome and its inputs survive closing and reopening the
+/// file, and a fresh handle's worker can finish it once.
+#[tokio::test]
+async fn tasks_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let me = InstanceId::generate().unwrap();
+    store.heartbeat(me, Duration::from_secs(60)).await.unwrap();
+    let owner = Owner::Anonymous;
+    let (asking, _) = store.create(NewTask::new(&owner, me)).await.unwrap();
+    let request = WorkerChange::RequestInput {
+        key: "q",
+        request: b"{\"ask\":1}",
+    };
+    store.apply(&asking, me, request).await.unwrap();
+    let (done, _) = store.create(NewTask::new(&owner, me)).await.unwrap();
+    let finish = WorkerChange::Finish(Finish::Completed(b"{\"content\":[]}"));
+    store.apply(&done, me, finish).await.unwrap();
+    store.close().await;
+
+    let store = SqliteStore::open(&path).await.unwrap();
+    let seen = store
+        .get(&asking.to_string(), &owner)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.status, TaskStatus::InputRequired);
+    assert_eq!(
+        seen.outstanding,
+        vec![("q".to_owned(), b"{\"ask\":1}".to_vec().into())]
+    );
+    let seen = store.get(&done.to_string(), &owner).await.unwrap().unwrap();
+    assert_eq!(seen.status, TaskStatus::Completed);
+    assert_eq!(seen.outcome.as_deref(), Some(&b"{\"content\":[]}"[..]));
+    assert_eq!(
+        store.apply(&done, me, finish).await.unwrap(),
+        Applied::AlreadyTerminal(TaskStatus::Completed)
+    );
+    store.close().await;
+}
+
+fn closed<T>(result: Result<T, Error>) -> bool {
+    matches!(result, Err(Error::Closed))
+}
+
+#[tokio::test]
+async fn a_closed_store_refuses_task_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("e.db")).await.unwrap();
+    let me = InstanceId::generate().unwrap();
+    store.heartbeat(me, Duration::from_secs(60)).await.unwrap();
+    let (id, _) = store
+        .create(NewTask::new(&Owner::Anonymous, me))
+        .await
+        .unwrap();
+    let text = id.to_string();
+    store.close().await;
+    assert!(closed(store.get(&text, &Owner::Anonymous).await));
+    assert!(closed(
+        store
+            .watch(&text, &Owner::Anonymous, 0, Duration::from_secs(5))
+            .await
+    ));
+    assert!(closed(
+        store
+            .apply(&id, me, WorkerChange::SetMessage(Some("x")))
+            .await
+    ));
+    assert!(closed(store.heartbeat(me, Duration::from_secs(1)).await));
+    assert!(closed(TaskStore::purge_expired(&store).await));
+}
