@@ -192,6 +192,14 @@ impl ServerHandler for Server {
                     })
                     .await?
             }
+            // Answers 4 KiB of text, over the oversize test's 1 KiB limit.
+            "big" => {
+                self.tasks
+                    .spawn(&ctx, options, |_| {
+                        Box::pin(async move { Ok(ok("x".repeat(4096))) })
+                    })
+                    .await?
+            }
             "panic" => {
                 self.tasks
                     .spawn(&ctx, options, |_| Box::pin(async move { panic!("boom") }))
@@ -567,4 +575,25 @@ fn timestamps_are_iso_8601_utc() {
     assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000Z");
     assert_eq!(iso8601(1_795_000_000_123), "2026-11-18T11:06:40.123Z");
     assert_eq!(iso8601(-1), "1969-12-31T23:59:59.999Z");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_over_the_store_limit_fails_the_task_instead_of_hanging() {
+    let store = MemoryTaskStore::with_options(
+        crate::StoreOptions::default().max_payload_bytes(1024),
+        crate::task::TaskOptions::default(),
+    );
+    let tasks = tasks_over(Arc::new(store)).await;
+    let client = connect(&tasks, "alice", true).await;
+    let id = call(&client, "big", Value::Null).await.task.task_id;
+    let task = until(&client, &id, terminal).await;
+    let TaskPayload::Failed { error } = &task.payload else {
+        panic!("expected failed, got {task:?}");
+    };
+    assert_eq!(error["code"], -32603);
+    assert!(
+        error["message"].as_str().unwrap().contains("limit is 1024"),
+        "{error:?}"
+    );
+    client.cancel().await.unwrap();
 }
