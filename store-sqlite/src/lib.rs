@@ -131,12 +131,16 @@
 //! **Watching.** `get` and `watch` read one snapshot (the task, its inputs
 //! and its instance's deadline) from the read pool. A change through this
 //! handle wakes its watchers from the writer task, right after the commit.
-//! A change through another handle or process is found by each watcher
-//! re-reading its task's `rev` every
-//! [`SqliteOptions::follow_poll_interval`] (default 50 ms): expect it within
-//! one interval. An idle watcher holds no connection and no task: a
-//! registration in the handle's wake-up hub and one indexed read per
-//! interval; dropping the `watch` future frees both.
+//! A change through another handle or process is found by the handle's one
+//! follow watcher (see [Following](#following)): while anyone follows or
+//! watches, it reads `PRAGMA data_version` every
+//! [`SqliteOptions::follow_poll_interval`] (default 50 ms), and when another
+//! connection committed it wakes every task watcher, which re-reads its
+//! task's `rev` and waits again if it did not move. Expect a change made
+//! elsewhere within one poll interval plus a read. As a safety net each
+//! watcher also re-reads every [`SqliteOptions::follow_recheck`]. An idle
+//! watcher holds no connection and no task of its own: a registration in
+//! the handle's wake-up hub; dropping the `watch` future frees it.
 //!
 //! # Durability
 //!
@@ -195,9 +199,9 @@
 //! plus one indexed read per re-check interval. A thousand idle followers
 //! share the read pool ([`SqliteOptions::read_connections`]) and one
 //! watcher. The watcher runs only while the handle has at least one
-//! follower: the first follow starts it, and it ends (closing its
-//! connection) at its first poll after the last follower is dropped, or at
-//! once when the handle is closed or dropped. An idle store pays nothing.
+//! follower or task watcher: the first follow (or task `watch`) starts it,
+//! and it ends (closing its connection) at its first poll after the last
+//! one is dropped, or at once when the handle is closed or dropped. An idle store pays nothing.
 //! A follow keeps its handle alive while it is open;
 //! [`SqliteStore::close`] ends every open follow with [`Error::Closed`].
 //!
@@ -273,8 +277,8 @@
 //! * Tasks: outcomes up to `max_payload_bytes`, each input request and
 //!   response up to 1 MiB, status messages up to 4 KiB, input keys of 1 to
 //!   256 bytes, at most 64 inputs outstanding per task, as every backend.
-//!   Each task watcher re-reads its task once per poll interval, so many
-//!   watchers of tasks changed elsewhere cost that many reads per interval.
+//!   A commit by another connection wakes every task watcher of a handle
+//!   (one keyed read each), not only those of the task it changed.
 //! * WAL needs shared memory between the processes on the file: one host,
 //!   a local file system (not a network share), not `:memory:`.
 #![deny(missing_docs)]

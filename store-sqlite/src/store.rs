@@ -46,9 +46,9 @@ pub(crate) struct Inner {
     /// This handle's task watchers; the writer wakes them after its
     /// commits.
     pub(crate) task_wakeups: Arc<Wakeups>,
-    /// How often a task watcher re-reads its task, to see other handles'
-    /// and processes' changes.
-    pub(crate) task_poll: Duration,
+    /// How often a task watcher re-reads its task without a wake-up: the
+    /// safety net should a wake-up be missed.
+    pub(crate) task_recheck: Duration,
     /// How long tasks live.
     pub(crate) task_options: TaskOptions,
     /// Finds other handles' and processes' writes while anyone follows.
@@ -125,10 +125,11 @@ impl SqliteStore {
                     opened.connect,
                     options.follow_poll_interval,
                     wakeups.clone(),
+                    task_wakeups.clone(),
                 ),
                 wakeups,
                 task_wakeups,
-                task_poll: options.follow_poll_interval,
+                task_recheck: options.follow_recheck,
                 task_options: options.tasks,
                 follow_recheck: options.follow_recheck,
                 durability: options.durability,

@@ -13,9 +13,12 @@
 //!
 //! Reads (`get`, `watch`) use the read pool, in one read transaction, so a
 //! task and its inputs come from one snapshot. The writer wakes this
-//! handle's watchers after each commit that changed their task; changes
-//! made through other handles and processes are found by each watcher
-//! re-reading its task's `rev` every poll interval (T10).
+//! handle's watchers after each commit that changed their task. Changes
+//! made through other handles and processes are found by the handle's one
+//! follow watcher ([`crate::watcher`]), which polls `PRAGMA data_version`
+//! while anyone follows or watches and, when another connection committed,
+//! wakes every task watcher to re-read its task's `rev` (T10). Each watcher
+//! also re-reads every `follow_recheck`, should a wake-up be missed.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -289,6 +292,8 @@ pub(crate) async fn watch(
     // Subscribed before the first read: a commit after the read started
     // wakes the next wait.
     let mut woken = store.inner.task_wakeups.subscribe(token(&digest));
+    // Started after subscribing: its first poll wakes every task watcher.
+    store.inner.watcher.ensure();
     loop {
         woken.mark_seen();
         let seen = read(store, &digest, &owner).await?;
@@ -299,12 +304,12 @@ pub(crate) async fn watch(
         if tokio::time::Instant::now() >= deadline {
             return Ok(seen);
         }
-        let poll = tokio::time::Instant::now() + store.inner.task_poll;
+        let recheck = tokio::time::Instant::now() + store.inner.task_recheck;
         tokio::select! {
+            // From the writer after this handle's commits, or from the
+            // watcher when another connection committed.
             () = woken.changed() => {}
-            // Other handles and processes wake no one here: their changes
-            // are found by this re-read of `rev`.
-            () = tokio::time::sleep_until(poll.min(deadline)) => {}
+            () = tokio::time::sleep_until(recheck.min(deadline)) => {}
         }
     }
 }

@@ -11,11 +11,14 @@
 //! changed, the watcher reads the rows of the streams being followed (one
 //! statement per [`TOKENS_PER_QUERY`] streams) and wakes the streams whose
 //! row moved (or appeared, or went), so a write to a stream nobody here
-//! follows costs no follower a re-read.
+//! follows costs no follower a re-read. Task watchers
+//! ([`crate::tasks`]) are all woken when `data_version` changed, and each
+//! re-reads its own task.
 //!
-//! The watcher runs only while the handle has followers: the first follow
-//! starts it, and it ends at the first poll that finds no follower left, or
-//! at once when the handle is closed or dropped. An idle store holds no
+//! The watcher runs only while the handle has followers or task watchers:
+//! the first follow or task watch starts it, and it ends at the first poll
+//! that finds neither left, or at once when the handle is closed or
+//! dropped. An idle store holds no
 //! extra connection and runs no task.
 
 use std::collections::HashMap;
@@ -53,6 +56,9 @@ struct Shared {
     connect: SqliteConnectOptions,
     interval: Duration,
     wakeups: Arc<Wakeups>,
+    /// The handle's task watchers: all woken when another connection
+    /// committed, each then re-reading its own task.
+    task_wakeups: Arc<Wakeups>,
     /// The running task, if any. A task that finds no follower clears it
     /// under this lock, and a new follower checks it under the same lock
     /// after subscribing, so a follower is never left without a watcher.
@@ -73,12 +79,14 @@ impl Watcher {
         connect: SqliteConnectOptions,
         interval: Duration,
         wakeups: Arc<Wakeups>,
+        task_wakeups: Arc<Wakeups>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 connect,
                 interval,
                 wakeups,
+                task_wakeups,
                 running: Mutex::new(None),
             }),
             closed: watch::channel(false).0,
@@ -86,7 +94,7 @@ impl Watcher {
     }
 
     /// Starts the task unless it runs. Call it after subscribing a
-    /// follower, from within the Tokio runtime.
+    /// follower or a task watcher, from within the Tokio runtime.
     pub(crate) fn ensure(&self) {
         let mut running = self.shared.running();
         if running.as_ref().and_then(Weak::upgrade).is_some() {
@@ -112,7 +120,8 @@ impl Watcher {
     }
 }
 
-/// The task: poll until closed, dropped, or no follower is left.
+/// The task: poll until closed, dropped, or no follower or task watcher is
+/// left.
 async fn run(shared: Arc<Shared>, mut closed: watch::Receiver<bool>, token: Arc<Running>) {
     let mut poll = Poll::default();
     loop {
@@ -131,7 +140,7 @@ async fn run(shared: Arc<Shared>, mut closed: watch::Receiver<bool>, token: Arc<
         }
         {
             let mut running = shared.running();
-            if shared.wakeups.followers() == 0 {
+            if shared.wakeups.followers() == 0 && shared.task_wakeups.followers() == 0 {
                 *running = None;
                 break;
             }
@@ -187,6 +196,10 @@ impl Poll {
         if self.version == Some(version) {
             return Ok(());
         }
+        // Task watchers re-read their task and go back to waiting if its
+        // `rev` did not move: one keyed read each, only when something
+        // was committed elsewhere.
+        shared.task_wakeups.wake_all();
         let followed = shared.wakeups.followed();
         let mut seen = HashMap::with_capacity(followed.len());
         for chunk in followed.chunks(TOKENS_PER_QUERY) {

@@ -2,7 +2,8 @@
 //! (tests/tasks.rs): the task tables are additive, so a release that knows
 //! only the event migrations keeps serving events from a file that holds
 //! tasks; a newer task format is refused and changes nothing; tasks survive
-//! a restart; a closed handle refuses task calls.
+//! a restart; a closed handle refuses task calls; task watches share the
+//! handle's one watcher, which stops when the last watch goes.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -202,4 +203,69 @@ async fn a_closed_store_refuses_task_calls() {
     ));
     assert!(closed(store.heartbeat(me, Duration::from_secs(1)).await));
     assert!(closed(TaskStore::purge_expired(&store).await));
+}
+
+/// A task watch starts the handle's watcher (which finds other handles'
+/// commits), another handle's change wakes it, and dropping the last watch
+/// stops the watcher and closes its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_watches_share_the_watcher_which_stops_without_them() {
+    use mcp_event_store_sqlite::testing::watcher;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let a = SqliteStore::open(&path).await.unwrap();
+    let b = SqliteStore::open(&path).await.unwrap();
+    let me = InstanceId::generate().unwrap();
+    a.heartbeat(me, Duration::from_secs(60)).await.unwrap();
+    let owner = Owner::Anonymous;
+    let (id, task) = a.create(NewTask::new(&owner, me)).await.unwrap();
+    let text = id.to_string();
+    assert!(!watcher(&b).is_running(), "nobody watches yet");
+
+    let watching = {
+        let (b, text, owner) = (b.clone(), text.clone(), owner);
+        tokio::spawn(async move {
+            b.watch(&text, &owner, task.rev, Duration::from_secs(30))
+                .await
+        })
+    };
+    let started = std::time::Instant::now();
+    while !watcher(&b).is_running() {
+        assert!(started.elapsed() < Duration::from_secs(5), "no watcher");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let started = std::time::Instant::now();
+    a.apply(&id, me, WorkerChange::SetMessage(Some("moved")))
+        .await
+        .unwrap();
+    let seen = watching.await.unwrap().unwrap().unwrap();
+    assert_eq!(seen.message.as_deref(), Some("moved"));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "woken by the watcher, not the 5 s re-check: {:?}",
+        started.elapsed()
+    );
+
+    // A watch dropped while waiting unregisters; the watcher then stops.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(100),
+        b.watch(&text, &owner, seen.rev, Duration::from_secs(30)),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "nothing changed, so the watch was waiting"
+    );
+    let started = std::time::Instant::now();
+    while watcher(&b).is_running() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the watcher outlived its last watch"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.close().await;
+    b.close().await;
 }
