@@ -2,8 +2,9 @@
 //! (tests/tasks.rs): the task tables are additive, so a release that knows
 //! only the event migrations keeps serving events from a file that holds
 //! tasks; a newer task format is refused and changes nothing; tasks survive
-//! a restart; a closed handle refuses task calls; task watches share the
-//! handle's one watcher, which stops when the last watch goes.
+//! a restart and a SIGKILL of the process that wrote them (T1, T12); a
+//! closed handle refuses task calls; task watches share the handle's one
+//! watcher, which stops when the last watch goes.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -268,4 +269,130 @@ async fn task_watches_share_the_watcher_which_stops_without_them() {
     }
     a.close().await;
     b.close().await;
+}
+
+/// Where [`task_crash_child`] works: the database file.
+const TASK_CRASH_PATH_ENV: &str = "MCP_EVENT_STORE_TASK_CRASH_PATH";
+
+/// T1, T12: a child process creates tasks (each asks for input; every
+/// other one also completes with a result) and prints each once every step
+/// is acknowledged; it is killed with SIGKILL mid-flight. Reopened here,
+/// every acknowledged task is there with its inputs and its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_tasks_survive_sigkill() {
+    use std::io::BufRead;
+
+    use mcp_event_store_core::testkit::{ChildGuard, test_child};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let mut command = test_child("task_crash_child").unwrap();
+    command
+        .env(TASK_CRASH_PATH_ENV, &path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    let mut child = ChildGuard::spawn(&mut command).expect("start the child");
+    let stdout = child.take_stdout().unwrap();
+    let (lines, mut received) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+            // Whole lines only: a line cut by the kill was never printed.
+            if line.ends_with('\n') && lines.send(std::mem::take(&mut line)).is_err() {
+                return;
+            }
+            line.clear();
+        }
+    });
+    let parse = |line: &str| -> Option<(String, u64)> {
+        // libtest may print "test <name> ... " before the first line.
+        let rest = &line[line.find("TASK ")? + 5..];
+        let (id, n) = rest.trim_end().split_once(' ')?;
+        Some((id.to_owned(), n.parse().ok()?))
+    };
+    let mut acked = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while acked.len() < 100 {
+        match tokio::time::timeout_at(deadline, received.recv()).await {
+            Ok(Some(line)) => acked.extend(parse(&line)),
+            Ok(None) => panic!("the child ended after {} tasks", acked.len()),
+            Err(_) => panic!("the child acknowledged {} tasks in 120 s", acked.len()),
+        }
+    }
+    child.kill();
+    while let Some(line) = received.recv().await {
+        acked.extend(parse(&line));
+    }
+
+    let store = SqliteStore::open(&path).await.unwrap();
+    let owner = Owner::principal(b"crash").unwrap();
+    for (id, n) in &acked {
+        let task = store
+            .get(id, &owner)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("acknowledged task {n} is gone"));
+        let request = format!("{{\"n\":{n}}}").into_bytes();
+        if n % 2 == 0 {
+            assert_eq!(task.status, TaskStatus::Completed, "task {n}");
+            assert_eq!(task.outcome.as_deref(), Some(&request[..]), "task {n}");
+        } else {
+            assert_eq!(task.status, TaskStatus::InputRequired, "task {n}");
+            assert_eq!(
+                task.outstanding,
+                vec![(format!("k{n}"), request.into())],
+                "task {n}"
+            );
+        }
+    }
+    store.close().await;
+}
+
+/// The child of [`acknowledged_tasks_survive_sigkill`]; without its
+/// variable (`cargo test -- --ignored`), it has nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of acknowledged_tasks_survive_sigkill"]
+async fn task_crash_child() {
+    use std::io::Write;
+
+    let Some(path) = std::env::var_os(TASK_CRASH_PATH_ENV) else {
+        return;
+    };
+    let store = SqliteStore::open(path).await.unwrap();
+    let me = InstanceId::generate().unwrap();
+    store
+        .heartbeat(me, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let owner = Owner::principal(b"crash").unwrap();
+    for n in 0u64.. {
+        let (id, _) = store.create(NewTask::new(&owner, me)).await.unwrap();
+        let request = format!("{{\"n\":{n}}}");
+        let key = format!("k{n}");
+        let asked = store
+            .apply(
+                &id,
+                me,
+                WorkerChange::RequestInput {
+                    key: &key,
+                    request: request.as_bytes(),
+                },
+            )
+            .await
+            .unwrap();
+        assert!(matches!(asked, Applied::Changed { .. }));
+        if n % 2 == 0 {
+            let done = WorkerChange::Finish(Finish::Completed(request.as_bytes()));
+            assert!(matches!(
+                store.apply(&id, me, done).await.unwrap(),
+                Applied::Changed { .. }
+            ));
+        }
+        let mut out = std::io::stdout().lock();
+        // One write per line, so a kill never leaves a whole wrong line.
+        out.write_all(format!("TASK {id} {n}\n").as_bytes())
+            .and_then(|()| out.flush())
+            .unwrap();
+    }
 }
