@@ -125,8 +125,10 @@
 //! setting) and readable from every handle before `create` returns.
 //! Expiry and lost instances are decided when a task is read;
 //! [`TaskStore::purge_expired`](mcp_event_store_core::task::TaskStore::purge_expired)
-//! persists them and deletes tasks past their grace with their inputs,
-//! in one transaction. Lifetimes come from [`SqliteOptions::tasks`].
+//! persists them and deletes tasks past their grace with their inputs, in
+//! steps of at most 500 tasks, one transaction each, queued at the writer
+//! like any write, so a large purge never holds the write lock for long.
+//! Lifetimes come from [`SqliteOptions::tasks`].
 //!
 //! **Watching.** `get` and `watch` read one snapshot (the task, its inputs
 //! and its instance's deadline) from the read pool. A change through this

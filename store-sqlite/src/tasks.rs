@@ -30,8 +30,8 @@ use mcp_event_store_core::task::{
     TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStatus, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
-use sqlx::Row;
 use sqlx::sqlite::SqliteConnection;
+use sqlx::{AssertSqlSafe, Row};
 
 use crate::SqliteStore;
 use crate::store::db_error;
@@ -43,6 +43,10 @@ const OUTSTANDING: i64 = 0;
 const ANSWERED: i64 = 1;
 /// An input taken or superseded: its key is never usable again.
 const SPENT: i64 = 2;
+/// Tasks a purge step ends or deletes at most, so one transaction never
+/// holds the write lock long: other writers on the file wait for it only
+/// up to their busy timeout.
+const PURGE_BATCH: i64 = 500;
 
 /// A task mutation for the writer, with everything it needs owned.
 pub(crate) enum TaskWrite {
@@ -75,6 +79,8 @@ pub(crate) enum TaskWrite {
         until: i64,
         now: i64,
     },
+    /// One step of a purge: at most [`PURGE_BATCH`] tasks ended and at
+    /// most as many deleted.
     Purge {
         now: i64,
     },
@@ -131,7 +137,8 @@ pub(crate) enum TaskAnswer {
     Record(Option<TaskRecord>),
     Applied(Applied),
     Flag(bool),
-    Purged(TaskPurgeReport),
+    /// A purge step's report, and whether there is more to do.
+    Purged(TaskPurgeReport, bool),
 }
 
 impl TaskWrite {
@@ -331,11 +338,24 @@ pub(crate) async fn heartbeat(
     }
 }
 
+/// Purges in steps of one transaction each, queued at the writer one after
+/// another, so appends and task writes get their turn in between.
 pub(crate) async fn purge_expired(store: &SqliteStore) -> Result<TaskPurgeReport> {
-    let write = TaskWrite::Purge { now: store.now() };
-    match task_write(store, write).await? {
-        TaskAnswer::Purged(report) => Ok(report),
-        _ => Err(wrong_kind()),
+    let now = store.now();
+    let mut report = TaskPurgeReport::default();
+    loop {
+        match task_write(store, TaskWrite::Purge { now }).await? {
+            TaskAnswer::Purged(step, more) => {
+                report.expired += step.expired;
+                report.orphaned += step.orphaned;
+                report.deleted += step.deleted;
+                report.instances += step.instances;
+                if !more {
+                    return Ok(report);
+                }
+            }
+            _ => return Err(wrong_kind()),
+        }
     }
 }
 
@@ -629,7 +649,9 @@ impl Writer {
                 .map_err(db_error)?;
                 Ok(TaskAnswer::Flag(renewed.is_some()))
             }
-            TaskWrite::Purge { now } => purge_step(conn, *now).await.map(TaskAnswer::Purged),
+            TaskWrite::Purge { now } => purge_step(conn, *now)
+                .await
+                .map(|(report, more)| TaskAnswer::Purged(report, more)),
             TaskWrite::Delete { digest } => {
                 sqlx::query("DELETE FROM mes_task_inputs WHERE digest = ?1")
                     .bind(&digest.as_bytes()[..])
@@ -887,19 +909,25 @@ async fn apply_step(
     }))
 }
 
-/// Persists what reads show (expired and orphaned tasks as `failed`),
-/// deletes tasks past their grace with their inputs, and forgets lapsed
-/// instances, in one transaction.
-async fn purge_step(conn: &mut SqliteConnection, now: i64) -> Result<TaskPurgeReport> {
+/// One step of a purge, in one transaction: persists what reads show for
+/// up to [`PURGE_BATCH`] tasks (expired and orphaned tasks as `failed`),
+/// deletes up to as many tasks past their grace with their inputs, and,
+/// once no running task of a lapsed instance is left, forgets lapsed
+/// instances. Returns whether there is more to do.
+async fn purge_step(conn: &mut SqliteConnection, now: i64) -> Result<(TaskPurgeReport, bool)> {
     let mut report = TaskPurgeReport::default();
     let ended: Vec<Vec<u8>> = sqlx::query_scalar(
-        "SELECT digest FROM mes_tasks t WHERE status < 2 AND (expires_at <= ?1 OR NOT EXISTS \
-             (SELECT 1 FROM mes_instances i WHERE i.id = t.instance AND i.alive_until > ?1))",
+        "SELECT digest FROM mes_tasks t WHERE status < 2 AND purge_at > ?1 \
+             AND (expires_at <= ?1 OR NOT EXISTS \
+                 (SELECT 1 FROM mes_instances i WHERE i.id = t.instance AND i.alive_until > ?1)) \
+         LIMIT ?2",
     )
     .bind(now)
+    .bind(PURGE_BATCH)
     .fetch_all(&mut *conn)
     .await
     .map_err(db_error)?;
+    let ended_all = (ended.len() as i64) < PURGE_BATCH;
     for digest in ended {
         let digest = TaskDigest(
             digest
@@ -937,27 +965,37 @@ async fn purge_step(conn: &mut SqliteConnection, now: i64) -> Result<TaskPurgeRe
         )
         .await?;
     }
-    sqlx::query(
-        "DELETE FROM mes_task_inputs WHERE digest IN \
-             (SELECT digest FROM mes_tasks WHERE purge_at <= ?1)",
-    )
+    // The same batch twice: the first statement leaves mes_tasks alone.
+    const BATCH: &str = "SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
+                         ORDER BY purge_at, digest LIMIT ?2";
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM mes_task_inputs WHERE digest IN ({BATCH})"
+    )))
     .bind(now)
+    .bind(PURGE_BATCH)
     .execute(&mut *conn)
     .await
     .map_err(db_error)?;
-    report.deleted = sqlx::query("DELETE FROM mes_tasks WHERE purge_at <= ?1")
-        .bind(now)
-        .execute(&mut *conn)
-        .await
-        .map_err(db_error)?
-        .rows_affected();
-    // Every running task of a lapsed instance is terminal now, so
-    // forgetting the instance brings nothing back.
-    report.instances = sqlx::query("DELETE FROM mes_instances WHERE alive_until <= ?1")
-        .bind(now)
-        .execute(&mut *conn)
-        .await
-        .map_err(db_error)?
-        .rows_affected();
-    Ok(report)
+    report.deleted = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM mes_tasks WHERE digest IN ({BATCH})"
+    )))
+    .bind(now)
+    .bind(PURGE_BATCH)
+    .execute(&mut *conn)
+    .await
+    .map_err(db_error)?
+    .rows_affected();
+    if ended_all {
+        // Every running task of a lapsed instance is terminal now, so
+        // forgetting the instance brings nothing back. (Before that, a
+        // forgotten instance would change when its tasks read as lost.)
+        report.instances = sqlx::query("DELETE FROM mes_instances WHERE alive_until <= ?1")
+            .bind(now)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_error)?
+            .rows_affected();
+    }
+    let more = !ended_all || report.deleted >= PURGE_BATCH as u64;
+    Ok((report, more))
 }

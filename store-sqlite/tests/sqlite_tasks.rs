@@ -396,3 +396,78 @@ async fn task_crash_child() {
             .unwrap();
     }
 }
+
+/// A purge larger than one step (500 tasks) goes in several transactions
+/// and still ends and deletes everything, with every count right; lapsed
+/// instances are forgotten only once their tasks are all ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_many_tasks_goes_in_steps_and_misses_none() {
+    use mcp_event_store_core::conformance::{test_clock, test_options};
+    use mcp_event_store_sqlite::SqliteOptions;
+
+    let dir = tempfile::tempdir().unwrap();
+    let clock = test_clock();
+    let options = SqliteOptions::new(dir.path().join("e.db")).store(test_options(&clock));
+    let store = SqliteStore::open_with(options).await.unwrap();
+    let (expiring, lost) = (700u64, 600u64);
+    let long = InstanceId::generate().unwrap();
+    store
+        .heartbeat(long, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let short = InstanceId::generate().unwrap();
+    store
+        .heartbeat(short, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let owner = Owner::Anonymous;
+    let ttl = Duration::from_secs(60);
+    let mut ids = Vec::new();
+    for n in 0..expiring + lost {
+        let me = if n < expiring { long } else { short };
+        let (id, _) = store
+            .create(NewTask::new(&owner, me).ttl(ttl))
+            .await
+            .unwrap();
+        let key = format!("k{n}");
+        let request = WorkerChange::RequestInput {
+            key: &key,
+            request: b"{}",
+        };
+        store.apply(&id, me, request).await.unwrap();
+        ids.push(id.to_string());
+    }
+    // The short instance lapses at 30 s, the ttl ends at 60 s.
+    clock.advance(Duration::from_secs(60));
+    let report = TaskStore::purge_expired(&store).await.unwrap();
+    assert_eq!(
+        (
+            report.expired,
+            report.orphaned,
+            report.deleted,
+            report.instances
+        ),
+        (expiring, lost, 0, 1)
+    );
+    for id in [&ids[0], &ids[ids.len() - 1]] {
+        let task = store.get(id, &owner).await.unwrap().unwrap();
+        assert_eq!(task.status, TaskStatus::Failed);
+        assert!(task.outstanding.is_empty());
+    }
+    // Past the grace (one ttl) every task goes, with its inputs.
+    clock.advance(ttl);
+    let report = TaskStore::purge_expired(&store).await.unwrap();
+    assert_eq!(report.deleted, expiring + lost);
+    let report = TaskStore::purge_expired(&store).await.unwrap();
+    assert_eq!(report, Default::default());
+    let mut conn = raw(&dir.path().join("e.db")).await;
+    let left: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT COUNT(*) FROM mes_tasks), (SELECT COUNT(*) FROM mes_task_inputs)",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(left, (0, 0));
+    conn.close().await.unwrap();
+    store.close().await;
+}
