@@ -296,8 +296,8 @@ impl TaskStore for SqliteStore {
         tasks::heartbeat(self, me, lease).await
     }
 
-    async fn purge_expired(&self) -> Result<TaskPurgeReport> {
-        tasks::purge_expired(self).await
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        tasks::purge_expired_tasks(self).await
     }
 
     async fn delete(&self, id: &str) -> Result<bool> {

@@ -340,7 +340,7 @@ pub(crate) async fn heartbeat(
 
 /// Purges in steps of one transaction each, queued at the writer one after
 /// another, so appends and task writes get their turn in between.
-pub(crate) async fn purge_expired(store: &SqliteStore) -> Result<TaskPurgeReport> {
+pub(crate) async fn purge_expired_tasks(store: &SqliteStore) -> Result<TaskPurgeReport> {
     let now = store.now();
     let mut report = TaskPurgeReport::default();
     loop {

@@ -203,7 +203,7 @@ async fn a_closed_store_refuses_task_calls() {
             .await
     ));
     assert!(closed(store.heartbeat(me, Duration::from_secs(1)).await));
-    assert!(closed(TaskStore::purge_expired(&store).await));
+    assert!(closed(store.purge_expired_tasks().await));
 }
 
 /// A task watch starts the handle's watcher (which finds other handles'
@@ -439,7 +439,7 @@ async fn a_purge_of_many_tasks_goes_in_steps_and_misses_none() {
     }
     // The short instance lapses at 30 s, the ttl ends at 60 s.
     clock.advance(Duration::from_secs(60));
-    let report = TaskStore::purge_expired(&store).await.unwrap();
+    let report = store.purge_expired_tasks().await.unwrap();
     assert_eq!(
         (
             report.expired,
@@ -456,9 +456,9 @@ async fn a_purge_of_many_tasks_goes_in_steps_and_misses_none() {
     }
     // Past the grace (one ttl) every task goes, with its inputs.
     clock.advance(ttl);
-    let report = TaskStore::purge_expired(&store).await.unwrap();
+    let report = store.purge_expired_tasks().await.unwrap();
     assert_eq!(report.deleted, expiring + lost);
-    let report = TaskStore::purge_expired(&store).await.unwrap();
+    let report = store.purge_expired_tasks().await.unwrap();
     assert_eq!(report, Default::default());
     let mut conn = raw(&dir.path().join("e.db")).await;
     let left: (i64, i64) = sqlx::query_as(

@@ -1169,14 +1169,14 @@ pub async fn expired_task_reads_failed<H: TaskHarness>(h: &H) {
         Applied::AlreadyTerminal(TaskStatus::Failed)
     );
     assert_eq!(f.answer(&id, &[("k", b"1")]).await, expired);
-    let report = f.store.purge_expired().await.unwrap();
+    let report = f.store.purge_expired_tasks().await.unwrap();
     assert_eq!(report.expired, 1);
     assert_eq!(
         f.get(&id).await,
         expired,
         "the purge changed what reads show"
     );
-    assert_eq!(f.store.purge_expired().await.unwrap().expired, 0);
+    assert_eq!(f.store.purge_expired_tasks().await.unwrap().expired, 0);
     f.close(h).await;
 }
 
@@ -1210,7 +1210,7 @@ pub async fn expired_task_is_purged_with_its_inputs_after_grace<H: TaskHarness>(
             "past its grace"
         );
     }
-    let report = f.store.purge_expired().await.unwrap();
+    let report = f.store.purge_expired_tasks().await.unwrap();
     assert_eq!(report.deleted, 2);
     if let (Some(before), Some(after)) = (rows_before, h.raw_rows().await) {
         assert_eq!(
@@ -1219,7 +1219,7 @@ pub async fn expired_task_is_purged_with_its_inputs_after_grace<H: TaskHarness>(
             "rows of purged tasks are left: {after:?}"
         );
     }
-    assert_eq!(f.store.purge_expired().await.unwrap().deleted, 0);
+    assert_eq!(f.store.purge_expired_tasks().await.unwrap().deleted, 0);
     f.close(h).await;
 }
 
@@ -1402,7 +1402,7 @@ pub async fn lapsed_instance_fails_its_tasks<H: TaskHarness>(h: &H) {
         "a lapsed instance was revived"
     );
     assert_eq!(f.get(&id).await, lost);
-    let report = f.store.purge_expired().await.unwrap();
+    let report = f.store.purge_expired_tasks().await.unwrap();
     assert_eq!(report.orphaned, 1);
     assert_eq!(f.get(&id).await, lost, "the purge changed what reads show");
     f.close(h).await;
@@ -1419,7 +1419,7 @@ pub async fn renewed_heartbeat_keeps_tasks_alive<H: TaskHarness>(h: &H) {
     for _ in 0..10 {
         f.clock.advance(Duration::from_secs(10));
         assert!(f.store.heartbeat(me, lease).await.unwrap());
-        assert_eq!(f.store.purge_expired().await.unwrap().orphaned, 0);
+        assert_eq!(f.store.purge_expired_tasks().await.unwrap().orphaned, 0);
         assert_eq!(f.get(&id).await.status, TaskStatus::Working);
     }
     f.close(h).await;
@@ -1434,7 +1434,7 @@ pub async fn late_finish_from_a_reaped_instance_is_already_terminal<H: TaskHarne
     assert!(f.store.heartbeat(zombie, lease).await.unwrap());
     let (task, id) = f.create_with(NewTask::new(&f.owner, zombie)).await;
     f.clock.advance(lease + Duration::from_secs(1));
-    f.store.purge_expired().await.unwrap();
+    f.store.purge_expired_tasks().await.unwrap();
     let lost = f.get(&id).await;
     let late = f
         .store

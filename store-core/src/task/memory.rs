@@ -448,7 +448,7 @@ impl TaskStore for MemoryTaskStore {
         Ok(true)
     }
 
-    async fn purge_expired(&self) -> Result<TaskPurgeReport> {
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
         let now = self.now();
         let mut report = TaskPurgeReport::default();
         let mut state = self.state();
@@ -592,8 +592,8 @@ mod tests {
         async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
             self.inner.heartbeat(me, lease).await
         }
-        async fn purge_expired(&self) -> Result<TaskPurgeReport> {
-            self.inner.purge_expired().await
+        async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+            self.inner.purge_expired_tasks().await
         }
         async fn delete(&self, id: &str) -> Result<bool> {
             self.inner.delete(id).await

@@ -309,7 +309,7 @@ pub enum CancelMode {
     Immediate,
 }
 
-/// What [`TaskStore::purge_expired`] did.
+/// What [`TaskStore::purge_expired_tasks`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskPurgeReport {
     /// Tasks past their ttl persisted as `failed`.
@@ -430,7 +430,7 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Persists what reads already show (expired and orphaned tasks as
     /// `failed`), deletes tasks past their grace with their inputs, and
     /// forgets lapsed instances with no task left running (T8, T11).
-    async fn purge_expired(&self) -> Result<TaskPurgeReport>;
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport>;
 
     /// Deletes a task and its inputs, whoever owns it (an operator's call);
     /// `true` if it existed.

@@ -86,8 +86,8 @@ impl TaskStore for Counting {
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> crate::Result<bool> {
         self.inner.heartbeat(me, lease).await
     }
-    async fn purge_expired(&self) -> crate::Result<TaskPurgeReport> {
-        self.inner.purge_expired().await
+    async fn purge_expired_tasks(&self) -> crate::Result<TaskPurgeReport> {
+        self.inner.purge_expired_tasks().await
     }
     async fn delete(&self, id: &str) -> crate::Result<bool> {
         self.inner.delete(id).await
