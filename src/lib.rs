@@ -60,13 +60,15 @@ pub use mcp_event_store_core::{
 };
 
 /// The backends behind a cargo feature, one line each: module, crate,
-/// feature, and its URL schemes (so that a scheme whose feature is off still
-/// names the feature; `tests/connect.rs` checks them against each crate's
-/// `BACKEND.schemes`). For each line this re-exports the whole crate as the
-/// module (under its feature), lists its `BACKEND` in [`backends`] and its
-/// schemes in [`KNOWN_SCHEMES`].
+/// feature, its test harness, and its URL schemes (so that a scheme whose
+/// feature is off still names the feature; `tests/connect.rs` checks them
+/// against each crate's `BACKEND.schemes`). For each line this re-exports
+/// the whole crate as the module (under its feature), lists its `BACKEND` in
+/// [`backends`], its schemes in [`KNOWN_SCHEMES`], and (feature `testing`)
+/// its test storage in `testing::storages`.
 macro_rules! backends {
-    ($($module:ident: $krate:ident, $feature:literal, [$($scheme:literal),+ $(,)?];)+) => {
+    ($($module:ident: $krate:ident, $feature:literal, $harness:ident,
+        [$($scheme:literal),+ $(,)?];)+) => {
         $(
             #[doc = concat!("The `", $feature, "` backend (feature `", $feature, "`): the whole `",
                 stringify!($krate), "` crate.")]
@@ -98,17 +100,72 @@ macro_rules! backends {
             ("memory", ""),
             $($(($scheme, $feature),)+)+
         ];
+
+        /// Test support (feature `testing`): private storage on every
+        /// backend compiled in, opened by URL, so that tests going through
+        /// [`connect`] (end-to-end servers, benches) cover each backend
+        /// without naming it.
+        #[cfg(feature = "testing")]
+        pub mod testing {
+            pub use mcp_event_store_core::conformance::UrlHarness;
+
+            use crate::Backend;
+
+            /// Fresh private storage on each persistent backend compiled in
+            /// (every one but `memory://`, which is private to each
+            /// `connect`), with its descriptor, in [`backends`](crate::backends)
+            /// order. Server-backed storage is a schema or key prefix of its
+            /// own on the test server, found as
+            /// `mcp_event_store_core::testkit::find_server` says (never
+            /// skipping). Call [`UrlHarness::remove`] on each when done.
+            pub async fn storages() -> Vec<(&'static Backend, Box<dyn UrlHarness>)> {
+                #[allow(unused_mut)] // with no backend feature on
+                let mut list = Vec::new();
+                for backend in crate::backends() {
+                    if let Some(storage) = storage(backend.name).await {
+                        list.push((backend, storage));
+                    }
+                }
+                list
+            }
+
+            /// Fresh private storage on the backend named `name`
+            /// ([`Backend::name`]), or `None` if it is not compiled in (or
+            /// is `memory`).
+            ///
+            /// ```
+            /// # #[tokio::main(flavor = "current_thread")]
+            /// # async fn main() {
+            /// for (backend, storage) in mcp_event_store::testing::storages().await {
+            ///     let store = mcp_event_store::connect(&storage.url()).await.unwrap();
+            ///     assert!(backend.opens(&storage.url()));
+            /// #   drop(store);
+            ///     storage.remove().await;
+            /// }
+            /// # }
+            /// ```
+            pub async fn storage(name: &str) -> Option<Box<dyn UrlHarness>> {
+                $(
+                    #[cfg(feature = $feature)]
+                    if name == crate::$module::BACKEND.name {
+                        return Some(Box::new(crate::$module::testing::$harness::new().await));
+                    }
+                )+
+                let _ = name;
+                None
+            }
+        }
     };
 }
 
 backends! {
-    sqlite: mcp_event_store_sqlite, "sqlite", ["sqlite"];
-    postgres: mcp_event_store_postgres, "postgres", ["postgres", "postgresql"];
-    redis: mcp_event_store_redis, "redis", [
+    sqlite: mcp_event_store_sqlite, "sqlite", SqliteHarness, ["sqlite"];
+    postgres: mcp_event_store_postgres, "postgres", PostgresHarness, ["postgres", "postgresql"];
+    redis: mcp_event_store_redis, "redis", RedisHarness, [
         "redis", "rediss", "redis+unix", "unix", "redis+cluster", "rediss+cluster",
         "valkey", "valkeys", "valkey+unix", "valkey+cluster", "valkeys+cluster",
     ];
-    sled: mcp_event_store_sled, "sled", ["sled"];
+    sled: mcp_event_store_sled, "sled", SledHarness, ["sled"];
 }
 
 /// A store of any backend, as [`connect`] returns it.

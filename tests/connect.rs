@@ -91,66 +91,29 @@ async fn a_backend_not_compiled_in_names_its_feature() {
     }
 }
 
-#[cfg(feature = "postgres")]
-#[tokio::test]
-async fn postgres_url_opens_a_shared_store() {
-    use mcp_event_store_postgres::testing::{drop_schema, random_schema, server_url};
-
-    let server = server_url().await;
-    let schema = random_schema();
-    let separator = if server.contains('?') { '&' } else { '?' };
-    let url = format!("{server}{separator}schema={schema}");
-    let one = connect(&url).await.unwrap();
-    let two = connect(&url).await.unwrap();
-    let first = one.store_event("s", NewEvent::new(b"a")).await.unwrap();
-    two.store_event("s", NewEvent::new(b"b")).await.unwrap();
-    let replay = one.replay_events_after(&first.to_string()).await.unwrap();
-    let events: Vec<_> = replay.events.try_collect().await.unwrap();
-    drop((one, two));
-    drop_schema(&server, &schema).await.unwrap();
-    assert_eq!(&events[0].data[..], b"b");
-}
-
-#[cfg(feature = "redis")]
-#[tokio::test]
-async fn redis_url_opens_a_shared_store() {
-    use mcp_event_store_redis::testing::{random_prefix, server_url};
-    use mcp_event_store_redis::{RedisOptions, RedisStore};
-
-    let server = server_url().await;
-    let prefix = random_prefix();
-    let separator = if server.contains('?') { '&' } else { '?' };
-    let url = format!("{server}{separator}prefix={prefix}");
-    let one = connect(&url).await.unwrap();
-    let two = connect(&url).await.unwrap();
-    let first = one.store_event("s", NewEvent::new(b"a")).await.unwrap();
-    two.store_event("s", NewEvent::new(b"b")).await.unwrap();
-    let replay = one.replay_events_after(&first.to_string()).await.unwrap();
-    let events: Vec<_> = replay.events.try_collect().await.unwrap();
-    RedisStore::connect_with(&server, RedisOptions::default().key_prefix(prefix))
-        .await
-        .unwrap()
-        .destroy()
-        .await
-        .unwrap();
-    assert_eq!(&events[0].data[..], b"b");
-}
-
-#[cfg(feature = "sled")]
-#[tokio::test]
-async fn sled_url_opens_a_directory_that_persists() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sled://{}", dir.path().join("events").display());
-    let first = {
-        let store = connect(&url).await.unwrap();
-        let first = store.store_event("s", NewEvent::new(b"a")).await.unwrap();
-        store.store_event("s", NewEvent::new(b"b")).await.unwrap();
-        first
-    };
-    let store = connect(&url).await.unwrap();
-    let replay = store.replay_events_after(&first.to_string()).await.unwrap();
-    let events: Vec<_> = replay.events.try_collect().await.unwrap();
-    assert_eq!(&events[0].data[..], b"b");
+/// Every persistent backend compiled in, through the same list `connect`
+/// chooses from: its test storage's URL opens a store that two handles
+/// share and that keeps its events after both are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_backend_opens_shared_persistent_storage_by_url() {
+    for (backend, storage) in mcp_event_store::testing::storages().await {
+        let url = storage.url();
+        assert!(backend.opens(&url), "{}: {url}", backend.name);
+        let one = connect(&url).await.unwrap();
+        let two = connect(&url).await.unwrap();
+        let first = one.store_event("s", NewEvent::new(b"a")).await.unwrap();
+        two.store_event("s", NewEvent::new(b"b")).await.unwrap();
+        let replay = one.replay_events_after(&first.to_string()).await.unwrap();
+        let events: Vec<_> = replay.events.try_collect().await.unwrap();
+        assert_eq!(&events[0].data[..], b"b", "{}", backend.name);
+        drop((one, two));
+        let again = connect(&url).await.unwrap();
+        let replay = again.replay_events_after(&first.to_string()).await.unwrap();
+        let events: Vec<_> = replay.events.try_collect().await.unwrap();
+        assert_eq!(events.len(), 1, "{}: reopened", backend.name);
+        drop(again);
+        storage.remove().await;
+    }
 }
 
 /// Every scheme of the Redis crate reaches the Redis backend, the Valkey

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use mcp_event_store::testing::UrlHarness;
 use tokio_util::sync::CancellationToken;
 
 use crate::server;
@@ -14,57 +15,30 @@ use crate::server;
 /// A store URL for one test, and what to clean up after it.
 pub struct Fixture {
     url: String,
-    _dir: Option<tempfile::TempDir>,
-    #[cfg(feature = "postgres")]
-    postgres: Option<mcp_event_store_postgres::testing::PostgresHarness>,
-    #[cfg(feature = "redis")]
-    redis: Option<mcp_event_store_redis::testing::RedisHarness>,
+    storage: Option<Box<dyn UrlHarness>>,
 }
 
 impl Fixture {
-    fn with_url(url: String) -> Self {
+    /// `memory://`: every server opens its own, empty store.
+    pub async fn memory() -> Self {
         Self {
-            url,
-            _dir: None,
-            #[cfg(feature = "postgres")]
-            postgres: None,
-            #[cfg(feature = "redis")]
-            redis: None,
+            url: "memory://".into(),
+            storage: None,
         }
     }
 
-    /// `memory://`: every server opens its own, empty store.
-    pub async fn memory() -> Self {
-        Self::with_url("memory://".into())
-    }
-
-    /// A store in a fresh temporary directory, removed afterwards.
-    #[cfg(any(feature = "sqlite", feature = "sled"))]
-    pub async fn in_temp_dir(url: impl FnOnce(&std::path::Path) -> String) -> Self {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut fixture = Self::with_url(url(dir.path()));
-        fixture._dir = Some(dir);
-        fixture
-    }
-
-    /// A random schema on the test PostgreSQL server
-    /// (`mcp_event_store_postgres::testing::server_url`), dropped afterwards.
-    #[cfg(feature = "postgres")]
-    pub async fn postgres() -> Self {
-        let harness = mcp_event_store_postgres::testing::PostgresHarness::new().await;
-        let mut fixture = Self::with_url(with_query(harness.url(), "schema", harness.schema()));
-        fixture.postgres = Some(harness);
-        fixture
-    }
-
-    /// A random key prefix on the test Redis server
-    /// (`mcp_event_store_redis::testing::server_url`), removed afterwards.
-    #[cfg(feature = "redis")]
-    pub async fn redis() -> Self {
-        let harness = mcp_event_store_redis::testing::RedisHarness::new().await;
-        let mut fixture = Self::with_url(with_query(harness.url(), "prefix", harness.prefix()));
-        fixture.redis = Some(harness);
-        fixture
+    /// Private storage on the backend named `name`, from the facade's
+    /// test list (`mcp_event_store::testing::storage`): a temporary file or
+    /// directory, or a schema or key prefix of its own on the test server,
+    /// removed afterwards.
+    pub async fn on(name: &str) -> Self {
+        let storage = mcp_event_store::testing::storage(name)
+            .await
+            .unwrap_or_else(|| panic!("no test storage for {name}: is its feature on?"));
+        Self {
+            url: storage.url(),
+            storage: Some(storage),
+        }
     }
 
     pub fn url(&self) -> &str {
@@ -72,25 +46,12 @@ impl Fixture {
     }
 
     /// Removes what the test stored. (If the test panicked first, the
-    /// harnesses and the temporary directory clean up when dropped.)
+    /// storage's guard removes it when dropped.)
     pub async fn teardown(self) {
-        #[allow(unused_imports)]
-        use mcp_event_store_core::conformance::Harness as _;
-        #[cfg(feature = "postgres")]
-        if let Some(harness) = self.postgres {
-            harness.teardown().await;
-        }
-        #[cfg(feature = "redis")]
-        if let Some(harness) = self.redis {
-            harness.teardown().await;
+        if let Some(storage) = self.storage {
+            storage.remove().await;
         }
     }
-}
-
-#[allow(dead_code)]
-fn with_query(url: &str, name: &str, value: &str) -> String {
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}{name}={value}")
 }
 
 /// Sessions or none.

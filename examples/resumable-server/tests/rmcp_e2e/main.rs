@@ -3,9 +3,10 @@
 //! the wire protocol itself and by rmcp's own client.
 //!
 //! Every case runs on every backend compiled in; the list is at the bottom.
-//! Server-backed stores come from `mcp_event_store_postgres::testing` and
-//! `mcp_event_store_redis::testing`, which fail rather than skip when there
-//! is no server; each test works in a schema or key prefix of its own.
+//! Stores come from the facade's `testing::storage`: a temporary file or
+//! directory, or a schema or key prefix of its own on the test server
+//! (found as `mcp_event_store_core::testkit::find_server` says, failing
+//! rather than skipping when there is none).
 
 use resumable_server as server;
 
@@ -64,13 +65,13 @@ macro_rules! e2e_tests {
 
 e2e_tests!(memory: Fixture::memory());
 #[cfg(feature = "sqlite")]
-e2e_tests!(sqlite: Fixture::in_temp_dir(|dir| format!("sqlite://{}/events.db", dir.display())), restart, shared);
+e2e_tests!(sqlite: Fixture::on("sqlite"), restart, shared);
 #[cfg(feature = "postgres")]
-e2e_tests!(postgres: Fixture::postgres(), shared);
+e2e_tests!(postgres: Fixture::on("postgres"), shared);
 #[cfg(feature = "redis")]
-e2e_tests!(redis: Fixture::redis(), shared);
+e2e_tests!(redis: Fixture::on("redis"), shared);
 #[cfg(feature = "sled")]
-e2e_tests!(sled: Fixture::in_temp_dir(|dir| format!("sled://{}/events", dir.display())), restart);
+e2e_tests!(sled: Fixture::on("sled"), restart);
 
 /// The server process of the `restart` cases: this test binary, re-executed
 /// with the server's arguments in [`CHILD_ENV`]. It prints

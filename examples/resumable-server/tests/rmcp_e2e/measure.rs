@@ -84,13 +84,9 @@ async fn measure(name: &str, fixture: Fixture) {
 async fn measure_session_check() {
     measure("memory", Fixture::memory().await).await;
     #[cfg(feature = "sqlite")]
-    measure(
-        "sqlite",
-        Fixture::in_temp_dir(|dir| format!("sqlite://{}/events.db", dir.display())).await,
-    )
-    .await;
+    measure("sqlite", Fixture::on("sqlite").await).await;
     #[cfg(feature = "postgres")]
-    measure("postgres", Fixture::postgres().await).await;
+    measure("postgres", Fixture::on("postgres").await).await;
     #[cfg(feature = "redis")]
-    measure("redis", Fixture::redis().await).await;
+    measure("redis", Fixture::on("redis").await).await;
 }
