@@ -40,8 +40,9 @@
 //! With the `rmcp` feature, the `rmcp` module makes any of them (a
 //! [`DynStore`] included) a drop-in `EventStore` and `SessionStore` for rmcp
 //! 3.9's Streamable HTTP server, and `rmcp::SessionScoped` keeps resumes
-//! inside their session. The `resumable_server` example is a complete
-//! server: `cargo run --example resumable_server --features rmcp`.
+//! inside their session. The `resumable-server` package
+//! (`examples/resumable-server`) is a complete server:
+//! `cargo run -p resumable-server`.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -135,12 +135,13 @@ pub fn stream_json(info: &StreamInfo) -> Value {
 mod tests {
     use std::time::Duration;
 
-    use mcp_event_store::{EventId, Position, StreamKey};
+    use mcp_event_store::{EventId, Position};
+    use mcp_event_store_core::backend::{STREAM_KEY_LEN, StreamKey};
 
     use super::*;
 
     fn event(data: &'static [u8], retry: Option<Duration>) -> StoredEvent {
-        let token = StreamKey::from_bytes(&[7; mcp_event_store::STREAM_KEY_LEN])
+        let token = StreamKey::from_bytes(&[7; STREAM_KEY_LEN])
             .unwrap()
             .token("s");
         StoredEvent {

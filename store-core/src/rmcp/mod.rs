@@ -115,8 +115,8 @@
 //!   `close_standalone_sse_stream(retry)`, but a tool handler cannot learn
 //!   the `http_request_id` of its stream, and stateless mode has no handle.
 //!   Ending the HTTP response body works in both modes and is safe, since
-//!   every event is stored before rmcp writes it: the `resumable_server`
-//!   example does that (`--poll-every N`).
+//!   every event is stored before rmcp writes it: the example server
+//!   (`examples/resumable-server`) does that (`--poll-every N`).
 //! * **Resuming.** A `GET` with `Last-Event-ID` (with `Mcp-Session-Id` in
 //!   session mode) is answered from the event store, in session mode
 //!   without re-attaching to rmcp's live channel: the follow above is what

@@ -124,7 +124,7 @@ const CLEANUP_CONCURRENCY: usize = 8;
 ///
 /// The cost, so: one session-store read (a key lookup) per busy session per
 /// interval and instance, whatever the request rate, and a map lookup for
-/// the other requests. Measured on loopback (`tests/rmcp_e2e/measure.rs`),
+/// the other requests. Measured on loopback (`examples/resumable-server/tests/rmcp_e2e/measure.rs`),
 /// `has_session` took 110 to 270 ns a request with the default interval
 /// (rmcp's alone: 50 to 70 ns), and 46 to 58 us (SQLite), 81 us (Redis),
 /// 180 to 190 us (PostgreSQL) with a look-up on every request. That last is
