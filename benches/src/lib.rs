@@ -95,18 +95,22 @@ impl Backend {
 }
 
 /// Every backend compiled into the facade, in its order
-/// (`mcp_event_store::backends()`). A backend without a module here is an
-/// error, not a silent skip.
+/// (`mcp_event_store::backends()`) that has a module here; one without is
+/// named on stderr and not measured.
 pub fn compiled() -> Vec<Backend> {
     mcp_event_store::backends()
         .iter()
-        .map(|backend| {
-            Backend::named(backend.name).unwrap_or_else(|| {
-                panic!(
-                    "the benches have no module for the backend {:?}: add benches/src/{}.rs",
+        .filter_map(|backend| {
+            let known = Backend::named(backend.name);
+            if known.is_none() {
+                // A new backend benches once it has its module; until then
+                // the run says so instead of failing every bench.
+                eprintln!(
+                    "benches: no module for the backend {:?} (add benches/src/{}.rs); not measured",
                     backend.name, backend.name
-                )
-            })
+                );
+            }
+            known
         })
         .collect()
 }
