@@ -124,7 +124,7 @@
 //! the commit, so a task is durable (under the [durability](#durability)
 //! setting) and readable from every handle before `create` returns.
 //! Expiry and lost instances are decided when a task is read;
-//! [`TaskStore::purge_expired`](mcp_event_store_core::task::TaskStore::purge_expired)
+//! [`TaskStore::purge_expired_tasks`](mcp_event_store_core::task::TaskStore::purge_expired_tasks)
 //! persists them and deletes tasks past their grace with their inputs, in
 //! steps of at most 500 tasks, one transaction each, queued at the writer
 //! like any write, so a large purge never holds the write lock for long.
@@ -165,7 +165,7 @@
 //!
 //! Tasks are kept apart from this: their lifetimes are
 //! [`SqliteOptions::tasks`], and
-//! [`TaskStore::purge_expired`](mcp_event_store_core::task::TaskStore::purge_expired)
+//! [`TaskStore::purge_expired_tasks`](mcp_event_store_core::task::TaskStore::purge_expired_tasks)
 //! (see [Tasks](#tasks)) deletes them.
 //!
 //! # Following
