@@ -20,13 +20,12 @@
 //! wakes every task watcher to re-read its task's `rev` (T10). Each watcher
 //! also re-reads every `follow_recheck`, should a wake-up be missed.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::task::{
-    Applied, CancelMode, EXPIRED_ERROR, InstanceId, MAX_OUTSTANDING_INPUTS, NewTask, Owner, Rev,
+    Applied, CancelMode, EXPIRED_ERROR, Finish, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
     TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStatus, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
@@ -99,13 +98,11 @@ pub(crate) enum Change {
         key: String,
     },
     SetMessage(Option<String>),
-    SetPollInterval(Option<u64>),
-    /// The new lifetime, computed by the caller from the creation time
-    /// the writer reads: `None` here means a `null` ttl.
+    SetPollInterval(Option<Duration>),
     SetTtl(Option<Duration>),
     Finish {
         status: TaskStatus,
-        outcome: Option<Vec<u8>>,
+        outcome: Vec<u8>,
     },
 }
 
@@ -120,14 +117,28 @@ impl Change {
                 key: key.to_owned(),
             },
             WorkerChange::SetMessage(message) => Change::SetMessage(message.map(str::to_owned)),
-            WorkerChange::SetPollInterval(interval) => {
-                Change::SetPollInterval(interval.map(millis))
-            }
+            WorkerChange::SetPollInterval(interval) => Change::SetPollInterval(interval),
             WorkerChange::SetTtl(ttl) => Change::SetTtl(ttl),
             WorkerChange::Finish(finish) => Change::Finish {
                 status: finish.status(),
-                outcome: finish.outcome().map(<[u8]>::to_vec),
+                outcome: finish.outcome().unwrap_or_default().to_vec(),
             },
+        }
+    }
+
+    /// The change borrowed again, for the state machine.
+    fn as_worker(&self) -> WorkerChange<'_> {
+        match self {
+            Change::RequestInput { key, request } => WorkerChange::RequestInput { key, request },
+            Change::TakeAnswer { key } => WorkerChange::TakeAnswer { key },
+            Change::SetMessage(message) => WorkerChange::SetMessage(message.as_deref()),
+            Change::SetPollInterval(interval) => WorkerChange::SetPollInterval(*interval),
+            Change::SetTtl(ttl) => WorkerChange::SetTtl(*ttl),
+            Change::Finish { status, outcome } => WorkerChange::Finish(match status {
+                TaskStatus::Completed => Finish::Completed(outcome),
+                TaskStatus::Failed => Finish::Failed(outcome),
+                _ => Finish::Cancelled,
+            }),
         }
     }
 }
@@ -189,22 +200,7 @@ pub(crate) async fn try_create(
 ) -> Result<Option<TaskRecord>> {
     task.check()?;
     let now = store.now();
-    let lifetime = store.inner.task_options.lifetime(now, task.ttl);
-    let record = TaskRecord {
-        status: TaskStatus::Working,
-        rev: 1,
-        message: task.message.map(str::to_owned),
-        created_at: now,
-        updated_at: now,
-        ttl_ms: lifetime.ttl_ms,
-        expires_at: lifetime.expires_at,
-        purge_at: lifetime.purge_at,
-        poll_interval_ms: task.poll_interval.map(millis),
-        cancel_requested: false,
-        outcome: None,
-        outstanding: Vec::new(),
-        answered: Vec::new(),
-    };
+    let record = TaskRecord::created(task, now, &store.inner.task_options);
     task_write(
         store,
         TaskWrite::Create {
@@ -563,11 +559,6 @@ async fn supersede_inputs(conn: &mut SqliteConnection, digest: &TaskDigest) -> R
     Ok(())
 }
 
-fn bump(record: &mut TaskRecord, now: i64) {
-    record.rev += 1;
-    record.updated_at = now.max(record.updated_at);
-}
-
 // ------------------------------------------------------------ writer side
 
 impl Writer {
@@ -738,31 +729,25 @@ async fn answer_step(
     if seen.status.is_terminal() {
         return Ok(TaskAnswer::Record(Some(seen)));
     }
-    let mut answered = HashSet::new();
-    for (key, response) in responses {
-        if stored.input(key) == Some(OUTSTANDING) && answered.insert(key.as_str()) {
-            sqlx::query(
-                "UPDATE mes_task_inputs SET state = ?1, response = ?2 \
-                 WHERE digest = ?3 AND key = ?4 AND state = ?5",
-            )
-            .bind(ANSWERED)
-            .bind(&response[..])
-            .bind(&digest.as_bytes()[..])
-            .bind(key.as_bytes())
-            .bind(OUTSTANDING)
-            .execute(&mut *conn)
-            .await
-            .map_err(db_error)?;
-        }
-    }
+    let mut record = stored.record.clone();
+    let answered = record.answer(responses, now);
     if answered.is_empty() {
         return Ok(TaskAnswer::Record(Some(seen)));
     }
-    let mut record = stored.record.clone();
-    if record.outstanding.len() == answered.len() {
-        record.status = TaskStatus::Working;
+    for (key, response) in answered {
+        sqlx::query(
+            "UPDATE mes_task_inputs SET state = ?1, response = ?2 \
+                 WHERE digest = ?3 AND key = ?4 AND state = ?5",
+        )
+        .bind(ANSWERED)
+        .bind(&response[..])
+        .bind(&digest.as_bytes()[..])
+        .bind(key.as_bytes())
+        .bind(OUTSTANDING)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_error)?;
     }
-    bump(&mut record, now);
     save(
         conn,
         digest,
@@ -788,20 +773,11 @@ async fn cancel_step(
     if seen.status.is_terminal() {
         return Ok(TaskAnswer::Record(Some(seen)));
     }
-    let status = match mode {
-        CancelMode::Cooperative => TaskStatus::Working,
-        CancelMode::Immediate => TaskStatus::Cancelled,
-    };
     let mut record = stored.record.clone();
-    let changed =
-        !record.cancel_requested || !record.outstanding.is_empty() || record.status != status;
-    if !changed {
+    if !record.request_cancel(mode, now) {
         return Ok(TaskAnswer::Record(Some(seen)));
     }
     supersede_inputs(conn, digest).await?;
-    record.cancel_requested = true;
-    record.status = status;
-    bump(&mut record, now);
     save(
         conn,
         digest,
@@ -829,21 +805,20 @@ async fn apply_step(
         return Ok(TaskAnswer::Applied(Applied::AlreadyTerminal(seen.status)));
     }
     let mut record = stored.record.clone();
+    let effect = match record.apply(
+        change.as_worker(),
+        |key| stored.input(key).is_some(),
+        options,
+        now,
+    )? {
+        Step::Unchanged(applied) => return Ok(TaskAnswer::Applied(applied)),
+        Step::Changed(effect) => effect,
+    };
     let mut next_seq = stored.next_seq;
     let mut answer = None;
-    match change {
-        Change::RequestInput { key, request } => {
-            if stored.input(key).is_some() {
-                return Ok(TaskAnswer::Applied(Applied::KeySpent));
-            }
-            if record.cancel_requested {
-                return Ok(TaskAnswer::Applied(Applied::CancelRequested));
-            }
-            if record.outstanding.len() >= MAX_OUTSTANDING_INPUTS {
-                return Err(Error::Config(format!(
-                    "a task may have at most {MAX_OUTSTANDING_INPUTS} input requests outstanding"
-                )));
-            }
+    match effect {
+        InputEffect::None => {}
+        InputEffect::Request { key, request } => {
             next_seq += 1;
             sqlx::query(
                 "INSERT INTO mes_task_inputs (digest, key, seq, state, request) \
@@ -853,14 +828,13 @@ async fn apply_step(
             .bind(key.as_bytes())
             .bind(next_seq)
             .bind(OUTSTANDING)
-            .bind(&request[..])
+            .bind(request)
             .execute(&mut *conn)
             .await
             .map_err(db_error)?;
-            record.status = TaskStatus::InputRequired;
         }
-        Change::TakeAnswer { key } => {
-            let response: Option<Option<Vec<u8>>> = sqlx::query_scalar(
+        InputEffect::Take { key } => {
+            let response: Option<Vec<u8>> = sqlx::query_scalar(
                 "SELECT response FROM mes_task_inputs WHERE digest = ?1 AND key = ?2 AND state = ?3",
             )
             .bind(&digest.as_bytes()[..])
@@ -868,13 +842,8 @@ async fn apply_step(
             .bind(ANSWERED)
             .fetch_optional(&mut *conn)
             .await
-            .map_err(db_error)?;
-            let Some(response) = response else {
-                return Ok(TaskAnswer::Applied(Applied::Changed {
-                    rev: seen.rev,
-                    answer: None,
-                }));
-            };
+            .map_err(db_error)?
+            .ok_or_else(|| Error::Corrupt("an answered input is missing".into()))?;
             sqlx::query(
                 "UPDATE mes_task_inputs SET state = ?1, response = NULL \
                  WHERE digest = ?2 AND key = ?3",
@@ -887,21 +856,8 @@ async fn apply_step(
             .map_err(db_error)?;
             answer = Some(response.unwrap_or_default().into());
         }
-        Change::SetMessage(message) => record.message.clone_from(message),
-        Change::SetPollInterval(interval) => record.poll_interval_ms = *interval,
-        Change::SetTtl(ttl) => {
-            let lifetime = options.lifetime(record.created_at, *ttl);
-            record.ttl_ms = lifetime.ttl_ms;
-            record.expires_at = lifetime.expires_at;
-            record.purge_at = lifetime.purge_at;
-        }
-        Change::Finish { status, outcome } => {
-            record.status = *status;
-            record.outcome = outcome.clone().map(Into::into);
-            supersede_inputs(conn, digest).await?;
-        }
+        InputEffect::Supersede => supersede_inputs(conn, digest).await?,
     }
-    bump(&mut record, now);
     save(conn, digest, stored.record.rev, &record, &by.0, next_seq).await?;
     Ok(TaskAnswer::Applied(Applied::Changed {
         rev: record.rev,

@@ -9,11 +9,11 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::{
-    Applied, CancelMode, EXPIRED_ERROR, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
-    TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, WorkerChange, check_responses,
-    millis,
+    Applied, CancelMode, EXPIRED_ERROR, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
+    TaskDigest, TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange,
+    check_responses, millis,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::options::StoreOptions;
 
 /// A [`TaskStore`] kept in process memory.
@@ -88,29 +88,23 @@ impl Task {
         record
     }
 
-    fn outstanding(&self) -> usize {
-        self.inputs
-            .values()
-            .filter(|i| matches!(i.state, InputState::Outstanding(_)))
-            .count()
-    }
-
-    /// Marks every outstanding input superseded; `true` if there was one.
-    fn supersede_inputs(&mut self) -> bool {
-        let mut any = false;
+    /// Marks every outstanding input superseded.
+    fn supersede_inputs(&mut self) {
         for input in self.inputs.values_mut() {
             if matches!(input.state, InputState::Outstanding(_)) {
                 input.state = InputState::Spent;
-                any = true;
             }
         }
-        any
     }
 
-    /// Records a change made at `now` and wakes the watchers.
-    fn bump(&mut self, now: i64) -> Rev {
-        self.record.rev += 1;
-        self.record.updated_at = now.max(self.record.updated_at);
+    /// Keeps `record`, changed by the state machine (its `rev` bumped),
+    /// without its inputs, which `inputs` holds, and wakes the watchers.
+    fn commit(&mut self, record: TaskRecord) -> Rev {
+        self.record = TaskRecord {
+            outstanding: Vec::new(),
+            answered: Vec::new(),
+            ..record
+        };
         self.changed.send_replace(self.record.rev);
         self.record.rev
     }
@@ -211,22 +205,7 @@ impl TaskStore for MemoryTaskStore {
     async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
         task.check()?;
         let now = self.now();
-        let lifetime = self.inner.tasks.lifetime(now, task.ttl);
-        let record = TaskRecord {
-            status: TaskStatus::Working,
-            rev: 1,
-            message: task.message.map(str::to_owned),
-            created_at: now,
-            updated_at: now,
-            ttl_ms: lifetime.ttl_ms,
-            expires_at: lifetime.expires_at,
-            purge_at: lifetime.purge_at,
-            poll_interval_ms: task.poll_interval.map(millis),
-            cancel_requested: false,
-            outcome: None,
-            outstanding: Vec::new(),
-            answered: Vec::new(),
-        };
+        let record = TaskRecord::created(task, now, &self.inner.tasks);
         let mut state = self.state();
         let std::collections::hash_map::Entry::Vacant(slot) = state.tasks.entry(id.digest()) else {
             return Ok(None);
@@ -271,22 +250,17 @@ impl TaskStore for MemoryTaskStore {
         if seen.status.is_terminal() {
             return Ok(Some(seen));
         }
-        let mut changed = false;
-        for (key, response) in responses {
-            if let Some(input) = task.inputs.get_mut(*key)
-                && matches!(input.state, InputState::Outstanding(_))
-            {
-                input.state = InputState::Answered(Bytes::copy_from_slice(response));
-                changed = true;
-            }
-        }
-        if !changed {
+        let mut record = task.stored();
+        let answered = record.answer(responses, now);
+        if answered.is_empty() {
             return Ok(Some(seen));
         }
-        if task.outstanding() == 0 {
-            task.record.status = TaskStatus::Working;
+        for (key, response) in answered {
+            if let Some(input) = task.inputs.get_mut(*key) {
+                input.state = InputState::Answered(Bytes::copy_from_slice(response));
+            }
         }
-        task.bump(now);
+        task.commit(record);
         Ok(Some(task.stored()))
     }
 
@@ -307,18 +281,12 @@ impl TaskStore for MemoryTaskStore {
         if seen.status.is_terminal() {
             return Ok(Some(seen));
         }
-        let mut changed = !task.record.cancel_requested;
-        task.record.cancel_requested = true;
-        changed |= task.supersede_inputs();
-        let status = match mode {
-            CancelMode::Cooperative => TaskStatus::Working,
-            CancelMode::Immediate => TaskStatus::Cancelled,
-        };
-        changed |= task.record.status != status;
-        task.record.status = status;
-        if changed {
-            task.bump(now);
+        let mut record = task.stored();
+        if !record.request_cancel(mode, now) {
+            return Ok(Some(seen));
         }
+        task.supersede_inputs();
+        task.commit(record);
         Ok(Some(task.stored()))
     }
 
@@ -337,21 +305,20 @@ impl TaskStore for MemoryTaskStore {
         if seen.status.is_terminal() {
             return Ok(Applied::AlreadyTerminal(seen.status));
         }
+        let mut record = task.stored();
+        let effect = match record.apply(
+            change,
+            |key| task.inputs.contains_key(key),
+            &self.inner.tasks,
+            now,
+        )? {
+            Step::Unchanged(applied) => return Ok(applied),
+            Step::Changed(effect) => effect,
+        };
         let mut answer = None;
-        match change {
-            WorkerChange::RequestInput { key, request } => {
-                if task.inputs.contains_key(key) {
-                    return Ok(Applied::KeySpent);
-                }
-                if task.record.cancel_requested {
-                    return Ok(Applied::CancelRequested);
-                }
-                if task.outstanding() >= super::MAX_OUTSTANDING_INPUTS {
-                    return Err(Error::Config(format!(
-                        "a task may have at most {} input requests outstanding",
-                        super::MAX_OUTSTANDING_INPUTS
-                    )));
-                }
+        match effect {
+            InputEffect::None => {}
+            InputEffect::Request { key, request } => {
                 task.next_seq += 1;
                 task.inputs.insert(
                     key.to_owned(),
@@ -360,45 +327,21 @@ impl TaskStore for MemoryTaskStore {
                         state: InputState::Outstanding(Bytes::copy_from_slice(request)),
                     },
                 );
-                task.record.status = TaskStatus::InputRequired;
             }
-            WorkerChange::TakeAnswer { key } => {
-                let Some(input) = task
-                    .inputs
-                    .get_mut(key)
-                    .filter(|i| matches!(i.state, InputState::Answered(_)))
-                else {
-                    return Ok(Applied::Changed {
-                        rev: seen.rev,
-                        answer: None,
-                    });
-                };
-                if let InputState::Answered(response) =
-                    std::mem::replace(&mut input.state, InputState::Spent)
+            InputEffect::Take { key } => {
+                if let Some(input) = task.inputs.get_mut(key)
+                    && let InputState::Answered(response) =
+                        std::mem::replace(&mut input.state, InputState::Spent)
                 {
                     answer = Some(response);
                 }
             }
-            WorkerChange::SetMessage(message) => {
-                task.record.message = message.map(str::to_owned);
-            }
-            WorkerChange::SetPollInterval(interval) => {
-                task.record.poll_interval_ms = interval.map(millis);
-            }
-            WorkerChange::SetTtl(ttl) => {
-                let lifetime = self.inner.tasks.lifetime(task.record.created_at, ttl);
-                task.record.ttl_ms = lifetime.ttl_ms;
-                task.record.expires_at = lifetime.expires_at;
-                task.record.purge_at = lifetime.purge_at;
-            }
-            WorkerChange::Finish(finish) => {
-                task.record.status = finish.status();
-                task.record.outcome = finish.outcome().map(Bytes::copy_from_slice);
+            InputEffect::Supersede => {
                 task.supersede_inputs();
             }
         }
         task.instance = by;
-        let rev = task.bump(now);
+        let rev = task.commit(record);
         Ok(Applied::Changed { rev, answer })
     }
 
@@ -466,11 +409,7 @@ impl TaskStore for MemoryTaskStore {
                     report.orphaned += 1;
                 }
                 task.supersede_inputs();
-                task.record.status = seen.status;
-                task.record.outcome = seen.outcome;
-                task.record.rev = seen.rev;
-                task.record.updated_at = seen.updated_at;
-                task.changed.send_replace(seen.rev);
+                task.commit(seen);
             }
             true
         });
@@ -501,6 +440,7 @@ mod tests {
     use futures_util::FutureExt;
 
     use super::*;
+    use crate::task::TaskStatus;
     use crate::task::conformance::{self, MemoryTaskHarness, TaskHarness};
 
     crate::task_conformance_tests!(MemoryTaskHarness::new());

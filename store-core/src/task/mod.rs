@@ -15,6 +15,10 @@
 //!   ([`WorkerChange`], [`TaskStore::answer`], [`TaskStore::request_cancel`])
 //!   with their results ([`Applied`]) (T4 to T6);
 //! * the limits (T7) and [`TaskOptions`] (T8);
+//! * the state machine itself, written once ([`TaskRecord::created`],
+//!   [`TaskRecord::answer`], [`TaskRecord::request_cancel`],
+//!   [`TaskRecord::apply`]): backends read, call it, and store what it
+//!   reports changed (see [`Step`] and [`InputEffect`]);
 //! * [`TaskRecord::seen_at`], the read-time decision that turns an expired
 //!   task or one whose instance died into `failed` (T8, T11), so no sweeper
 //!   is needed for correctness;
@@ -22,6 +26,7 @@
 //! * with the `conformance` feature, the shared suite ([`conformance`]).
 
 mod id;
+mod machine;
 mod memory;
 mod record;
 
@@ -36,6 +41,7 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 
 pub use id::{InstanceId, Owner, TaskDigest, TaskId};
+pub use machine::{InputEffect, Step};
 pub use memory::MemoryTaskStore;
 pub use record::{TaskRecord, TaskStatus};
 

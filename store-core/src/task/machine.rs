@@ -1,0 +1,216 @@
+//! The task state machine, written once for every backend.
+//!
+//! What a client call or a worker's change does to a task is decided here,
+//! in memory, on the [`TaskRecord`] a backend read inside its atomic step
+//! (its lock or transaction), with `outstanding` and `answered` filled from
+//! the task's inputs. A backend:
+//!
+//! 1. reads the task and decides visibility with
+//!    [`TaskRecord::seen_at`]; if the record as seen is terminal, it
+//!    answers with it (or [`Applied::AlreadyTerminal`]) and changes
+//!    nothing (T4);
+//! 2. calls [`TaskRecord::answer`], [`TaskRecord::request_cancel`] or
+//!    [`TaskRecord::apply`] on the record as stored;
+//! 3. if that reports a change, stores the record (its `rev` already
+//!    bumped) and the inputs' new states the call names, conditioned on
+//!    the `rev` it read, in the same atomic step.
+//!
+//! So backends differ only in how they store bytes.
+
+use bytes::Bytes;
+
+use super::{
+    Applied, CancelMode, MAX_OUTSTANDING_INPUTS, NewTask, Rev, TaskOptions, TaskRecord, TaskStatus,
+    WorkerChange, millis,
+};
+use crate::error::{Error, Result};
+
+/// What a backend stores for a task's inputs when [`TaskRecord::apply`]
+/// changed the record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputEffect<'a> {
+    /// The inputs stay as they are.
+    None,
+    /// Add `key` as a new outstanding input with `request`, after every
+    /// input the task has (inputs are ordered by when they were requested).
+    Request {
+        /// The key, not used before by this task.
+        key: &'a str,
+        /// The serialized request.
+        request: &'a [u8],
+    },
+    /// Mark the answered input `key` spent and hand its response to the
+    /// worker as [`Applied::Changed`]'s `answer`.
+    Take {
+        /// A key the record listed as answered.
+        key: &'a str,
+    },
+    /// Mark every outstanding input spent (the task ended).
+    Supersede,
+}
+
+/// What [`TaskRecord::apply`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step<'a> {
+    /// Nothing changed: answer the worker with this and store nothing.
+    Unchanged(Applied),
+    /// The record changed and its `rev` was bumped: store it, make the
+    /// calling instance the task's instance (T11), apply the input effect,
+    /// and answer [`Applied::Changed`] with the new `rev`.
+    Changed(InputEffect<'a>),
+}
+
+impl TaskRecord {
+    /// A new task's record, created at `now` with the lifetime `options`
+    /// give its requested ttl (T8): `working` at `rev` 1.
+    pub fn created(task: &NewTask<'_>, now: i64, options: &TaskOptions) -> Self {
+        let lifetime = options.lifetime(now, task.ttl);
+        TaskRecord {
+            status: TaskStatus::Working,
+            rev: 1,
+            message: task.message.map(str::to_owned),
+            created_at: now,
+            updated_at: now,
+            ttl_ms: lifetime.ttl_ms,
+            expires_at: lifetime.expires_at,
+            purge_at: lifetime.purge_at,
+            poll_interval_ms: task.poll_interval.map(millis),
+            cancel_requested: false,
+            outcome: None,
+            outstanding: Vec::new(),
+            answered: Vec::new(),
+        }
+    }
+
+    /// Records a change made at `now`: bumps `rev` (T4) and moves
+    /// `updated_at` forward, never back. Returns the new `rev`.
+    pub fn bump(&mut self, now: i64) -> Rev {
+        self.rev += 1;
+        self.updated_at = now.max(self.updated_at);
+        self.rev
+    }
+
+    /// The client answers (T5): each response whose key is outstanding
+    /// moves it to `answered`; other keys, and repeats of a key, are
+    /// ignored. Once nothing is outstanding the task is `working` again.
+    ///
+    /// Returns the responses to store, one per newly answered key, in the
+    /// order given. Empty: nothing changed, store nothing and answer with
+    /// the record as read. Otherwise the record was bumped at `now`; the
+    /// backend stores it and those inputs as answered, then answers with
+    /// the task as stored (whose `answered` is in request order).
+    pub fn answer<'r, K: AsRef<str>, R>(
+        &mut self,
+        responses: &'r [(K, R)],
+        now: i64,
+    ) -> Vec<&'r (K, R)> {
+        let mut answered = Vec::new();
+        for response in responses {
+            let key = response.0.as_ref();
+            if let Some(at) = self.outstanding.iter().position(|(k, _)| k == key) {
+                let (key, _) = self.outstanding.remove(at);
+                self.answered.push(key);
+                answered.push(response);
+            }
+        }
+        if !answered.is_empty() {
+            if self.outstanding.is_empty() {
+                self.status = TaskStatus::Working;
+            }
+            self.bump(now);
+        }
+        answered
+    }
+
+    /// The client asks to cancel (T6): `cancel_requested` is set, every
+    /// outstanding input is superseded, and the task is `working` (the
+    /// worker winds down, [`CancelMode::Cooperative`]) or `cancelled`
+    /// ([`CancelMode::Immediate`]).
+    ///
+    /// Returns `false` when that is already so: store nothing. Otherwise
+    /// the record was bumped at `now`; the backend stores it and marks
+    /// every outstanding input spent.
+    pub fn request_cancel(&mut self, mode: CancelMode, now: i64) -> bool {
+        let status = match mode {
+            CancelMode::Cooperative => TaskStatus::Working,
+            CancelMode::Immediate => TaskStatus::Cancelled,
+        };
+        if self.cancel_requested && self.outstanding.is_empty() && self.status == status {
+            return false;
+        }
+        self.cancel_requested = true;
+        self.outstanding.clear();
+        self.status = status;
+        self.bump(now);
+        true
+    }
+
+    /// Applies a worker's change at `now` (T4, T5, T8); `key_used` tells
+    /// whether the task ever used a key, in any state (T5: a key is spent
+    /// once used). `options` give the lifetime for
+    /// [`WorkerChange::SetTtl`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a request past [`MAX_OUTSTANDING_INPUTS`].
+    pub fn apply<'a>(
+        &mut self,
+        change: WorkerChange<'a>,
+        key_used: impl FnOnce(&str) -> bool,
+        options: &TaskOptions,
+        now: i64,
+    ) -> Result<Step<'a>> {
+        let effect = match change {
+            WorkerChange::RequestInput { key, request } => {
+                if key_used(key) {
+                    return Ok(Step::Unchanged(Applied::KeySpent));
+                }
+                if self.cancel_requested {
+                    return Ok(Step::Unchanged(Applied::CancelRequested));
+                }
+                if self.outstanding.len() >= MAX_OUTSTANDING_INPUTS {
+                    return Err(Error::Config(format!(
+                        "a task may have at most {MAX_OUTSTANDING_INPUTS} input requests outstanding"
+                    )));
+                }
+                self.outstanding
+                    .push((key.to_owned(), Bytes::copy_from_slice(request)));
+                self.status = TaskStatus::InputRequired;
+                InputEffect::Request { key, request }
+            }
+            WorkerChange::TakeAnswer { key } => {
+                let Some(at) = self.answered.iter().position(|k| k == key) else {
+                    return Ok(Step::Unchanged(Applied::Changed {
+                        rev: self.rev,
+                        answer: None,
+                    }));
+                };
+                self.answered.remove(at);
+                InputEffect::Take { key }
+            }
+            WorkerChange::SetMessage(message) => {
+                self.message = message.map(str::to_owned);
+                InputEffect::None
+            }
+            WorkerChange::SetPollInterval(interval) => {
+                self.poll_interval_ms = interval.map(millis);
+                InputEffect::None
+            }
+            WorkerChange::SetTtl(ttl) => {
+                let lifetime = options.lifetime(self.created_at, ttl);
+                self.ttl_ms = lifetime.ttl_ms;
+                self.expires_at = lifetime.expires_at;
+                self.purge_at = lifetime.purge_at;
+                InputEffect::None
+            }
+            WorkerChange::Finish(finish) => {
+                self.status = finish.status();
+                self.outcome = finish.outcome().map(Bytes::copy_from_slice);
+                self.outstanding.clear();
+                InputEffect::Supersede
+            }
+        };
+        self.bump(now);
+        Ok(Step::Changed(effect))
+    }
+}
