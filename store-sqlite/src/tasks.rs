@@ -5,7 +5,9 @@
 //! one transaction under SQLite's write lock (`BEGIN IMMEDIATE`, or the
 //! group's transaction when it shares a group commit): the task is read,
 //! the state machine decides in Rust with the same code every backend uses
-//! ([`TaskRecord::seen_at`]), and the row is written back conditioned on the
+//! ([`TaskRecord::seen_at`], then [`TaskRecord::answer`],
+//! [`TaskRecord::request_cancel`] or [`TaskRecord::apply`]), and the row,
+//! with the inputs the machine names, is written back conditioned on the
 //! `rev` just read. Holding the write lock from the read to the commit makes
 //! the step atomic across handles and processes (T4); `create` and
 //! `heartbeat` are single statements. The caller is answered after the
@@ -716,6 +718,27 @@ async fn reread(conn: &mut SqliteConnection, digest: &TaskDigest, now: i64) -> R
     Ok(TaskAnswer::Record(stored.and_then(|s| s.seen(now))))
 }
 
+/// Writes back `record`, changed by a client's call (the task keeps its
+/// instance), and answers with the task as now stored.
+async fn save_client_change(
+    conn: &mut SqliteConnection,
+    digest: &TaskDigest,
+    stored: &Stored,
+    record: &TaskRecord,
+    now: i64,
+) -> Result<TaskAnswer> {
+    save(
+        conn,
+        digest,
+        stored.record.rev,
+        record,
+        &stored.instance,
+        stored.next_seq,
+    )
+    .await?;
+    reread(conn, digest, now).await
+}
+
 async fn answer_step(
     conn: &mut SqliteConnection,
     digest: &TaskDigest,
@@ -748,16 +771,7 @@ async fn answer_step(
         .await
         .map_err(db_error)?;
     }
-    save(
-        conn,
-        digest,
-        stored.record.rev,
-        &record,
-        &stored.instance,
-        stored.next_seq,
-    )
-    .await?;
-    reread(conn, digest, now).await
+    save_client_change(conn, digest, &stored, &record, now).await
 }
 
 async fn cancel_step(
@@ -778,16 +792,7 @@ async fn cancel_step(
         return Ok(TaskAnswer::Record(Some(seen)));
     }
     supersede_inputs(conn, digest).await?;
-    save(
-        conn,
-        digest,
-        stored.record.rev,
-        &record,
-        &stored.instance,
-        stored.next_seq,
-    )
-    .await?;
-    reread(conn, digest, now).await
+    save_client_change(conn, digest, &stored, &record, now).await
 }
 
 async fn apply_step(

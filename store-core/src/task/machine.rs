@@ -214,3 +214,77 @@ impl TaskRecord {
         Ok(Step::Changed(effect))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::{Finish, InstanceId, Owner};
+
+    fn record() -> TaskRecord {
+        let task = NewTask::new(&Owner::Anonymous, InstanceId([0; 16]));
+        TaskRecord::created(&task, 100, &TaskOptions::default())
+    }
+
+    #[test]
+    fn answers_each_outstanding_key_once() {
+        let mut r = record();
+        r.outstanding = vec![("a".into(), Bytes::new()), ("b".into(), Bytes::new())];
+        let responses = [("a", 1), ("x", 2), ("a", 3)];
+        assert_eq!(r.answer(&responses, 150), vec![&("a", 1)]);
+        assert_eq!((r.rev, r.updated_at), (2, 150));
+        assert_eq!(r.answered, ["a"]);
+        assert_eq!(r.status, TaskStatus::Working);
+        assert!(r.answer(&[("a", 4)], 160).is_empty());
+        assert_eq!(r.rev, 2);
+    }
+
+    #[test]
+    fn cancel_changes_once() {
+        let mut r = record();
+        assert!(r.request_cancel(CancelMode::Cooperative, 150));
+        assert!(!r.request_cancel(CancelMode::Cooperative, 160));
+        assert!(r.request_cancel(CancelMode::Immediate, 170));
+        assert_eq!((r.status, r.rev), (TaskStatus::Cancelled, 3));
+    }
+
+    #[test]
+    fn worker_changes_name_their_input_effects() {
+        let options = TaskOptions::default();
+        let mut r = record();
+        let ask = WorkerChange::RequestInput {
+            key: "k",
+            request: b"{}",
+        };
+        assert_eq!(
+            r.apply(ask, |_| true, &options, 150).unwrap(),
+            Step::Unchanged(Applied::KeySpent)
+        );
+        assert_eq!(
+            r.apply(ask, |_| false, &options, 150).unwrap(),
+            Step::Changed(InputEffect::Request {
+                key: "k",
+                request: b"{}"
+            })
+        );
+        assert_eq!(r.status, TaskStatus::InputRequired);
+        let take = WorkerChange::TakeAnswer { key: "k" };
+        assert_eq!(
+            r.apply(take, |_| true, &options, 160).unwrap(),
+            Step::Unchanged(Applied::Changed {
+                rev: 2,
+                answer: None
+            })
+        );
+        r.answer(&[("k", ())], 170);
+        assert_eq!(
+            r.apply(take, |_| true, &options, 180).unwrap(),
+            Step::Changed(InputEffect::Take { key: "k" })
+        );
+        let finish = WorkerChange::Finish(Finish::Completed(b"{}"));
+        assert_eq!(
+            r.apply(finish, |_| true, &options, 190).unwrap(),
+            Step::Changed(InputEffect::Supersede)
+        );
+        assert_eq!((r.status, r.rev), (TaskStatus::Completed, 5));
+    }
+}
