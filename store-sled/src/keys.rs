@@ -57,6 +57,13 @@ pub(crate) const TREE_STREAM_AGE: &str = "mcp-event-store/v1/stream_age";
 pub(crate) const TREE_SESSIONS: &str = "mcp-event-store/v1/sessions";
 pub(crate) const TREE_SESSION_EXPIRY: &str = "mcp-event-store/v1/session_expiry";
 
+/// Tasks (SEP-2663), added without a new `FORMAT_VERSION`: releases
+/// before tasks never open these trees.
+pub(crate) const TREE_TASKS: &str = "mcp-event-store/t1/tasks";
+/// `purge_at ++ digest` for every task.
+pub(crate) const TREE_TASK_PURGE: &str = "mcp-event-store/t1/task_purge";
+/// Instance id -> heartbeat deadline.
+pub(crate) const TREE_TASK_INSTANCES: &str = "mcp-event-store/t1/instances";
 pub(crate) const META_FORMAT: &str = "format_version";
 pub(crate) const META_STREAM_KEY: &str = "stream_key";
 pub(crate) const META_CREATED_BY: &str = "created_by";

@@ -90,6 +90,59 @@
 //! avoided: in sled 0.34 they switch the whole process to a global lock that
 //! every later operation, and every flush for its whole fsync, then takes.
 //!
+//! ## Tasks
+//!
+//! [`SledStore`] is also a [`TaskStore`] (SEP-2663 durable tasks), in three
+//! trees of its own:
+//!
+//! | tree | key | value |
+//! |---|---|---|
+//! | `mcp-event-store/t1/tasks` | the task's 16-byte digest | the whole task: owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, and its inputs (outstanding requests, answered responses, spent keys) |
+//! | `mcp-event-store/t1/task_purge` | `purge_at ++ digest`, big-endian | empty |
+//! | `mcp-event-store/t1/instances` | instance id | heartbeat deadline (ms) |
+//!
+//! A task is keyed by the digest of its id, never the id (T2), so a dump
+//! of the database hands out no bearer token. The trees also hold no
+//! principal, only its digest.
+//!
+//! **One atomic step.** Every mutation (`create`, `answer`,
+//! `request_cancel`, `apply`, `heartbeat`, a purge ending or deleting a
+//! task) is one `compare_and_swap` of the task's one key: the value is
+//! read, the state machine every backend shares decides, and the new value
+//! is swapped in only if the old value is still there (its `rev` and status
+//! included), else the step runs again. It is atomic across handles and on
+//! disk, and conditioned on status and `rev` (T4). This is why a task's
+//! inputs live in its value and not in a `task_inputs` tree: a step over
+//! two trees would need a sled transaction, which in sled 0.34 puts every
+//! later call of the process, appends and flushes included, behind a global
+//! lock (see above). The price: every change rewrites the task's inputs,
+//! at most 64 outstanding requests of 1 MiB each, plus answers the worker
+//! has not taken yet. The purge index entry is written before the task,
+//! so a crash leaves at most a stale entry, which the purge drops.
+//!
+//! **Durable before return.** A task mutation returns once flushed under
+//! the handle's durability, through the same group flusher as appends: with
+//! [`Durability::Flush`] after the flush covering it, with
+//! [`Durability::Interval`] at once, with the same loss window as events
+//! (T1). Unlike events, tasks have no durable watermark: a `get` or `watch`
+//! may see a change a few microseconds before its flush completes (and a
+//! crash in between loses it, whose caller was never answered).
+//!
+//! **Watch.** After a change is flushed, it wakes the task's watchers
+//! through the database's task wake-up hub, which every handle in the
+//! process shares, as they share the followers' hub (T10): sled has one
+//! process, so no listener or poll is needed. Task watchers are not
+//! followers: [`EventStore::open_follows`] does not count them. A watcher holds a hub entry and a timer, no thread or
+//! database reference; it re-reads on each wake-up and every
+//! [`SledOptions::follow_recheck`]. Expiry and orphaning wake no one (they
+//! are decided at read time, T8 and T11).
+//!
+//! **Purge.** [`TaskStore::purge_expired_tasks`] persists expired and
+//! orphaned tasks as `failed` (walking the task tree 500 keys per blocking
+//! call, so its cost follows the number of tasks), deletes tasks past their
+//! grace through the `task_purge` index, 500 per blocking call, and then
+//! forgets lapsed instances.
+//!
 //! ## Event ids
 //!
 //! An event's id is `v1.<token>.<incarnation>-<seq>` in hex (the
@@ -283,6 +336,13 @@
 //! never gets this crate's trees written into it. Only an empty directory
 //! or database becomes a new event store.
 //!
+//! Tasks did not change the format version: they live in trees of their
+//! own (see "Tasks") that a release without tasks never opens, and that
+//! release accepts a database holding them and keeps serving its events.
+//! The metadata records the task format separately (`task_format`, now 1),
+//! and an open refuses a database of a newer task format with
+//! [`Error::IncompatibleFormat`], changing nothing.
+//!
 //! The format is this crate's layout on top of sled's own on-disk format,
 //! which sled 0.34 does not promise to keep (see [Limits](#limits)).
 //!
@@ -315,7 +375,10 @@
 //!   every backend; beyond, [`Error::PayloadTooLarge`] or an invalid-id
 //!   error.
 //! * One process per database directory (sled's lock; see "One process,
-//!   many handles").
+//!   many handles"). This also holds for tasks: a task is shared by every
+//!   handle in the process, never by two server processes, so two
+//!   instances of a server cannot share sled tasks (T9); use PostgreSQL or
+//!   Redis for that.
 //! * The flush interval and the follow re-check interval are 1 ms to one
 //!   hour ([`MAX_FLUSH_INTERVAL`], [`MAX_FOLLOW_RECHECK`]).
 //! * sled's page cache is [`DEFAULT_CACHE_CAPACITY`] (256 MiB) unless
@@ -344,6 +407,8 @@
 //! [`Error::PayloadTooLarge`]: mcp_event_store_core::Error::PayloadTooLarge
 //! [`Error::UnknownEventId`]: mcp_event_store_core::Error::UnknownEventId
 //! [`EventId`]: mcp_event_store_core::EventId
+//! [`TaskStore`]: mcp_event_store_core::task::TaskStore
+//! [`TaskStore::purge_expired_tasks`]: mcp_event_store_core::task::TaskStore::purge_expired_tasks
 //! [`EventStore::check`]: mcp_event_store_core::EventStore::check
 //! [`EventStore::follow_events_after`]: mcp_event_store_core::EventStore::follow_events_after
 //! [`EventStore::list_streams`]: mcp_event_store_core::EventStore::list_streams
@@ -366,6 +431,7 @@ mod sessions;
 mod setup;
 mod shared;
 mod store;
+mod tasks;
 
 #[cfg(feature = "conformance")]
 pub mod testing;

@@ -27,12 +27,14 @@ use crate::flusher::Flusher;
 use crate::keys::{
     self, META_CREATED_BY, META_ERA, META_FLOOR, META_FORMAT, META_LOOSEST, META_MIGRATED,
     META_RELAXED, META_STREAM_KEY, TREE_EVENTS, TREE_META, TREE_SESSION_EXPIRY, TREE_SESSIONS,
-    TREE_STREAM_AGE, TREE_STREAMS, TREE_STREAMS_V1,
+    TREE_STREAM_AGE, TREE_STREAMS, TREE_STREAMS_V1, TREE_TASK_INSTANCES, TREE_TASK_PURGE,
+    TREE_TASKS,
 };
 use crate::shared::{Incarnations, Shared, SlotMap, backend, lock};
+use crate::tasks::{META_TASK_FORMAT, TASK_FORMAT};
 
 /// Every tree this crate has ever written.
-const OUR_TREES: [&str; 7] = [
+const OUR_TREES: [&str; 10] = [
     TREE_META,
     TREE_EVENTS,
     TREE_STREAMS,
@@ -40,6 +42,9 @@ const OUR_TREES: [&str; 7] = [
     TREE_STREAM_AGE,
     TREE_SESSIONS,
     TREE_SESSION_EXPIRY,
+    TREE_TASKS,
+    TREE_TASK_PURGE,
+    TREE_TASK_INSTANCES,
 ];
 const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
 
@@ -203,6 +208,7 @@ impl Shared {
             incarnations,
             loosest,
         } = load_meta(&db, &meta)?;
+        check_task_format(&meta)?;
         let tree = |name: &str| db.open_tree(name).map_err(backend);
         let relaxed = Arc::new(AtomicBool::new(false));
         let wakeups = Arc::new(Wakeups::default());
@@ -211,6 +217,7 @@ impl Shared {
         Ok(Arc::new(Self {
             flusher,
             wakeups,
+            task_wakeups: Arc::new(Wakeups::default()),
             path: path.to_owned(),
             key,
             incarnations,
@@ -224,6 +231,9 @@ impl Shared {
             stream_age: tree(TREE_STREAM_AGE)?,
             sessions: tree(TREE_SESSIONS)?,
             session_expiry: tree(TREE_SESSION_EXPIRY)?,
+            tasks: tree(TREE_TASKS)?,
+            task_purge: tree(TREE_TASK_PURGE)?,
+            task_instances: tree(TREE_TASK_INSTANCES)?,
             meta,
             db,
             closer: Closer(Arc::default()),
@@ -252,6 +262,33 @@ fn open_meta(db: &sled::Db, path: &Path) -> Result<sled::Tree> {
         }
     }
     db.open_tree(TREE_META).map_err(backend)
+}
+
+/// Refuses a database whose tasks a newer release wrote in a newer task
+/// format ([`TASK_FORMAT`]), changing nothing; records the task format in
+/// a database that has none yet. The event format is not involved: a
+/// release without tasks ignores this record and the task trees.
+fn check_task_format(meta: &sled::Tree) -> Result<()> {
+    match meta.get(META_TASK_FORMAT).map_err(backend)? {
+        Some(raw) => {
+            let version = <[u8; 4]>::try_from(&raw[..])
+                .map(u32::from_be_bytes)
+                .map_err(|_| Error::Corrupt("task format record is malformed".into()))?;
+            if version > TASK_FORMAT {
+                return Err(Error::IncompatibleFormat(format!(
+                    "this sled database stores tasks in task format {version}; \
+                     mcp-event-store-sled {} reads task format {TASK_FORMAT} only. Upgrade \
+                     mcp-event-store-sled, or point it at another directory",
+                    env!("CARGO_PKG_VERSION")
+                )));
+            }
+        }
+        None => {
+            meta.insert(META_TASK_FORMAT, &TASK_FORMAT.to_be_bytes())
+                .map_err(backend)?;
+        }
+    }
+    Ok(())
 }
 
 fn read_u64(meta: &sled::Tree, key: &str) -> Result<Option<u64>> {

@@ -208,6 +208,11 @@ pub(crate) struct Shared {
     /// one hub for every handle on this database in the process (the
     /// flusher holds it too, to wake after publishing).
     pub(crate) wakeups: Arc<Wakeups>,
+    /// Wakes watchers of a task once a change to it is flushed: one hub
+    /// for every handle on this database in the process, apart from the
+    /// followers' so that [`open_follows`](mcp_event_store_core::EventStore::open_follows)
+    /// counts followers only.
+    pub(crate) task_wakeups: Arc<Wakeups>,
     pub(crate) path: PathBuf,
     pub(crate) key: StreamKey,
     /// The incarnation floor and the migrated incarnation.
@@ -225,6 +230,9 @@ pub(crate) struct Shared {
     pub(crate) stream_age: sled::Tree,
     pub(crate) sessions: sled::Tree,
     pub(crate) session_expiry: sled::Tree,
+    pub(crate) tasks: sled::Tree,
+    pub(crate) task_purge: sled::Tree,
+    pub(crate) task_instances: sled::Tree,
     pub(crate) meta: sled::Tree,
     pub(crate) db: sled::Db,
     pub(crate) closer: Closer,
@@ -245,6 +253,7 @@ impl Drop for Shared {
     /// [`Error::Closed`] instead of at its next re-check.
     fn drop(&mut self) {
         self.wakeups.wake_all();
+        self.task_wakeups.wake_all();
     }
 }
 

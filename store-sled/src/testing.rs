@@ -3,12 +3,14 @@
 //! ```ignore
 //! use mcp_event_store_sled::testing::SledHarness;
 //! mcp_event_store_core::conformance_tests!(SledHarness::new(), persistent);
+//! mcp_event_store_core::task_conformance_tests!(SledHarness::new());
 //! ```
 
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
+use mcp_event_store_core::task::conformance::TaskHarness;
 use mcp_event_store_core::{Result, StoreOptions};
 
 use crate::shared::blocking;
@@ -145,4 +147,54 @@ pub fn followed_streams(store: &SledStore) -> usize {
     store
         .shared()
         .map_or(0, |shared| shared.wakeups.followed().len())
+}
+
+/// The task suite on the harness's directory: every
+/// [`open`](TaskHarness::open) is another handle on the one database (the
+/// process-wide registry shares it), and
+/// [`raw_rows`](TaskHarness::raw_rows) dumps the task trees.
+#[async_trait]
+impl TaskHarness for SledHarness {
+    type Store = SledStore;
+
+    async fn open(&self, options: StoreOptions) -> SledStore {
+        Harness::open(self, options).await
+    }
+
+    async fn close(&self, store: SledStore) {
+        Harness::close(self, store).await;
+    }
+
+    /// Every key and value of the task trees, each as `key | value`. Read
+    /// through an open handle (sled lets one process open the directory).
+    async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {
+        let store = Harness::open(self, StoreOptions::default()).await;
+        let shared = store.shared().expect("just opened");
+        let rows = blocking(move || {
+            let mut rows = Vec::new();
+            for tree in [&shared.tasks, &shared.task_purge, &shared.task_instances] {
+                for entry in tree.iter() {
+                    let (key, value) = entry.map_err(crate::shared::backend)?;
+                    let mut row = key.to_vec();
+                    row.push(b'|');
+                    row.extend_from_slice(&value);
+                    rows.push(row);
+                }
+            }
+            Ok(rows)
+        })
+        .await
+        .expect("read the task trees");
+        Harness::close(self, store).await;
+        Some(rows)
+    }
+
+    /// An in-process wake-up: microseconds, plus slack for a loaded machine.
+    fn wake_bound(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(500)
+    }
+
+    async fn teardown(self) {
+        Harness::teardown(self).await;
+    }
 }

@@ -1,0 +1,894 @@
+//! The task store (SEP-2663 durable tasks), in three trees of their own
+//! (see the crate docs, "Tasks"): `t1/tasks` (digest -> the task with its
+//! inputs), `t1/task_purge` (purge time ++ digest) and `t1/instances`
+//! (instance id -> heartbeat deadline).
+//!
+//! Every mutation is one `compare_and_swap` of the task's one key: read the
+//! value, let the state machine every backend shares decide
+//! ([`TaskRecord::seen_at`], then [`TaskRecord::answer`],
+//! [`TaskRecord::request_cancel`] or [`TaskRecord::apply`]), and swap in
+//! the new value only if the old one is still there, else read again. The
+//! swap is conditioned on the whole value (its `rev` included), atomic
+//! across handles, and atomic on disk. It takes no global lock, unlike
+//! sled's transactions and batches (see the crate docs, "Layout"). A change
+//! returns once flushed under the handle's durability, through the group
+//! flusher, and then wakes the task's watchers through the database's
+//! task wake-up hub, which every handle in the process shares.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use mcp_event_store_core::backend::{STREAM_TOKEN_LEN, StreamToken};
+use mcp_event_store_core::task::{
+    Applied, CancelMode, EXPIRED_ERROR, Finish, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
+    TaskDigest, TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore,
+    WorkerChange, check_responses,
+};
+use mcp_event_store_core::{Error, Result};
+
+use crate::SledStore;
+use crate::keys;
+use crate::shared::{Shared, backend, blocking};
+
+/// The tasks' own format, in the metadata under [`META_TASK_FORMAT`]
+/// (the event format, `FORMAT_VERSION`, is unchanged by tasks).
+pub(crate) const TASK_FORMAT: u32 = 1;
+/// The metadata key of [`TASK_FORMAT`].
+pub(crate) const META_TASK_FORMAT: &str = "task_format";
+/// The first byte of every task value.
+const VALUE_VERSION: u8 = 1;
+/// Tasks a purge step ends or deletes at most.
+const PURGE_BATCH: usize = 500;
+
+/// A task as stored: the record, its owner and instance, the responses
+/// waiting for the worker (parallel to `record.answered`), and every key
+/// spent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stored {
+    owner: Vec<u8>,
+    instance: [u8; 16],
+    record: TaskRecord,
+    responses: Vec<Bytes>,
+    spent: Vec<String>,
+}
+
+impl Stored {
+    fn key_used(&self, key: &str) -> bool {
+        self.record.outstanding.iter().any(|(k, _)| k == key)
+            || self.record.answered.iter().any(|k| k == key)
+            || self.spent.iter().any(|k| k == key)
+    }
+
+    /// Every key that was outstanding or answered before and is neither
+    /// now is spent (taken, superseded or ended with the task), and the
+    /// responses follow `answered`.
+    fn settle_inputs(&mut self, before: &TaskRecord, before_responses: &[Bytes]) {
+        let live = |record: &TaskRecord, key: &str| {
+            record.outstanding.iter().any(|(k, _)| k == key)
+                || record.answered.iter().any(|k| k == key)
+        };
+        for key in before
+            .outstanding
+            .iter()
+            .map(|(k, _)| k)
+            .chain(before.answered.iter())
+        {
+            if !live(&self.record, key) && !self.spent.contains(key) {
+                self.spent.push(key.clone());
+            }
+        }
+        // A key answered before keeps its response; a key answered by this
+        // step has its response at its place in `self.responses`.
+        let responses = self
+            .record
+            .answered
+            .iter()
+            .enumerate()
+            .map(|(at, key)| {
+                before
+                    .answered
+                    .iter()
+                    .position(|k| k == key)
+                    .and_then(|was| before_responses.get(was))
+                    .or_else(|| self.responses.get(at))
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect();
+        self.responses = responses;
+    }
+}
+
+// ------------------------------------------------------------ encoding
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_opt_u64(out: &mut Vec<u8>, n: Option<u64>) {
+    out.push(u8::from(n.is_some()));
+    out.extend_from_slice(&n.unwrap_or(0).to_be_bytes());
+}
+
+fn put_opt_bytes(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
+    out.push(u8::from(bytes.is_some()));
+    put_bytes(out, bytes.unwrap_or_default());
+}
+
+fn encode(s: &Stored) -> Vec<u8> {
+    let r = &s.record;
+    let mut out = Vec::with_capacity(128);
+    out.push(VALUE_VERSION);
+    put_bytes(&mut out, &s.owner);
+    out.extend_from_slice(&s.instance);
+    out.push(r.status.as_u8());
+    out.extend_from_slice(&r.rev.to_be_bytes());
+    for t in [r.created_at, r.updated_at, r.expires_at, r.purge_at] {
+        out.extend_from_slice(&t.to_be_bytes());
+    }
+    put_opt_u64(&mut out, r.ttl_ms);
+    put_opt_u64(&mut out, r.poll_interval_ms);
+    out.push(u8::from(r.cancel_requested));
+    put_opt_bytes(&mut out, r.message.as_deref().map(str::as_bytes));
+    put_opt_bytes(&mut out, r.outcome.as_deref());
+    put_bytes(&mut out, &[]);
+    out.extend_from_slice(&(r.outstanding.len() as u32).to_be_bytes());
+    for (key, request) in &r.outstanding {
+        put_bytes(&mut out, key.as_bytes());
+        put_bytes(&mut out, request);
+    }
+    out.extend_from_slice(&(r.answered.len() as u32).to_be_bytes());
+    for (key, response) in r.answered.iter().zip(&s.responses) {
+        put_bytes(&mut out, key.as_bytes());
+        put_bytes(&mut out, response);
+    }
+    out.extend_from_slice(&(s.spent.len() as u32).to_be_bytes());
+    for key in &s.spent {
+        put_bytes(&mut out, key.as_bytes());
+    }
+    out
+}
+
+/// Reads a value field by field.
+struct Reader<'a>(&'a [u8]);
+
+fn corrupt() -> Error {
+    Error::Corrupt("a task record is malformed".into())
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.0.len() < n {
+            return Err(corrupt());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().map_err(|_| corrupt())?,
+        ))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().map_err(|_| corrupt())?,
+        ))
+    }
+    fn i64(&mut self) -> Result<i64> {
+        Ok(i64::from_be_bytes(
+            self.take(8)?.try_into().map_err(|_| corrupt())?,
+        ))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt())
+    }
+    fn opt_u64(&mut self) -> Result<Option<u64>> {
+        let some = self.u8()? != 0;
+        let n = self.u64()?;
+        Ok(some.then_some(n))
+    }
+    fn opt_bytes(&mut self) -> Result<Option<&'a [u8]>> {
+        let some = self.u8()? != 0;
+        let bytes = self.bytes()?;
+        Ok(some.then_some(bytes))
+    }
+}
+
+fn decode(value: &[u8]) -> Result<Stored> {
+    let mut r = Reader(value);
+    let version = r.u8()?;
+    if version != VALUE_VERSION {
+        return Err(Error::IncompatibleFormat(format!(
+            "a task is stored in task format {version}; mcp-event-store-sled {} reads task \
+             format {VALUE_VERSION} only",
+            env!("CARGO_PKG_VERSION")
+        )));
+    }
+    let owner = r.bytes()?.to_vec();
+    let instance: [u8; 16] = r.take(16)?.try_into().map_err(|_| corrupt())?;
+    let status = TaskStatus::from_u8(r.u8()?).ok_or_else(corrupt)?;
+    let rev = r.u64()?;
+    let (created_at, updated_at, expires_at, purge_at) = (r.i64()?, r.i64()?, r.i64()?, r.i64()?);
+    let ttl_ms = r.opt_u64()?;
+    let poll_interval_ms = r.opt_u64()?;
+    let cancel_requested = r.u8()? != 0;
+    let message = r
+        .opt_bytes()?
+        .map(|m| String::from_utf8(m.to_vec()).map_err(|_| corrupt()))
+        .transpose()?;
+    let outcome = r.opt_bytes()?.map(Bytes::copy_from_slice);
+    r.bytes()?; // reserved
+    let mut outstanding = Vec::new();
+    for _ in 0..r.u32()? {
+        let key = r.string()?;
+        outstanding.push((key, Bytes::copy_from_slice(r.bytes()?)));
+    }
+    let (mut answered, mut responses) = (Vec::new(), Vec::new());
+    for _ in 0..r.u32()? {
+        answered.push(r.string()?);
+        responses.push(Bytes::copy_from_slice(r.bytes()?));
+    }
+    let mut spent = Vec::new();
+    for _ in 0..r.u32()? {
+        spent.push(r.string()?);
+    }
+    if !r.0.is_empty() {
+        return Err(corrupt());
+    }
+    Ok(Stored {
+        owner,
+        instance,
+        record: TaskRecord {
+            status,
+            rev,
+            message,
+            created_at,
+            updated_at,
+            ttl_ms,
+            expires_at,
+            purge_at,
+            poll_interval_ms,
+            cancel_requested,
+            outcome,
+            outstanding,
+            answered,
+        },
+        responses,
+        spent,
+    })
+}
+
+/// `purge_at ++ digest`, ordered by time.
+fn purge_key(purge_at: i64, digest: &[u8; 16]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(24);
+    key.extend_from_slice(&keys::encode_time(purge_at).to_be_bytes());
+    key.extend_from_slice(digest);
+    key
+}
+
+/// The key a task's watchers wait under in the task wake-up hub: a prefix
+/// of its digest. Two tasks sharing it only cost a spurious re-read.
+fn token(digest: &TaskDigest) -> StreamToken {
+    StreamToken::from_bytes(&digest.as_bytes()[..STREAM_TOKEN_LEN])
+        .expect("a digest prefix of a token's length")
+}
+
+fn owner_bytes(owner: &Owner) -> Vec<u8> {
+    owner.digest().map_or_else(Vec::new, |d| d.to_vec())
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+// ------------------------------------------------------------ blocking side
+
+/// What a step decided: the new value to swap in (`None`: nothing
+/// changes) and the answer.
+type Decision<T> = (Option<Stored>, T);
+
+impl Shared {
+    fn alive_until(&self, instance: &[u8; 16]) -> Result<Option<i64>> {
+        self.task_instances
+            .get(instance)
+            .map_err(backend)?
+            .map(|v| {
+                <[u8; 8]>::try_from(&v[..])
+                    .map(i64::from_be_bytes)
+                    .map_err(|_| corrupt())
+            })
+            .transpose()
+    }
+
+    fn load_task(&self, digest: &TaskDigest) -> Result<Option<(sled::IVec, Stored)>> {
+        match self.tasks.get(digest.as_bytes()).map_err(backend)? {
+            None => Ok(None),
+            Some(raw) => {
+                let stored = decode(&raw)?;
+                Ok(Some((raw, stored)))
+            }
+        }
+    }
+
+    /// The task as `owner` (`None`: anyone) sees it at `now`.
+    fn read_task(
+        &self,
+        digest: &TaskDigest,
+        owner: Option<&[u8]>,
+        now: i64,
+    ) -> Result<Option<TaskRecord>> {
+        let Some((_, stored)) = self.load_task(digest)? else {
+            return Ok(None);
+        };
+        if owner.is_some_and(|o| o != stored.owner) {
+            return Ok(None);
+        }
+        let alive = self.alive_until(&stored.instance)?;
+        Ok(stored.record.seen_at(now, alive))
+    }
+
+    /// One atomic step on a task: `decide` sees the stored task and the
+    /// task as read at `now`, and names the new value; it is swapped in
+    /// only if the stored value is unchanged, else the step runs again.
+    /// Returns the answer and whether anything changed.
+    fn task_step<T>(
+        &self,
+        digest: &TaskDigest,
+        now: i64,
+        mut decide: impl FnMut(Option<(&Stored, TaskRecord)>) -> Result<Decision<T>>,
+    ) -> Result<(T, bool)> {
+        loop {
+            let loaded = self.load_task(digest)?;
+            let (new, answer) = match &loaded {
+                None => decide(None)?,
+                Some((_, stored)) => {
+                    let alive = self.alive_until(&stored.instance)?;
+                    match stored.record.clone().seen_at(now, alive) {
+                        None => decide(None)?,
+                        Some(seen) => decide(Some((stored, seen)))?,
+                    }
+                }
+            };
+            let Some(new) = new else {
+                return Ok((answer, false));
+            };
+            let old = loaded.as_ref().map(|(raw, _)| raw.clone());
+            if old.is_none()
+                || loaded.as_ref().map(|(_, s)| s.record.purge_at) != Some(new.record.purge_at)
+            {
+                // The index entry first: a crash leaves at most an entry
+                // the purge finds stale, never a task it cannot find.
+                self.task_purge
+                    .insert(purge_key(new.record.purge_at, digest.as_bytes()), &[])
+                    .map_err(backend)?;
+            }
+            let swapped = self
+                .tasks
+                .compare_and_swap(digest.as_bytes(), old, Some(encode(&new)))
+                .map_err(backend)?;
+            if swapped.is_ok() {
+                return Ok((answer, true));
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------ async side
+
+impl SledStore {
+    /// Runs a task step on the blocking pool; a change is flushed under
+    /// this handle's durability, then wakes the task's watchers.
+    async fn task_write<T: Send + 'static>(
+        &self,
+        digest: TaskDigest,
+        step: impl FnOnce(&Shared) -> Result<(T, bool)> + Send + 'static,
+    ) -> Result<T> {
+        let shared = self.shared()?;
+        let (answer, changed) = blocking({
+            let shared = shared.clone();
+            move || step(&shared)
+        })
+        .await?;
+        if changed {
+            self.settle(self.flush_after_write(&shared)).await?;
+            shared.task_wakeups.wake(&token(&digest));
+        }
+        Ok(answer)
+    }
+
+    async fn read_task(&self, digest: TaskDigest, owner: Vec<u8>) -> Result<Option<TaskRecord>> {
+        let shared = self.shared()?;
+        let now = self.now();
+        blocking(move || shared.read_task(&digest, Some(&owner), now)).await
+    }
+
+    /// A client's step: the owner must match, a terminal task is answered
+    /// as read.
+    async fn client_step(
+        &self,
+        digest: TaskDigest,
+        owner: Vec<u8>,
+        now: i64,
+        change: impl Fn(&mut Stored) -> bool + Send + 'static,
+    ) -> Result<Option<TaskRecord>> {
+        self.task_write(digest, move |shared| {
+            shared.task_step(&digest, now, |found| {
+                let Some((stored, seen)) = found else {
+                    return Ok((None, None));
+                };
+                if stored.owner != owner {
+                    return Ok((None, None));
+                }
+                if seen.status.is_terminal() {
+                    return Ok((None, Some(seen)));
+                }
+                let mut new = stored.clone();
+                if !change(&mut new) {
+                    return Ok((None, Some(seen)));
+                }
+                new.settle_inputs(&stored.record, &stored.responses);
+                let alive = shared.alive_until(&new.instance)?;
+                let after = new.record.clone().seen_at(now, alive);
+                Ok((Some(new), after))
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl TaskStore for SledStore {
+    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
+        task.check()?;
+        let now = self.now();
+        let record = TaskRecord::created(task, now, &TaskOptions::default());
+        let stored = Stored {
+            owner: owner_bytes(task.owner),
+            instance: task.instance.0,
+            record: record.clone(),
+            responses: Vec::new(),
+            spent: Vec::new(),
+        };
+        let digest = id.digest();
+        self.task_write(digest, move |shared| {
+            let exists = shared
+                .tasks
+                .get(digest.as_bytes())
+                .map_err(backend)?
+                .is_some();
+            if exists {
+                return Ok((None, false));
+            }
+            shared
+                .task_purge
+                .insert(purge_key(stored.record.purge_at, digest.as_bytes()), &[])
+                .map_err(backend)?;
+            let swapped = shared
+                .tasks
+                .compare_and_swap(digest.as_bytes(), None::<&[u8]>, Some(encode(&stored)))
+                .map_err(backend)?;
+            Ok(match swapped {
+                Ok(()) => (Some(record), true),
+                Err(_) => (None, false),
+            })
+        })
+        .await
+    }
+
+    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        self.read_task(digest, owner_bytes(who)).await
+    }
+
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        responses: &[(&str, &[u8])],
+    ) -> Result<Option<TaskRecord>> {
+        check_responses(responses)?;
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let responses: Vec<(String, Bytes)> = responses
+            .iter()
+            .map(|(k, r)| ((*k).to_owned(), Bytes::copy_from_slice(r)))
+            .collect();
+        let now = self.now();
+        self.client_step(digest, owner_bytes(who), now, move |new| {
+            let before = new.record.answered.len();
+            let answered: Vec<(String, Bytes)> = new
+                .record
+                .answer(&responses, now)
+                .into_iter()
+                .cloned()
+                .collect();
+            if answered.is_empty() {
+                return false;
+            }
+            // The new responses follow the earlier ones, in the order the
+            // machine appended their keys to `answered`.
+            new.responses.truncate(before);
+            new.responses
+                .extend(answered.into_iter().map(|(_, response)| response));
+            true
+        })
+        .await
+    }
+
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> Result<Option<TaskRecord>> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let now = self.now();
+        self.client_step(digest, owner_bytes(who), now, move |new| {
+            new.record.request_cancel(mode, now)
+        })
+        .await
+    }
+
+    async fn apply(
+        &self,
+        id: &TaskId,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        change.check(self.handle.store.max_payload_bytes)?;
+        let digest = id.digest();
+        let now = self.now();
+        let change = Owned::of(&change);
+        self.task_write(digest, move |shared| {
+            shared.task_step(&digest, now, |found| {
+                let Some((stored, seen)) = found else {
+                    return Ok((None, Applied::Unknown));
+                };
+                if seen.status.is_terminal() {
+                    return Ok((None, Applied::AlreadyTerminal(seen.status)));
+                }
+                let mut new = stored.clone();
+                let step = new.record.apply(
+                    change.as_worker(),
+                    |key| stored.key_used(key),
+                    &TaskOptions::default(),
+                    now,
+                )?;
+                let mut answer = None;
+                match step {
+                    Step::Unchanged(applied) => return Ok((None, applied)),
+                    Step::Changed(InputEffect::Take { key }) => {
+                        let at = stored
+                            .record
+                            .answered
+                            .iter()
+                            .position(|k| k == key)
+                            .ok_or_else(corrupt)?;
+                        answer = Some(stored.responses.get(at).cloned().unwrap_or_default());
+                    }
+                    Step::Changed(_) => {}
+                }
+                new.instance = by.0;
+                new.settle_inputs(&stored.record, &stored.responses);
+                let rev = new.record.rev;
+                Ok((Some(new), Applied::Changed { rev, answer }))
+            })
+        })
+        .await
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let owner = owner_bytes(who);
+        let deadline = tokio::time::Instant::now() + max_wait;
+        // Subscribed before the first read, so a change after it started
+        // wakes the next wait. The subscription holds the hub, not the
+        // database: closing the last handle still closes it.
+        let mut woken = self.shared()?.task_wakeups.subscribe(token(&digest));
+        loop {
+            woken.mark_seen();
+            let seen = self.read_task(digest, owner.clone()).await?;
+            match &seen {
+                Some(task) if task.rev <= after => {}
+                _ => return Ok(seen),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(seen);
+            }
+            let recheck = tokio::time::Instant::now() + self.handle.follow_recheck;
+            tokio::select! {
+                () = woken.changed() => {}
+                () = tokio::time::sleep_until(recheck.min(deadline)) => {}
+            }
+        }
+    }
+
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        let shared = self.shared()?;
+        let now = self.now();
+        let until = now.saturating_add(millis(lease));
+        let renewed = blocking({
+            let shared = shared.clone();
+            move || loop {
+                let old = shared.task_instances.get(me.0).map_err(backend)?;
+                if let Some(old) = &old {
+                    let alive = <[u8; 8]>::try_from(&old[..])
+                        .map(i64::from_be_bytes)
+                        .map_err(|_| corrupt())?;
+                    if alive <= now {
+                        // Lapsed: its tasks already read as lost.
+                        return Ok(false);
+                    }
+                }
+                let swapped = shared
+                    .task_instances
+                    .compare_and_swap(me.0, old, Some(&until.to_be_bytes()[..]))
+                    .map_err(backend)?;
+                if swapped.is_ok() {
+                    return Ok(true);
+                }
+            }
+        })
+        .await?;
+        if renewed {
+            self.settle(self.flush_after_write(&shared)).await?;
+        }
+        Ok(renewed)
+    }
+
+    /// In steps of at most 500 tasks each, on the blocking pool; see the
+    /// crate docs, "Tasks".
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        let shared = self.shared()?;
+        let now = self.now();
+        let mut report = TaskPurgeReport::default();
+        // Persist what reads show, a batch of the task tree at a time.
+        let mut from: Option<sled::IVec> = None;
+        loop {
+            let step = blocking({
+                let shared = shared.clone();
+                let from = from.clone();
+                move || shared.purge_end_step(from, now)
+            })
+            .await?;
+            report.expired += step.0.expired;
+            report.orphaned += step.0.orphaned;
+            match step.1 {
+                Some(next) => from = Some(next),
+                None => break,
+            }
+        }
+        loop {
+            let (deleted, more) = blocking({
+                let shared = shared.clone();
+                move || shared.purge_delete_step(now)
+            })
+            .await?;
+            report.deleted += deleted;
+            if !more {
+                break;
+            }
+        }
+        report.instances = blocking({
+            let shared = shared.clone();
+            move || shared.forget_instances(now)
+        })
+        .await?;
+        if report != TaskPurgeReport::default() {
+            self.settle(self.flush_after_write(&shared)).await?;
+            shared.task_wakeups.wake_all();
+        }
+        Ok(report)
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(false);
+        };
+        self.task_write(digest, move |shared| {
+            let old = shared.tasks.remove(digest.as_bytes()).map_err(backend)?;
+            if let Some(old) = &old {
+                let stored = decode(old)?;
+                shared
+                    .task_purge
+                    .remove(purge_key(stored.record.purge_at, digest.as_bytes()))
+                    .map_err(backend)?;
+            }
+            let existed = old.is_some();
+            Ok((existed, existed))
+        })
+        .await
+    }
+}
+
+impl Shared {
+    /// Ends (persists as `failed`) up to [`PURGE_BATCH`] tasks of the task
+    /// tree from `from` on that read as expired or orphaned; returns where
+    /// the next step starts, `None` at the end.
+    fn purge_end_step(
+        &self,
+        from: Option<sled::IVec>,
+        now: i64,
+    ) -> Result<(TaskPurgeReport, Option<sled::IVec>)> {
+        let mut report = TaskPurgeReport::default();
+        let range = match &from {
+            Some(from) => self.tasks.range::<&[u8], _>((
+                std::ops::Bound::Excluded(&from[..]),
+                std::ops::Bound::Unbounded,
+            )),
+            None => self.tasks.iter(),
+        };
+        let batch: Vec<sled::IVec> = range
+            .keys()
+            .take(PURGE_BATCH)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(backend)?;
+        for key in &batch {
+            let digest = TaskDigest(key[..].try_into().map_err(|_| corrupt())?);
+            let (ended, _) = self.task_step(&digest, now, |found| {
+                let Some((stored, seen)) = found else {
+                    return Ok((None, None));
+                };
+                if seen.status == stored.record.status {
+                    return Ok((None, None));
+                }
+                let mut new = stored.clone();
+                new.record = seen.clone();
+                new.settle_inputs(&stored.record, &stored.responses);
+                let expired = seen.outcome.as_deref() == Some(EXPIRED_ERROR);
+                Ok((Some(new), Some(expired)))
+            })?;
+            match ended {
+                Some(true) => report.expired += 1,
+                Some(false) => report.orphaned += 1,
+                None => {}
+            }
+        }
+        let next = (batch.len() == PURGE_BATCH)
+            .then(|| batch.last().cloned())
+            .flatten();
+        Ok((report, next))
+    }
+
+    /// Deletes up to [`PURGE_BATCH`] tasks whose purge time has come;
+    /// returns how many and whether more may be due.
+    fn purge_delete_step(&self, now: i64) -> Result<(u64, bool)> {
+        let end = keys::encode_time(now).saturating_add(1).to_be_bytes();
+        let batch: Vec<sled::IVec> = self
+            .task_purge
+            .range(..end.to_vec())
+            .keys()
+            .take(PURGE_BATCH)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(backend)?;
+        let mut deleted = 0;
+        for key in &batch {
+            let digest = TaskDigest(
+                key.get(8..24)
+                    .and_then(|d| d.try_into().ok())
+                    .ok_or_else(corrupt)?,
+            );
+            let due = keys::encode_time(now);
+            loop {
+                let Some((raw, stored)) = self.load_task(&digest)? else {
+                    break;
+                };
+                // A stale entry (the ttl changed since) leaves the task.
+                if keys::encode_time(stored.record.purge_at) > due
+                    || purge_key(stored.record.purge_at, digest.as_bytes())[..] != key[..]
+                {
+                    break;
+                }
+                let swapped = self
+                    .tasks
+                    .compare_and_swap(digest.as_bytes(), Some(raw), None::<&[u8]>)
+                    .map_err(backend)?;
+                if swapped.is_ok() {
+                    deleted += 1;
+                    break;
+                }
+            }
+            self.task_purge.remove(key).map_err(backend)?;
+        }
+        Ok((deleted, batch.len() == PURGE_BATCH))
+    }
+
+    /// Forgets instances lapsed by `now`; every task of theirs is ended by
+    /// then (the purge's first pass).
+    fn forget_instances(&self, now: i64) -> Result<u64> {
+        let mut forgotten = 0;
+        for entry in self.task_instances.iter() {
+            let (id, value) = entry.map_err(backend)?;
+            let alive = <[u8; 8]>::try_from(&value[..])
+                .map(i64::from_be_bytes)
+                .map_err(|_| corrupt())?;
+            if alive <= now
+                && self
+                    .task_instances
+                    .compare_and_swap(&id, Some(value), None::<&[u8]>)
+                    .map_err(backend)?
+                    .is_ok()
+            {
+                forgotten += 1;
+            }
+        }
+        Ok(forgotten)
+    }
+}
+
+/// A [`WorkerChange`], owned, to cross onto the blocking pool.
+enum Owned {
+    RequestInput {
+        key: String,
+        request: Vec<u8>,
+    },
+    TakeAnswer {
+        key: String,
+    },
+    SetMessage(Option<String>),
+    SetPollInterval(Option<Duration>),
+    SetTtl(Option<Duration>),
+    Finish {
+        status: TaskStatus,
+        outcome: Vec<u8>,
+    },
+}
+
+impl Owned {
+    fn of(change: &WorkerChange<'_>) -> Self {
+        match *change {
+            WorkerChange::RequestInput { key, request } => Owned::RequestInput {
+                key: key.to_owned(),
+                request: request.to_vec(),
+            },
+            WorkerChange::TakeAnswer { key } => Owned::TakeAnswer {
+                key: key.to_owned(),
+            },
+            WorkerChange::SetMessage(m) => Owned::SetMessage(m.map(str::to_owned)),
+            WorkerChange::SetPollInterval(i) => Owned::SetPollInterval(i),
+            WorkerChange::SetTtl(t) => Owned::SetTtl(t),
+            WorkerChange::Finish(f) => Owned::Finish {
+                status: f.status(),
+                outcome: f.outcome().unwrap_or_default().to_vec(),
+            },
+        }
+    }
+
+    fn as_worker(&self) -> WorkerChange<'_> {
+        match self {
+            Owned::RequestInput { key, request } => WorkerChange::RequestInput { key, request },
+            Owned::TakeAnswer { key } => WorkerChange::TakeAnswer { key },
+            Owned::SetMessage(m) => WorkerChange::SetMessage(m.as_deref()),
+            Owned::SetPollInterval(i) => WorkerChange::SetPollInterval(*i),
+            Owned::SetTtl(t) => WorkerChange::SetTtl(*t),
+            Owned::Finish { status, outcome } => WorkerChange::Finish(match status {
+                TaskStatus::Completed => Finish::Completed(outcome),
+                TaskStatus::Failed => Finish::Failed(outcome),
+                _ => Finish::Cancelled,
+            }),
+        }
+    }
+}
