@@ -1,6 +1,7 @@
 //! sled-specific task checks: the task trees leave the event format alone,
-//! tasks survive reopening, a newer task format is refused, and a change
-//! through one handle wakes a watch on another at once.
+//! tasks survive reopening and a SIGKILL of the process that wrote them, a
+//! newer task format is refused, and a change through one handle wakes a
+//! watch on another at once.
 
 use std::time::Duration;
 
@@ -248,4 +249,213 @@ async fn a_change_on_one_handle_wakes_a_watch_on_another() {
     assert!(waited < Duration::from_secs(5), "{waited:?}");
     a.close().await.unwrap();
     b.close().await.unwrap();
+}
+
+/// Where [`task_crash_child`] works: the database directory.
+const TASK_CRASH_DIR_ENV: &str = "MCP_EVENT_STORE_SLED_TASK_CRASH_DIR";
+
+/// T1, T12: a child process creates tasks (each asks for input; every
+/// other one also completes with a result) and prints each once every step
+/// is acknowledged; it is killed with SIGKILL mid-flight. Reopened here,
+/// every acknowledged task is there with its input and its result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_tasks_survive_sigkill() {
+    use std::io::BufRead;
+
+    use mcp_event_store_core::testkit::{ChildGuard, test_child};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = test_child("task_crash_child").unwrap();
+    command
+        .env(TASK_CRASH_DIR_ENV, dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    let mut child = ChildGuard::spawn(&mut command).expect("start the child");
+    let stdout = child.take_stdout().unwrap();
+    let (lines, mut received) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let mut reader = std::io::BufReader::new(stdout);
+        let mut line = String::new();
+        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+            // Whole lines only: a line cut by the kill was never printed.
+            if line.ends_with('\n') && lines.send(std::mem::take(&mut line)).is_err() {
+                return;
+            }
+            line.clear();
+        }
+    });
+    let parse = |line: &str| -> Option<(String, u64)> {
+        // libtest may print "test <name> ... " before the first line.
+        let rest = &line[line.find("TASK ")? + 5..];
+        let (id, n) = rest.trim_end().split_once(' ')?;
+        Some((id.to_owned(), n.parse().ok()?))
+    };
+    let mut acked = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while acked.len() < 100 {
+        match tokio::time::timeout_at(deadline, received.recv()).await {
+            Ok(Some(line)) => acked.extend(parse(&line)),
+            Ok(None) => panic!("the child ended after {} tasks", acked.len()),
+            Err(_) => panic!("the child acknowledged {} tasks in 120 s", acked.len()),
+        }
+    }
+    child.kill();
+    while let Some(line) = received.recv().await {
+        acked.extend(parse(&line));
+    }
+
+    let store = open(dir.path(), SledOptions::default()).await.unwrap();
+    let owner = Owner::principal(b"crash").unwrap();
+    for (id, n) in &acked {
+        let task = store
+            .get(id, &owner)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("acknowledged task {n} is gone"));
+        let request = format!("{{\"n\":{n}}}").into_bytes();
+        if n % 2 == 0 {
+            assert_eq!(task.status, TaskStatus::Completed, "task {n}");
+            assert_eq!(task.outcome.as_deref(), Some(&request[..]), "task {n}");
+        } else {
+            assert_eq!(task.status, TaskStatus::InputRequired, "task {n}");
+            assert_eq!(
+                task.outstanding,
+                vec![(format!("k{n}"), request.into())],
+                "task {n}"
+            );
+        }
+    }
+    store.close().await.unwrap();
+}
+
+/// The child of [`acknowledged_tasks_survive_sigkill`]; without its
+/// variable (`cargo test -- --ignored`), it has nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of acknowledged_tasks_survive_sigkill"]
+async fn task_crash_child() {
+    use std::io::Write;
+
+    let Some(dir) = std::env::var_os(TASK_CRASH_DIR_ENV) else {
+        return;
+    };
+    let store = SledStore::open(dir, SledOptions::default()).await.unwrap();
+    let me = InstanceId::generate().unwrap();
+    assert!(
+        store
+            .heartbeat(me, Duration::from_secs(3600))
+            .await
+            .unwrap()
+    );
+    let owner = Owner::principal(b"crash").unwrap();
+    let started = std::time::Instant::now();
+    for n in 0u64.. {
+        // A child nobody kills ends on its own.
+        if started.elapsed() > Duration::from_secs(60) {
+            return;
+        }
+        let (id, _) = store.create(NewTask::new(&owner, me)).await.unwrap();
+        let request = format!("{{\"n\":{n}}}");
+        let key = format!("k{n}");
+        let asked = store
+            .apply(
+                &id,
+                me,
+                WorkerChange::RequestInput {
+                    key: &key,
+                    request: request.as_bytes(),
+                },
+            )
+            .await
+            .unwrap();
+        assert!(matches!(asked, Applied::Changed { .. }));
+        if n % 2 == 0 {
+            let done = WorkerChange::Finish(Finish::Completed(request.as_bytes()));
+            assert!(matches!(
+                store.apply(&id, me, done).await.unwrap(),
+                Applied::Changed { .. }
+            ));
+        }
+        let mut out = std::io::stdout().lock();
+        // One write per line, so a kill never leaves a whole wrong line.
+        out.write_all(format!("TASK {id} {n}\n").as_bytes())
+            .and_then(|()| out.flush())
+            .unwrap();
+    }
+}
+
+/// A purge larger than one step (500 tasks) goes in several steps and
+/// still ends and deletes everything, with every count right, leaving no
+/// purge index entry behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_many_tasks_goes_in_steps_and_misses_none() {
+    use mcp_event_store_core::conformance::{test_clock, test_options};
+
+    let dir = tempfile::tempdir().unwrap();
+    let clock = test_clock();
+    // Interval durability: 1300 tasks without an fsync each.
+    let options = SledOptions::default()
+        .store(test_options(&clock))
+        .durability(mcp_event_store_sled::Durability::Interval(
+            Duration::from_millis(50),
+        ));
+    let store = open(dir.path(), options).await.unwrap();
+    let (expiring, lost) = (700u64, 600u64);
+    let long = InstanceId::generate().unwrap();
+    assert!(
+        store
+            .heartbeat(long, Duration::from_secs(3600))
+            .await
+            .unwrap()
+    );
+    let short = InstanceId::generate().unwrap();
+    assert!(
+        store
+            .heartbeat(short, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    let owner = Owner::Anonymous;
+    let ttl = Duration::from_secs(60);
+    let mut ids = Vec::new();
+    for n in 0..expiring + lost {
+        let me = if n < expiring { long } else { short };
+        let (id, _) = store
+            .create(NewTask::new(&owner, me).ttl(ttl))
+            .await
+            .unwrap();
+        let key = format!("k{n}");
+        let request = WorkerChange::RequestInput {
+            key: &key,
+            request: b"{}",
+        };
+        store.apply(&id, me, request).await.unwrap();
+        ids.push(id.to_string());
+    }
+    // The short instance lapses at 30 s, the ttl ends at 60 s.
+    clock.advance(Duration::from_secs(60));
+    let report = store.purge_expired_tasks().await.unwrap();
+    assert_eq!(
+        (
+            report.expired,
+            report.orphaned,
+            report.deleted,
+            report.instances
+        ),
+        (expiring, lost, 0, 1)
+    );
+    for id in [&ids[0], &ids[ids.len() - 1]] {
+        let task = store.get(id, &owner).await.unwrap().unwrap();
+        assert_eq!(task.status, TaskStatus::Failed);
+        assert!(task.outstanding.is_empty());
+    }
+    // Past the grace (one ttl) every task goes, with its inputs.
+    clock.advance(ttl);
+    let report = store.purge_expired_tasks().await.unwrap();
+    assert_eq!(report.deleted, expiring + lost);
+    let report = store.purge_expired_tasks().await.unwrap();
+    assert_eq!(report, Default::default());
+    store.close().await.unwrap();
+    let db = raw_open(dir.path());
+    assert!(db.open_tree(TASK_TREES[0]).unwrap().is_empty());
+    assert!(db.open_tree(TASK_TREES[1]).unwrap().is_empty());
 }
