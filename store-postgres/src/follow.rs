@@ -122,6 +122,21 @@ fn token_of(payload: &str) -> Option<StreamToken> {
     StreamToken::from_bytes(&bytes?)
 }
 
+/// What starts the payload of a task notification; an append's payload is
+/// hex only, so releases from before tasks ignore these (`token_of` refuses
+/// them).
+const TASK_PAYLOAD_PREFIX: &str = "t";
+
+/// The payload announcing a change to the task whose watchers wait under
+/// `token` (a prefix of its digest): `t` and the token in hex; `t*` wakes
+/// every task watcher.
+pub(crate) fn task_payload(token: Option<&StreamToken>) -> String {
+    match token {
+        Some(token) => format!("{TASK_PAYLOAD_PREFIX}{}", payload(token)),
+        None => format!("{TASK_PAYLOAD_PREFIX}*"),
+    }
+}
+
 /// The token as notification payload: lowercase hex, as
 /// `encode(token, 'hex')` writes it.
 fn payload(token: &StreamToken) -> String {
@@ -202,6 +217,10 @@ async fn announce(
 /// One store handle's following: its wake-up hub and its listener.
 pub(crate) struct Follows {
     hub: Arc<Wakeups>,
+    /// This handle's task watchers, by a prefix of the task's digest: woken
+    /// by notifications whose payload is `t` and that prefix in hex (see
+    /// [`task_payload`]), and by this handle's own task mutations.
+    tasks: Arc<Wakeups>,
     channel: String,
     /// How the listener connects: the pool's own connect options.
     connect: PgConnectOptions,
@@ -238,6 +257,7 @@ impl Follows {
     ) -> Self {
         Self {
             hub: Arc::new(Wakeups::default()),
+            tasks: Arc::new(Wakeups::default()),
             channel,
             connect,
             acquire_timeout,
@@ -248,6 +268,11 @@ impl Follows {
 
     pub(crate) fn hub(&self) -> &Arc<Wakeups> {
         &self.hub
+    }
+
+    /// The wake-up hub of this handle's task watchers.
+    pub(crate) fn tasks(&self) -> &Arc<Wakeups> {
+        &self.tasks
     }
 
     pub(crate) fn channel(&self) -> &str {
@@ -301,6 +326,7 @@ impl Follows {
             pool,
             self.channel.clone(),
             self.hub.clone(),
+            self.tasks.clone(),
             self.recheck,
             settle,
             stopped,
@@ -337,6 +363,7 @@ async fn run(
     pool: PgPool,
     channel: String,
     hub: Arc<Wakeups>,
+    tasks: Arc<Wakeups>,
     max_backoff: Duration,
     settle: watch::Sender<bool>,
     mut stop: oneshot::Receiver<()>,
@@ -362,6 +389,7 @@ async fn run(
                     // Whatever was committed while nobody listened is
                     // found by this re-read; later appends are announced.
                     hub.wake_all();
+                    tasks.wake_all();
                 }
                 Err(error) => {
                     tracing::warn!(%error, channel, retry_in = ?backoff,
@@ -383,7 +411,15 @@ async fn run(
         match event {
             Event::Stop => break,
             Event::Received(Ok(Some(notification))) => {
-                if let Some(token) = token_of(notification.payload()) {
+                let payload = notification.payload();
+                if let Some(task) = payload.strip_prefix(TASK_PAYLOAD_PREFIX) {
+                    match token_of(task) {
+                        Some(token) => tasks.wake(&token),
+                        // `t*`: a purge; every watcher re-reads.
+                        None if task == "*" => tasks.wake_all(),
+                        None => {}
+                    }
+                } else if let Some(token) = token_of(payload) {
                     hub.wake(&token);
                 }
             }
@@ -395,6 +431,7 @@ async fn run(
                     "the listening connection was lost and is back; followers re-read"
                 );
                 hub.wake_all();
+                tasks.wake_all();
             }
             // Connecting again failed (or the connection broke in another
             // way): start afresh, after a pause.

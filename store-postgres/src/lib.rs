@@ -85,6 +85,8 @@
 //! | `sessions` | `session_id` | `state` (BYTEA), `expires_at` (indexed) |
 //! | `incarnations` | (a sequence) | the next stream incarnation |
 //! | `_sqlx_migrations` | `version` | the format history (C12) |
+//! | `tasks`, `task_inputs`, `instances` | see [Tasks](#tasks) | durable tasks |
+//! | `_mes_task_migrations` | `version` | the task format history (see "Format") |
 //!
 //! Stream and session ids are stored as **BYTEA** (their UTF-8 bytes), not
 //! TEXT: PostgreSQL text cannot hold a NUL byte, and the contract allows any
@@ -131,6 +133,68 @@
 //! `UnknownEventId`), and every page with `dense::check_page`, so a replay
 //! never has a silent gap (C5). Lookups check the id against the same row
 //! with `DenseStream::retains`.
+//!
+//! ## Tasks
+//!
+//! The store is also a
+//! [`TaskStore`](mcp_event_store_core::task::TaskStore) (SEP-2663 durable
+//! tasks), in three tables:
+//!
+//! * `tasks`: one row per task, keyed by the 16-byte digest of its id (the
+//!   id itself is never stored, so a dump hands out no bearer token), with
+//!   the owner's digest (empty for anonymous), `status` (INT2, 0 to 4;
+//!   running is `status < 2`), `rev`, the message, the times, ttl and poll
+//!   interval, the cancel flag, the instance that last worked on it and the
+//!   outcome (BYTEA). Indexed on `purge_at`, and on `instance` for running
+//!   tasks only.
+//! * `task_inputs`: one row per input key a task used (`key` BYTEA, `seq`,
+//!   `state` 0 outstanding, 1 answered, 2 spent, the request and the
+//!   response), primary key `(digest, key)`, kept until the task goes so a
+//!   key is never usable twice, and deleted with it (`ON DELETE CASCADE`).
+//! * `instances`: each runtime instance's heartbeat deadline.
+//!
+//! Keys and status messages are BYTEA for the same reason stream ids are:
+//! text cannot hold NUL.
+//!
+//! **One atomic step per mutation.** `answer`, `request_cancel`, `apply`
+//! and `delete` each run one transaction on a pooled connection: one
+//! statement reads and locks the task row (`SELECT … FOR UPDATE OF t`) with
+//! its inputs and its instance's deadline; the state machine every backend
+//! shares decides in Rust (`TaskRecord::seen_at`, then `answer`,
+//! `request_cancel` or `apply`); the row is written back with
+//! `UPDATE … WHERE digest = $n AND rev = $m` (the `rev` just read), with
+//! the input rows the machine names. The row lock serializes racing steps
+//! on one task across handles and processes (T4); steps on different tasks
+//! never wait for each other. This was chosen over one CTE per operation
+//! so that the state machine is written once, in core, and not again in
+//! SQL. `create` (`INSERT … ON CONFLICT DO NOTHING`) and `heartbeat`
+//! (an upsert that refuses to revive a lapsed instance) are single
+//! statements. Every call returns after its commit, so a task is durable
+//! (under the server's `synchronous_commit`) and visible to every handle
+//! once `create` returns (T1, T9).
+//!
+//! Expiry and lost instances are decided when a task is read; only a
+//! purge writes them down:
+//! [`TaskStore::purge_expired_tasks`](mcp_event_store_core::task::TaskStore::purge_expired_tasks)
+//! persists them and deletes tasks past their grace with their inputs, in
+//! steps of at most 500 tasks, one transaction each. Lifetimes come from
+//! [`PostgresOptions::tasks`]. `purge_expired` (events and sessions) leaves
+//! tasks alone.
+//!
+//! **Watching.** `get` and `watch` read a task with one statement (one
+//! snapshot: the row, its inputs and its instance's deadline). A mutation
+//! that changed a task also runs `pg_notify(<channel>, 't' || <the first
+//! 15 bytes of its digest in hex>)` inside its transaction, which
+//! PostgreSQL delivers at the commit (never for a step that rolled back),
+//! on the store's channel (see "Following"). The handle's one listening
+//! connection, the one its follows use, wakes its watchers of that task,
+//! which re-read it; the handle's own mutations wake its watchers right
+//! after the commit. A watch opens the listener if the handle has none
+//! yet, and re-reads every [`PostgresOptions::follow_recheck`] should a
+//! notification be lost. An idle watch holds no connection: a registration
+//! in the handle's hub (a test holds 200 of them on a pool of 4 and counts
+//! the connections in `pg_stat_activity`). Releases from before tasks
+//! ignore the `t` payloads (they are not a stream token).
 //!
 //! # Durability
 //!
@@ -278,7 +342,8 @@
 //!   **one** listening connection (a `PgListener`, outside the pool,
 //!   opened on the handle's first follow, with the pool's connect options
 //!   and `application_name`) and fans notifications out to its followers
-//!   of the named stream.
+//!   of the named stream, and to its task watchers (payload `t…`, see
+//!   [Tasks](#tasks)).
 //! * **Safety net.** Every follower also re-reads every
 //!   [`PostgresOptions::follow_recheck`] (default
 //!   [`DEFAULT_FOLLOW_RECHECK`], 5 s; `?follow_recheck_ms=`). A lost
@@ -370,7 +435,8 @@
 //!
 //! The migrations are the format's history, recorded in the schema's
 //! `_sqlx_migrations` table, and [`FORMAT_VERSION`] the newest one this
-//! release knows. Opening a schema that holds a migration this
+//! release knows (the task tables are recorded apart; see "Tasks and older
+//! releases"). Opening a schema that holds a migration this
 //! release does not know (a newer release migrated it) fails with
 //! [`Error::IncompatibleFormat`](mcp_event_store_core::Error::IncompatibleFormat);
 //! so does a half-applied migration, or (with `run_migrations` off) a schema
@@ -385,6 +451,21 @@
 //! issued under format 1 (`v1.<token>.<seq>`, no incarnation) are refused
 //! afterwards with `UnknownEventId`, like any id the store cannot place,
 //! rather than replayed from a guess.
+//!
+//! ## Tasks and older releases
+//!
+//! The task tables are additive and leave the event format alone:
+//! [`FORMAT_VERSION`] stays 2. Their migration (`migrations/tasks/`) is
+//! recorded in a table of its own, `_mes_task_migrations`, not in
+//! `_sqlx_migrations`, whose check in every release refuses a row it does
+//! not know: so a release from before tasks still opens a schema holding
+//! tasks and keeps serving its events (it never touches the task tables,
+//! and ignores task notifications). A task migration this release does not
+//! know (a newer task format) is refused with
+//! [`Error::IncompatibleFormat`](mcp_event_store_core::Error::IncompatibleFormat)
+//! and changes nothing. With `run_migrations` off the task tables are
+//! neither created nor checked: the deploy step that migrates must run a
+//! release with tasks.
 //!
 //! # Limits
 //!
@@ -408,8 +489,12 @@
 //!   the append fails with
 //!   [`Error::Corrupt`](mcp_event_store_core::Error::Corrupt) rather than
 //!   mixing two streams.
+//! * Tasks: outcomes up to `max_payload_bytes`, each input request and
+//!   response up to 1 MiB, status messages up to 4 KiB, keys of 1 to 256
+//!   bytes, at most 64 inputs outstanding per task, as every backend.
 //! * Connections: a handle's pool ([`PostgresOptions::max_connections`],
-//!   default 10) plus one listening connection once it follows.
+//!   default 10) plus one listening connection once it follows or watches
+//!   a task.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -423,6 +508,7 @@ mod sessions;
 mod setup;
 mod sql;
 mod store;
+mod tasks;
 
 #[cfg(feature = "conformance")]
 pub mod testing;

@@ -18,6 +18,20 @@ use crate::store::{NAME, backend};
 /// The embedded migrations: the schema's history, and its format version.
 pub(crate) static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
+/// The table recording the task migrations applied, in the store's schema.
+/// Not `_sqlx_migrations`: a release from before tasks refuses any row it
+/// does not know there, and must keep serving events (see the crate docs,
+/// "Tasks and older releases").
+pub(crate) const TASK_MIGRATIONS: &str = "_mes_task_migrations";
+
+/// The embedded task migrations (`migrations/tasks/`), recorded in
+/// [`TASK_MIGRATIONS`].
+fn task_migrator() -> Migrator {
+    let mut tasks = sqlx::migrate!("./migrations/tasks");
+    tasks.dangerous_set_table_name(TASK_MIGRATIONS);
+    tasks
+}
+
 /// The connect options of the store's connections: the URL's, with the
 /// `application_name` of `options` (the URL's, when it named one), else
 /// the one the environment gives (`PGAPPNAME`), else
@@ -118,8 +132,32 @@ async fn prepare_on(
             .run_direct(None, &mut *conn, false)
             .await
             .map_err(|e| migrate_error(schema, e))?;
+        task_migrator()
+            .run_direct(None, &mut *conn, false)
+            .await
+            .map_err(|e| task_migrate_error(schema, e))?;
     }
     load_key(conn, &quoted).await
+}
+
+/// A refusal of the task migrations: a newer task format, or a different
+/// one, is [`Error::IncompatibleFormat`].
+fn task_migrate_error(schema: &str, e: MigrateError) -> Error {
+    let known = task_migrator().iter().map(|m| m.version).max().unwrap_or(0);
+    match e {
+        MigrateError::VersionMissing(version) => Error::IncompatibleFormat(format!(
+            "schema \"{schema}\" holds task migration {version}, unknown to this release \
+             (task format {known}); it was written by a newer release"
+        )),
+        MigrateError::VersionMismatch(version) => Error::IncompatibleFormat(format!(
+            "task migration {version} of schema \"{schema}\" differs from this release's; \
+             the schema was written by another build"
+        )),
+        MigrateError::Dirty(version) => Error::IncompatibleFormat(format!(
+            "task migration {version} of schema \"{schema}\" failed part way; repair it by hand"
+        )),
+        other => Error::backend(NAME, other),
+    }
 }
 
 /// Refuses schemas this release cannot read (C12): one that a newer release

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 
 use mcp_event_store_core::backend::{StreamKey, observe};
+use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
     SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
@@ -59,6 +60,8 @@ struct Inner {
     follows: Follows,
     /// Announces this handle's appends to other handles.
     notifier: Notifier,
+    /// How long tasks live.
+    tasks: TaskOptions,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -144,6 +147,7 @@ impl PostgresStore {
                 deleted_since_vacuum: AtomicU64::new(0),
                 follows,
                 notifier,
+                tasks: options.tasks,
             }),
         })
     }
@@ -156,6 +160,8 @@ impl PostgresStore {
     pub async fn close(&self) {
         self.inner.follows.close().await;
         self.inner.pool.close().await;
+        // Task watchers re-read, find the store closed, and end.
+        self.inner.follows.tasks().wake_all();
     }
 
     /// The pool the store runs on.
@@ -213,6 +219,11 @@ impl PostgresStore {
     /// Announces this handle's appends to other handles.
     pub(crate) fn notifier(&self) -> &Notifier {
         &self.inner.notifier
+    }
+
+    /// How long this handle's tasks live.
+    pub(crate) fn task_options(&self) -> &TaskOptions {
+        &self.inner.tasks
     }
 
     /// The store clock's time, in milliseconds.

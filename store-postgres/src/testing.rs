@@ -14,13 +14,16 @@
 //! Each test works in a schema of its own ([`namespace`]), dropped when
 //! the test ends, also when it panics.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
+use mcp_event_store_core::task::conformance::TaskHarness;
 use mcp_event_store_core::testkit::{self, Container, Namespace, ServerSpec};
 use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Connection};
+use sqlx::{AssertSqlSafe, Connection, Row};
 
 use crate::options::schema_and_driver_url;
 use crate::setup::MIGRATOR;
@@ -284,5 +287,100 @@ impl PersistentHarness for PostgresHarness {
                     self.schema()
                 )
             });
+    }
+}
+
+/// The task conformance harness ([`task_conformance_tests!`](mcp_event_store_core::task_conformance_tests)):
+/// the same schema per case as [`Harness`]; [`raw_rows`](TaskHarness::raw_rows)
+/// dumps the task tables through a connection of its own.
+#[async_trait]
+impl TaskHarness for PostgresHarness {
+    type Store = PostgresStore;
+
+    async fn open(&self, options: StoreOptions) -> PostgresStore {
+        Harness::open(self, options).await
+    }
+
+    async fn close(&self, store: PostgresStore) {
+        store.close().await;
+    }
+
+    /// Every row of `tasks`, `task_inputs` and `instances`, each column as
+    /// its bytes (`bytea` as stored, other types as their text), joined by
+    /// `|`.
+    async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {
+        const TABLES: [(&str, &[&str]); 3] = [
+            (
+                "tasks",
+                &[
+                    "digest",
+                    "owner",
+                    "status",
+                    "rev",
+                    "message",
+                    "created_at",
+                    "updated_at",
+                    "expires_at",
+                    "purge_at",
+                    "ttl_ms",
+                    "poll_ms",
+                    "cancel",
+                    "instance",
+                    "outcome",
+                    "next_seq",
+                ],
+            ),
+            (
+                "task_inputs",
+                &["digest", "key", "seq", "state", "request", "response"],
+            ),
+            ("instances", &["id", "alive_until"]),
+        ];
+        const BYTEA: [&str; 9] = [
+            "digest", "owner", "message", "instance", "outcome", "key", "request", "response", "id",
+        ];
+        let mut conn = PgConnection::connect(&self.url)
+            .await
+            .expect("connect to dump the task tables");
+        let mut rows = Vec::new();
+        for (table, columns) in TABLES {
+            let select = columns
+                .iter()
+                .map(|column| {
+                    if BYTEA.contains(column) {
+                        (*column).to_owned()
+                    } else {
+                        format!("convert_to({column}::text, 'UTF8')")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let query = format!("SELECT {select} FROM \"{}\".{table}", self.schema());
+            for row in sqlx::query(AssertSqlSafe(query))
+                .fetch_all(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("dump {table}: {e}"))
+            {
+                let mut raw = Vec::new();
+                for column in 0..row.len() {
+                    let value: Option<Vec<u8>> = row.try_get(column).expect("a column as bytes");
+                    raw.extend(value.unwrap_or_default());
+                    raw.push(b'|');
+                }
+                rows.push(raw);
+            }
+        }
+        conn.close().await.expect("close");
+        Some(rows)
+    }
+
+    /// `NOTIFY` reaches the other handle's listener within milliseconds;
+    /// the rest is slack for a loaded machine.
+    fn wake_bound(&self) -> Duration {
+        Duration::from_millis(300)
+    }
+
+    async fn teardown(self) {
+        Harness::teardown(self).await;
     }
 }
