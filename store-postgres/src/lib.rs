@@ -463,9 +463,10 @@
 //! and ignores task notifications). A task migration this release does not
 //! know (a newer task format) is refused with
 //! [`Error::IncompatibleFormat`](mcp_event_store_core::Error::IncompatibleFormat)
-//! and changes nothing. With `run_migrations` off the task tables are
-//! neither created nor checked: the deploy step that migrates must run a
-//! release with tasks.
+//! and changes nothing, also with `run_migrations` off. With
+//! `run_migrations` off the task tables are not created: a schema without
+//! them serves events, and task calls fail until the deploy step that
+//! migrates runs a release with tasks.
 //!
 //! # Limits
 //!

@@ -125,6 +125,9 @@ async fn prepare_on(
         .map_err(backend)?;
 
     check_format(conn, schema, &quoted, run_migrations).await?;
+    if !run_migrations {
+        check_task_format(conn, schema).await?;
+    }
     if run_migrations {
         // `run_direct` is `run` minus the `Acquire` bound that makes this
         // future not `Send` (sqlx's own workaround for that compiler error).
@@ -138,6 +141,43 @@ async fn prepare_on(
             .map_err(|e| task_migrate_error(schema, e))?;
     }
     load_key(conn, &quoted).await
+}
+
+/// With `run_migrations` off: refuses a schema whose task migrations
+/// include one this release does not know (a newer task format) or one
+/// that failed part way. A schema without task tables opens (its events
+/// are served; task calls fail until a release with tasks migrates it).
+async fn check_task_format(conn: &mut PgConnection, schema: &str) -> Result<()> {
+    let has_table: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)",
+    )
+    .bind(schema)
+    .bind(TASK_MIGRATIONS)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(backend)?;
+    if !has_table {
+        return Ok(());
+    }
+    let applied: Vec<(i64, bool)> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT version, success FROM {TASK_MIGRATIONS} ORDER BY version"
+    )))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(backend)?;
+    let known = task_migrator();
+    for (version, success) in applied {
+        if !known.version_exists(version) {
+            return Err(task_migrate_error(
+                schema,
+                MigrateError::VersionMissing(version),
+            ));
+        }
+        if !success {
+            return Err(task_migrate_error(schema, MigrateError::Dirty(version)));
+        }
+    }
+    Ok(())
 }
 
 /// A refusal of the task migrations: a newer task format, or a different

@@ -145,6 +145,20 @@ async fn a_newer_task_format_is_refused_and_changes_nothing() {
             if m.contains(&format!("task migration {}", newest + 1))),
         "{err}"
     );
+    // A handle that may not migrate refuses it too.
+    let err = PostgresStore::connect_with(
+        harness.url(),
+        harness
+            .options(StoreOptions::default())
+            .run_migrations(false),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::IncompatibleFormat(m)
+            if m.contains(&format!("task migration {}", newest + 1))),
+        "{err}"
+    );
     sqlx::query("DELETE FROM _mes_task_migrations WHERE version = $1")
         .bind(newest + 1)
         .execute(&mut conn)
@@ -155,6 +169,15 @@ async fn a_newer_task_format_is_refused_and_changes_nothing() {
     let task = store.get(&id, &owner).await.unwrap().expect("the task");
     assert_eq!(task.status, TaskStatus::InputRequired);
     assert_eq!(store.stats().await.unwrap().events, 1);
+    store.close().await;
+    let store = harness
+        .open_with(
+            harness
+                .options(StoreOptions::default())
+                .run_migrations(false),
+        )
+        .await;
+    assert!(store.get(&id, &owner).await.unwrap().is_some());
     store.close().await;
     Harness::teardown(harness).await;
 }
