@@ -34,13 +34,36 @@
 //! | `sled` | `sled::SledStore` | `sled:///var/lib/app/events` |
 //! | `full` | every backend above, and `rmcp` | |
 //!
-//! Every backend implements [`EventStore`] and [`SessionStore`] and passes
-//! the same conformance suite.
+//! Every backend implements [`EventStore`], [`SessionStore`] and
+//! [`TaskStore`](task::TaskStore) and passes the same conformance suites:
+//! the handle [`connect`] returns serves resumable streams (MCP up to
+//! 2025-11-25) and durable tasks (SEP-2663, MCP 2026-07-28) from one URL.
+//!
+//! # Durable tasks
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> mcp_event_store::Result<()> {
+//! use std::time::Duration;
+//! use mcp_event_store::task::{Finish, InstanceId, NewTask, Owner, TaskStatus, TaskStore, WorkerChange};
+//!
+//! let store = mcp_event_store::connect("memory://").await?;
+//! let me = InstanceId::generate()?;
+//! store.heartbeat(me, Duration::from_secs(30)).await?;
+//! let owner = Owner::principal(b"alice")?;
+//! let (id, _) = store.create(NewTask::new(&owner, me)).await?;
+//! store.apply(&id, me, WorkerChange::Finish(Finish::Completed(br#"{"content":[]}"#))).await?;
+//! // Any instance sharing the store answers `tasks/get` for its owner:
+//! let task = store.get(&id.to_string(), &owner).await?.expect("the task");
+//! assert_eq!(task.status, TaskStatus::Completed);
+//! # Ok(()) }
+//! ```
 //!
 //! With the `rmcp` feature, the `rmcp` module makes any of them (a
 //! [`DynStore`] included) a drop-in `EventStore` and `SessionStore` for rmcp
-//! 3.9's Streamable HTTP server, and `rmcp::SessionScoped` keeps resumes
-//! inside their session. The `resumable-server` package
+//! 3.9's Streamable HTTP server, `rmcp::SessionScoped` keeps resumes
+//! inside their session, and `rmcp::tasks::DurableTasks` serves the tasks
+//! extension from the same store. The `resumable-server` package
 //! (`examples/resumable-server`) is a complete server:
 //! `cargo run -p resumable-server`.
 #![deny(missing_docs)]
@@ -52,6 +75,7 @@ use std::sync::Arc;
 // `mcp_event_store_core::backend`, for backend crates.
 #[cfg(feature = "rmcp")]
 pub use mcp_event_store_core::rmcp;
+pub use mcp_event_store_core::task;
 pub use mcp_event_store_core::{
     Backend, BoxError, Clock, Connecting, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, Error,
     EventId, EventStore, FollowOptions, HealthReport, MAX_EVENT_ID_LEN, MAX_LIST_PAGE,
@@ -169,7 +193,10 @@ backends! {
     sled: mcp_event_store_sled, "sled", SledHarness, ["sled"];
 }
 
-/// A store of any backend, as [`connect`] returns it.
+/// A store of any backend, as [`connect`] returns it: an event store, a
+/// session store and a task store in one handle. It passes as an
+/// `Arc<dyn TaskStore>` (or `Arc<dyn EventStore>`, `Arc<dyn SessionStore>`)
+/// where one is wanted.
 pub type DynStore = Arc<dyn Store>;
 
 /// Opens the store a URL names, with default options, so the backend can be

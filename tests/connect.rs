@@ -1,7 +1,12 @@
 //! `connect(url)`: the backend is chosen by URL, and a URL for a backend that
 //! is not compiled in says which feature to enable.
 
+use std::time::Duration;
+
 use futures_util::TryStreamExt;
+use mcp_event_store::task::{
+    Applied, Finish, InstanceId, NewTask, Owner, TaskStatus, WorkerChange,
+};
 use mcp_event_store::{Error, NewEvent, connect};
 
 #[tokio::test]
@@ -103,6 +108,16 @@ async fn every_backend_opens_shared_persistent_storage_by_url() {
         let two = connect(&url).await.unwrap();
         let first = one.store_event("s", NewEvent::new(b"a")).await.unwrap();
         two.store_event("s", NewEvent::new(b"b")).await.unwrap();
+        // The same handles are task stores on the same storage.
+        let me = InstanceId::generate().unwrap();
+        assert!(one.heartbeat(me, Duration::from_secs(60)).await.unwrap());
+        let owner = Owner::principal(b"alice").unwrap();
+        let (task, _) = one.create(NewTask::new(&owner, me)).await.unwrap();
+        let finish = WorkerChange::Finish(Finish::Completed(b"{}"));
+        assert!(matches!(
+            two.apply(&task, me, finish).await.unwrap(),
+            Applied::Changed { .. }
+        ));
         let replay = one.replay_events_after(&first.to_string()).await.unwrap();
         let events: Vec<_> = replay.events.try_collect().await.unwrap();
         assert_eq!(&events[0].data[..], b"b", "{}", backend.name);
@@ -111,6 +126,13 @@ async fn every_backend_opens_shared_persistent_storage_by_url() {
         let replay = again.replay_events_after(&first.to_string()).await.unwrap();
         let events: Vec<_> = replay.events.try_collect().await.unwrap();
         assert_eq!(events.len(), 1, "{}: reopened", backend.name);
+        let done = again.get(&task.to_string(), &owner).await.unwrap();
+        assert_eq!(
+            done.map(|task| task.status),
+            Some(TaskStatus::Completed),
+            "{}: the task, reopened",
+            backend.name
+        );
         drop(again);
         storage.remove().await;
     }

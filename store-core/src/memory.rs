@@ -19,10 +19,15 @@ use crate::inspect::{
 };
 use crate::options::{PurgeReport, StoreOptions};
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
+use crate::task::{
+    Applied, CancelMode, InstanceId, MemoryTaskStore, NewTask, Owner, Rev, TaskId, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskStore, WorkerChange,
+};
 
 const BACKEND: &str = "memory";
 
-/// An [`EventStore`] and [`SessionStore`] kept in process memory.
+/// An [`EventStore`], [`SessionStore`] and [`TaskStore`] kept in process
+/// memory.
 ///
 /// Useful for tests and for single-process servers that accept losing
 /// resumability on restart. It is bounded by its [`Retention`](crate::Retention)
@@ -30,7 +35,9 @@ const BACKEND: &str = "memory";
 /// events sit in a ring buffer indexed by sequence number), however many
 /// other events the store holds.
 ///
-/// Clones share the same data, like two handles on one database.
+/// Clones share the same data, like two handles on one database. Its tasks
+/// are a [`MemoryTaskStore`] with the default [`TaskOptions`], sharing the
+/// store's clock and payload limit.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -54,6 +61,8 @@ struct Inner {
     state: Arc<Mutex<State>>,
     /// Shared by every handle on the same data, like `state`.
     wakeups: Arc<Wakeups>,
+    /// The tasks, shared by every handle on the same data like `state`.
+    tasks: MemoryTaskStore,
 }
 
 #[derive(Debug, Default)]
@@ -154,6 +163,7 @@ impl MemoryStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 key: StreamKey::generate()?,
+                tasks: MemoryTaskStore::with_options(options.clone(), TaskOptions::default()),
                 options,
                 state: Arc::default(),
                 wakeups: Arc::default(),
@@ -168,6 +178,10 @@ impl MemoryStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 key: self.inner.key.clone(),
+                tasks: self
+                    .inner
+                    .tasks
+                    .share_with_options(options.clone(), TaskOptions::default()),
                 options,
                 state: self.inner.state.clone(),
                 wakeups: self.inner.wakeups.clone(),
@@ -473,5 +487,75 @@ impl SessionStore for MemoryStore {
         let now = self.now();
         let removed = self.state().sessions.remove(session_id);
         Ok(removed.is_some_and(|s| s.expires_at > now))
+    }
+}
+
+impl MemoryStore {
+    /// Every stored task row as bytes, as a raw scan would find them; for
+    /// the conformance suite.
+    #[cfg(feature = "conformance")]
+    pub(crate) fn raw_task_rows(&self) -> Vec<Vec<u8>> {
+        self.inner.tasks.raw_rows()
+    }
+}
+
+/// The tasks of a [`MemoryStore`]: its [`MemoryTaskStore`], one call each.
+#[async_trait]
+impl TaskStore for MemoryStore {
+    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.try_create(id, task).await
+    }
+
+    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.get(id, who).await
+    }
+
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        responses: &[(&str, &[u8])],
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.answer(id, who, responses).await
+    }
+
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.request_cancel(id, who, mode).await
+    }
+
+    async fn apply(
+        &self,
+        id: &TaskId,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        self.inner.tasks.apply(id, by, change).await
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.watch(id, who, after, max_wait).await
+    }
+
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        self.inner.tasks.heartbeat(me, lease).await
+    }
+
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        self.inner.tasks.purge_expired_tasks().await
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        self.inner.tasks.delete(id).await
     }
 }

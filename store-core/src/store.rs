@@ -15,6 +15,7 @@ use crate::event::{NewEvent, StoredEvent};
 use crate::id::{EventId, Position};
 use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage};
 use crate::options::PurgeReport;
+use crate::task::TaskStore;
 
 /// A durable, shared log of SSE events, one ordered stream per stream id.
 ///
@@ -173,11 +174,29 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn delete_session(&self, session_id: &str) -> Result<bool>;
 }
 
-/// A store that is both an [`EventStore`] and a [`SessionStore`]; what
-/// `connect` hands out.
-pub trait Store: EventStore + SessionStore {}
+/// A store that is an [`EventStore`], a [`SessionStore`] and a
+/// [`TaskStore`] at once: what `connect` hands out, so that one URL serves
+/// both protocol eras (resumable streams up to 2025-11-25, durable tasks
+/// from 2026-07-28). An `Arc<dyn Store>` passes where an
+/// `Arc<dyn TaskStore>` (or any of the three) is wanted.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> mcp_event_store_core::Result<()> {
+/// use std::sync::Arc;
+/// use mcp_event_store_core::task::{InstanceId, NewTask, Owner, TaskStore};
+/// use mcp_event_store_core::{EventStore, MemoryStore, NewEvent, Store};
+///
+/// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+/// store.store_event("stream", NewEvent::new(b"hello")).await?;
+/// let tasks: Arc<dyn TaskStore> = store.clone();
+/// let (id, _) = tasks.create(NewTask::new(&Owner::Anonymous, InstanceId::generate()?)).await?;
+/// assert!(store.get(&id.to_string(), &Owner::Anonymous).await?.is_some());
+/// # Ok(()) }
+/// ```
+pub trait Store: EventStore + SessionStore + TaskStore {}
 
-impl<T: EventStore + SessionStore> Store for T {}
+impl<T: EventStore + SessionStore + TaskStore> Store for T {}
 
 /// The result of [`EventStore::replay_events_after`]: which stream, and its
 /// events after the cursor.

@@ -147,6 +147,14 @@ impl MemoryHarness {
     pub async fn new() -> Self {
         Self::default()
     }
+
+    /// The store every handle shares, once one was opened.
+    pub(crate) fn shared_store(&self) -> Option<crate::MemoryStore> {
+        self.store
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
 }
 
 #[async_trait]

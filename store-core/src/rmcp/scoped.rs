@@ -22,7 +22,7 @@ use super::tracker::{Absent, Cleanup, Stored, Tracker, spawn};
 use super::{RmcpEventStore, RmcpSessionStore};
 use crate::id::{EventId, StreamToken};
 use crate::options::{Retention, validate_session_id};
-use crate::store::{SessionStore, Store};
+use crate::store::{EventStore, SessionStore};
 
 /// How long a stream stays bound to its session by default: one hour, the
 /// default [`Retention`]'s maximum age, so a binding lives as long as the
@@ -191,7 +191,7 @@ pub struct SessionScoped<M, S: ?Sized> {
     tracker: Arc<Tracker>,
 }
 
-impl<S: Store + ?Sized> SessionScoped<LocalSessionManager, S> {
+impl<S: EventStore + SessionStore + ?Sized> SessionScoped<LocalSessionManager, S> {
     /// rmcp's `LocalSessionManager` (default configuration) with `store` as
     /// its event store, its resumes scoped to their session.
     pub fn local(store: Arc<S>) -> Self {
@@ -381,7 +381,7 @@ async fn delete_bindings<S: SessionStore + ?Sized>(
 impl<M, S> SessionScoped<M, S>
 where
     M: SessionManager,
-    S: Store + ?Sized,
+    S: EventStore + SessionStore + ?Sized,
 {
     pub(super) async fn check_owner(
         &self,
@@ -491,7 +491,7 @@ where
 impl<M, S> SessionManager for SessionScoped<M, S>
 where
     M: SessionManager,
-    S: Store + ?Sized,
+    S: EventStore + SessionStore + ?Sized,
 {
     type Error = ScopedError<M::Error>;
     type Transport = M::Transport;

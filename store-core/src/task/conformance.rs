@@ -120,6 +120,30 @@ impl TaskHarness for MemoryTaskHarness {
     }
 }
 
+/// The task suite on [`MemoryStore`](crate::MemoryStore), the store
+/// `memory://` opens: the same [`MemoryHarness`](crate::conformance::MemoryHarness)
+/// the event suite uses, every `open` a handle on one shared set of data.
+#[async_trait]
+impl TaskHarness for crate::conformance::MemoryHarness {
+    type Store = crate::MemoryStore;
+
+    async fn open(&self, options: StoreOptions) -> crate::MemoryStore {
+        crate::conformance::Harness::open(self, options).await
+    }
+
+    async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {
+        Some(
+            self.shared_store()
+                .map_or_else(Vec::new, |store| store.raw_task_rows()),
+        )
+    }
+
+    fn wake_bound(&self) -> Duration {
+        // As for MemoryTaskStore, whose tasks it holds.
+        Duration::from_millis(500)
+    }
+}
+
 /// Generates one `#[tokio::test]` per task conformance case for a harness.
 ///
 /// `$harness` is an expression evaluating to a future of the harness (an
