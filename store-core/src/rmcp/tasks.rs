@@ -52,6 +52,9 @@
 //!   lease (T11), for as long as a clone of the [`DurableTasks`] lives. When
 //!   the process dies, its tasks read `failed` ("server instance lost") once
 //!   the lease runs out.
+//! * Each instance runs [`TaskStore::purge_expired_tasks`] every minute
+//!   ([`DurableTasksBuilder::purge_every`]), so expired and orphaned tasks
+//!   are written back as `failed` and deleted after their grace.
 //! * `get_task`, `update_task` and `cancel_task` answer an unknown id, or a
 //!   task of another owner, with -32602 (SEP-2663: invalid or nonexistent
 //!   `taskId`).
@@ -87,6 +90,10 @@ pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(30);
 /// bounds how long an operation keeps waiting on a task that already reads
 /// expired or lost, which wake no one.
 pub const DEFAULT_WATCH_WAIT: Duration = Duration::from_secs(5);
+/// How often an instance runs [`TaskStore::purge_expired_tasks`] by
+/// default: expired and orphaned tasks are written back as `failed`, and
+/// tasks past their grace deleted, in bounded steps.
+pub const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
 type OwnerFn = dyn Fn(&RequestContext<RoleServer>) -> Owner + Send + Sync;
 
@@ -94,10 +101,13 @@ type OwnerFn = dyn Fn(&RequestContext<RoleServer>) -> Owner + Send + Sync;
 pub struct DurableTasksBuilder {
     store: Arc<dyn TaskStore>,
     owner: Arc<OwnerFn>,
+    /// Whether [`owner`](Self::owner) was called; if not, `build` warns.
+    owner_bound: bool,
     cancel_mode: CancelMode,
     heartbeat_interval: Duration,
     lease: Duration,
     watch_wait: Duration,
+    purge_interval: Option<Duration>,
 }
 
 impl fmt::Debug for DurableTasksBuilder {
@@ -107,6 +117,7 @@ impl fmt::Debug for DurableTasksBuilder {
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("lease", &self.lease)
             .field("watch_wait", &self.watch_wait)
+            .field("purge_interval", &self.purge_interval)
             .finish_non_exhaustive()
     }
 }
@@ -120,6 +131,7 @@ impl DurableTasksBuilder {
         owner: impl Fn(&RequestContext<RoleServer>) -> Owner + Send + Sync + 'static,
     ) -> Self {
         self.owner = Arc::new(owner);
+        self.owner_bound = true;
         self
     }
 
@@ -146,14 +158,37 @@ impl DurableTasksBuilder {
         self
     }
 
-    /// Registers the instance (its first heartbeat) and starts renewing it.
-    /// Needs a tokio runtime.
+    /// How often this instance purges the store's tasks
+    /// ([`TaskStore::purge_expired_tasks`]); default
+    /// [`DEFAULT_PURGE_INTERVAL`], the first run one interval after
+    /// [`build`](Self::build). `None` leaves purging to someone else (another
+    /// instance, or an operator's `mcp-event-store purge`); until someone
+    /// purges, expired tasks still read `failed` but keep their space.
+    pub fn purge_every(mut self, interval: Option<Duration>) -> Self {
+        self.purge_interval = interval;
+        self
+    }
+
+    /// Registers the instance (its first heartbeat) and starts renewing it
+    /// and purging. Needs a tokio runtime.
     pub async fn build(self) -> crate::Result<DurableTasks> {
         if self.lease <= self.heartbeat_interval || self.heartbeat_interval.is_zero() {
             return Err(Error::Config(format!(
                 "the heartbeat lease ({:?}) must be longer than its interval ({:?}), which must not be zero",
                 self.lease, self.heartbeat_interval
             )));
+        }
+        if self.purge_interval.is_some_and(|every| every.is_zero()) {
+            return Err(Error::Config(
+                "the task purge interval must not be zero (None turns purging off)".into(),
+            ));
+        }
+        if !self.owner_bound {
+            tracing::warn!(
+                "durable tasks without an owner: every task is Owner::Anonymous and its id is \
+                 the only credential; bind tasks to your authentication with \
+                 DurableTasksBuilder::owner"
+            );
         }
         let instance = register(&*self.store, self.lease).await?;
         let inner = Arc::new(Inner {
@@ -163,10 +198,16 @@ impl DurableTasksBuilder {
             lease: self.lease,
             watch_wait: self.watch_wait,
             instance: Mutex::new(instance),
-            heartbeat: Mutex::new(None),
+            background: Mutex::new(Vec::new()),
         });
-        let handle = tokio::spawn(heartbeat(Arc::downgrade(&inner), self.heartbeat_interval));
-        *lock(&inner.heartbeat) = Some(handle);
+        let mut background = vec![tokio::spawn(heartbeat(
+            Arc::downgrade(&inner),
+            self.heartbeat_interval,
+        ))];
+        if let Some(every) = self.purge_interval {
+            background.push(tokio::spawn(purge(Arc::downgrade(&inner), every)));
+        }
+        *lock(&inner.background) = background;
         Ok(DurableTasks { inner })
     }
 }
@@ -206,6 +247,20 @@ async fn heartbeat(inner: Weak<Inner>, interval: Duration) {
     }
 }
 
+/// Purges the store's tasks every `interval` while a [`DurableTasks`]
+/// lives. A failed purge is logged and tried again next time: what it would
+/// have written, reads already show.
+async fn purge(inner: Weak<Inner>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(inner) = inner.upgrade() else { return };
+        match inner.store.purge_expired_tasks().await {
+            Ok(report) => tracing::debug!(?report, "task purge"),
+            Err(error) => tracing::warn!(%error, "task purge failed"),
+        }
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -219,7 +274,8 @@ struct Inner {
     lease: Duration,
     watch_wait: Duration,
     instance: Mutex<InstanceId>,
-    heartbeat: Mutex<Option<JoinHandle<()>>>,
+    /// The heartbeat and purge loops, stopped with the last clone.
+    background: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Inner {
@@ -230,7 +286,7 @@ impl Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        if let Some(handle) = lock(&self.heartbeat).take() {
+        for handle in lock(&self.background).drain(..) {
             handle.abort();
         }
     }
@@ -260,10 +316,12 @@ impl DurableTasks {
         DurableTasksBuilder {
             store,
             owner: Arc::new(|_| Owner::Anonymous),
+            owner_bound: false,
             cancel_mode: CancelMode::default(),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             lease: DEFAULT_HEARTBEAT_LEASE,
             watch_wait: DEFAULT_WATCH_WAIT,
+            purge_interval: Some(DEFAULT_PURGE_INTERVAL),
         }
     }
 

@@ -15,10 +15,11 @@ use serde_json::json;
 use super::*;
 use crate::task::{MemoryTaskStore, NewTask, TaskPurgeReport};
 
-/// Counts every write that reaches the store.
+/// Counts every write that reaches the store, and the purges.
 struct Counting {
     inner: MemoryTaskStore,
     writes: AtomicUsize,
+    purges: AtomicUsize,
 }
 
 impl Counting {
@@ -26,6 +27,7 @@ impl Counting {
         Arc::new(Self {
             inner: MemoryTaskStore::new(),
             writes: AtomicUsize::new(0),
+            purges: AtomicUsize::new(0),
         })
     }
 
@@ -87,6 +89,7 @@ impl TaskStore for Counting {
         self.inner.heartbeat(me, lease).await
     }
     async fn purge_expired_tasks(&self) -> crate::Result<TaskPurgeReport> {
+        self.purges.fetch_add(1, Ordering::SeqCst);
         self.inner.purge_expired_tasks().await
     }
     async fn delete(&self, id: &str) -> crate::Result<bool> {
@@ -558,6 +561,44 @@ async fn a_panicking_operation_fails_its_task() {
     };
     assert_eq!(error["code"], -32603);
     client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_purges_on_its_interval_and_stops_with_its_last_clone() {
+    let store = Counting::new();
+    let tasks = DurableTasks::builder(store.clone())
+        .purge_every(Some(Duration::from_millis(20)))
+        .build()
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.purges.load(Ordering::SeqCst) < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no purge in 10 s with a 20 ms interval"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(tasks);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let stopped_at = store.purges.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.purges.load(Ordering::SeqCst), stopped_at);
+
+    let off = DurableTasks::builder(store.clone())
+        .purge_every(None)
+        .build()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.purges.load(Ordering::SeqCst), stopped_at);
+    drop(off);
+
+    let zero = DurableTasks::builder(store.clone())
+        .purge_every(Some(Duration::ZERO))
+        .build()
+        .await;
+    assert!(matches!(zero, Err(Error::Config(_))));
 }
 
 #[tokio::test]
