@@ -7,7 +7,7 @@
 //! mcp-event-store streams redis://cache:6379 --sort size --limit 20
 //! mcp-event-store replay  sqlite://events.db EVENT_ID   # the events after it, as SSE text
 //! mcp-event-store tail    sqlite://events.db EVENT_ID   # ... and the new ones, until Ctrl-C
-//! mcp-event-store purge   sled:///var/lib/app/events    # apply retention now
+//! mcp-event-store purge   sled:///var/lib/app/events    # apply retention and task expiry now
 //! mcp-event-store delete-stream sqlite://events.db STREAM_ID [--yes]
 //! ```
 //!
@@ -122,7 +122,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Apply the retention limits now and report what was removed.
+    /// Apply the retention limits and task expiry now and report what was
+    /// removed.
     Purge {
         /// The store URL.
         url: String,
@@ -504,15 +505,19 @@ fn write_event(
 async fn purge(store: &DynStore, out: &mut impl Write) -> Outcome {
     let spinner = io::stderr().is_terminal().then(|| {
         let spinner = indicatif::ProgressBar::new_spinner();
-        spinner.set_message("purging expired events and sessions");
+        spinner.set_message("purging expired events, sessions and tasks");
         spinner.enable_steady_tick(Duration::from_millis(100));
         spinner
     });
-    let result = store.purge_expired().await;
+    let result = async {
+        let events = store.purge_expired().await?;
+        Ok::<_, mcp_event_store::Error>((events, store.purge_expired_tasks().await?))
+    }
+    .await;
     if let Some(spinner) = spinner {
         spinner.finish_and_clear();
     }
-    let report = result?;
+    let (report, tasks) = result?;
     writeln!(
         out,
         "purged {} {}, {} {} and {} {}",
@@ -522,6 +527,15 @@ async fn purge(store: &DynStore, out: &mut impl Write) -> Outcome {
         plural(report.streams, "stream", "streams"),
         report.sessions,
         plural(report.sessions, "session", "sessions"),
+    )?;
+    writeln!(
+        out,
+        "tasks: {} expired and {} orphaned marked failed, {} deleted, {} lapsed {} forgotten",
+        tasks.expired,
+        tasks.orphaned,
+        tasks.deleted,
+        tasks.instances,
+        plural(tasks.instances, "instance", "instances"),
     )?;
     Ok(ExitCode::SUCCESS)
 }
