@@ -353,7 +353,8 @@ fn judge(config: &NodeConfig, wait_replicas: u32) -> Vec<Setting> {
             "appendonly",
             other,
             "set appendonly yes (with appendfsync always): without an append-only file a \
-             restart or crash of Redis loses acknowledged events",
+             restart or crash of Redis loses acknowledged events and tasks (a task \
+             acknowledged as created can vanish)",
         ),
         None => Setting::warn("appendonly", "unknown", verify_by_hand("appendonly is yes")),
     });
@@ -370,14 +371,15 @@ fn judge(config: &NodeConfig, wait_replicas: u32) -> Vec<Setting> {
             "appendfsync",
             "everysec",
             "set appendfsync always if acknowledged events must survive power loss: with \
-             everysec an operating-system crash can lose about the last second of them",
+             everysec an operating-system crash can lose about the last second of them, \
+             and of acknowledged task changes (a task acknowledged as created can vanish)",
         ),
         (_, Some(other)) => Setting::warn(
             "appendfsync",
             other,
             "set appendfsync always (or everysec): otherwise the operating system decides \
              when the append-only file reaches the disk, and a crash can lose many seconds \
-             of acknowledged events",
+             of acknowledged events and task changes",
         ),
         (_, None) => Setting::warn(
             "appendfsync",

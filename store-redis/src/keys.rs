@@ -8,6 +8,9 @@
 //! <prefix>:v1:{<token>}:events    the Redis Stream of one event stream
 //! <prefix>:v1:{<token>}:meta      hash: sid, base, last, purged, bytes, head_t
 //! <prefix>:v1:{<sessiontoken>}:session   hash: id, d, exp
+//! <prefix>:t1:{<digest hex>}:task        hash: v (the task), rev (durable tasks)
+//! <prefix>:t1:instance:{<instance hex>}  a task instance's heartbeat deadline
+//! <prefix>:t1:changes                    pub/sub channel (not a key): task changes
 //! ```
 //!
 //! `<token>` is the stream's 24-character token (`[0-9a-v]`), the same text as
@@ -18,12 +21,16 @@
 //! collide with another stream.
 
 use mcp_event_store_core::backend::{StreamKey, StreamToken};
+use mcp_event_store_core::task::{InstanceId, TaskDigest};
 use mcp_event_store_core::{Error, Result};
 
 use crate::options::MAX_KEY_PREFIX_LEN;
 
 /// The layout version written into every data key's name.
 const LAYOUT: &str = "v1";
+/// The tasks' layout version, in the name of every task key (a family of
+/// its own: releases without tasks never touch it).
+const TASK_LAYOUT: &str = "t1";
 /// Domain separation between stream tokens and session tokens.
 const SESSION_DOMAIN: &str = "mcp-event-store/session\0";
 
@@ -148,10 +155,87 @@ impl Keys {
         StreamToken::parse(token)
     }
 
+    /// The hash of the task whose digest is `digest`; the digest (in hex)
+    /// is the hash tag, never the task id (T2).
+    pub fn task(&self, digest: &TaskDigest) -> String {
+        format!(
+            "{}:{TASK_LAYOUT}:{{{}}}:task",
+            self.prefix,
+            hex(digest.as_bytes())
+        )
+    }
+
+    /// `SCAN MATCH` pattern for this store's task hashes.
+    pub fn task_pattern(&self) -> String {
+        format!("{}:{TASK_LAYOUT}:{{{}}}:task", self.prefix, "?".repeat(32))
+    }
+
+    /// The digest of a task key found by `SCAN`, if it is one.
+    pub fn digest_of_task(&self, key: &[u8]) -> Option<TaskDigest> {
+        let hex = std::str::from_utf8(key)
+            .ok()?
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":")?
+            .strip_prefix(TASK_LAYOUT)?
+            .strip_prefix(":{")?
+            .strip_suffix("}:task")?;
+        digest_of_hex(hex.as_bytes())
+    }
+
+    /// The key holding instance `id`'s heartbeat deadline (T11), in a slot
+    /// of its own.
+    pub fn instance(&self, id: &InstanceId) -> String {
+        format!("{}:{TASK_LAYOUT}:instance:{{{id}}}", self.prefix)
+    }
+
+    /// `SCAN MATCH` pattern for this store's instance keys.
+    pub fn instance_pattern(&self) -> String {
+        format!(
+            "{}:{TASK_LAYOUT}:instance:{{{}}}",
+            self.prefix,
+            "?".repeat(32)
+        )
+    }
+
+    /// The pub/sub channel task changes are published on (the digest in
+    /// hex as the message).
+    pub fn task_channel(&self) -> String {
+        format!("{}:{TASK_LAYOUT}:changes", self.prefix)
+    }
+
     /// `SCAN MATCH` pattern for every key of this prefix (test teardown).
     pub fn all_pattern(&self) -> String {
         format!("{}:*", self.prefix)
     }
+}
+
+/// A task digest spelled in lowercase hex (32 characters), as in task keys
+/// and change messages.
+pub fn digest_of_hex(hex: &[u8]) -> Option<TaskDigest> {
+    if hex.len() != 32 {
+        return None;
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut digest = [0u8; 16];
+    for (byte, pair) in digest.iter_mut().zip(hex.chunks(2)) {
+        *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(TaskDigest(digest))
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 #[cfg(test)]
@@ -190,6 +274,22 @@ mod tests {
         let session = keys.session(&key, "{evil}");
         assert!(!session.contains("evil"));
         assert_eq!(hash_tag(&session).map(str::len), Some(24));
+    }
+
+    #[test]
+    fn task_keys_are_tagged_by_the_digest() {
+        let keys = Keys::new("p").unwrap();
+        let digest = TaskDigest([0xab; 16]);
+        let key = keys.task(&digest);
+        assert_eq!(key, format!("p:t1:{{{}}}:task", "ab".repeat(16)));
+        assert_eq!(hash_tag(&key).map(str::len), Some(32));
+        assert_eq!(keys.digest_of_task(key.as_bytes()), Some(digest));
+        assert_eq!(keys.digest_of_task(b"p:t1:{zz}:task"), None);
+        assert_eq!(
+            hash_tag(&keys.instance(&InstanceId([1; 16]))),
+            Some("01".repeat(16).as_str())
+        );
+        assert!(!keys.scan_pattern().contains("t1"));
     }
 
     /// The part of a key Redis Cluster hashes, per the cluster spec.

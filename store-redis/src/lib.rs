@@ -58,6 +58,8 @@
 //! <prefix>:v1:{<token>}:meta             hash: sid base last purged bytes head_t [pending]
 //! <prefix>:v1:{<token>}:gone             a deleted or expired stream's newest id, for an hour
 //! <prefix>:v1:{<session token>}:session  hash: id d exp [pending]
+//! <prefix>:t1:{<task digest>}:task       hash: v rev (see Tasks)
+//! <prefix>:t1:instance:{<instance id>}   a task instance's heartbeat deadline
 //! ```
 //!
 //! **One Redis Stream per event stream**, appended with `XADD *`: the
@@ -141,6 +143,12 @@
 //!   the reply (group commit per event-loop turn), so acknowledged events
 //!   survive power loss too: C1 and C10 in full, at the cost of an fsync per
 //!   batch of appends.
+//!
+//! Tasks are exactly as durable: `create` returns once the primary ran its
+//! script, so without `appendfsync always` (or `WAIT`, see
+//! [below](#replicas-and-wait)) a task acknowledged as created, which
+//! SEP-2663 requires to be durable, can be lost; [`check`](#inspecting)
+//! says so.
 //!
 //! Run Redis with `maxmemory-policy noeviction` (the default): an eviction
 //! policy may drop a stream's keys under memory pressure. The store notices
@@ -286,6 +294,93 @@
 //! its connection closes, within a second of the handle's last follow being
 //! dropped, and at once when the handle itself is dropped.
 //!
+//! # Tasks
+//!
+//! [`RedisStore`] is also a
+//! [`TaskStore`](mcp_event_store_core::task::TaskStore) (SEP-2663 durable
+//! tasks), in a key family of its own, `t1`:
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<prefix>:t1:{<digest>}:task` | hash | `v`: the whole task in core's [`codec`](mcp_event_store_core::task::codec) encoding (owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, and its inputs: outstanding requests, answered responses, spent keys); `rev`: the task's revision in decimal |
+//! | `<prefix>:t1:instance:{<instance id>}` | string | the instance's heartbeat deadline (store-clock ms) |
+//! | `<prefix>:t1:changes` | pub/sub channel | the digest (hex) of each task that changed |
+//!
+//! `<digest>` is the 32 hex digits of the task's digest
+//! (`SHA-256("mcp-event-store/task\0" ‖ id)[..16]`): the id itself is
+//! never stored, not even in a key name (T2), and the principal only as
+//! its digest. The digest is the hash tag, so the id, which the client
+//! chooses only among ids the store issued, picks no slot.
+//!
+//! **One atomic step.** Every mutation (`answer`, `request_cancel`,
+//! `apply`, a purge ending a task) reads the task (`HGET v`) and its
+//! instance's deadline (`GET`, a second command: the instance key lives in
+//! another slot), lets the state machine every backend shares decide, and
+//! writes with one Lua script that stores the new value only if the stored
+//! `rev` is still the one read, sets the key's backstop TTL and
+//! `PUBLISH`es the digest; if `rev` moved, the step reads again. `rev`
+//! only grows, so the compare-and-set cannot be fooled, and of racing
+//! finishers exactly one writes (T4). `create` is one script that inserts
+//! only if the key is absent. A task's inputs live in its value, as in
+//! sled, so one key is the whole task and the script touches one slot.
+//!
+//! **Durable before return.** A task call returns once the Redis primary
+//! ran its script; with [`wait_replicas`](RedisOptions::wait_replicas) it
+//! also waits, in the same round trip, for that many replicas, as appends
+//! do. Without `appendonly yes` and `appendfsync always` (or `WAIT` and a
+//! failover that promotes an up-to-date replica), an acknowledged create
+//! can be lost, against SEP-2663's "durably created": see
+//! [Durability](#durability), and [`check`](#inspecting), which warns.
+//!
+//! **Watch.** Each handle has one subscriber connection, opened by its
+//! first `watch` and closed by [`RedisStore::close`] or the handle's drop,
+//! subscribed to `<prefix>:t1:changes`; each message wakes that task's
+//! watchers in the handle's wake-up hub, and a change through the handle
+//! itself wakes them at once. A watch subscribes in the hub (and waits for
+//! the subscriber to be subscribed) before its first read, so no change is
+//! missed; it holds no connection while it waits. A wake-up only prompts a
+//! re-read, and every [`follow_recheck`](RedisOptions::follow_recheck) a
+//! watcher reads again anyway, covering messages lost while the subscriber
+//! reconnected (it also wakes every watcher once it is subscribed again).
+//! Expiry and orphaning wake no one (they are decided at read time, T8 and
+//! T11). Measured on loopback: a change through another handle wakes a
+//! watcher in about a millisecond.
+//!
+//! **Expiry.** The store's clock judges, never Redis's: a task's expiry,
+//! purge time and its instance's deadline are values in the task and the
+//! instance key, compared with the store clock on every read (T8, T11). A
+//! heartbeat of an instance whose deadline passed changes nothing and
+//! returns `false`. Redis's own expiry is only a backstop for stores nobody
+//! purges: a task key gets `PEXPIRE` of its purge time plus one day (from
+//! its last write), an instance key of its lease plus the longest a task
+//! lives and is kept (7 days and 1 hour by default) plus one day, so Redis
+//! deletes nothing the store's clock still keeps, as long as that clock
+//! runs with real time, and never forgets (and so lets revive) an instance
+//! while a task that names it is kept.
+//! [`TaskStore::purge_expired_tasks`](mcp_event_store_core::task::TaskStore::purge_expired_tasks)
+//! `SCAN`s the task keys on every master in batches of 500 (bounded steps,
+//! each task one read and at most one script), persists expired and
+//! orphaned tasks as `failed`, deletes tasks past their grace (a script
+//! that deletes only if `rev` did not move), then `SCAN`s the instance
+//! keys and forgets lapsed instances.
+//!
+//! **Redis Cluster.** Every script touches one key, so nothing is ever
+//! `CROSSSLOT`. A purge index (a sorted set by purge time) was not chosen:
+//! in a cluster it would live in one slot, and no script could update it
+//! together with a task in another, so it could drift; `SCAN` needs no
+//! second structure to keep right, at the cost of a purge's time growing
+//! with the number of tasks. `PUBLISH` reaches every node of a cluster, so
+//! the subscriber connects to one node (the first seed that answers, the
+//! next one after a connection is lost).
+//!
+//! **Format.** Tasks add keys and change no existing one: a release
+//! without tasks never reads the `t1` family, and keeps serving its events
+//! (no key of an event stream, session, marker or secret changes; tested).
+//! [`FORMAT_VERSION`] is unchanged. A task value of a newer task format is
+//! refused with
+//! [`Error::IncompatibleFormat`](mcp_event_store_core::Error::IncompatibleFormat),
+//! changing nothing. [`RedisStore::destroy`] removes tasks with the rest.
+//!
 //! # Inspecting
 //!
 //! [`check`](EventStore::check) (C15, and `mcp-event-store check`) reports
@@ -294,10 +389,11 @@
 //! every master), each `ok` or a warning with its remedy:
 //!
 //! * `appendonly`: `yes` is ok; `no` warns, since a restart or crash of
-//!   Redis then loses acknowledged events.
+//!   Redis then loses acknowledged events and tasks.
 //! * `appendfsync`: `always` is ok; `everysec` warns (an operating-system
 //!   crash or power loss can lose about the last second of acknowledged
-//!   events, see [Durability](#durability)), and so does `no`.
+//!   events and task changes, see [Durability](#durability)), and so does
+//!   `no`.
 //!   Reported as unused while `appendonly` is `no`.
 //! * `save` (RDB snapshots): ok with `appendonly yes`; otherwise it warns,
 //!   saying whether snapshots are all there is or nothing is persisted.
@@ -384,6 +480,7 @@ mod scripts;
 mod sessions;
 mod setup;
 mod store;
+mod tasks;
 mod wire;
 
 #[cfg(feature = "conformance")]

@@ -326,6 +326,67 @@ end
 return 0
 "#;
 
+/// `TaskStore::try_create`: insert if absent. KEYS: task. ARGV: value,
+/// rev, backstop TTL ms or '' (none). Returns 1 when created, 0 when the
+/// key was taken (nothing changed).
+const TASK_CREATE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[1], 'rev', ARGV[2])
+if ARGV[3] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+return 1
+"#;
+
+/// One task mutation, compare-and-set on `rev`: writes the new value only
+/// if the stored `rev` is still the one the handle read, sets the backstop
+/// TTL and publishes the change. KEYS: task. ARGV: rev read, value, new
+/// rev, backstop TTL ms or '' (none: `PERSIST`), channel, digest hex.
+/// Returns 1 when written, 0 when the task changed (or went) meanwhile.
+const TASK_WRITE: &str = r#"
+if redis.call('HGET', KEYS[1], 'rev') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'rev', ARGV[3])
+if ARGV[4] == '' then
+  redis.call('PERSIST', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+end
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1
+"#;
+
+/// Deletes a task and publishes it. KEYS: task. ARGV: rev read, or ''
+/// to delete whatever is stored; channel; digest hex. Returns 1 when
+/// deleted, 0 when there was no task, -1 when its `rev` moved on.
+const TASK_DELETE: &str = r#"
+local rev = redis.call('HGET', KEYS[1], 'rev')
+if rev == false then return 0 end
+if ARGV[1] ~= '' and rev ~= ARGV[1] then return -1 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"#;
+
+/// `TaskStore::heartbeat`. KEYS: instance. ARGV: clock ms now, new
+/// deadline (clock ms), backstop TTL ms. A deadline already past by the
+/// store's clock is a lapsed instance, never revived: returns 0 and
+/// changes nothing; else stores the deadline and returns 1.
+const INSTANCE_BEAT: &str = r#"
+local old = redis.call('GET', KEYS[1])
+if old and tonumber(old) <= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"#;
+
+/// Forgets an instance lapsed by the store's clock. KEYS: instance. ARGV:
+/// clock ms now. Returns 1 if it went.
+const INSTANCE_FORGET: &str = r#"
+local old = redis.call('GET', KEYS[1])
+if old and tonumber(old) <= tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"#;
+
 /// A script and its source. A node that does not know the script yet (it
 /// restarted, was promoted, or joined the cluster) gets it by `EVAL` of the
 /// source on the one call that found it missing, sent where the call's keys
@@ -413,6 +474,16 @@ pub struct Scripts {
     pub session_delete: Lua,
     /// See [`SESSION_PURGE`].
     pub session_purge: Lua,
+    /// See [`TASK_CREATE`].
+    pub task_create: Lua,
+    /// See [`TASK_WRITE`].
+    pub task_write: Lua,
+    /// See [`TASK_DELETE`].
+    pub task_delete: Lua,
+    /// See [`INSTANCE_BEAT`].
+    pub instance_beat: Lua,
+    /// See [`INSTANCE_FORGET`].
+    pub instance_forget: Lua,
 }
 
 /// The scripts, shared by every store in the process.
@@ -428,6 +499,11 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     session_discard: Lua::new(SESSION_DISCARD.to_owned()),
     session_delete: Lua::new(SESSION_DELETE.to_owned()),
     session_purge: Lua::new(SESSION_PURGE.to_owned()),
+    task_create: Lua::new(TASK_CREATE.to_owned()),
+    task_write: Lua::new(TASK_WRITE.to_owned()),
+    task_delete: Lua::new(TASK_DELETE.to_owned()),
+    instance_beat: Lua::new(INSTANCE_BEAT.to_owned()),
+    instance_forget: Lua::new(INSTANCE_FORGET.to_owned()),
 });
 
 /// A limit as a script argument: its decimal value, or `''` for none.

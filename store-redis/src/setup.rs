@@ -30,6 +30,7 @@ use crate::follow::{Follow, Source};
 use crate::keys::Keys;
 use crate::options::{MIN_REDIS_VERSION, NAME, SECRET_ATTEMPTS};
 use crate::store::Inner;
+use crate::tasks::TaskWakeups;
 use crate::{FORMAT_VERSION, RedisOptions, RedisStore};
 
 /// Opens a store on `url` with `options` under it: the URL's parameters
@@ -56,12 +57,18 @@ pub(crate) async fn open(url: &str, options: RedisOptions) -> Result<Inner> {
         },
     };
     let follow = Follow::new(keys.clone(), source);
+    let subscribe_to = match &target {
+        Target::Standalone(url) => vec![url.clone()],
+        Target::Cluster(nodes) => nodes.clone(),
+    };
+    let tasks = TaskWakeups::new(subscribe_to, keys.task_channel(), options.connect_timeout);
     Ok(Inner {
         conn,
         keys,
         secret: Secret::new(key),
         options,
         follow,
+        tasks,
         closed: AtomicBool::new(false),
     })
 }

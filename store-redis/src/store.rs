@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub(crate) secret: Secret,
     pub(crate) options: RedisOptions,
     pub(crate) follow: Follow,
+    /// The task watchers' wake-ups and their subscriber.
+    pub(crate) tasks: crate::tasks::TaskWakeups,
     /// Set by [`RedisStore::close`].
     pub(crate) closed: AtomicBool,
 }
@@ -70,15 +72,16 @@ impl RedisStore {
         })
     }
 
-    /// Closes this handle and its clones: stops the follow watcher (closing
-    /// its connection) and wakes every open follow, which then ends with
-    /// [`Error::Closed`]; every later call fails with [`Error::Closed`],
+    /// Closes this handle and its clones: stops the follow watcher and the
+    /// task subscriber (closing their connections) and wakes every open
+    /// follow and task watch, which then end with [`Error::Closed`]; every later call fails with [`Error::Closed`],
     /// as do further pages of replays already open. Calls in flight finish.
     /// Closing again does nothing. The shared connection itself closes when
     /// the last clone of the handle is dropped.
     pub async fn close(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.follow.close();
+        self.inner.tasks.close();
     }
 
     /// The key prefix every key of this store starts with.

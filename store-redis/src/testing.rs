@@ -26,6 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
+use mcp_event_store_core::task::conformance::TaskHarness;
 use mcp_event_store_core::testkit::{self, Container, Namespace, ServerSpec};
 use mcp_event_store_core::{Result, StoreOptions};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -338,6 +339,44 @@ impl UrlHarness for RedisHarness {
 
     async fn remove(self: Box<Self>) {
         Harness::teardown(*self).await;
+    }
+}
+
+/// The task suite on Redis: every [`open`](TaskHarness::open) is a new
+/// connection on the harness's prefix, and
+/// [`raw_rows`](TaskHarness::raw_rows) dumps every key under it.
+#[async_trait]
+impl TaskHarness for RedisHarness {
+    type Store = RedisStore;
+
+    async fn open(&self, options: StoreOptions) -> RedisStore {
+        Harness::open(self, options).await
+    }
+
+    async fn close(&self, store: RedisStore) {
+        Harness::close(self, store).await;
+    }
+
+    /// Every key under this harness's prefix with its value (`key |
+    /// value`), through a handle of its own.
+    async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {
+        let store = Harness::open(self, StoreOptions::default()).await;
+        let rows = crate::tasks::raw_rows(&store)
+            .await
+            .unwrap_or_else(|e| panic!("dumping the keys under {} failed: {e}", self.prefix()));
+        store.close().await;
+        Some(rows)
+    }
+
+    /// A `PUBLISH` reaches the handle's subscriber in well under a
+    /// millisecond on loopback; the rest is slack for a loaded machine
+    /// (the design target is 50 ms).
+    fn wake_bound(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+
+    async fn teardown(self) {
+        Harness::teardown(self).await;
     }
 }
 

@@ -337,3 +337,12 @@ async fn check_and_listings_reach_every_master() {
     drop(store);
     mcp_event_store_core::conformance::Harness::teardown(harness).await;
 }
+
+/// The shared task suite (T1 to T11) on the cluster: each task's key in its
+/// digest's slot, the instance keys in theirs, change messages published
+/// on one node and heard on another.
+mod tasks {
+    use super::cluster_harness;
+
+    mcp_event_store_core::task_conformance_tests!(cluster_harness());
+}

@@ -1,7 +1,8 @@
 //! The task store (SEP-2663 durable tasks), in three trees of their own
 //! (see the crate docs, "Tasks"): `t1/tasks` (digest -> the task with its
 //! inputs), `t1/task_purge` (purge time ++ digest) and `t1/instances`
-//! (instance id -> heartbeat deadline).
+//! (instance id -> heartbeat deadline). A task's value is
+//! [`mcp_event_store_core::task::codec`]'s encoding (task format 1).
 //!
 //! Every mutation is one `compare_and_swap` of the task's one key: read the
 //! value, let the state machine every backend shares decide
@@ -20,6 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::backend::{STREAM_TOKEN_LEN, StreamToken};
+use mcp_event_store_core::task::codec::{StoredTask as Stored, decode, encode, owner_bytes};
 use mcp_event_store_core::task::{
     Applied, CancelMode, EXPIRED_ERROR, Finish, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
     TaskDigest, TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore,
@@ -36,236 +38,11 @@ use crate::shared::{Shared, backend, blocking};
 pub(crate) const TASK_FORMAT: u32 = 1;
 /// The metadata key of [`TASK_FORMAT`].
 pub(crate) const META_TASK_FORMAT: &str = "task_format";
-/// The first byte of every task value.
-const VALUE_VERSION: u8 = 1;
 /// Tasks a purge step ends or deletes at most.
 const PURGE_BATCH: usize = 500;
 
-/// A task as stored: the record, its owner and instance, the responses
-/// waiting for the worker (parallel to `record.answered`), and every key
-/// spent.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Stored {
-    owner: Vec<u8>,
-    instance: [u8; 16],
-    record: TaskRecord,
-    responses: Vec<Bytes>,
-    spent: Vec<String>,
-}
-
-impl Stored {
-    fn key_used(&self, key: &str) -> bool {
-        self.record.outstanding.iter().any(|(k, _)| k == key)
-            || self.record.answered.iter().any(|k| k == key)
-            || self.spent.iter().any(|k| k == key)
-    }
-
-    /// Every key that was outstanding or answered before and is neither
-    /// now is spent (taken, superseded or ended with the task), and the
-    /// responses follow `answered`.
-    fn settle_inputs(&mut self, before: &TaskRecord, before_responses: &[Bytes]) {
-        let live = |record: &TaskRecord, key: &str| {
-            record.outstanding.iter().any(|(k, _)| k == key)
-                || record.answered.iter().any(|k| k == key)
-        };
-        for key in before
-            .outstanding
-            .iter()
-            .map(|(k, _)| k)
-            .chain(before.answered.iter())
-        {
-            if !live(&self.record, key) && !self.spent.contains(key) {
-                self.spent.push(key.clone());
-            }
-        }
-        // A key answered before keeps its response; a key answered by this
-        // step has its response at its place in `self.responses`.
-        let responses = self
-            .record
-            .answered
-            .iter()
-            .enumerate()
-            .map(|(at, key)| {
-                before
-                    .answered
-                    .iter()
-                    .position(|k| k == key)
-                    .and_then(|was| before_responses.get(was))
-                    .or_else(|| self.responses.get(at))
-                    .cloned()
-                    .unwrap_or_default()
-            })
-            .collect();
-        self.responses = responses;
-    }
-}
-
-// ------------------------------------------------------------ encoding
-
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
-    out.extend_from_slice(bytes);
-}
-
-fn put_opt_u64(out: &mut Vec<u8>, n: Option<u64>) {
-    out.push(u8::from(n.is_some()));
-    out.extend_from_slice(&n.unwrap_or(0).to_be_bytes());
-}
-
-fn put_opt_bytes(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
-    out.push(u8::from(bytes.is_some()));
-    put_bytes(out, bytes.unwrap_or_default());
-}
-
-fn encode(s: &Stored) -> Vec<u8> {
-    let r = &s.record;
-    let mut out = Vec::with_capacity(128);
-    out.push(VALUE_VERSION);
-    put_bytes(&mut out, &s.owner);
-    out.extend_from_slice(&s.instance);
-    out.push(r.status.as_u8());
-    out.extend_from_slice(&r.rev.to_be_bytes());
-    for t in [r.created_at, r.updated_at, r.expires_at, r.purge_at] {
-        out.extend_from_slice(&t.to_be_bytes());
-    }
-    put_opt_u64(&mut out, r.ttl_ms);
-    put_opt_u64(&mut out, r.poll_interval_ms);
-    out.push(u8::from(r.cancel_requested));
-    put_opt_bytes(&mut out, r.message.as_deref().map(str::as_bytes));
-    put_opt_bytes(&mut out, r.outcome.as_deref());
-    put_bytes(&mut out, &[]);
-    out.extend_from_slice(&(r.outstanding.len() as u32).to_be_bytes());
-    for (key, request) in &r.outstanding {
-        put_bytes(&mut out, key.as_bytes());
-        put_bytes(&mut out, request);
-    }
-    out.extend_from_slice(&(r.answered.len() as u32).to_be_bytes());
-    for (key, response) in r.answered.iter().zip(&s.responses) {
-        put_bytes(&mut out, key.as_bytes());
-        put_bytes(&mut out, response);
-    }
-    out.extend_from_slice(&(s.spent.len() as u32).to_be_bytes());
-    for key in &s.spent {
-        put_bytes(&mut out, key.as_bytes());
-    }
-    out
-}
-
-/// Reads a value field by field.
-struct Reader<'a>(&'a [u8]);
-
 fn corrupt() -> Error {
     Error::Corrupt("a task record is malformed".into())
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
-        if self.0.len() < n {
-            return Err(corrupt());
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_be_bytes(
-            self.take(4)?.try_into().map_err(|_| corrupt())?,
-        ))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_be_bytes(
-            self.take(8)?.try_into().map_err(|_| corrupt())?,
-        ))
-    }
-    fn i64(&mut self) -> Result<i64> {
-        Ok(i64::from_be_bytes(
-            self.take(8)?.try_into().map_err(|_| corrupt())?,
-        ))
-    }
-    fn bytes(&mut self) -> Result<&'a [u8]> {
-        let n = self.u32()? as usize;
-        self.take(n)
-    }
-    fn string(&mut self) -> Result<String> {
-        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt())
-    }
-    fn opt_u64(&mut self) -> Result<Option<u64>> {
-        let some = self.u8()? != 0;
-        let n = self.u64()?;
-        Ok(some.then_some(n))
-    }
-    fn opt_bytes(&mut self) -> Result<Option<&'a [u8]>> {
-        let some = self.u8()? != 0;
-        let bytes = self.bytes()?;
-        Ok(some.then_some(bytes))
-    }
-}
-
-fn decode(value: &[u8]) -> Result<Stored> {
-    let mut r = Reader(value);
-    let version = r.u8()?;
-    if version != VALUE_VERSION {
-        return Err(Error::IncompatibleFormat(format!(
-            "a task is stored in task format {version}; mcp-event-store-sled {} reads task \
-             format {VALUE_VERSION} only",
-            env!("CARGO_PKG_VERSION")
-        )));
-    }
-    let owner = r.bytes()?.to_vec();
-    let instance: [u8; 16] = r.take(16)?.try_into().map_err(|_| corrupt())?;
-    let status = TaskStatus::from_u8(r.u8()?).ok_or_else(corrupt)?;
-    let rev = r.u64()?;
-    let (created_at, updated_at, expires_at, purge_at) = (r.i64()?, r.i64()?, r.i64()?, r.i64()?);
-    let ttl_ms = r.opt_u64()?;
-    let poll_interval_ms = r.opt_u64()?;
-    let cancel_requested = r.u8()? != 0;
-    let message = r
-        .opt_bytes()?
-        .map(|m| String::from_utf8(m.to_vec()).map_err(|_| corrupt()))
-        .transpose()?;
-    let outcome = r.opt_bytes()?.map(Bytes::copy_from_slice);
-    r.bytes()?; // reserved
-    let mut outstanding = Vec::new();
-    for _ in 0..r.u32()? {
-        let key = r.string()?;
-        outstanding.push((key, Bytes::copy_from_slice(r.bytes()?)));
-    }
-    let (mut answered, mut responses) = (Vec::new(), Vec::new());
-    for _ in 0..r.u32()? {
-        answered.push(r.string()?);
-        responses.push(Bytes::copy_from_slice(r.bytes()?));
-    }
-    let mut spent = Vec::new();
-    for _ in 0..r.u32()? {
-        spent.push(r.string()?);
-    }
-    if !r.0.is_empty() {
-        return Err(corrupt());
-    }
-    Ok(Stored {
-        owner,
-        instance,
-        record: TaskRecord {
-            status,
-            rev,
-            message,
-            created_at,
-            updated_at,
-            ttl_ms,
-            expires_at,
-            purge_at,
-            poll_interval_ms,
-            cancel_requested,
-            outcome,
-            outstanding,
-            answered,
-        },
-        responses,
-        spent,
-    })
 }
 
 /// `purge_at ++ digest`, ordered by time.
@@ -281,10 +58,6 @@ fn purge_key(purge_at: i64, digest: &[u8; 16]) -> Vec<u8> {
 fn token(digest: &TaskDigest) -> StreamToken {
     StreamToken::from_bytes(&digest.as_bytes()[..STREAM_TOKEN_LEN])
         .expect("a digest prefix of a token's length")
-}
-
-fn owner_bytes(owner: &Owner) -> Vec<u8> {
-    owner.digest().map_or_else(Vec::new, |d| d.to_vec())
 }
 
 fn millis(d: Duration) -> i64 {

@@ -25,6 +25,8 @@
 //! * [`MemoryTaskStore`], the reference implementation;
 //! * with the `conformance` feature, the shared suite ([`conformance`]).
 
+/// The one binary encoding of a task in one value (sled, Redis).
+pub mod codec;
 mod id;
 mod machine;
 mod memory;

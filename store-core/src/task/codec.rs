@@ -1,0 +1,381 @@
+//! One binary encoding of a task with its inputs, for backends that keep a
+//! task in one value (sled, Redis).
+//!
+//! A backend that stores a task as one value (rather than rows) reads it,
+//! runs the shared state machine on [`StoredTask::record`], calls
+//! [`StoredTask::settle_inputs`] and writes [`encode`]'s bytes back,
+//! conditioned on what it read. The format is released (sled's task
+//! format 1) and must not change: a change is a new [`VALUE_VERSION`],
+//! which older releases refuse.
+//!
+//! Layout, all integers big-endian, byte strings as a `u32` length and the
+//! bytes, optional values as a presence byte and the value (zero when
+//! absent):
+//!
+//! ```text
+//! u8 version (1) | owner | instance [16] | u8 status | u64 rev
+//! | i64 created_at, updated_at, expires_at, purge_at
+//! | opt u64 ttl_ms | opt u64 poll_interval_ms | u8 cancel_requested
+//! | opt message | opt outcome | reserved (empty bytes)
+//! | u32 n, n x (key, request)        outstanding, oldest first
+//! | u32 n, n x (key, response)       answered, oldest first
+//! | u32 n, n x key                   spent keys
+//! ```
+
+use bytes::Bytes;
+
+use super::{Owner, TaskRecord, TaskStatus};
+use crate::error::{Error, Result};
+
+/// The first byte of every encoded task.
+pub const VALUE_VERSION: u8 = 1;
+
+/// The owner as stored: its 16-byte digest, empty for
+/// [`Owner::Anonymous`].
+pub fn owner_bytes(owner: &Owner) -> Vec<u8> {
+    owner.digest().map_or_else(Vec::new, |d| d.to_vec())
+}
+
+/// A task as stored: the record, its owner and instance, the responses
+/// waiting for the worker (parallel to `record.answered`), and every key
+/// spent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredTask {
+    /// The owner's digest ([`owner_bytes`]).
+    pub owner: Vec<u8>,
+    /// The instance that last worked on the task (T11).
+    pub instance: [u8; 16],
+    /// The record, with `outstanding` and `answered`.
+    pub record: TaskRecord,
+    /// The responses of `record.answered`, in the same order.
+    pub responses: Vec<Bytes>,
+    /// Every key taken or superseded, never usable again (T5).
+    pub spent: Vec<String>,
+}
+
+impl StoredTask {
+    /// A new task's value: `record` as [`TaskRecord::created`] made it.
+    pub fn new(owner: &Owner, instance: [u8; 16], record: TaskRecord) -> Self {
+        Self {
+            owner: owner_bytes(owner),
+            instance,
+            record,
+            responses: Vec::new(),
+            spent: Vec::new(),
+        }
+    }
+
+    /// Whether the task ever used `key`, in any state (the `key_used` of
+    /// [`TaskRecord::apply`]).
+    pub fn key_used(&self, key: &str) -> bool {
+        self.record.outstanding.iter().any(|(k, _)| k == key)
+            || self.record.answered.iter().any(|k| k == key)
+            || self.spent.iter().any(|k| k == key)
+    }
+
+    /// Every key that was outstanding or answered before and is neither
+    /// now is spent (taken, superseded or ended with the task), and the
+    /// responses follow `answered`. Call it after the state machine changed
+    /// `record`, with the record and responses as they were before.
+    pub fn settle_inputs(&mut self, before: &TaskRecord, before_responses: &[Bytes]) {
+        let live = |record: &TaskRecord, key: &str| {
+            record.outstanding.iter().any(|(k, _)| k == key)
+                || record.answered.iter().any(|k| k == key)
+        };
+        for key in before
+            .outstanding
+            .iter()
+            .map(|(k, _)| k)
+            .chain(before.answered.iter())
+        {
+            if !live(&self.record, key) && !self.spent.contains(key) {
+                self.spent.push(key.clone());
+            }
+        }
+        // A key answered before keeps its response; a key answered by this
+        // step has its response at its place in `self.responses`.
+        let responses = self
+            .record
+            .answered
+            .iter()
+            .enumerate()
+            .map(|(at, key)| {
+                before
+                    .answered
+                    .iter()
+                    .position(|k| k == key)
+                    .and_then(|was| before_responses.get(was))
+                    .or_else(|| self.responses.get(at))
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect();
+        self.responses = responses;
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_opt_u64(out: &mut Vec<u8>, n: Option<u64>) {
+    out.push(u8::from(n.is_some()));
+    out.extend_from_slice(&n.unwrap_or(0).to_be_bytes());
+}
+
+fn put_opt_bytes(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
+    out.push(u8::from(bytes.is_some()));
+    put_bytes(out, bytes.unwrap_or_default());
+}
+
+/// The task's bytes.
+pub fn encode(s: &StoredTask) -> Vec<u8> {
+    let r = &s.record;
+    let mut out = Vec::with_capacity(128);
+    out.push(VALUE_VERSION);
+    put_bytes(&mut out, &s.owner);
+    out.extend_from_slice(&s.instance);
+    out.push(r.status.as_u8());
+    out.extend_from_slice(&r.rev.to_be_bytes());
+    for t in [r.created_at, r.updated_at, r.expires_at, r.purge_at] {
+        out.extend_from_slice(&t.to_be_bytes());
+    }
+    put_opt_u64(&mut out, r.ttl_ms);
+    put_opt_u64(&mut out, r.poll_interval_ms);
+    out.push(u8::from(r.cancel_requested));
+    put_opt_bytes(&mut out, r.message.as_deref().map(str::as_bytes));
+    put_opt_bytes(&mut out, r.outcome.as_deref());
+    put_bytes(&mut out, &[]);
+    out.extend_from_slice(&(r.outstanding.len() as u32).to_be_bytes());
+    for (key, request) in &r.outstanding {
+        put_bytes(&mut out, key.as_bytes());
+        put_bytes(&mut out, request);
+    }
+    out.extend_from_slice(&(r.answered.len() as u32).to_be_bytes());
+    for (key, response) in r.answered.iter().zip(&s.responses) {
+        put_bytes(&mut out, key.as_bytes());
+        put_bytes(&mut out, response);
+    }
+    out.extend_from_slice(&(s.spent.len() as u32).to_be_bytes());
+    for key in &s.spent {
+        put_bytes(&mut out, key.as_bytes());
+    }
+    out
+}
+
+/// Reads a value field by field.
+struct Reader<'a>(&'a [u8]);
+
+fn corrupt() -> Error {
+    Error::Corrupt("a task record is malformed".into())
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.0.len() < n {
+            return Err(corrupt());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().map_err(|_| corrupt())?,
+        ))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().map_err(|_| corrupt())?,
+        ))
+    }
+    fn i64(&mut self) -> Result<i64> {
+        Ok(i64::from_be_bytes(
+            self.take(8)?.try_into().map_err(|_| corrupt())?,
+        ))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| corrupt())
+    }
+    fn opt_u64(&mut self) -> Result<Option<u64>> {
+        let some = self.u8()? != 0;
+        let n = self.u64()?;
+        Ok(some.then_some(n))
+    }
+    fn opt_bytes(&mut self) -> Result<Option<&'a [u8]>> {
+        let some = self.u8()? != 0;
+        let bytes = self.bytes()?;
+        Ok(some.then_some(bytes))
+    }
+}
+
+/// The task [`encode`] wrote.
+///
+/// # Errors
+///
+/// [`Error::IncompatibleFormat`] for a value of another [`VALUE_VERSION`],
+/// [`Error::Corrupt`] for malformed bytes.
+pub fn decode(value: &[u8]) -> Result<StoredTask> {
+    let mut r = Reader(value);
+    let version = r.u8()?;
+    if version != VALUE_VERSION {
+        return Err(Error::IncompatibleFormat(format!(
+            "a task is stored in task format {version}; mcp-event-store {} reads task \
+             format {VALUE_VERSION} only",
+            env!("CARGO_PKG_VERSION")
+        )));
+    }
+    let owner = r.bytes()?.to_vec();
+    let instance: [u8; 16] = r.take(16)?.try_into().map_err(|_| corrupt())?;
+    let status = TaskStatus::from_u8(r.u8()?).ok_or_else(corrupt)?;
+    let rev = r.u64()?;
+    let (created_at, updated_at, expires_at, purge_at) = (r.i64()?, r.i64()?, r.i64()?, r.i64()?);
+    let ttl_ms = r.opt_u64()?;
+    let poll_interval_ms = r.opt_u64()?;
+    let cancel_requested = r.u8()? != 0;
+    let message = r
+        .opt_bytes()?
+        .map(|m| String::from_utf8(m.to_vec()).map_err(|_| corrupt()))
+        .transpose()?;
+    let outcome = r.opt_bytes()?.map(Bytes::copy_from_slice);
+    r.bytes()?; // reserved
+    let mut outstanding = Vec::new();
+    for _ in 0..r.u32()? {
+        let key = r.string()?;
+        outstanding.push((key, Bytes::copy_from_slice(r.bytes()?)));
+    }
+    let (mut answered, mut responses) = (Vec::new(), Vec::new());
+    for _ in 0..r.u32()? {
+        answered.push(r.string()?);
+        responses.push(Bytes::copy_from_slice(r.bytes()?));
+    }
+    let mut spent = Vec::new();
+    for _ in 0..r.u32()? {
+        spent.push(r.string()?);
+    }
+    if !r.0.is_empty() {
+        return Err(corrupt());
+    }
+    Ok(StoredTask {
+        owner,
+        instance,
+        record: TaskRecord {
+            status,
+            rev,
+            message,
+            created_at,
+            updated_at,
+            ttl_ms,
+            expires_at,
+            purge_at,
+            poll_interval_ms,
+            cancel_requested,
+            outcome,
+            outstanding,
+            answered,
+        },
+        responses,
+        spent,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored() -> StoredTask {
+        let mut s = StoredTask::new(
+            &Owner::principal(b"alice").unwrap(),
+            [7; 16],
+            TaskRecord {
+                status: TaskStatus::InputRequired,
+                rev: 9,
+                message: Some("m\0😀".into()),
+                created_at: -5,
+                updated_at: 10,
+                ttl_ms: Some(60_000),
+                expires_at: 60_000,
+                purge_at: 120_000,
+                poll_interval_ms: None,
+                cancel_requested: false,
+                outcome: None,
+                outstanding: vec![("a".into(), Bytes::from_static(b"\xff{"))],
+                answered: vec!["b".into()],
+            },
+        );
+        s.responses = vec![Bytes::from_static(b"\0")];
+        s.spent = vec!["c".into()];
+        s
+    }
+
+    #[test]
+    fn round_trips_and_refuses_other_versions() {
+        let s = stored();
+        let bytes = encode(&s);
+        assert_eq!(bytes[0], VALUE_VERSION);
+        assert_eq!(decode(&bytes).unwrap(), s);
+        let mut newer = bytes.clone();
+        newer[0] = 2;
+        assert!(matches!(decode(&newer), Err(Error::IncompatibleFormat(_))));
+        assert!(matches!(
+            decode(&bytes[..bytes.len() - 1]),
+            Err(Error::Corrupt(_))
+        ));
+        let mut longer = bytes;
+        longer.push(0);
+        assert!(matches!(decode(&longer), Err(Error::Corrupt(_))));
+    }
+
+    /// The released layout, byte for byte: a change here breaks databases.
+    #[test]
+    fn the_layout_is_the_released_one() {
+        let s = StoredTask::new(
+            &Owner::Anonymous,
+            [1; 16],
+            TaskRecord {
+                status: TaskStatus::Working,
+                rev: 1,
+                message: None,
+                created_at: 2,
+                updated_at: 3,
+                ttl_ms: None,
+                expires_at: 4,
+                purge_at: 5,
+                poll_interval_ms: Some(6),
+                cancel_requested: true,
+                outcome: None,
+                outstanding: Vec::new(),
+                answered: Vec::new(),
+            },
+        );
+        let mut want = vec![1u8, 0, 0, 0, 0];
+        want.extend([1; 16]);
+        want.push(0);
+        want.extend(1u64.to_be_bytes());
+        for t in [2i64, 3, 4, 5] {
+            want.extend(t.to_be_bytes());
+        }
+        want.push(0);
+        want.extend(0u64.to_be_bytes());
+        want.push(1);
+        want.extend(6u64.to_be_bytes());
+        want.push(1);
+        for _ in 0..2 {
+            want.push(0);
+            want.extend(0u32.to_be_bytes());
+        }
+        want.extend(0u32.to_be_bytes());
+        for _ in 0..3 {
+            want.extend(0u32.to_be_bytes());
+        }
+        assert_eq!(encode(&s), want);
+    }
+}

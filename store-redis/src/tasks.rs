@@ -1,0 +1,808 @@
+//! The task store (SEP-2663 durable tasks); see the crate docs, "Tasks".
+//!
+//! A task is one hash, `<prefix>:t1:{<digest hex>}:task`, with `v` (the
+//! task and its inputs in core's [`codec`] encoding) and `rev`. Every
+//! mutation reads the task, lets the state machine every backend shares
+//! decide ([`TaskRecord::seen_at`], then [`TaskRecord::answer`],
+//! [`TaskRecord::request_cancel`] or [`TaskRecord::apply`]), and writes the
+//! new value with one Lua script that does so only if `rev` is still the
+//! one read, sets the backstop TTL and `PUBLISH`es the digest on
+//! `<prefix>:t1:changes`; a lost race reads again. Watchers wait in the
+//! handle's wake-up hub, fed by one subscriber connection per handle.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use mcp_event_store_core::backend::follow::{Subscription, Wakeups};
+use mcp_event_store_core::backend::{STREAM_TOKEN_LEN, StreamToken};
+use mcp_event_store_core::task::codec::{self, StoredTask, owner_bytes};
+use mcp_event_store_core::task::{
+    Applied, CancelMode, EXPIRED_ERROR, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
+    TaskDigest, TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange,
+    check_responses,
+};
+use mcp_event_store_core::{Error, Result};
+#[cfg(feature = "conformance")]
+use redis::Value;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use crate::RedisStore;
+use crate::conn;
+use crate::keys::{digest_of_hex, hex};
+use crate::options::{MAX_PEXPIRE_MS, NAME, PURGE_CONCURRENCY, SCAN_BATCH};
+use crate::scripts::{Call, SCRIPTS};
+
+/// How much longer than the store's clock says a key must live Redis keeps
+/// it, as a real-time backstop: a task key `purge_at + 1 day` (by the time
+/// of its last write), an instance key one lease plus the longest a task
+/// lives and is kept, plus a day. So Redis deletes by itself only what the
+/// purge would have deleted a day earlier, yet nothing grows without bound
+/// when nobody purges.
+const BACKSTOP: Duration = Duration::from_secs(24 * 60 * 60);
+/// First and longest wait before the subscriber connects again.
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+fn corrupt() -> Error {
+    Error::Corrupt("a task's hash is malformed".into())
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A backstop TTL argument: `ms` (at least 1), or `''` (none) past what
+/// `PEXPIRE` takes.
+fn backstop_arg(ms: i64) -> String {
+    match u64::try_from(ms.max(1)) {
+        Ok(ms) if ms <= MAX_PEXPIRE_MS => ms.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// A task key's backstop, written at `now`.
+fn task_backstop(record: &TaskRecord, now: i64) -> String {
+    backstop_arg(
+        record
+            .purge_at
+            .saturating_sub(now)
+            .max(0)
+            .saturating_add(millis(BACKSTOP)),
+    )
+}
+
+/// An instance key's backstop, for a lease: it outlives every task the
+/// instance can have run, so a lapsed instance is never forgotten (and
+/// revived) by Redis while one of its tasks is still kept.
+fn instance_backstop(lease: Duration) -> String {
+    let options = TaskOptions::default();
+    backstop_arg(
+        millis(lease)
+            .saturating_add(millis(options.max_task_age))
+            .saturating_add(millis(options.max_grace))
+            .saturating_add(millis(BACKSTOP)),
+    )
+}
+
+/// The key a task's watchers wait under in the hub: a prefix of its
+/// digest. Two tasks sharing it only cost a spurious re-read.
+fn token(digest: &TaskDigest) -> StreamToken {
+    StreamToken::from_bytes(&digest.as_bytes()[..STREAM_TOKEN_LEN])
+        .expect("a digest prefix of a token's length")
+}
+
+// ------------------------------------------------------------ wake-ups
+
+/// One handle's task wake-ups: the hub its watchers wait in, and the one
+/// subscriber connection (started by the first watch, ended by `close` or
+/// the handle's drop) that turns published changes into wake-ups.
+pub(crate) struct TaskWakeups {
+    shared: Arc<WakeShared>,
+}
+
+struct WakeShared {
+    hub: Arc<Wakeups>,
+    /// Where to subscribe: the server, or each cluster seed in turn
+    /// (`PUBLISH` reaches every node of a cluster).
+    urls: Vec<String>,
+    channel: String,
+    connect_timeout: Duration,
+    /// Whether the subscriber is subscribed now.
+    ready: watch::Sender<bool>,
+    state: Mutex<WakeState>,
+}
+
+#[derive(Default)]
+struct WakeState {
+    task: Option<AbortHandle>,
+    closed: bool,
+}
+
+impl TaskWakeups {
+    pub(crate) fn new(urls: Vec<String>, channel: String, connect_timeout: Duration) -> Self {
+        Self {
+            shared: Arc::new(WakeShared {
+                hub: Arc::new(Wakeups::default()),
+                urls,
+                channel,
+                connect_timeout,
+                ready: watch::channel(false).0,
+                state: Mutex::new(WakeState::default()),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, WakeState> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Wakes the watchers of `digest` on this handle.
+    pub(crate) fn wake(&self, digest: &TaskDigest) {
+        self.shared.hub.wake(&token(digest));
+    }
+
+    /// Registers a watcher of `digest`, and makes sure the subscriber runs
+    /// and is subscribed (waiting at most the connect timeout: if it is
+    /// not, the watcher's periodic re-read stands in).
+    async fn subscribe(&self, digest: &TaskDigest) -> Subscription {
+        let subscription = self.shared.hub.subscribe(token(digest));
+        {
+            let mut state = self.state();
+            if !state.closed && state.task.is_none() {
+                let shared = self.shared.clone();
+                state.task = Some(tokio::spawn(async move { shared.run().await }).abort_handle());
+            }
+        }
+        let mut ready = self.shared.ready.subscribe();
+        let subscribed = async move { ready.wait_for(|r| *r).await.map(drop) };
+        // Not subscribed in time: the watcher's periodic re-read stands in.
+        let _ = tokio::time::timeout(self.shared.connect_timeout, subscribed).await;
+        subscription
+    }
+
+    /// Stops the subscriber for good and wakes every watcher.
+    pub(crate) fn close(&self) {
+        let task = {
+            let mut state = self.state();
+            state.closed = true;
+            state.task.take()
+        };
+        if let Some(task) = task {
+            task.abort();
+        }
+        self.shared.ready.send_replace(false);
+        self.shared.hub.wake_all();
+    }
+
+    /// Whether the subscriber is running (for tests and the docs' claims).
+    #[cfg(test)]
+    fn running(&self) -> bool {
+        self.state().task.is_some()
+    }
+}
+
+impl Drop for TaskWakeups {
+    fn drop(&mut self) {
+        if let Some(task) = self.state().task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl WakeShared {
+    async fn run(self: Arc<Self>) {
+        let mut backoff = RECONNECT_MIN;
+        let mut next = 0usize;
+        loop {
+            let url = &self.urls[next % self.urls.len()];
+            next = next.wrapping_add(1);
+            let subscribed = async {
+                let client = redis::Client::open(url.as_str())?;
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(&self.channel).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            };
+            let mut pubsub = match tokio::time::timeout(self.connect_timeout, subscribed).await {
+                Ok(Ok(pubsub)) => pubsub,
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".to_owned(),
+                    };
+                    tracing::warn!(%error, "the task subscriber cannot connect; retrying (watchers still re-read periodically)");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                    continue;
+                }
+            };
+            backoff = RECONNECT_MIN;
+            self.ready.send_replace(true);
+            // Whatever was published while not subscribed is unknown.
+            self.hub.wake_all();
+            let mut messages = std::pin::pin!(pubsub.on_message());
+            while let Some(message) = messages.next().await {
+                match digest_of_hex(message.get_payload_bytes()) {
+                    Some(digest) => self.hub.wake(&token(&digest)),
+                    None => self.hub.wake_all(),
+                }
+            }
+            self.ready.send_replace(false);
+            tracing::debug!("the task subscriber lost its connection; reconnecting");
+            tokio::time::sleep(backoff).await;
+        }
+    }
+}
+
+// ------------------------------------------------------------ reading
+
+/// A task as read: its value, and the task as a read at `now` shows it
+/// (`None`: past its purge time) with its instance's deadline.
+struct Found {
+    stored: StoredTask,
+    seen: Option<TaskRecord>,
+    alive_until: Option<i64>,
+}
+
+/// What a step decided: the new value to write (`None`: nothing changes)
+/// and the answer.
+type Decision<T> = (Option<StoredTask>, T);
+
+impl RedisStore {
+    fn task_options(&self) -> TaskOptions {
+        TaskOptions::default()
+    }
+
+    /// The task's value, or `None`.
+    async fn load_task(&self, digest: &TaskDigest) -> Result<Option<StoredTask>> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGET").arg(self.inner.keys.task(digest)).arg("v");
+        let (value,): (Option<Vec<u8>>,) = self.read(&pipe).await?;
+        value.map(|v| codec::decode(&v)).transpose()
+    }
+
+    /// Instance `id`'s heartbeat deadline (the orphan check, T11: a second
+    /// command, in another slot).
+    async fn alive_until(&self, id: &[u8; 16]) -> Result<Option<i64>> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET")
+            .arg(self.inner.keys.instance(&InstanceId(*id)));
+        let (value,): (Option<String>,) = self.read(&pipe).await?;
+        value
+            .map(|v| v.parse::<i64>().map_err(|_| corrupt()))
+            .transpose()
+    }
+
+    /// The task, if `owner` (`None`: anyone) may see it, as read at `now`.
+    async fn find_task(
+        &self,
+        digest: &TaskDigest,
+        owner: Option<&[u8]>,
+        now: i64,
+    ) -> Result<Option<Found>> {
+        let Some(stored) = self.load_task(digest).await? else {
+            return Ok(None);
+        };
+        if owner.is_some_and(|o| o != stored.owner) {
+            return Ok(None);
+        }
+        let alive_until = self.alive_until(&stored.instance).await?;
+        let seen = stored.record.clone().seen_at(now, alive_until);
+        Ok(Some(Found {
+            stored,
+            seen,
+            alive_until,
+        }))
+    }
+
+    async fn read_task(&self, digest: &TaskDigest, owner: &[u8]) -> Result<Option<TaskRecord>> {
+        let now = self.now();
+        Ok(self
+            .find_task(digest, Some(owner), now)
+            .await?
+            .and_then(|found| found.seen))
+    }
+
+    /// Runs a task script, waiting for replicas as appends do.
+    async fn task_script(&self, call: Call<'_>, what: &str) -> Result<i64> {
+        self.ensure_open()?;
+        let (reply, acked) = self.run(&call, true).await?;
+        let reply: i64 = redis::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))?;
+        if reply == 1 {
+            self.check_wait(acked, what)?;
+        }
+        Ok(reply)
+    }
+
+    /// Writes `new` over the task read at `rev`, if it is still at `rev`.
+    async fn write_task(
+        &self,
+        digest: &TaskDigest,
+        rev: Rev,
+        new: &StoredTask,
+        now: i64,
+    ) -> Result<bool> {
+        let written = self
+            .task_script(
+                SCRIPTS
+                    .task_write
+                    .call()
+                    .key(self.inner.keys.task(digest))
+                    .arg(rev)
+                    .arg(codec::encode(new))
+                    .arg(new.record.rev)
+                    .arg(task_backstop(&new.record, now))
+                    .arg(self.inner.keys.task_channel())
+                    .arg(hex(digest.as_bytes())),
+                "the task change",
+            )
+            .await?;
+        if written == 1 {
+            // Published for every handle; this one's watchers need not
+            // wait for the message.
+            self.inner.tasks.wake(digest);
+        }
+        Ok(written == 1)
+    }
+
+    /// One atomic step on a task: `decide` sees what was read at `now` and
+    /// names the new value, written only if `rev` did not move meanwhile,
+    /// else the step runs again. Returns the answer.
+    async fn task_step<T>(
+        &self,
+        digest: &TaskDigest,
+        owner: Option<&[u8]>,
+        now: i64,
+        mut decide: impl FnMut(Option<&Found>) -> Result<Decision<T>>,
+    ) -> Result<T> {
+        loop {
+            let found = self.find_task(digest, owner, now).await?;
+            let found = found.filter(|f| f.seen.is_some());
+            let (new, answer) = decide(found.as_ref())?;
+            let (Some(new), Some(found)) = (new, found) else {
+                return Ok(answer);
+            };
+            if self
+                .write_task(digest, found.stored.record.rev, &new, now)
+                .await?
+            {
+                return Ok(answer);
+            }
+        }
+    }
+
+    /// A client's step (`answer`, `request_cancel`): the owner must match,
+    /// a terminal task is answered as read; returns the task after it.
+    async fn client_step(
+        &self,
+        id: &str,
+        who: &Owner,
+        change: impl Fn(&mut StoredTask, i64) -> bool,
+    ) -> Result<Option<TaskRecord>> {
+        self.ensure_open()?;
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let owner = owner_bytes(who);
+        let now = self.now();
+        self.task_step(&digest, Some(&owner), now, |found| {
+            let Some(Found {
+                stored,
+                seen: Some(seen),
+                alive_until,
+            }) = found
+            else {
+                return Ok((None, None));
+            };
+            if seen.status.is_terminal() {
+                return Ok((None, Some(seen.clone())));
+            }
+            let mut new = stored.clone();
+            if !change(&mut new, now) {
+                return Ok((None, Some(seen.clone())));
+            }
+            new.settle_inputs(&stored.record, &stored.responses);
+            let after = new.record.clone().seen_at(now, *alive_until);
+            Ok((Some(new), after))
+        })
+        .await
+    }
+}
+
+// ------------------------------------------------------------ the trait
+
+#[async_trait]
+impl TaskStore for RedisStore {
+    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
+        task.check()?;
+        self.ensure_open()?;
+        let now = self.now();
+        let record = TaskRecord::created(task, now, &self.task_options());
+        let stored = StoredTask::new(task.owner, task.instance.0, record.clone());
+        let created = self
+            .task_script(
+                SCRIPTS
+                    .task_create
+                    .call()
+                    .key(self.inner.keys.task(&id.digest()))
+                    .arg(codec::encode(&stored))
+                    .arg(record.rev)
+                    .arg(task_backstop(&record, now)),
+                "the task",
+            )
+            .await?;
+        Ok((created == 1).then_some(record))
+    }
+
+    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
+        self.ensure_open()?;
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        self.read_task(&digest, &owner_bytes(who)).await
+    }
+
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        responses: &[(&str, &[u8])],
+    ) -> Result<Option<TaskRecord>> {
+        check_responses(responses)?;
+        self.client_step(id, who, |new, now| {
+            let before = new.record.answered.len();
+            let answered: Vec<Bytes> = new
+                .record
+                .answer(responses, now)
+                .into_iter()
+                .map(|(_, response)| Bytes::copy_from_slice(response))
+                .collect();
+            if answered.is_empty() {
+                return false;
+            }
+            // The new responses follow the earlier ones, in the order the
+            // machine appended their keys to `answered`.
+            new.responses.truncate(before);
+            new.responses.extend(answered);
+            true
+        })
+        .await
+    }
+
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> Result<Option<TaskRecord>> {
+        self.client_step(id, who, |new, now| new.record.request_cancel(mode, now))
+            .await
+    }
+
+    async fn apply(
+        &self,
+        id: &TaskId,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        change.check(self.inner.options.store.max_payload_bytes)?;
+        self.ensure_open()?;
+        let digest = id.digest();
+        let now = self.now();
+        let options = self.task_options();
+        self.task_step(&digest, None, now, |found| {
+            let Some(Found {
+                stored,
+                seen: Some(seen),
+                ..
+            }) = found
+            else {
+                return Ok((None, Applied::Unknown));
+            };
+            if seen.status.is_terminal() {
+                return Ok((None, Applied::AlreadyTerminal(seen.status)));
+            }
+            let mut new = stored.clone();
+            let step = new
+                .record
+                .apply(change, |key| stored.key_used(key), &options, now)?;
+            let mut answer = None;
+            match step {
+                Step::Unchanged(applied) => return Ok((None, applied)),
+                Step::Changed(InputEffect::Take { key }) => {
+                    let at = stored
+                        .record
+                        .answered
+                        .iter()
+                        .position(|k| k == key)
+                        .ok_or_else(corrupt)?;
+                    answer = Some(stored.responses.get(at).cloned().unwrap_or_default());
+                }
+                Step::Changed(_) => {}
+            }
+            new.instance = by.0;
+            new.settle_inputs(&stored.record, &stored.responses);
+            let rev = new.record.rev;
+            Ok((Some(new), Applied::Changed { rev, answer }))
+        })
+        .await
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.ensure_open()?;
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        let owner = owner_bytes(who);
+        let deadline = tokio::time::Instant::now() + max_wait;
+        // Registered, and the subscriber subscribed, before the first read:
+        // a change after it started wakes the next wait.
+        let mut woken = self.inner.tasks.subscribe(&digest).await;
+        loop {
+            woken.mark_seen();
+            let seen = self.read_task(&digest, &owner).await?;
+            match &seen {
+                Some(task) if task.rev <= after => {}
+                _ => return Ok(seen),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(seen);
+            }
+            let recheck = tokio::time::Instant::now() + self.inner.options.follow_recheck;
+            tokio::select! {
+                () = woken.changed() => {}
+                () = tokio::time::sleep_until(recheck.min(deadline)) => {}
+            }
+            self.ensure_open()?;
+        }
+    }
+
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        self.ensure_open()?;
+        let now = self.now();
+        let until = now.saturating_add(millis(lease));
+        let renewed = self
+            .task_script(
+                SCRIPTS
+                    .instance_beat
+                    .call()
+                    .key(self.inner.keys.instance(&me))
+                    .arg(now)
+                    .arg(until)
+                    .arg(instance_backstop(lease)),
+                "the heartbeat",
+            )
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    /// `SCAN`s the task hashes in batches of 500 on every master, ending
+    /// (persisting as `failed`) what reads show ended and deleting what is
+    /// past its grace, then the instance keys, forgetting lapsed instances;
+    /// see the crate docs, "Tasks".
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        self.ensure_open()?;
+        self.purge_tasks(self.now()).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        self.ensure_open()?;
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(false);
+        };
+        let deleted = self.delete_task(&digest, None).await?;
+        Ok(deleted == 1)
+    }
+}
+
+impl RedisStore {
+    async fn purge_tasks(&self, now: i64) -> Result<TaskPurgeReport> {
+        let mut report = TaskPurgeReport::default();
+        for batch in self.scan_all(&self.inner.keys.task_pattern()).await? {
+            let digests: Vec<TaskDigest> = batch
+                .iter()
+                .filter_map(|key| self.inner.keys.digest_of_task(key))
+                .collect();
+            let done: Vec<TaskPurgeReport> = futures_util::stream::iter(digests)
+                .map(|digest| async move { self.purge_task(&digest, now).await })
+                .buffer_unordered(PURGE_CONCURRENCY)
+                .try_collect()
+                .await?;
+            for one in done {
+                report.expired += one.expired;
+                report.orphaned += one.orphaned;
+                report.deleted += one.deleted;
+            }
+        }
+        for batch in self.scan_all(&self.inner.keys.instance_pattern()).await? {
+            for key in batch {
+                let forgotten = self
+                    .task_script(
+                        SCRIPTS.instance_forget.call().key(key).arg(now),
+                        "forgetting the instance",
+                    )
+                    .await?;
+                report.instances += u64::from(forgotten == 1);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Deletes a task (if still at `rev`, when given); 1 deleted, 0 none,
+    /// -1 its `rev` moved on.
+    async fn delete_task(&self, digest: &TaskDigest, rev: Option<Rev>) -> Result<i64> {
+        let deleted = self
+            .task_script(
+                SCRIPTS
+                    .task_delete
+                    .call()
+                    .key(self.inner.keys.task(digest))
+                    .arg(rev.map(|r| r.to_string()).unwrap_or_default())
+                    .arg(self.inner.keys.task_channel())
+                    .arg(hex(digest.as_bytes())),
+                "the task deletion",
+            )
+            .await?;
+        if deleted == 1 {
+            self.inner.tasks.wake(digest);
+        }
+        Ok(deleted)
+    }
+
+    /// Every key matching `pattern` on every master, one `SCAN` batch per
+    /// item (each at most about [`SCAN_BATCH`] keys), so a purge's work
+    /// comes in bounded steps.
+    async fn scan_all(&self, pattern: &str) -> Result<Vec<Vec<Vec<u8>>>> {
+        let conn = self.conn();
+        let mut batches = Vec::new();
+        for node in conn::nodes(&conn).await? {
+            let mut cursor = 0u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_BATCH);
+                let (next, found): (u64, Vec<Vec<u8>>) = node.query(&conn, &scan).await?;
+                if !found.is_empty() {
+                    batches.push(found);
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(batches)
+    }
+
+    /// Persists what a read of one task shows at `now`, or deletes it past
+    /// its grace.
+    async fn purge_task(&self, digest: &TaskDigest, now: i64) -> Result<TaskPurgeReport> {
+        let mut report = TaskPurgeReport::default();
+        loop {
+            let Some(found) = self.find_task(digest, None, now).await? else {
+                return Ok(report);
+            };
+            let rev = found.stored.record.rev;
+            let Some(seen) = found.seen else {
+                match self.delete_task(digest, Some(rev)).await? {
+                    -1 => continue,
+                    deleted => {
+                        report.deleted += u64::from(deleted == 1);
+                        return Ok(report);
+                    }
+                }
+            };
+            if seen.status == found.stored.record.status {
+                return Ok(report);
+            }
+            let mut new = found.stored.clone();
+            new.record = seen.clone();
+            new.settle_inputs(&found.stored.record, &found.stored.responses);
+            if self.write_task(digest, rev, &new, now).await? {
+                if seen.outcome.as_deref() == Some(EXPIRED_ERROR) {
+                    report.expired += 1;
+                } else {
+                    report.orphaned += 1;
+                }
+                return Ok(report);
+            }
+        }
+    }
+}
+
+/// Every key under the store's prefix with its value, `key | value`, as an
+/// operator's dump would show them: for the conformance suite's raw scan.
+#[cfg(feature = "conformance")]
+pub(crate) async fn raw_rows(store: &RedisStore) -> Result<Vec<Vec<u8>>> {
+    let mut rows = Vec::new();
+    let pattern = store.inner.keys.all_pattern();
+    for keys in store.scan_all(&pattern).await? {
+        for key in keys {
+            let mut pipe = redis::pipe();
+            pipe.cmd("TYPE").arg(&key);
+            let (kind,): (String,) = store.read(&pipe).await?;
+            let mut row = key.clone();
+            row.extend_from_slice(b" | ");
+            let mut pipe = redis::pipe();
+            match kind.as_str() {
+                "hash" => pipe.cmd("HGETALL").arg(&key),
+                "string" => pipe.cmd("GET").arg(&key),
+                "stream" => pipe.cmd("XRANGE").arg(&key).arg("-").arg("+"),
+                other => {
+                    return Err(Error::Corrupt(format!(
+                        "an unexpected {other} key under the prefix"
+                    )));
+                }
+            };
+            let (value,): (Value,) = store.read(&pipe).await?;
+            flatten(value, &mut row);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// Every byte string in `value`, space-separated.
+#[cfg(feature = "conformance")]
+fn flatten(value: Value, out: &mut Vec<u8>) {
+    match value {
+        Value::BulkString(bytes) => {
+            out.extend(bytes);
+            out.push(b' ');
+        }
+        Value::SimpleString(s) => {
+            out.extend(s.into_bytes());
+            out.push(b' ');
+        }
+        Value::Array(items) | Value::Set(items) => {
+            items.into_iter().for_each(|v| flatten(v, out));
+        }
+        Value::Map(pairs) => pairs.into_iter().for_each(|(k, v)| {
+            flatten(k, out);
+            flatten(v, out);
+        }),
+        other => out.extend(format!("{other:?} ").into_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backstops_outlive_the_store_clock() {
+        let record = TaskRecord::created(
+            &NewTask::new(&Owner::Anonymous, InstanceId([0; 16])),
+            1_000,
+            &TaskOptions::default(),
+        );
+        let ttl: i64 = task_backstop(&record, 1_000).parse().unwrap();
+        assert_eq!(ttl, record.purge_at - 1_000 + millis(BACKSTOP));
+        assert_eq!(backstop_arg(-5), "1");
+        assert_eq!(backstop_arg(i64::MAX), "");
+        let lease = Duration::from_secs(30);
+        let beat: i64 = instance_backstop(lease).parse().unwrap();
+        assert!(beat > millis(lease) + record.purge_at - record.created_at);
+    }
+
+    #[test]
+    fn a_new_handle_runs_no_subscriber() {
+        let wakeups = TaskWakeups::new(vec![], "c".into(), Duration::from_secs(1));
+        assert!(!wakeups.running());
+    }
+}
