@@ -343,8 +343,10 @@
 //! watcher reads again anyway, covering messages lost while the subscriber
 //! reconnected (it also wakes every watcher once it is subscribed again).
 //! Expiry and orphaning wake no one (they are decided at read time, T8 and
-//! T11). Measured on loopback: a change through another handle wakes a
-//! watcher in about a millisecond.
+//! T11). Measured on loopback (debug build, a loaded two-core machine, 800
+//! changes through another handle, from the start of the change to the
+//! watch's return, the change's own three round trips included): median
+//! 1.1 to 1.2 ms, 95th percentile about 5 ms, at most 10 ms.
 //!
 //! **Expiry.** The store's clock judges, never Redis's: a task's expiry,
 //! purge time and its instance's deadline are values in the task and the

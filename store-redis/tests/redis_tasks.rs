@@ -1,6 +1,7 @@
 //! Redis-specific task checks: what 1,000 idle watches cost in connections
 //! (on a server this binary starts, so its client list holds only this
-//! test's connections) and that `PUBLISH` wakes them all; that tasks leave
+//! test's connections) and that `PUBLISH` wakes them all, also after the
+//! subscriber's connection was killed; that tasks leave
 //! an older release's keys alone; a purge of more than one `SCAN` batch;
 //! and a task value of a newer format or garbled, refused clearly.
 
@@ -18,6 +19,10 @@ use mcp_event_store_redis::testing::{RedisHarness, random_prefix};
 use mcp_event_store_redis::{RedisOptions, RedisStore};
 
 const NO_RECHECK: Duration = Duration::from_secs(3600);
+/// "Must arrive eventually" guard; never a latency threshold. Far below
+/// the watches' `max_wait` and rechecks, so a watch that returns within it
+/// was woken by the change.
+const EVENTUALLY: Duration = Duration::from_secs(30);
 
 struct Server {
     process: common::RedisProcess,
@@ -100,10 +105,7 @@ async fn a_thousand_idle_watches_add_no_connections_and_one_publish_wakes_them()
     let before = clients(&mut admin).await.len();
     let first = {
         let (a, text) = (a.clone(), text.clone());
-        tokio::spawn(async move {
-            a.watch(&text, &owner, created.rev, Duration::from_secs(60))
-                .await
-        })
+        tokio::spawn(async move { a.watch(&text, &owner, created.rev, NO_RECHECK).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     let with_one = clients(&mut admin).await;
@@ -120,10 +122,7 @@ async fn a_thousand_idle_watches_add_no_connections_and_one_publish_wakes_them()
     let mut watches: Vec<_> = (1..WATCHES)
         .map(|_| {
             let (a, text) = (a.clone(), text.clone());
-            tokio::spawn(async move {
-                a.watch(&text, &owner, created.rev, Duration::from_secs(60))
-                    .await
-            })
+            tokio::spawn(async move { a.watch(&text, &owner, created.rev, NO_RECHECK).await })
         })
         .collect();
     watches.push(first);
@@ -143,8 +142,12 @@ async fn a_thousand_idle_watches_add_no_connections_and_one_publish_wakes_them()
         panic!("{applied:?}");
     };
     for watch in watches {
-        let seen = watch.await.unwrap().unwrap().expect("the task");
-        // Unchanged at max_wait would mean the publish was lost.
+        let seen = tokio::time::timeout(EVENTUALLY, watch)
+            .await
+            .expect("a watch was not woken: the publish was lost")
+            .unwrap()
+            .unwrap()
+            .expect("the task");
         assert_eq!(seen.rev, rev);
         assert_eq!(seen.message.as_deref(), Some("half way"));
     }
@@ -359,4 +362,72 @@ async fn newer_or_garbled_task_values_are_refused() {
     );
     store.close().await;
     mcp_event_store_core::conformance::Harness::teardown(harness).await;
+}
+
+/// When the subscriber's connection is killed, it connects and subscribes
+/// again by itself, and a change made afterwards still wakes a watch that
+/// was waiting all along (rechecks an hour apart, so only a message can).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_survives_its_subscriber_being_killed() {
+    let server = tokio::task::spawn_blocking(start_server).await.unwrap();
+    let url = server.process.url();
+    let prefix = random_prefix();
+    let open = || {
+        RedisStore::connect_with(
+            &url,
+            RedisOptions::default()
+                .key_prefix(prefix.clone())
+                .follow_recheck(NO_RECHECK),
+        )
+    };
+    let (a, b) = (open().await.unwrap(), open().await.unwrap());
+    let mut admin = raw(&url).await;
+    let me = InstanceId::generate().unwrap();
+    assert!(b.heartbeat(me, Duration::from_secs(600)).await.unwrap());
+    let owner = Owner::Anonymous;
+    let (id, created) = b.create(NewTask::new(&owner, me)).await.unwrap();
+    let watch = {
+        let (a, text) = (a.clone(), id.to_string());
+        tokio::spawn(async move { a.watch(&text, &owner, created.rev, NO_RECHECK).await })
+    };
+    let subscribers = |list: &[String]| list.iter().filter(|c| c.contains(" sub=1 ")).count();
+    let deadline = tokio::time::Instant::now() + EVENTUALLY;
+    while subscribers(&clients(&mut admin).await) != 1 {
+        assert!(tokio::time::Instant::now() < deadline, "no subscriber");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    // Subscribed again: a new connection in the subscribe state.
+    let deadline = tokio::time::Instant::now() + EVENTUALLY;
+    while subscribers(&clients(&mut admin).await) != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not subscribed again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!watch.is_finished(), "the watch ended without a change");
+    let applied = b
+        .apply(&id, me, WorkerChange::SetMessage(Some("after the kill")))
+        .await
+        .unwrap();
+    let Applied::Changed { rev, .. } = applied else {
+        panic!("{applied:?}");
+    };
+    let seen = tokio::time::timeout(EVENTUALLY, watch)
+        .await
+        .expect("the watch was not woken after the subscriber came back")
+        .unwrap()
+        .unwrap()
+        .expect("the task");
+    assert_eq!(seen.rev, rev);
+    a.close().await;
+    b.close().await;
 }

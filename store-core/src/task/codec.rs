@@ -2,10 +2,10 @@
 //! task in one value (sled, Redis).
 //!
 //! A backend that stores a task as one value (rather than rows) reads it,
-//! runs the shared state machine on [`StoredTask::record`], calls
-//! [`StoredTask::settle_inputs`] and writes [`encode`]'s bytes back,
+//! runs the shared state machine on [`StoredTask::record`](crate::task::codec::StoredTask::record), calls
+//! [`StoredTask::settle_inputs`](crate::task::codec::StoredTask::settle_inputs) and writes [`encode`](crate::task::codec::encode)'s bytes back,
 //! conditioned on what it read. The format is released (sled's task
-//! format 1) and must not change: a change is a new [`VALUE_VERSION`],
+//! format 1) and must not change: a change is a new [`VALUE_VERSION`](crate::task::codec::VALUE_VERSION),
 //! which older releases refuse.
 //!
 //! Layout, all integers big-endian, byte strings as a `u32` length and the
