@@ -44,7 +44,11 @@
 //!   loopback names only, rmcp's DNS-rebinding protection);
 //! * `--metrics ADDR`: serve the store's metrics (and any other `metrics`
 //!   the process records) in the Prometheus text format at
-//!   `http://ADDR/metrics` (off by default).
+//!   `http://ADDR/metrics` (off by default);
+//! * `--task-lease-ms MS`: how long one heartbeat of this instance keeps
+//!   its durable tasks alive (default 30000); it renews every third of
+//!   that. Once a killed instance's lease lapses, its unfinished tasks read
+//!   `failed` ("server instance lost") on every instance.
 //!
 //! It has one tool, `slow_count`, which counts to `count` (default 10),
 //! waiting `interval_ms` (default 500) between steps and sending a progress
@@ -54,6 +58,42 @@
 //! and the same response goes on with the remaining progress and the
 //! result as the call produces them, on this instance or any other sharing
 //! the store.
+//!
+//! # Durable tasks (MCP 2026-07-28)
+//!
+//! The server also speaks the tasks extension (SEP-2663,
+//! `io.modelcontextprotocol/tasks`) through
+//! [`DurableTasks`], on the same store:
+//!
+//! * `slow_count`, called with the tasks extension in the request's
+//!   `io.modelcontextprotocol/clientCapabilities`, answers at once with a
+//!   task (`resultType: "task"`) and counts as a durable task: its status
+//!   message says which step it is at, a `tasks/cancel` stops it between
+//!   steps (it ends `cancelled`), and `tasks/get` gives the result once it
+//!   is done. Called without the extension it behaves as above. (SEP-2663
+//!   lets the server choose per request; the tool's `execution` field of
+//!   2025-11-25 is gone.)
+//! * `confirm_count` runs only as a task (without the extension it answers
+//!   -32021, and nothing is stored): it asks the client to confirm the
+//!   count with an elicitation (`inputRequests` key `confirm`, answered
+//!   with `tasks/update`, `{"action": "accept", "content": {"count": N}}`,
+//!   where `count` may change the number), then counts there as
+//!   `slow_count` does. A declined or cancelled elicitation completes the
+//!   task with an error result and counts nothing.
+//!
+//! A task lives as long as events are kept (`--max-age`). Any instance
+//! sharing the store answers `tasks/get`, `tasks/update` and `tasks/cancel`
+//! for a task, wherever it runs; the work itself runs on the instance that
+//! created it, and dies with it (the task then reads `failed` once the
+//! lease lapses).
+//!
+//! **Owner.** A request's `Authorization` header, whatever it holds, is the
+//! task's owner: only requests with the same header see, answer or cancel
+//! the task (others get -32602, as for an unknown id). Without the header,
+//! tasks are anonymous and the task id is the only credential. This is the
+//! example's stand-in for authentication: a real server takes the owner
+//! from the principal its authentication established, never from an
+//! unchecked header.
 //!
 //! In session mode the server keeps sessions in memory as rmcp's
 //! `LocalSessionManager` does, stores each session's `initialize` parameters
@@ -77,13 +117,18 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
-use mcp_event_store::rmcp::{IntoRmcp, RmcpEventStore, SessionScoped};
+use mcp_event_store::rmcp::tasks::{TaskExit, TaskOptions};
+use mcp_event_store::rmcp::{
+    DurableTaskContext, DurableTasks, IntoRmcp, RmcpEventStore, SessionScoped,
+};
+use mcp_event_store::task::Owner;
 use mcp_event_store::{DynStore, PurgeTask, Retention, Store, StoreOptions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    GetTaskParams, GetTaskResult, Implementation, InputRequest, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -122,6 +167,9 @@ pub struct Options {
     pub allowed_hosts: Vec<String>,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// How long one heartbeat keeps this instance's durable tasks alive;
+    /// renewed every third of it.
+    pub task_lease: Duration,
 }
 
 impl Default for Options {
@@ -137,13 +185,14 @@ impl Default for Options {
             follow_hold: Some(mcp_event_store::rmcp::DEFAULT_FOLLOW_HOLD),
             allowed_hosts: Vec::new(),
             metrics: None,
+            task_lease: mcp_event_store::rmcp::tasks::DEFAULT_HEARTBEAT_LEASE,
         }
     }
 }
 
 const USAGE: &str = "usage: resumable-server [--store URL] [--bind ADDR] [--stateless] \
 [--poll-every N] [--retry-ms MS] [--max-age SECS] [--max-events N] [--session-check-ms MS] \
-[--follow-hold SECS] [--allow-host HOST]... [--metrics ADDR]";
+[--follow-hold SECS] [--allow-host HOST]... [--metrics ADDR] [--task-lease-ms MS]";
 
 /// A positive whole number, or an error naming the option.
 fn positive(flag: &str, value: &str) -> Result<u64, String> {
@@ -220,6 +269,15 @@ impl Options {
                             .map_err(|e| format!("--metrics {addr:?}: {e}\n{USAGE}"))?,
                     );
                 }
+                "--task-lease-ms" => {
+                    let ms = positive(&flag, &value()?)?;
+                    if ms < 3 {
+                        return Err(format!(
+                            "--task-lease-ms must be at least 3 (it is renewed every third)\n{USAGE}"
+                        ));
+                    }
+                    options.task_lease = Duration::from_millis(ms);
+                }
                 "-h" | "--help" => return Err(USAGE.into()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             }
@@ -233,12 +291,98 @@ impl Options {
     }
 }
 
-/// The MCP server: one slow tool that reports progress.
-#[derive(Clone, Debug, Default)]
-pub struct SlowCounter;
+/// The MCP server: a slow tool that reports progress, or runs as a durable
+/// task, and a task-only tool that asks the client to confirm first.
+///
+/// Build one per request from one [`DurableTasks`] per server (see
+/// [`durable_tasks`]); clones share the task runtime.
+#[derive(Clone, Debug)]
+pub struct SlowCounter {
+    tasks: DurableTasks,
+    task_ttl: Option<Duration>,
+}
 
-fn slow_count_tool() -> Tool {
-    let schema = serde_json::json!({
+impl SlowCounter {
+    /// The handler, running its tasks on `tasks`; a task lives as long as
+    /// the store keeps events (`options.retention.max_age`).
+    pub fn new(tasks: DurableTasks, options: &Options) -> Self {
+        Self {
+            tasks,
+            task_ttl: options.retention.max_age,
+        }
+    }
+
+    /// rmcp's task options for a count whose steps are `interval` apart:
+    /// the ttl, a poll interval near the step's, and the first message.
+    fn task_options(&self, interval: Duration, message: String) -> TaskOptions {
+        let ttl_ms = self
+            .task_ttl
+            .map(|ttl| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        let poll_ms = u64::try_from(interval.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(100, 5_000);
+        TaskOptions::new()
+            .with_ttl_ms(ttl_ms)
+            .with_poll_interval_ms(poll_ms)
+            .with_status_message(message)
+    }
+}
+
+/// The owner of the tasks a request creates or may see: its `Authorization`
+/// header as the principal, or anonymous without one. The example's
+/// stand-in for authentication; a real server uses the principal its
+/// authentication established.
+pub fn owner_of(context: &RequestContext<RoleServer>) -> Owner {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.headers.get(axum::http::header::AUTHORIZATION))
+        .map_or(Owner::Anonymous, |value| principal(value.as_bytes()))
+}
+
+/// The owner for a header value of any length: principals are at most 256
+/// bytes, so a longer value is folded into the digests of its 256-byte
+/// chunks (16 bytes each) until it fits. An empty value is no credential.
+fn principal(bytes: &[u8]) -> Owner {
+    if bytes.is_empty() {
+        return Owner::Anonymous;
+    }
+    match Owner::principal(bytes) {
+        Ok(owner) => owner,
+        Err(_) => {
+            let folded: Vec<u8> = bytes
+                .chunks(mcp_event_store::task::MAX_PRINCIPAL_BYTES)
+                .filter_map(|chunk| Owner::principal(chunk).ok())
+                .flat_map(|owner| owner.digest().copied().unwrap_or_default())
+                .collect();
+            principal(&folded)
+        }
+    }
+}
+
+/// Builds the server's one task runtime over `store`: its instance
+/// heartbeats every third of `options.task_lease`, and the owner of a task
+/// is [`owner_of`] the request.
+pub async fn durable_tasks(
+    store: &DynStore,
+    options: &Options,
+) -> mcp_event_store::Result<DurableTasks> {
+    DurableTasks::builder(store.clone())
+        .owner(owner_of)
+        .heartbeat(options.task_lease / 3, options.task_lease)
+        .build()
+        .await
+}
+
+fn object_schema(schema: serde_json::Value) -> Arc<JsonObject> {
+    let serde_json::Value::Object(schema) = schema else {
+        unreachable!("an object literal")
+    };
+    Arc::new(schema)
+}
+
+fn count_schema() -> Arc<JsonObject> {
+    object_schema(serde_json::json!({
         "type": "object",
         "properties": {
             "count": {
@@ -250,15 +394,33 @@ fn slow_count_tool() -> Tool {
                 "description": "milliseconds between steps (default 500)"
             }
         }
-    });
-    let serde_json::Value::Object(schema) = schema else {
-        unreachable!("an object literal")
-    };
+    }))
+}
+
+fn slow_count_tool() -> Tool {
     Tool::new(
         "slow_count",
-        "Counts slowly, sending a progress notification at every step.",
-        Arc::new(schema),
+        "Counts slowly, sending a progress notification at every step. With the tasks \
+         extension declared, runs as a durable task instead (its status message says the step).",
+        count_schema(),
     )
+}
+
+fn confirm_count_tool() -> Tool {
+    Tool::new(
+        "confirm_count",
+        "Runs as a durable task only (needs the tasks extension): asks the client to confirm \
+         the count (inputRequests key \"confirm\"), then counts to the confirmed number.",
+        count_schema(),
+    )
+}
+
+fn tool(name: &str) -> Option<Tool> {
+    match name {
+        "slow_count" => Some(slow_count_tool()),
+        "confirm_count" => Some(confirm_count_tool()),
+        _ => None,
+    }
 }
 
 fn argument(
@@ -275,17 +437,105 @@ fn argument(
     }
 }
 
+fn text_result(text: String) -> CallToolResult {
+    CallToolResult::success(vec![ContentBlock::text(text)])
+}
+
+/// Counts as a durable task: the status message names each step, and a
+/// cancel request stops the count between steps.
+async fn count_in_task(
+    task: &DurableTaskContext,
+    count: u64,
+    interval: Duration,
+) -> Result<CallToolResult, TaskExit> {
+    let cancelled = task.cancelled();
+    tokio::pin!(cancelled);
+    for step in 1..=count {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = &mut cancelled => {
+                tracing::info!(task = task.task_id(), step, "counting task cancelled");
+                return Err(TaskExit::Cancelled);
+            }
+        }
+        task.set_status_message(format!("step {step} of {count}"))
+            .await?;
+    }
+    tracing::info!(task = task.task_id(), count, "counting task finished");
+    Ok(text_result(format!("counted to {count}")))
+}
+
+/// The elicitation `confirm_count` sends: confirm (or change) the count.
+fn confirm_request(count: u64) -> Result<InputRequest, ErrorData> {
+    serde_json::from_value(serde_json::json!({
+        "method": "elicitation/create",
+        "params": {
+            "mode": "form",
+            "message": format!("Count to {count}?"),
+            "requestedSchema": {
+                "type": "object",
+                "properties": {
+                    "count": {
+                        "type": "integer", "minimum": 0, "maximum": MAX_COUNT,
+                        "default": count,
+                        "description": "how far to count"
+                    }
+                }
+            }
+        }
+    }))
+    .map_err(|e| ErrorData::internal_error(format!("the elicitation request: {e}"), None))
+}
+
+/// Asks the client to confirm the count, then counts to the answer.
+async fn confirm_then_count(
+    task: DurableTaskContext,
+    count: u64,
+    interval: Duration,
+) -> Result<CallToolResult, TaskExit> {
+    let answer = task
+        .request_input("confirm", confirm_request(count)?)
+        .await?;
+    if answer["action"] != "accept" {
+        tracing::info!(task = task.task_id(), action = %answer["action"], "count not confirmed");
+        return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+            "not confirmed ({}): nothing counted",
+            answer["action"]
+        ))]));
+    }
+    let confirmed = match answer["content"].get("count") {
+        None | Some(serde_json::Value::Null) => count,
+        Some(value) => match value.as_u64().filter(|n| *n <= MAX_COUNT) {
+            Some(n) => n,
+            None => {
+                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                    "the confirmed count must be an integer from 0 to {MAX_COUNT}, got {value}"
+                ))]));
+            }
+        },
+    };
+    task.set_status_message(format!("confirmed: counting to {confirmed}"))
+        .await?;
+    count_in_task(&task, confirmed, interval).await
+}
+
 impl ServerHandler for SlowCounter {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                "mcp-event-store-resumable-server",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(
-                "Call slow_count with a progressToken, drop the connection, \
-                 and resume with Last-Event-ID.",
-            )
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "mcp-event-store-resumable-server",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(
+            "Call slow_count with a progressToken, drop the connection, \
+             and resume with Last-Event-ID. On 2026-07-28, declare the tasks extension: \
+             slow_count and confirm_count then run as durable tasks.",
+        )
     }
 
     async fn list_tools(
@@ -293,11 +543,14 @@ impl ServerHandler for SlowCounter {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(vec![slow_count_tool()]))
+        Ok(ListToolsResult::with_all_items(vec![
+            slow_count_tool(),
+            confirm_count_tool(),
+        ]))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        (name == "slow_count").then(slow_count_tool)
+        tool(name)
     }
 
     async fn call_tool(
@@ -305,7 +558,7 @@ impl ServerHandler for SlowCounter {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if request.name != "slow_count" {
+        if tool(&request.name).is_none() {
             return Err(ErrorData::invalid_params(
                 format!("no tool named {:?}", request.name),
                 None,
@@ -314,6 +567,33 @@ impl ServerHandler for SlowCounter {
         let args = request.arguments.as_ref();
         let count = argument(args, "count", 10, MAX_COUNT)?;
         let interval = Duration::from_millis(argument(args, "interval_ms", 500, MAX_INTERVAL_MS)?);
+        let declares_tasks = context
+            .client_capabilities()
+            .is_some_and(|capabilities| capabilities.supports_tasks());
+        if request.name == "confirm_count" {
+            // Task-only: without the extension, `spawn` answers -32021
+            // before anything is stored.
+            let options = self.task_options(interval, format!("asking to count to {count}"));
+            let created = self
+                .tasks
+                .spawn(&context, options, move |task| {
+                    Box::pin(confirm_then_count(task, count, interval))
+                })
+                .await?;
+            tracing::info!(task = %created.task.task_id, count, "confirm_count task created");
+            return Ok(CallToolResponse::Task(created));
+        }
+        if declares_tasks {
+            let options = self.task_options(interval, format!("counting to {count}"));
+            let created = self
+                .tasks
+                .spawn(&context, options, move |task| {
+                    Box::pin(async move { count_in_task(&task, count, interval).await })
+                })
+                .await?;
+            tracing::info!(task = %created.task.task_id, count, "slow_count task created");
+            return Ok(CallToolResponse::Task(created));
+        }
         let token = context.meta.get_progress_token();
         tracing::info!(count, ?interval, request_id = %context.id, "slow_count started");
         for step in 1..=count {
@@ -336,6 +616,30 @@ impl ServerHandler for SlowCounter {
         tracing::info!(count, "slow_count finished");
         Ok(CallToolResult::success(vec![ContentBlock::text(format!("counted to {count}"))]).into())
     }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.tasks.get_task(&context, request).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.update_task(&context, request).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.cancel_task(&context, request).await
+    }
 }
 
 /// The store as rmcp's event store, following resumed streams for the
@@ -348,10 +652,18 @@ fn events(store: DynStore, options: &Options) -> RmcpEventStore<dyn Store> {
     }
 }
 
-/// The axum router serving MCP at `/mcp` on `store`.
+/// The axum router serving MCP at `/mcp` on `store`, its durable tasks on
+/// `tasks` (the server's one runtime, from [`durable_tasks`] over the same
+/// store).
 ///
 /// `shutdown` ends every open SSE stream when cancelled.
-pub fn router(store: DynStore, options: &Options, shutdown: &CancellationToken) -> axum::Router {
+pub fn router(
+    store: DynStore,
+    tasks: DurableTasks,
+    options: &Options,
+    shutdown: &CancellationToken,
+) -> axum::Router {
+    let handler = SlowCounter::new(tasks, options);
     let mut config = StreamableHttpServerConfig::default()
         .with_sse_retry(Some(options.retry))
         .with_cancellation_token(shutdown.child_token());
@@ -366,7 +678,7 @@ pub fn router(store: DynStore, options: &Options, shutdown: &CancellationToken) 
             NeverSessionManager::default().with_event_store(Arc::new(events(store, options)));
         axum::Router::new().nest_service(
             "/mcp",
-            StreamableHttpService::new(|| Ok(SlowCounter), Arc::new(sessions), config),
+            StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config),
         )
     } else {
         let session_store = store.clone().into_rmcp_sessions();
@@ -382,7 +694,7 @@ pub fn router(store: DynStore, options: &Options, shutdown: &CancellationToken) 
             .with_session_check_interval(options.session_check);
         axum::Router::new().nest_service(
             "/mcp",
-            StreamableHttpService::new(|| Ok(SlowCounter), Arc::new(sessions), config),
+            StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config),
         )
     };
     match options.poll_every {
@@ -483,7 +795,9 @@ pub async fn serve(
     }
     let store = mcp_event_store::connect_with(&options.store, options.store_options()).await?;
     let purger = PurgeTask::spawn(store.clone(), Duration::from_secs(30));
-    let app = router(store, &options, &cancel);
+    let tasks = durable_tasks(&store, &options).await?;
+    tracing::info!(instance = %tasks.instance(), lease = ?options.task_lease, "durable tasks on");
+    let app = router(store, tasks, &options, &cancel);
     tracing::info!(
         address = %listener.local_addr()?,
         store = %redact(&options.store),
@@ -544,5 +858,30 @@ fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Any `Authorization` value is an owner: equal values the same, other
+    /// values (long ones too, which differ only past 256 bytes) another;
+    /// an empty one is no credential.
+    #[test]
+    fn every_authorization_value_is_an_owner_of_its_own() {
+        let short = principal(b"Bearer alice");
+        assert_eq!(short, principal(b"Bearer alice"));
+        assert_ne!(short, principal(b"Bearer mallory"));
+        assert_ne!(short, Owner::Anonymous);
+        assert_eq!(principal(b""), Owner::Anonymous);
+
+        let long = vec![b'a'; 5_000];
+        let mut other = long.clone();
+        *other.last_mut().unwrap() = b'b';
+        assert_eq!(principal(&long), principal(&long.clone()));
+        assert_ne!(principal(&long), principal(&other));
+        assert_ne!(principal(&long), Owner::Anonymous);
+        assert_ne!(principal(&long[..257]), principal(&long[..256]));
     }
 }

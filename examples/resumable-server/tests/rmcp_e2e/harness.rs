@@ -7,6 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use mcp_event_store::rmcp::DurableTasks;
+use mcp_event_store::task::{
+    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskPurgeReport, TaskRecord,
+    TaskStore, WorkerChange,
+};
 use mcp_event_store::testing::UrlHarness;
 use tokio_util::sync::CancellationToken;
 
@@ -107,15 +113,51 @@ impl Server {
         Self::start_layered(options, None).await
     }
 
+    /// The server on `store_url` whose durable tasks go through a
+    /// [`CountingTasks`] around the store; the counter.
+    pub async fn start_counting_tasks(store_url: &str) -> (Self, Arc<CountingTasks>) {
+        let options = server::Options {
+            store: store_url.to_owned(),
+            retry: RETRY,
+            ..server::Options::default()
+        };
+        let store = mcp_event_store::connect_with(store_url, options.store_options())
+            .await
+            .unwrap_or_else(|e| panic!("opening {store_url}: {e}"));
+        let counting = Arc::new(CountingTasks {
+            inner: store.clone(),
+            writes: AtomicUsize::new(0),
+        });
+        let tasks = DurableTasks::builder(counting.clone())
+            .owner(server::owner_of)
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("the task runtime on {store_url}: {e}"));
+        let server = Self::serve(store, tasks, options, None).await;
+        (server, counting)
+    }
+
     async fn start_layered(options: server::Options, cut_posts_after: Option<usize>) -> Self {
         let store_url = &options.store;
         let store = mcp_event_store::connect_with(store_url, options.store_options())
             .await
             .unwrap_or_else(|e| panic!("opening {store_url}: {e}"));
+        let tasks = server::durable_tasks(&store, &options)
+            .await
+            .unwrap_or_else(|e| panic!("the task runtime on {store_url}: {e}"));
+        Self::serve(store, tasks, options, cut_posts_after).await
+    }
+
+    async fn serve(
+        store: mcp_event_store::DynStore,
+        tasks: DurableTasks,
+        options: server::Options,
+        cut_posts_after: Option<usize>,
+    ) -> Self {
         let cancel = CancellationToken::new();
         let resumes = Arc::new(AtomicUsize::new(0));
         let counter = resumes.clone();
-        let mut app = server::router(store, &options, &cancel);
+        let mut app = server::router(store, tasks, &options, &cancel);
         if let Some(messages) = cut_posts_after {
             app = app.layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| async move {
@@ -233,5 +275,82 @@ impl Drop for ChildServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A task store that counts the writes reaching the store it wraps.
+pub struct CountingTasks {
+    inner: mcp_event_store::DynStore,
+    writes: AtomicUsize,
+}
+
+impl CountingTasks {
+    /// Writes so far (creates, answers, cancels, worker changes).
+    pub fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl TaskStore for CountingTasks {
+    async fn try_create(
+        &self,
+        id: &TaskId,
+        task: &NewTask<'_>,
+    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+        self.wrote();
+        self.inner.try_create(id, task).await
+    }
+    async fn get(&self, id: &str, who: &Owner) -> mcp_event_store::Result<Option<TaskRecord>> {
+        TaskStore::get(&*self.inner, id, who).await
+    }
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        responses: &[(&str, &[u8])],
+    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+        self.wrote();
+        self.inner.answer(id, who, responses).await
+    }
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+        self.wrote();
+        self.inner.request_cancel(id, who, mode).await
+    }
+    async fn apply(
+        &self,
+        id: &TaskId,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+    ) -> mcp_event_store::Result<Applied> {
+        self.wrote();
+        self.inner.apply(id, by, change).await
+    }
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+        self.inner.watch(id, who, after, max_wait).await
+    }
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> mcp_event_store::Result<bool> {
+        self.inner.heartbeat(me, lease).await
+    }
+    async fn purge_expired_tasks(&self) -> mcp_event_store::Result<TaskPurgeReport> {
+        self.inner.purge_expired_tasks().await
+    }
+    async fn delete(&self, id: &str) -> mcp_event_store::Result<bool> {
+        TaskStore::delete(&*self.inner, id).await
     }
 }

@@ -13,6 +13,7 @@ use resumable_server as server;
 mod cases;
 mod harness;
 mod measure;
+mod tasks;
 mod wire;
 
 use harness::{CHILD_ENV, Fixture, Mode};
@@ -29,9 +30,22 @@ macro_rules! e2e_case {
     };
 }
 
+/// One durable-task case for a backend (they set up their own servers).
+macro_rules! task_case {
+    ($fixture:expr, $name:ident, $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let fixture = $fixture.await;
+            $crate::tasks::$case(&fixture).await;
+            fixture.teardown().await;
+        }
+    };
+}
+
 /// Every case on one backend. Tags add the cases a backend supports beyond
-/// the common ones: `restart` (the store survives the server process) and
-/// `shared` (two servers can use the store at once).
+/// the common ones: `restart` (the store survives the server process),
+/// `shared` (two servers can use the store at once) and `tasks` (durable
+/// tasks across two server processes).
 macro_rules! e2e_tests {
     ($backend:ident: $fixture:expr $(, $tag:ident)* $(,)?) => {
         mod $backend {
@@ -61,13 +75,21 @@ macro_rules! e2e_tests {
         e2e_case!($fixture, sessions_one_resume_on_another_instance_streams_the_rest, one_resume_on_another_instance_streams_the_rest, Mode::Sessions);
         e2e_case!($fixture, stateless_one_resume_on_another_instance_streams_the_rest, one_resume_on_another_instance_streams_the_rest, Mode::Stateless);
     };
+    (@tasks $fixture:expr) => {
+        task_case!($fixture, tasks_created_on_one_server_are_read_on_another, created_on_one_server_read_on_another);
+        task_case!($fixture, tasks_input_is_answered_through_another_server, input_answered_on_another_server);
+        task_case!($fixture, tasks_cancel_through_another_server_stops_the_work, cancel_on_another_server_stops_the_work);
+        task_case!($fixture, tasks_of_a_killed_server_read_failed_elsewhere, killed_server_tasks_read_failed_elsewhere);
+        task_case!($fixture, tasks_without_the_extension_nothing_is_stored, without_the_extension_nothing_is_stored);
+        task_case!($fixture, tasks_of_another_owner_are_unknown, another_owner_cannot_see_or_touch_a_task);
+    };
 }
 
 e2e_tests!(memory: Fixture::memory());
 #[cfg(feature = "sqlite")]
-e2e_tests!(sqlite: Fixture::on("sqlite"), restart, shared);
+e2e_tests!(sqlite: Fixture::on("sqlite"), restart, shared, tasks);
 #[cfg(feature = "postgres")]
-e2e_tests!(postgres: Fixture::on("postgres"), shared);
+e2e_tests!(postgres: Fixture::on("postgres"), shared, tasks);
 #[cfg(feature = "redis")]
 e2e_tests!(redis: Fixture::on("redis"), shared);
 #[cfg(feature = "sled")]
@@ -155,6 +177,36 @@ fn server_options_set_retention_and_session_check() {
         );
     }
     assert!(parse(&["--help"]).unwrap_err().contains("--max-age SECS"));
+}
+
+/// `--task-lease-ms`: the heartbeat lease of the server's durable tasks
+/// (default 30 s); under 3 ms (renewed every third) is refused.
+#[test]
+fn server_options_set_the_task_lease() {
+    use std::time::Duration;
+    let parse = |args: &[&str]| server::Options::parse(args.iter().map(|a| a.to_string()));
+    assert_eq!(parse(&[]).unwrap().task_lease, Duration::from_secs(30));
+    assert_eq!(
+        parse(&["--task-lease-ms", "1500"]).unwrap().task_lease,
+        Duration::from_millis(1500)
+    );
+    assert_eq!(
+        parse(&["--task-lease-ms=3"]).unwrap().task_lease,
+        Duration::from_millis(3)
+    );
+    for bad in [
+        &["--task-lease-ms", "0"][..],
+        &["--task-lease-ms", "2"],
+        &["--task-lease-ms", "x"],
+    ] {
+        let message = parse(bad).unwrap_err();
+        assert!(message.contains("--task-lease-ms"), "{bad:?}: {message}");
+    }
+    assert!(
+        parse(&["--help"])
+            .unwrap_err()
+            .contains("--task-lease-ms MS")
+    );
 }
 
 /// `--metrics`: the server's Prometheus endpoint reports the store's

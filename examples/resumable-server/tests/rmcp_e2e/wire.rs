@@ -301,3 +301,173 @@ impl Client {
         .status()
     }
 }
+
+/// The protocol revision of the tasks extension (SEP-2663): no
+/// `initialize`, no session; every request carries its protocol version
+/// and the client's capabilities in `_meta`, and SEP-2243's `Mcp-Method` and
+/// `Mcp-Name` headers.
+pub const TASKS_PROTOCOL: &str = "2026-07-28";
+
+/// A 2026-07-28 client of one endpoint: it declares the tasks extension (or
+/// not) on every request, and sends an `Authorization` header (or none).
+#[derive(Clone)]
+pub struct TaskClient {
+    http: reqwest::Client,
+    pub url: String,
+    authorization: Option<String>,
+    declare_tasks: bool,
+}
+
+impl TaskClient {
+    /// A client declaring the tasks extension, without `Authorization`.
+    pub fn new(url: &str) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .expect("an HTTP client"),
+            url: url.to_owned(),
+            authorization: None,
+            declare_tasks: true,
+        }
+    }
+
+    /// The same client talking to another server.
+    pub fn on(&self, url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    /// The same client sending `Authorization: <value>`.
+    pub fn authorized(&self, value: &str) -> Self {
+        Self {
+            authorization: Some(value.to_owned()),
+            ..self.clone()
+        }
+    }
+
+    /// The same client without the tasks extension in its capabilities.
+    pub fn without_tasks(&self) -> Self {
+        Self {
+            declare_tasks: false,
+            ..self.clone()
+        }
+    }
+
+    /// Sends request `method` with `params` (its `_meta` added) and returns
+    /// the JSON-RPC response to it (`result` or `error`), read from a JSON
+    /// body or from the SSE stream the server answers with.
+    pub async fn request(&self, id: u64, method: &str, name: &str, mut params: Value) -> Value {
+        let capabilities = if self.declare_tasks {
+            json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
+        } else {
+            json!({})
+        };
+        params["_meta"] = json!({
+            "io.modelcontextprotocol/protocolVersion": TASKS_PROTOCOL,
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
+        });
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header("MCP-Protocol-Version", TASKS_PROTOCOL)
+            .header("Mcp-Method", method)
+            .header("Mcp-Name", name)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .body(
+                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+            );
+        if let Some(authorization) = &self.authorization {
+            request = request.header("Authorization", authorization);
+        }
+        let response = request.send().await.expect("POST");
+        let is_sse = response
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        if !is_sse {
+            let status = response.status();
+            let body = response.text().await.expect("a body");
+            return serde_json::from_str(&body)
+                .unwrap_or_else(|e| panic!("{method}: HTTP {status}, not JSON ({e}): {body}"));
+        }
+        let mut sse = Sse::new(response);
+        while let Some(event) = sse.next().await {
+            if let Some(message) = event.message()
+                && message["id"] == json!(id)
+            {
+                return message;
+            }
+        }
+        panic!("{method}: the stream ended without a response to {id}");
+    }
+
+    /// `tools/call`; the response.
+    pub async fn call_tool(&self, id: u64, tool: &str, arguments: Value) -> Value {
+        self.request(
+            id,
+            "tools/call",
+            tool,
+            json!({"name": tool, "arguments": arguments}),
+        )
+        .await
+    }
+
+    /// `tools/call` that must answer with a task; its id.
+    pub async fn create_task(&self, id: u64, tool: &str, arguments: Value) -> String {
+        let response = self.call_tool(id, tool, arguments).await;
+        let result = &response["result"];
+        assert_eq!(result["resultType"], "task", "{response}");
+        result["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("a task id: {response}"))
+            .to_owned()
+    }
+
+    /// `tasks/get`; the response.
+    pub async fn get_task(&self, id: u64, task: &str) -> Value {
+        self.request(id, "tasks/get", task, json!({"taskId": task}))
+            .await
+    }
+
+    /// `tasks/update` with `responses`; the response.
+    pub async fn update_task(&self, id: u64, task: &str, responses: Value) -> Value {
+        self.request(
+            id,
+            "tasks/update",
+            task,
+            json!({"taskId": task, "inputResponses": responses}),
+        )
+        .await
+    }
+
+    /// `tasks/cancel`; the response.
+    pub async fn cancel_task(&self, id: u64, task: &str) -> Value {
+        self.request(id, "tasks/cancel", task, json!({"taskId": task}))
+            .await
+    }
+
+    /// Polls `tasks/get` until `done` holds for the task (the `result` of
+    /// the response), for at most `limit`; the task.
+    pub async fn until(&self, task: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut last = Value::Null;
+        let mut id = 1_000;
+        while tokio::time::Instant::now() < deadline {
+            id += 1;
+            let response = self.get_task(id, task).await;
+            let result = response
+                .get("result")
+                .unwrap_or_else(|| panic!("tasks/get {task} failed: {response}"));
+            if done(result) {
+                return result.clone();
+            }
+            last = result.clone();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("task {task} did not reach the expected state within {limit:?}; last seen: {last}");
+    }
+}
