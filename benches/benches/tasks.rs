@@ -9,31 +9,33 @@
 //! ```
 //!
 //! Every backend's storage comes from its test harness (`TaskHarness`: two
-//! handles on one fresh file, directory or schema, removed at the end). The
-//! tasks have an owner (a principal), a 1 h ttl and a 13-byte status
-//! message, and run on an instance heartbeating for the whole run. The raw
-//! baselines draw their keys as the store does (`TaskId::generate`, then its
-//! digest), so both pay for the random id and its SHA-256; they work on the
-//! store's own tables (SQLite, PostgreSQL: a second pool on the same file
-//! or schema) or, for sled, on the same trees in a database of their own
-//! (sled lets one process open a directory once), holding values of the
-//! store's encoded size.
+//! handles on one fresh file, directory, schema or key prefix, removed at
+//! the end). The tasks have an owner (a principal), a 1 h ttl and a 13-byte
+//! status message, and run on an instance heartbeating for the whole run.
+//! The raw baselines draw their keys as the store does (`TaskId::generate`,
+//! then its digest), so both pay for the random id and its SHA-256. They
+//! work on the store's own tables (SQLite, PostgreSQL: a pool of their own
+//! on the same file or schema); on hashes of their own under the harness's
+//! prefix (Redis); or on the same trees in a database of their own (sled,
+//! which lets one process open a directory once). sled, Redis and memory
+//! hold values of the size of the store's encoding of such a task.
 //!
 //! Benchmark ids (`tasks/<backend>/...`), throughput in tasks:
 //!
 //! | id | what |
 //! |---|---|
 //! | `create` | `TaskStore::create`: a fresh id, insert-if-absent, durable on return |
-//! | `raw_create` | SQLite, PostgreSQL: the store's `INSERT … ON CONFLICT (digest) DO NOTHING` of the same row into the same table (so the same index work: primary key, `purge_at`, the partial running-instance index), through a pool of its own (SQLite: one connection, `synchronous=NORMAL` as the store; PostgreSQL: 8 connections, as the harness's store); sled: `get` (absent?), the purge-index `insert`, `compare_and_swap(None → value)`, then `flush()`, on the blocking pool; memory: a `HashMap` insert-if-absent behind a mutex |
+//! | `raw_create` | SQLite, PostgreSQL: the store's `INSERT … ON CONFLICT (digest) DO NOTHING` of the same row into the same table (so the same index work: primary key, `purge_at`, the partial running-instance index), through a pool of its own (SQLite: one connection, `synchronous=NORMAL` as the store; PostgreSQL: 8 connections, as the harness gives the store); Redis: `EVALSHA` of a script like the store's (`EXISTS`, `HSET v rev`, `PEXPIRE`) on a multiplexed connection; sled: `get` (absent?), the purge-index `insert`, `compare_and_swap(None → value)`, then `flush()`, on the blocking pool; memory: a `HashMap` insert-if-absent behind a mutex |
 //! | `create_32_concurrent` | 32 `create` calls in flight at once |
 //! | `raw_create_32_concurrent` | 32 `raw_create` in flight at once |
 //! | `get` | `TaskStore::get` of one task by its id and owner |
-//! | `raw_get` | one read by key: SQLite, PostgreSQL: `SELECT` of the task row's columns by digest (the store also reads the task's inputs and its instance's deadline, in one read transaction on SQLite, one statement on PostgreSQL); sled: `get` of the task and of its instance; memory: a clone of the value under the mutex |
+//! | `raw_get` | one read by key: SQLite, PostgreSQL: `SELECT` of the task row's columns by digest (the store also reads the task's inputs and its instance's deadline: in one read transaction on SQLite, one statement on PostgreSQL); Redis: `HGET` of the value (the store also `GET`s the instance's deadline, a second round trip); sled: `get` of the task and of its instance; memory: a clone of the value under the mutex |
 //! | `finish` | `apply(Finish::Completed)` of a small result on a working task (created untimed before) |
-//! | `raw_finish` | the read and the update conditioned on `rev`, in one transaction: SQLite: `BEGIN IMMEDIATE`, `SELECT status, rev`, `UPDATE … WHERE digest AND rev`, `COMMIT`; PostgreSQL: the same with `SELECT … FOR UPDATE`; sled: `get`, `compare_and_swap(old → new)`, `flush()`; memory: under the mutex |
+//! | `raw_finish` | the read and the update conditioned on `rev`: SQLite: `BEGIN IMMEDIATE`, `SELECT status, rev`, `UPDATE … WHERE digest AND rev`, `COMMIT`; PostgreSQL: the same with `SELECT … FOR UPDATE`; Redis: `HMGET v rev`, then `EVALSHA` of a compare-and-set script like the store's (`HGET rev`, `HSET`, `PEXPIRE`, `PUBLISH`; the store also reads the instance's deadline first); sled: `get`, `compare_and_swap(old → new)`, `flush()`; memory: under the mutex |
 //! | postgres `raw_finish_notify` | `raw_finish` plus the `pg_notify` the store queues in the same transaction |
-//! | `watch_wake` | a `watch` on handle A of a task; once it waits, `apply(SetMessage)` on handle B: the time from the start of the change until A's watch returns (the change's own cost included). sqlite: A finds B's commit through its `data_version` poll (every 50 ms by default); postgres: `NOTIFY` to A's listener; memory, sled: an in-process wake-up |
-//! | postgres `raw_wake` | a `pg_notify` on one connection until a `PgListener` on another receives it |
+//! | `watch_wake` | a `watch` on handle A of a task; once it waits, `apply(SetMessage)` on handle B: the time from the start of the change until A's watch returns (the change's own cost included). sqlite: A finds B's commit through its `data_version` poll (every 50 ms by default); postgres: `NOTIFY` to A's listener; redis: `PUBLISH` to A's subscriber; memory, sled: an in-process wake-up |
+//! | postgres `raw_wake` | a `pg_notify` on one connection until a `PgListener` on another has it |
+//! | redis `raw_wake` | a `PUBLISH` on one connection until a `SUBSCRIBE`d connection has it |
 //!
 //! Memory, SQLite and sled have no `raw_wake`: their wake-up is in-process
 //! (SQLite across handles: a poll), with no driver mechanism to compare
@@ -50,13 +52,17 @@ use criterion::measurement::WallTime;
 use criterion::{
     BenchmarkGroup, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
+use futures_util::StreamExt;
 use futures_util::future::join_all;
 use mcp_event_store::StoreOptions;
+use mcp_event_store_core::task::codec::{self, StoredTask};
 use mcp_event_store_core::task::conformance::{MemoryTaskHarness, TaskHarness};
 use mcp_event_store_core::task::{
-    Applied, Finish, InstanceId, NewTask, Owner, TaskId, TaskStatus, TaskStore, WorkerChange,
+    Applied, Finish, InstanceId, NewTask, Owner, TaskId, TaskOptions, TaskRecord, TaskStatus,
+    TaskStore, WorkerChange,
 };
 use mcp_event_store_postgres::testing::PostgresHarness;
+use mcp_event_store_redis::testing::RedisHarness;
 use mcp_event_store_sled::testing::SledHarness;
 use mcp_event_store_sqlite::testing::SqliteHarness;
 use sqlx::{AssertSqlSafe, Row};
@@ -133,6 +139,14 @@ fn fresh_key() -> [u8; 16] {
     TaskId::generate().expect("a task id").digest().0
 }
 
+/// The length of the store's encoding of a fresh task like the benches'
+/// (sled and Redis store this one value per task).
+fn store_value_len<S>(ops: &StoreOps<S>) -> usize {
+    let task = NewTask::new(&ops.owner, ops.me).ttl(TTL).message(MESSAGE);
+    let record = TaskRecord::created(&task, common::now_millis(), &TaskOptions::default());
+    codec::encode(&StoredTask::new(&ops.owner, ops.me.0, record)).len()
+}
+
 /// When a task created now expires and is purged (the default options: a
 /// grace of one ttl, at most 1 h).
 fn lifetime(now: i64) -> (i64, i64) {
@@ -204,6 +218,13 @@ enum RawWake {
         listener: sqlx::postgres::PgListener,
         channel: String,
     },
+    /// A `PUBLISH` on a multiplexed connection until a subscriber
+    /// connection has it.
+    Redis {
+        conn: redis::aio::MultiplexedConnection,
+        messages: std::pin::Pin<Box<redis::aio::PubSubStream>>,
+        channel: String,
+    },
 }
 
 impl RawWake {
@@ -232,6 +253,29 @@ impl RawWake {
                     }
                 }
             }
+            RawWake::Redis {
+                conn,
+                messages,
+                channel,
+            } => {
+                let payload = n.to_string();
+                let start = Instant::now();
+                let _: i64 = redis::cmd("PUBLISH")
+                    .arg(channel.as_str())
+                    .arg(payload.as_str())
+                    .query_async(conn)
+                    .await
+                    .expect("raw publish");
+                loop {
+                    let message = tokio::time::timeout(MAX_WAIT, messages.next())
+                        .await
+                        .expect("the message within 30 s")
+                        .expect("the subscriber goes on");
+                    if message.get_payload_bytes() == payload.as_bytes() {
+                        return start.elapsed();
+                    }
+                }
+            }
         }
     }
 
@@ -241,6 +285,7 @@ impl RawWake {
                 drop(listener);
                 pool.close().await;
             }
+            RawWake::Redis { .. } => {}
         }
     }
 }
@@ -365,10 +410,8 @@ fn tasks(c: &mut Criterion) {
             Backend::Memory => memory(c, &rt),
             Backend::Sqlite => sqlite(c, &rt),
             Backend::Postgres => postgres(c, &rt),
+            Backend::Redis => redis_backend(c, &rt),
             Backend::Sled => sled_backend(c, &rt),
-            Backend::Redis => {
-                eprintln!("tasks: redis has no TaskStore yet; not measured");
-            }
         }
     }
 }
@@ -378,6 +421,8 @@ fn tasks(c: &mut Criterion) {
 /// Raw memory: task-sized values in a `HashMap` behind a mutex.
 struct MemoryRaw {
     map: std::sync::Mutex<std::collections::HashMap<[u8; 16], Vec<u8>>>,
+    /// The length of the store's encoding of a fresh task.
+    value_len: usize,
 }
 
 impl Ops for MemoryRaw {
@@ -385,7 +430,7 @@ impl Ops for MemoryRaw {
 
     async fn create(&self) -> [u8; 16] {
         let key = fresh_key();
-        let mut value = vec![0u8; 128];
+        let mut value = vec![0u8; self.value_len];
         value[1..9].copy_from_slice(&1u64.to_be_bytes());
         let mut map = self.map.lock().expect("raw map");
         match map.entry(key) {
@@ -418,6 +463,7 @@ fn memory(c: &mut Criterion, rt: &Runtime) {
     let (a, b, ops) = rt.block_on(open(&harness));
     let raw = MemoryRaw {
         map: Default::default(),
+        value_len: store_value_len(&ops),
     };
     let mut group = group(c, "memory");
     crud(&mut group, rt, &ops, &raw);
@@ -732,6 +778,153 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
     });
 }
 
+// ------------------------------------------------------------ Redis
+
+/// Creates a task hash if absent, as the store's script does.
+const RAW_REDIS_CREATE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[1], 'rev', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"#;
+
+/// Writes a task hash if its `rev` is still the one read, and publishes
+/// the change, as the store's script does.
+const RAW_REDIS_WRITE: &str = r#"
+if redis.call('HGET', KEYS[1], 'rev') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'rev', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1
+"#;
+
+/// Raw Redis: one hash per task under the harness's prefix (so its
+/// teardown removes them), written by scripts like the store's.
+struct RedisRaw {
+    conn: redis::aio::MultiplexedConnection,
+    prefix: String,
+    /// A value of the store's encoded size.
+    value: Vec<u8>,
+    create: redis::Script,
+    write: redis::Script,
+    channel: String,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The backstop TTL the store gives a fresh task: past its purge, plus a
+/// day.
+fn backstop_ms() -> i64 {
+    let (_, purge_at) = lifetime(0);
+    purge_at + 24 * 3_600_000
+}
+
+impl Ops for RedisRaw {
+    type Key = ([u8; 16], String);
+
+    async fn create(&self) -> Self::Key {
+        let digest = fresh_key();
+        let key = format!("{}:raw:{{{}}}:task", self.prefix, hex(&digest));
+        let created: i64 = self
+            .create
+            .key(&key)
+            .arg(&self.value[..])
+            .arg(1)
+            .arg(backstop_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .expect("raw create");
+        assert_eq!(created, 1, "a key drawn twice");
+        (digest, key)
+    }
+
+    async fn get(&self, (_, key): &Self::Key) {
+        let value: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(key)
+            .arg("v")
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("raw get");
+        black_box(value.expect("the task is there"));
+    }
+
+    async fn finish(&self, (digest, key): &Self::Key) {
+        let (value, rev): (Option<Vec<u8>>, Option<u64>) = redis::cmd("HMGET")
+            .arg(key)
+            .arg("v")
+            .arg("rev")
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("raw read");
+        let (mut value, rev) = (
+            value.expect("the task is there"),
+            rev.expect("the task's rev"),
+        );
+        value.extend_from_slice(RESULT);
+        let written: i64 = self
+            .write
+            .key(key)
+            .arg(rev)
+            .arg(value)
+            .arg(rev + 1)
+            .arg(backstop_ms())
+            .arg(&self.channel)
+            .arg(hex(digest))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .expect("raw write");
+        assert_eq!(written, 1, "the task changed under the compare-and-set");
+    }
+}
+
+fn redis_backend(c: &mut Criterion, rt: &Runtime) {
+    let harness = rt.block_on(RedisHarness::new());
+    let (a, b, ops) = rt.block_on(open(&harness));
+    let (raw, mut wake) = rt.block_on(async {
+        let client = redis::Client::open(harness.url()).expect("redis url");
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw redis connection");
+        let channel = format!("{}:raw:changes", harness.prefix());
+        let mut pubsub = client.get_async_pubsub().await.expect("raw subscriber");
+        pubsub.subscribe(&channel).await.expect("SUBSCRIBE");
+        let raw = RedisRaw {
+            conn: conn.clone(),
+            prefix: harness.prefix().to_owned(),
+            value: vec![0; store_value_len(&ops)],
+            create: redis::Script::new(RAW_REDIS_CREATE),
+            write: redis::Script::new(RAW_REDIS_WRITE),
+            channel: channel.clone(),
+        };
+        let wake = RawWake::Redis {
+            conn,
+            messages: Box::pin(pubsub.into_on_message()),
+            channel,
+        };
+        (raw, wake)
+    });
+    let mut group = group(c, "redis");
+    crud(&mut group, rt, &ops, &raw);
+    watch_wake(
+        &mut group,
+        rt,
+        &a,
+        &b,
+        &ops,
+        Duration::from_millis(2),
+        Some(&mut wake),
+    );
+    group.finish();
+    drop(raw);
+    rt.block_on(async {
+        wake.close().await;
+        close(harness, a, b, ops).await;
+    });
+}
+
 // ------------------------------------------------------------ sled
 
 /// Raw sled: the store's trees in a database of their own, each change
@@ -817,13 +1010,7 @@ impl Ops for Arc<SledRaw> {
 fn sled_backend(c: &mut Criterion, rt: &Runtime) {
     let harness = rt.block_on(SledHarness::new());
     let (a, b, ops) = rt.block_on(open(&harness));
-    // The store's encoding of a task like the benches' (the longest row of
-    // the task trees, less its 16-byte key and the dump's separator).
-    let value_len = rt.block_on(async {
-        ops.create().await;
-        let rows = harness.raw_rows().await.expect("the task trees");
-        rows.iter().map(Vec::len).max().expect("a task") - 17
-    });
+    let value_len = store_value_len(&ops);
     let raw_dir = tempfile::tempdir().expect("a temporary directory");
     let db = sled::Config::new()
         .path(raw_dir.path())

@@ -173,6 +173,27 @@
 //! (under the server's `synchronous_commit`) and visible to every handle
 //! once `create` returns (T1, T9).
 //!
+//! **What a mutation costs.** A step that changes a task writes its row and
+//! queues its notification in one statement (a CTE around the `UPDATE`
+//! whose `SELECT pg_notify(…)` runs only for the row it wrote). An `apply`
+//! without input rows (a message, a status, a finish with nothing
+//! outstanding) is then four round trips: `BEGIN`, the locking read, the
+//! write with its notification, `COMMIT` (five before, with `pg_notify` a
+//! statement of its own). An input request, taking an answer or
+//! superseding inputs adds one statement; `answer` and `request_cancel`
+//! add their input statements and one read of the task as stored, which
+//! they return. A step that changes nothing (a refusal, a terminal task)
+//! is `BEGIN`, the read and `COMMIT`. `create`, `heartbeat`, `get` and
+//! each re-read of a `watch` are one round trip. The explicit transaction
+//! stays: the state machine decides in Rust between the locking read and
+//! the write, so the read and the write cannot be one statement without
+//! writing the machine again in SQL, and dropping the lock for an
+//! optimistic `UPDATE … WHERE rev` with retries would change how racing
+//! steps behave under contention. Sequential `apply(SetMessage)` on one
+//! task over loopback ran at about 1,100 ops/s before and after the
+//! change (the commit's WAL flush dominates there; the saved round trip
+//! matters on a network).
+//!
 //! Expiry and lost instances are decided when a task is read; only a
 //! purge writes them down:
 //! [`TaskStore::purge_expired_tasks`](mcp_event_store_core::task::TaskStore::purge_expired_tasks)
@@ -192,8 +213,10 @@
 //! after the commit. A watch opens the listener if the handle has none
 //! yet, and re-reads every [`PostgresOptions::follow_recheck`] should a
 //! notification be lost. An idle watch holds no connection: a registration
-//! in the handle's hub (a test holds 200 of them on a pool of 4 and counts
-//! the connections in `pg_stat_activity`). Releases from before tasks
+//! in the handle's hub (a test holds 1,000 of them on a pool of 4 and counts
+//! the connections in `pg_stat_activity`). Measured through another handle
+//! on a local server, a watch returns a median 2.5 ms (p95 4.1 ms, at most
+//! 9 ms in 300 changes) after the change began, 0.3 ms after it returned. Releases from before tasks
 //! ignore the `t` payloads (they are not a stream token).
 //!
 //! # Durability

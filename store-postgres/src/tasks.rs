@@ -13,7 +13,8 @@
 //! `rev` and status. `create` and `heartbeat` are single statements.
 //!
 //! The same transaction runs `pg_notify(<channel>, 't' || <digest prefix in
-//! hex>)`, which PostgreSQL delivers at commit, so a notification never
+//! hex>)`, in the statement that writes the row back ([`SAVE_AND_NOTIFY`]:
+//! no round trip of its own), which PostgreSQL delivers at commit, so a notification never
 //! announces a change that rolled back. Every handle's one listening
 //! connection (the one its event follows use, [`crate::follow`]) wakes its
 //! task watchers of that task, which re-read it (T10); the handle itself
@@ -66,6 +67,21 @@ UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_m
        expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
        instance = $11, next_seq = $12
  WHERE digest = $13 AND rev = $14
+"#;
+
+/// [`SAVE`] that, when it writes the row, also queues the task's
+/// notification (`$15` the channel, `$16` the payload), which PostgreSQL
+/// delivers at commit: one round trip for both. It returns one row when
+/// the row was written, none otherwise.
+const SAVE_AND_NOTIFY: &str = r#"
+WITH saved AS (
+UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
+       expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
+       instance = $11, next_seq = $12
+ WHERE digest = $13 AND rev = $14
+RETURNING 1
+)
+SELECT pg_notify($15, $16)::text FROM saved
 "#;
 
 const CREATE: &str = r#"
@@ -256,8 +272,18 @@ async fn load(
         .transpose()
 }
 
+/// Whether [`save`] queues the task's notification in its statement.
+#[derive(Clone, Copy)]
+enum Announce {
+    /// In the same statement ([`SAVE_AND_NOTIFY`]).
+    WithSave,
+    /// Later, by [`commit`] (a purge announces all its tasks at once).
+    AtCommit,
+}
+
 /// Writes `record` back over the row read at `read_rev`; the row must still
 /// be at `read_rev` (it is locked, so it is).
+#[allow(clippy::too_many_arguments)]
 async fn save(
     store: &PostgresStore,
     conn: &mut PgConnection,
@@ -266,8 +292,13 @@ async fn save(
     record: &TaskRecord,
     instance: &[u8],
     next_seq: i64,
+    announce: Announce,
 ) -> Result<()> {
-    let saved = sqlx::query(sql(store, SAVE))
+    let statement = match announce {
+        Announce::WithSave => SAVE_AND_NOTIFY,
+        Announce::AtCommit => SAVE,
+    };
+    let query = sqlx::query(sql(store, statement))
         .bind(i16::from(record.status.as_u8()))
         .bind(to_i64(record.rev))
         .bind(record.message.as_deref().map(str::as_bytes))
@@ -281,11 +312,24 @@ async fn save(
         .bind(instance)
         .bind(next_seq)
         .bind(&digest.as_bytes()[..])
-        .bind(to_i64(read_rev))
-        .execute(&mut *conn)
-        .await
-        .map_err(backend)?
-        .rows_affected();
+        .bind(to_i64(read_rev));
+    let saved = match announce {
+        Announce::WithSave => query
+            .bind(store.notify_channel())
+            .bind(task_payload(Some(&token(digest))))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(backend)?
+            .len(),
+        Announce::AtCommit => usize::try_from(
+            query
+                .execute(&mut *conn)
+                .await
+                .map_err(backend)?
+                .rows_affected(),
+        )
+        .unwrap_or(usize::MAX),
+    };
     if saved != 1 {
         return Err(Error::Corrupt("a task changed under its row lock".into()));
     }
@@ -322,15 +366,17 @@ async fn notify(
 }
 
 /// Commits a mutation's transaction, after queueing its notification if
-/// it changed something (PostgreSQL delivers it at the commit); then wakes
-/// this handle's own watchers of `digest` (every task, `None`).
+/// it changed something and `announce` says the notification is still to
+/// queue (PostgreSQL delivers it at the commit); then wakes this handle's
+/// own watchers of `digest` (every task, `None`).
 async fn commit(
     store: &PostgresStore,
     mut tx: Transaction<'static, Postgres>,
     digest: Option<&TaskDigest>,
     changed: bool,
+    announce: Announce,
 ) -> Result<()> {
-    if changed {
+    if changed && matches!(announce, Announce::AtCommit) {
         notify(store, &mut tx, digest).await?;
     }
     tx.commit().await.map_err(backend)?;
@@ -397,6 +443,7 @@ async fn save_client_change(
         record,
         &stored.instance,
         stored.next_seq,
+        Announce::WithSave,
     )
     .await?;
     Ok(load(store, conn, digest, false)
@@ -521,6 +568,7 @@ async fn apply_step(
         &record,
         &by.0,
         next_seq,
+        Announce::WithSave,
     )
     .await?;
     Ok((
@@ -585,6 +633,7 @@ async fn purge_step(
             &record,
             &stored.instance,
             stored.next_seq,
+            Announce::AtCommit,
         )
         .await?;
     }
@@ -659,7 +708,7 @@ impl TaskStore for PostgresStore {
         let now = self.now();
         let mut tx = begin(self).await?;
         let (after, changed) = answer_step(self, &mut tx, &digest, &owner, responses, now).await?;
-        commit(self, tx, Some(&digest), changed).await?;
+        commit(self, tx, Some(&digest), changed, Announce::WithSave).await?;
         Ok(after)
     }
 
@@ -676,7 +725,7 @@ impl TaskStore for PostgresStore {
         let now = self.now();
         let mut tx = begin(self).await?;
         let (after, changed) = cancel_step(self, &mut tx, &digest, &owner, mode, now).await?;
-        commit(self, tx, Some(&digest), changed).await?;
+        commit(self, tx, Some(&digest), changed, Announce::WithSave).await?;
         Ok(after)
     }
 
@@ -693,7 +742,7 @@ impl TaskStore for PostgresStore {
         let mut tx = begin(self).await?;
         let (applied, changed) =
             apply_step(self, &mut tx, &digest, &by, change, now, &options).await?;
-        commit(self, tx, Some(&digest), changed).await?;
+        commit(self, tx, Some(&digest), changed, Announce::WithSave).await?;
         Ok(applied)
     }
 
@@ -754,7 +803,14 @@ impl TaskStore for PostgresStore {
         loop {
             let mut tx = begin(self).await?;
             let (step, more) = purge_step(self, &mut tx, now).await?;
-            commit(self, tx, None, step != TaskPurgeReport::default()).await?;
+            commit(
+                self,
+                tx,
+                None,
+                step != TaskPurgeReport::default(),
+                Announce::AtCommit,
+            )
+            .await?;
             report.expired += step.expired;
             report.orphaned += step.orphaned;
             report.deleted += step.deleted;
@@ -777,7 +833,7 @@ impl TaskStore for PostgresStore {
             .map_err(backend)?
             .rows_affected()
             > 0;
-        commit(self, tx, Some(&digest), deleted).await?;
+        commit(self, tx, Some(&digest), deleted, Announce::AtCommit).await?;
         Ok(deleted)
     }
 }
@@ -791,6 +847,7 @@ mod tests {
         for template in [
             LOAD,
             SAVE,
+            SAVE_AND_NOTIFY,
             CREATE,
             HEARTBEAT,
             SUPERSEDE,

@@ -3,10 +3,10 @@
 //! only the event migrations keeps serving events from a schema that holds
 //! tasks; a newer task format is refused and changes nothing; tasks survive
 //! closing and reopening; a change through one handle wakes a watch on
-//! another through `NOTIFY`, and idle watches hold no connections.
+//! another through `NOTIFY`, and 1,000 idle watches hold no connections.
 
 use std::borrow::Cow;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mcp_event_store_core::conformance::Harness;
 use mcp_event_store_core::task::{
@@ -243,12 +243,23 @@ async fn connections(harness: &PostgresHarness, name: &str) -> i64 {
     n
 }
 
-/// With a recheck far longer than the test, a change through handle B
-/// reaches 200 watches on handle A only through `NOTIFY` on A's one
-/// listening connection (a recheck would take ten minutes); while they wait, A holds
-/// at most its pool and that one listener, and the watches hold none.
-#[tokio::test]
-async fn notify_wakes_watches_on_another_handle_which_hold_no_connections() {
+/// Far longer than the test: a watch that returns before it was woken by
+/// the change, not by its `max_wait` or a recheck.
+const NO_RECHECK: Duration = Duration::from_secs(3600);
+/// "Must arrive eventually" guard; never a latency threshold. Far below
+/// the watches' `max_wait` and rechecks, so a watch that returns within it
+/// was woken by `NOTIFY`.
+const EVENTUALLY: Duration = Duration::from_secs(30);
+
+/// With rechecks and `max_wait` an hour away, a change through handle B
+/// reaches 1,000 watches on handle A only through `NOTIFY` on A's one
+/// listening connection: a lost notification leaves the watches waiting
+/// for an hour, and the test fails at its 30 s guard. While they wait, A
+/// holds at most its pool and that one listener (`pg_stat_activity`), and
+/// the watches hold none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_a_thousand_watches_on_another_handle_which_hold_no_connections() {
+    const WATCHES: usize = 1_000;
     let harness = PostgresHarness::new().await;
     let name = format!("mes_watch_{}", harness.schema());
     let a = harness
@@ -257,34 +268,30 @@ async fn notify_wakes_watches_on_another_handle_which_hold_no_connections() {
                 .options(StoreOptions::default())
                 .application_name(name.clone())
                 .max_connections(4)
-                .follow_recheck(Duration::from_secs(600)),
+                .follow_recheck(NO_RECHECK),
         )
         .await;
     let b = open(&harness).await;
     let me = InstanceId::generate().unwrap();
-    b.heartbeat(me, Duration::from_secs(60)).await.unwrap();
+    b.heartbeat(me, Duration::from_secs(600)).await.unwrap();
     let owner = Owner::Anonymous;
     let (id, created) = b.create(NewTask::new(&owner, me)).await.unwrap();
     let text = id.to_string();
 
-    let watches: Vec<_> = (0..200)
+    let watches: Vec<_> = (0..WATCHES)
         .map(|_| {
             let (a, text, owner) = (a.clone(), text.clone(), owner);
-            tokio::spawn(async move {
-                a.watch(&text, &owner, created.rev, Duration::from_secs(30))
-                    .await
-            })
+            tokio::spawn(async move { a.watch(&text, &owner, created.rev, NO_RECHECK).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     let held = connections(&harness, &name).await;
     assert!(
         (1..=5).contains(&held),
-        "200 idle watches: {held} connections (pool of 4 and one listener)"
+        "{WATCHES} idle watches: {held} connections (pool of 4 and one listener)"
     );
     assert!(watches.iter().all(|w| !w.is_finished()));
 
-    let started = Instant::now();
     let applied = b
         .apply(&id, me, WorkerChange::SetMessage(Some("half way")))
         .await
@@ -293,12 +300,20 @@ async fn notify_wakes_watches_on_another_handle_which_hold_no_connections() {
         panic!("{applied:?}");
     };
     for watch in watches {
-        let seen = watch.await.unwrap().unwrap().expect("the task");
+        let seen = tokio::time::timeout(EVENTUALLY, watch)
+            .await
+            .expect("a watch was not woken: the notification was lost")
+            .unwrap()
+            .unwrap()
+            .expect("the task");
         assert_eq!(seen.rev, rev);
         assert_eq!(seen.message.as_deref(), Some("half way"));
     }
-    let took = started.elapsed();
-    assert!(took < Duration::from_secs(5), "woken after {took:?}");
+    let held = connections(&harness, &name).await;
+    assert!(
+        (1..=5).contains(&held),
+        "after the wake-up: {held} connections (pool of 4 and one listener)"
+    );
     a.close().await;
     b.close().await;
     Harness::teardown(harness).await;
