@@ -91,7 +91,7 @@ e2e_tests!(sqlite: Fixture::on("sqlite"), restart, shared, tasks);
 #[cfg(feature = "postgres")]
 e2e_tests!(postgres: Fixture::on("postgres"), shared, tasks);
 #[cfg(feature = "redis")]
-e2e_tests!(redis: Fixture::on("redis"), shared);
+e2e_tests!(redis: Fixture::on("redis"), shared, tasks);
 #[cfg(feature = "sled")]
 e2e_tests!(sled: Fixture::on("sled"), restart);
 
