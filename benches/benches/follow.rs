@@ -41,7 +41,10 @@ type Teardown = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 /// harness: a temporary file or directory, a schema, a key prefix), and
 /// what removes it.
 async fn two_handles(backend: Backend) -> (DynStore, DynStore, Teardown) {
-    async fn open<H: Harness>(harness: H) -> (DynStore, DynStore, Teardown) {
+    async fn open<H: Harness>(harness: H) -> (DynStore, DynStore, Teardown)
+    where
+        H::Store: mcp_event_store::task::TaskStore,
+    {
         let a = harness.open(common::unbounded()).await;
         let b = harness.open(common::unbounded()).await;
         (Arc::new(a), Arc::new(b), Box::pin(harness.teardown()))
