@@ -14,15 +14,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store_core::backend::follow::{Subscription, Wakeups};
 use mcp_event_store_core::backend::{STREAM_TOKEN_LEN, StreamToken};
 use mcp_event_store_core::task::codec::{self, StoredTask, owner_bytes};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, EXPIRED_ERROR, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
-    TaskDigest, TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange,
-    check_responses,
+    Applied, CancelMode, EXPIRED_ERROR, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
+    TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
 #[cfg(feature = "conformance")]
@@ -383,14 +381,14 @@ impl RedisStore {
         &self,
         id: &str,
         who: &Owner,
-        change: impl Fn(&mut StoredTask, i64) -> bool,
+        now: i64,
+        change: impl Fn(&mut StoredTask) -> bool,
     ) -> Result<Option<TaskRecord>> {
         self.ensure_open()?;
         let Some(digest) = TaskDigest::of(id) else {
             return Ok(None);
         };
         let owner = owner_bytes(who);
-        let now = self.now();
         self.task_step(&digest, Some(&owner), now, |found| {
             let Some(Found {
                 stored,
@@ -400,16 +398,7 @@ impl RedisStore {
             else {
                 return Ok((None, None));
             };
-            if seen.status.is_terminal() {
-                return Ok((None, Some(seen.clone())));
-            }
-            let mut new = stored.clone();
-            if !change(&mut new, now) {
-                return Ok((None, Some(seen.clone())));
-            }
-            new.settle_inputs(&stored.record, &stored.responses);
-            let after = new.record.clone().seen_at(now, *alive_until);
-            Ok((Some(new), after))
+            Ok(stored.client_step(seen, now, *alive_until, &change))
         })
         .await
     }
@@ -455,24 +444,9 @@ impl TaskStore for RedisStore {
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
         check_responses(responses)?;
-        self.client_step(id, who, |new, now| {
-            let before = new.record.answered.len();
-            let answered: Vec<Bytes> = new
-                .record
-                .answer(responses, now)
-                .into_iter()
-                .map(|(_, response)| Bytes::copy_from_slice(response))
-                .collect();
-            if answered.is_empty() {
-                return false;
-            }
-            // The new responses follow the earlier ones, in the order the
-            // machine appended their keys to `answered`.
-            new.responses.truncate(before);
-            new.responses.extend(answered);
-            true
-        })
-        .await
+        let now = self.now();
+        self.client_step(id, who, now, |new| new.record_answers(responses, now))
+            .await
     }
 
     async fn request_cancel(
@@ -481,7 +455,8 @@ impl TaskStore for RedisStore {
         who: &Owner,
         mode: CancelMode,
     ) -> Result<Option<TaskRecord>> {
-        self.client_step(id, who, |new, now| new.record.request_cancel(mode, now))
+        let now = self.now();
+        self.client_step(id, who, now, |new| new.record.request_cancel(mode, now))
             .await
     }
 
@@ -505,31 +480,7 @@ impl TaskStore for RedisStore {
             else {
                 return Ok((None, Applied::Unknown));
             };
-            if seen.status.is_terminal() {
-                return Ok((None, Applied::AlreadyTerminal(seen.status)));
-            }
-            let mut new = stored.clone();
-            let step = new
-                .record
-                .apply(change, |key| stored.key_used(key), &options, now)?;
-            let mut answer = None;
-            match step {
-                Step::Unchanged(applied) => return Ok((None, applied)),
-                Step::Changed(InputEffect::Take { key }) => {
-                    let at = stored
-                        .record
-                        .answered
-                        .iter()
-                        .position(|k| k == key)
-                        .ok_or_else(corrupt)?;
-                    answer = Some(stored.responses.get(at).cloned().unwrap_or_default());
-                }
-                Step::Changed(_) => {}
-            }
-            new.instance = by.0;
-            new.settle_inputs(&stored.record, &stored.responses);
-            let rev = new.record.rev;
-            Ok((Some(new), Applied::Changed { rev, answer }))
+            stored.worker_step(seen, by, change, &options, now)
         })
         .await
     }

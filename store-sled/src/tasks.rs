@@ -23,9 +23,9 @@ use bytes::Bytes;
 use mcp_event_store_core::backend::{STREAM_TOKEN_LEN, StreamToken};
 use mcp_event_store_core::task::codec::{StoredTask as Stored, decode, encode, owner_bytes};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, EXPIRED_ERROR, Finish, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
-    TaskDigest, TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore,
-    WorkerChange, check_responses,
+    Applied, CancelMode, EXPIRED_ERROR, Finish, InstanceId, NewTask, Owner, Rev, TaskDigest,
+    TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, WorkerChange,
+    check_responses,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -110,15 +110,16 @@ impl Shared {
         Ok(stored.record.seen_at(now, alive))
     }
 
-    /// One atomic step on a task: `decide` sees the stored task and the
-    /// task as read at `now`, and names the new value; it is swapped in
+    /// One atomic step on a task: `decide` sees the stored task, the task
+    /// as read at `now` and its instance's heartbeat deadline, and names
+    /// the new value; it is swapped in
     /// only if the stored value is unchanged, else the step runs again.
     /// Returns the answer and whether anything changed.
     fn task_step<T>(
         &self,
         digest: &TaskDigest,
         now: i64,
-        mut decide: impl FnMut(Option<(&Stored, TaskRecord)>) -> Result<Decision<T>>,
+        mut decide: impl FnMut(Option<(&Stored, TaskRecord, Option<i64>)>) -> Result<Decision<T>>,
     ) -> Result<(T, bool)> {
         loop {
             let loaded = self.load_task(digest)?;
@@ -128,7 +129,7 @@ impl Shared {
                     let alive = self.alive_until(&stored.instance)?;
                     match stored.record.clone().seen_at(now, alive) {
                         None => decide(None)?,
-                        Some(seen) => decide(Some((stored, seen)))?,
+                        Some(seen) => decide(Some((stored, seen, alive)))?,
                     }
                 }
             };
@@ -196,23 +197,13 @@ impl SledStore {
     ) -> Result<Option<TaskRecord>> {
         self.task_write(digest, move |shared| {
             shared.task_step(&digest, now, |found| {
-                let Some((stored, seen)) = found else {
+                let Some((stored, seen, alive)) = found else {
                     return Ok((None, None));
                 };
                 if stored.owner != owner {
                     return Ok((None, None));
                 }
-                if seen.status.is_terminal() {
-                    return Ok((None, Some(seen)));
-                }
-                let mut new = stored.clone();
-                if !change(&mut new) {
-                    return Ok((None, Some(seen)));
-                }
-                new.settle_inputs(&stored.record, &stored.responses);
-                let alive = shared.alive_until(&new.instance)?;
-                let after = new.record.clone().seen_at(now, alive);
-                Ok((Some(new), after))
+                Ok(stored.client_step(&seen, now, alive, &change))
             })
         })
         .await
@@ -281,22 +272,11 @@ impl TaskStore for SledStore {
             .collect();
         let now = self.now();
         self.client_step(digest, owner_bytes(who), now, move |new| {
-            let before = new.record.answered.len();
-            let answered: Vec<(String, Bytes)> = new
-                .record
-                .answer(&responses, now)
-                .into_iter()
-                .cloned()
+            let responses: Vec<(&str, &[u8])> = responses
+                .iter()
+                .map(|(k, r)| (k.as_str(), &r[..]))
                 .collect();
-            if answered.is_empty() {
-                return false;
-            }
-            // The new responses follow the earlier ones, in the order the
-            // machine appended their keys to `answered`.
-            new.responses.truncate(before);
-            new.responses
-                .extend(answered.into_iter().map(|(_, response)| response));
-            true
+            new.record_answers(&responses, now)
         })
         .await
     }
@@ -329,37 +309,10 @@ impl TaskStore for SledStore {
         let change = Owned::of(&change);
         self.task_write(digest, move |shared| {
             shared.task_step(&digest, now, |found| {
-                let Some((stored, seen)) = found else {
+                let Some((stored, seen, _)) = found else {
                     return Ok((None, Applied::Unknown));
                 };
-                if seen.status.is_terminal() {
-                    return Ok((None, Applied::AlreadyTerminal(seen.status)));
-                }
-                let mut new = stored.clone();
-                let step = new.record.apply(
-                    change.as_worker(),
-                    |key| stored.key_used(key),
-                    &TaskOptions::default(),
-                    now,
-                )?;
-                let mut answer = None;
-                match step {
-                    Step::Unchanged(applied) => return Ok((None, applied)),
-                    Step::Changed(InputEffect::Take { key }) => {
-                        let at = stored
-                            .record
-                            .answered
-                            .iter()
-                            .position(|k| k == key)
-                            .ok_or_else(corrupt)?;
-                        answer = Some(stored.responses.get(at).cloned().unwrap_or_default());
-                    }
-                    Step::Changed(_) => {}
-                }
-                new.instance = by.0;
-                new.settle_inputs(&stored.record, &stored.responses);
-                let rev = new.record.rev;
-                Ok((Some(new), Applied::Changed { rev, answer }))
+                stored.worker_step(&seen, by, change.as_worker(), &TaskOptions::default(), now)
             })
         })
         .await
@@ -522,7 +475,7 @@ impl Shared {
         for key in &batch {
             let digest = TaskDigest(key[..].try_into().map_err(|_| corrupt())?);
             let (ended, _) = self.task_step(&digest, now, |found| {
-                let Some((stored, seen)) = found else {
+                let Some((stored, seen, _)) = found else {
                     return Ok((None, None));
                 };
                 if seen.status == stored.record.status {

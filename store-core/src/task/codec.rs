@@ -2,8 +2,9 @@
 //! task in one value (sled, Redis).
 //!
 //! A backend that stores a task as one value (rather than rows) reads it,
-//! runs the shared state machine on [`StoredTask::record`](crate::task::codec::StoredTask::record), calls
-//! [`StoredTask::settle_inputs`](crate::task::codec::StoredTask::settle_inputs) and writes [`encode`](crate::task::codec::encode)'s bytes back,
+//! lets [`StoredTask::client_step`](crate::task::codec::StoredTask::client_step) or
+//! [`StoredTask::worker_step`](crate::task::codec::StoredTask::worker_step) run the shared state
+//! machine on it, and writes [`encode`](crate::task::codec::encode)'s bytes of the new value back,
 //! conditioned on what it read. The format is released (sled's task
 //! format 1) and must not change: a change is a new [`VALUE_VERSION`](crate::task::codec::VALUE_VERSION),
 //! which older releases refuse.
@@ -24,7 +25,10 @@
 
 use bytes::Bytes;
 
-use super::{Owner, TaskRecord, TaskStatus};
+use super::{
+    Applied, InputEffect, InstanceId, Owner, Step, TaskOptions, TaskRecord, TaskStatus,
+    WorkerChange,
+};
 use crate::error::{Error, Result};
 
 /// The first byte of every encoded task.
@@ -111,6 +115,96 @@ impl StoredTask {
             })
             .collect();
         self.responses = responses;
+    }
+
+    /// A client's step (`answer`, `request_cancel`) on this value, whose
+    /// record reads as `seen` at `now`, its owner already checked (T3).
+    /// `change` edits a copy and says whether it changed anything.
+    ///
+    /// Returns the value to write (`None`: nothing, a terminal task or no
+    /// change) and the task as the client then sees it, with
+    /// `alive_until` the heartbeat deadline of the task's instance (T11).
+    pub fn client_step(
+        &self,
+        seen: &TaskRecord,
+        now: i64,
+        alive_until: Option<i64>,
+        change: impl FnOnce(&mut StoredTask) -> bool,
+    ) -> (Option<StoredTask>, Option<TaskRecord>) {
+        if seen.status.is_terminal() {
+            return (None, Some(seen.clone()));
+        }
+        let mut new = self.clone();
+        if !change(&mut new) {
+            return (None, Some(seen.clone()));
+        }
+        new.settle_inputs(&self.record, &self.responses);
+        let after = new.record.clone().seen_at(now, alive_until);
+        (Some(new), after)
+    }
+
+    /// [`TaskRecord::answer`] on this value, keeping each new response
+    /// beside its key (the `change` of an answering
+    /// [`client_step`](Self::client_step)). Returns whether anything changed.
+    pub fn record_answers(&mut self, responses: &[(&str, &[u8])], now: i64) -> bool {
+        let before = self.record.answered.len();
+        let answered: Vec<Bytes> = self
+            .record
+            .answer(responses, now)
+            .into_iter()
+            .map(|(_, response)| Bytes::copy_from_slice(response))
+            .collect();
+        if answered.is_empty() {
+            return false;
+        }
+        // The new responses follow the earlier ones, in the order the
+        // machine appended their keys to `answered`.
+        self.responses.truncate(before);
+        self.responses.extend(answered);
+        true
+    }
+
+    /// A worker's step ([`TaskStore::apply`](super::TaskStore::apply)) by
+    /// instance `by` on this value, whose record reads as `seen` at `now`.
+    ///
+    /// Returns the value to write (`None`: nothing) and what to answer;
+    /// a [`WorkerChange::TakeAnswer`] answers with the response it took.
+    ///
+    /// # Errors
+    ///
+    /// As [`TaskRecord::apply`].
+    pub fn worker_step(
+        &self,
+        seen: &TaskRecord,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+        options: &TaskOptions,
+        now: i64,
+    ) -> Result<(Option<StoredTask>, Applied)> {
+        if seen.status.is_terminal() {
+            return Ok((None, Applied::AlreadyTerminal(seen.status)));
+        }
+        let mut new = self.clone();
+        let answer = match new
+            .record
+            .apply(change, |key| self.key_used(key), options, now)?
+        {
+            Step::Unchanged(applied) => return Ok((None, applied)),
+            Step::Changed(InputEffect::Take { key }) => {
+                let at = self
+                    .record
+                    .answered
+                    .iter()
+                    .position(|k| k == key)
+                    .ok_or_else(corrupt)?;
+                Some(self.responses.get(at).cloned().unwrap_or_default())
+            }
+            Step::Changed(_) => None,
+        };
+        new.instance = by.0;
+        new.settle_inputs(&self.record, &self.responses);
+        let rev = new.record.rev;
+        Ok((Some(new), Applied::Changed { rev, answer }))
     }
 }
 
@@ -332,6 +426,75 @@ mod tests {
         let mut longer = bytes;
         longer.push(0);
         assert!(matches!(decode(&longer), Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn an_answer_then_its_take_keeps_the_response_and_spends_the_key() {
+        let s = stored();
+        let seen = s.record.clone();
+        // The task's instance heartbeats until 1,000; without it the task
+        // would read as orphaned.
+        let alive = Some(1_000);
+        let (new, after) = s.client_step(&seen, 20, alive, |new| {
+            new.record_answers(&[("a", b"yes"), ("zz", b"ignored")], 20)
+        });
+        let new = new.expect("an outstanding key was answered");
+        let after = after.expect("still readable");
+        assert_eq!(after.status, TaskStatus::Working);
+        assert_eq!(after.rev, 10);
+        assert_eq!(new.record.answered, ["b", "a"]);
+        assert_eq!(new.responses, [&b"\0"[..], &b"yes"[..]]);
+
+        let options = TaskOptions::default();
+        let take = WorkerChange::TakeAnswer { key: "a" };
+        let (taken, applied) = new
+            .worker_step(&new.record, InstanceId([3; 16]), take, &options, 21)
+            .unwrap();
+        let taken = taken.expect("an answer was taken");
+        assert_eq!(
+            applied,
+            Applied::Changed {
+                rev: 11,
+                answer: Some(Bytes::from_static(b"yes"))
+            }
+        );
+        assert_eq!(taken.instance, [3; 16]);
+        assert_eq!(taken.record.answered, ["b"]);
+        assert_eq!(taken.responses, [&b"\0"[..]]);
+        assert!(taken.key_used("a") && taken.spent.contains(&"a".to_owned()));
+        let again = WorkerChange::RequestInput {
+            key: "a",
+            request: b"{}",
+        };
+        let (none, spent) = taken
+            .worker_step(&taken.record, InstanceId([3; 16]), again, &options, 22)
+            .unwrap();
+        assert!(none.is_none());
+        assert_eq!(spent, Applied::KeySpent);
+    }
+
+    #[test]
+    fn a_terminal_task_changes_for_nobody() {
+        let mut s = stored();
+        s.record.status = TaskStatus::Cancelled;
+        let seen = s.record.clone();
+        let (new, after) = s.client_step(&seen, 20, None, |new| {
+            new.record_answers(&[("a", b"x")], 20)
+        });
+        assert!(new.is_none());
+        assert_eq!(after, Some(seen.clone()));
+        let finish = WorkerChange::SetMessage(Some("late"));
+        let (new, applied) = s
+            .worker_step(
+                &seen,
+                InstanceId([1; 16]),
+                finish,
+                &TaskOptions::default(),
+                20,
+            )
+            .unwrap();
+        assert!(new.is_none());
+        assert_eq!(applied, Applied::AlreadyTerminal(TaskStatus::Cancelled));
     }
 
     /// The released layout, byte for byte: a change here breaks databases.
