@@ -39,11 +39,16 @@ start() { # start PORT: a server on the shared file, its pid in $started
 META='"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}'
 mcp() {
     echo "\$ mcp $1 $2 $3 '$4'" >&2
-    curl -sSN "http://127.0.0.1:$1/mcp" -H 'Content-Type: application/json' \
+    local answer
+    answer="$(curl -sSN "http://127.0.0.1:$1/mcp" -H 'Content-Type: application/json' \
         -H 'Accept: application/json, text/event-stream' -H 'MCP-Protocol-Version: 2026-07-28' \
         -H "Mcp-Method: $2" -H "Mcp-Name: $3" \
         -d "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$2\",\"params\":{$4,$META}}" |
-        sed -n 's/^data: {/{/p' | tee /dev/stderr
+        sed -n 's/^data: {/{/p')"
+    # Shown on stderr through the inherited descriptor: reopening
+    # /dev/stderr would truncate a log file that stderr is redirected to.
+    printf '%s\n' "$answer" >&2
+    printf '%s\n' "$answer"
 }
 expect() { # expect TEXT ANSWER
     grep -qF -- "$1" <<<"$2" || { echo "expected $1 in: $2" >&2; exit 1; }
