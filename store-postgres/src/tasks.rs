@@ -24,11 +24,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use mcp_event_store_core::backend::{STREAM_TOKEN_LEN, StreamToken};
+use mcp_event_store_core::backend::follow::{task_token, watch_task};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, EXPIRED_ERROR, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
-    TaskDigest, TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore,
-    WorkerChange, check_responses,
+    Applied, CancelMode, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest, TaskId,
+    TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::postgres::{PgConnection, PgRow};
@@ -149,13 +148,6 @@ fn sql(store: &PostgresStore, template: &str) -> SqlStr {
 fn load_sql(store: &PostgresStore, lock: bool) -> SqlStr {
     let lock = if lock { "FOR UPDATE OF t" } else { "" };
     sql(store, &LOAD.replace("{lock}", lock))
-}
-
-/// The key a task's watchers wait under in the handle's hub: a prefix of
-/// the digest. Two tasks sharing it only cost a spurious re-read.
-fn token(digest: &TaskDigest) -> StreamToken {
-    StreamToken::from_bytes(&digest.as_bytes()[..STREAM_TOKEN_LEN])
-        .expect("a digest prefix of a token's length")
 }
 
 /// The owner as stored: the principal's digest, empty for anonymous.
@@ -316,7 +308,7 @@ async fn save(
     let saved = match announce {
         Announce::WithSave => query
             .bind(store.notify_channel())
-            .bind(task_payload(Some(&token(digest))))
+            .bind(task_payload(Some(&task_token(digest))))
             .fetch_all(&mut *conn)
             .await
             .map_err(backend)?
@@ -358,7 +350,7 @@ async fn notify(
 ) -> Result<()> {
     sqlx::query(NOTIFY)
         .bind(store.notify_channel())
-        .bind(task_payload(digest.map(token).as_ref()))
+        .bind(task_payload(digest.map(task_token).as_ref()))
         .execute(&mut *conn)
         .await
         .map_err(backend)?;
@@ -382,7 +374,7 @@ async fn commit(
     tx.commit().await.map_err(backend)?;
     if changed {
         match digest {
-            Some(digest) => store.follows().tasks().wake(&token(digest)),
+            Some(digest) => store.follows().tasks().wake(&task_token(digest)),
             None => store.follows().tasks().wake_all(),
         }
     }
@@ -614,11 +606,7 @@ async fn purge_step(
         if seen.status == stored.record.status {
             continue;
         }
-        if seen.outcome.as_deref() == Some(EXPIRED_ERROR) {
-            report.expired += 1;
-        } else {
-            report.orphaned += 1;
-        }
+        report.count_ended(&seen);
         supersede_inputs(store, conn, &digest).await?;
         let mut record = stored.record.clone();
         record.status = seen.status;
@@ -762,23 +750,11 @@ impl TaskStore for PostgresStore {
         // Listening, and subscribed, before the first read: a change
         // committed after that read is announced.
         follows.listen().await?;
-        let mut woken = follows.tasks().subscribe(token(&digest));
-        loop {
-            woken.mark_seen();
-            let seen = read(self, &digest, &owner).await?;
-            match &seen {
-                Some(task) if task.rev <= after => {}
-                _ => return Ok(seen),
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Ok(seen);
-            }
-            let recheck = tokio::time::Instant::now() + follows.recheck();
-            tokio::select! {
-                () = woken.changed() => {}
-                () = tokio::time::sleep_until(recheck.min(deadline)) => {}
-            }
-        }
+        let woken = follows.tasks().subscribe(task_token(&digest));
+        watch_task(woken, after, deadline, follows.recheck(), || {
+            read(self, &digest, &owner)
+        })
+        .await
     }
 
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
@@ -811,10 +787,7 @@ impl TaskStore for PostgresStore {
                 Announce::AtCommit,
             )
             .await?;
-            report.expired += step.expired;
-            report.orphaned += step.orphaned;
-            report.deleted += step.deleted;
-            report.instances += step.instances;
+            report += step;
             if !more {
                 return Ok(report);
             }

@@ -15,12 +15,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::{StreamExt, TryStreamExt};
-use mcp_event_store_core::backend::follow::{Subscription, Wakeups};
-use mcp_event_store_core::backend::{STREAM_TOKEN_LEN, StreamToken};
+use mcp_event_store_core::backend::follow::{Subscription, Wakeups, task_token, watch_task};
 use mcp_event_store_core::task::codec::{self, StoredTask, owner_bytes};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, EXPIRED_ERROR, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
-    TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange, check_responses,
+    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskStore, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
 #[cfg(feature = "conformance")]
@@ -86,13 +85,6 @@ fn instance_backstop(lease: Duration) -> String {
     )
 }
 
-/// The key a task's watchers wait under in the hub: a prefix of its
-/// digest. Two tasks sharing it only cost a spurious re-read.
-fn token(digest: &TaskDigest) -> StreamToken {
-    StreamToken::from_bytes(&digest.as_bytes()[..STREAM_TOKEN_LEN])
-        .expect("a digest prefix of a token's length")
-}
-
 // ------------------------------------------------------------ wake-ups
 
 /// One handle's task wake-ups: the hub its watchers wait in, and the one
@@ -143,14 +135,14 @@ impl TaskWakeups {
 
     /// Wakes the watchers of `digest` on this handle.
     pub(crate) fn wake(&self, digest: &TaskDigest) {
-        self.shared.hub.wake(&token(digest));
+        self.shared.hub.wake(&task_token(digest));
     }
 
     /// Registers a watcher of `digest`, and makes sure the subscriber runs
     /// and is subscribed (waiting at most the connect timeout: if it is
     /// not, the watcher's periodic re-read stands in).
     async fn subscribe(&self, digest: &TaskDigest) -> Subscription {
-        let subscription = self.shared.hub.subscribe(token(digest));
+        let subscription = self.shared.hub.subscribe(task_token(digest));
         {
             let mut state = self.state();
             if !state.closed && state.task.is_none() {
@@ -227,7 +219,7 @@ impl WakeShared {
             let mut messages = std::pin::pin!(pubsub.on_message());
             while let Some(message) = messages.next().await {
                 match digest_of_hex(message.get_payload_bytes()) {
-                    Some(digest) => self.hub.wake(&token(&digest)),
+                    Some(digest) => self.hub.wake(&task_token(&digest)),
                     None => self.hub.wake_all(),
                 }
             }
@@ -498,26 +490,16 @@ impl TaskStore for RedisStore {
         };
         let owner = owner_bytes(who);
         let deadline = tokio::time::Instant::now() + max_wait;
-        // Registered, and the subscriber subscribed, before the first read:
-        // a change after it started wakes the next wait.
-        let mut woken = self.inner.tasks.subscribe(&digest).await;
-        loop {
-            woken.mark_seen();
-            let seen = self.read_task(&digest, &owner).await?;
-            match &seen {
-                Some(task) if task.rev <= after => {}
-                _ => return Ok(seen),
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Ok(seen);
-            }
-            let recheck = tokio::time::Instant::now() + self.inner.options.follow_recheck;
-            tokio::select! {
-                () = woken.changed() => {}
-                () = tokio::time::sleep_until(recheck.min(deadline)) => {}
-            }
+        // Registered, and the subscriber subscribed, before the first read.
+        let woken = self.inner.tasks.subscribe(&digest).await;
+        let (digest, owner) = (&digest, &owner[..]);
+        let recheck = self.inner.options.follow_recheck;
+        watch_task(woken, after, deadline, recheck, move || async move {
+            // `close` wakes every watch, which then ends here.
             self.ensure_open()?;
-        }
+            self.read_task(digest, owner).await
+        })
+        .await
     }
 
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
@@ -572,9 +554,7 @@ impl RedisStore {
                 .try_collect()
                 .await?;
             for one in done {
-                report.expired += one.expired;
-                report.orphaned += one.orphaned;
-                report.deleted += one.deleted;
+                report += one;
             }
         }
         for batch in self.scan_all(&self.inner.keys.instance_pattern()).await? {
@@ -658,18 +638,11 @@ impl RedisStore {
                     }
                 }
             };
-            if seen.status == found.stored.record.status {
+            let Some(new) = found.stored.ended_as_read(&seen) else {
                 return Ok(report);
-            }
-            let mut new = found.stored.clone();
-            new.record = seen.clone();
-            new.settle_inputs(&found.stored.record, &found.stored.responses);
+            };
             if self.write_task(digest, rev, &new, now).await? {
-                if seen.outcome.as_deref() == Some(EXPIRED_ERROR) {
-                    report.expired += 1;
-                } else {
-                    report.orphaned += 1;
-                }
+                report.count_ended(&seen);
                 return Ok(report);
             }
         }

@@ -20,12 +20,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use mcp_event_store_core::backend::{STREAM_TOKEN_LEN, StreamToken};
+use mcp_event_store_core::backend::follow::{task_token, watch_task};
 use mcp_event_store_core::task::codec::{StoredTask as Stored, decode, encode, owner_bytes};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, EXPIRED_ERROR, Finish, InstanceId, NewTask, Owner, Rev, TaskDigest,
-    TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, WorkerChange,
-    check_responses,
+    Applied, CancelMode, Finish, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -51,13 +50,6 @@ fn purge_key(purge_at: i64, digest: &[u8; 16]) -> Vec<u8> {
     key.extend_from_slice(&keys::encode_time(purge_at).to_be_bytes());
     key.extend_from_slice(digest);
     key
-}
-
-/// The key a task's watchers wait under in the task wake-up hub: a prefix
-/// of its digest. Two tasks sharing it only cost a spurious re-read.
-fn token(digest: &TaskDigest) -> StreamToken {
-    StreamToken::from_bytes(&digest.as_bytes()[..STREAM_TOKEN_LEN])
-        .expect("a digest prefix of a token's length")
 }
 
 fn millis(d: Duration) -> i64 {
@@ -175,7 +167,7 @@ impl SledStore {
         .await?;
         if changed {
             self.settle(self.flush_after_write(&shared)).await?;
-            shared.task_wakeups.wake(&token(&digest));
+            shared.task_wakeups.wake(&task_token(&digest));
         }
         Ok(answer)
     }
@@ -330,26 +322,14 @@ impl TaskStore for SledStore {
         };
         let owner = owner_bytes(who);
         let deadline = tokio::time::Instant::now() + max_wait;
-        // Subscribed before the first read, so a change after it started
-        // wakes the next wait. The subscription holds the hub, not the
-        // database: closing the last handle still closes it.
-        let mut woken = self.shared()?.task_wakeups.subscribe(token(&digest));
-        loop {
-            woken.mark_seen();
-            let seen = self.read_task(digest, owner.clone()).await?;
-            match &seen {
-                Some(task) if task.rev <= after => {}
-                _ => return Ok(seen),
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Ok(seen);
-            }
-            let recheck = tokio::time::Instant::now() + self.handle.follow_recheck;
-            tokio::select! {
-                () = woken.changed() => {}
-                () = tokio::time::sleep_until(recheck.min(deadline)) => {}
-            }
-        }
+        // The subscription holds the hub, not the database: closing the
+        // last handle still closes it.
+        let woken = self.shared()?.task_wakeups.subscribe(task_token(&digest));
+        let recheck = self.handle.follow_recheck;
+        watch_task(woken, after, deadline, recheck, || {
+            self.read_task(digest, owner.clone())
+        })
+        .await
     }
 
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
@@ -400,8 +380,7 @@ impl TaskStore for SledStore {
                 move || shared.purge_end_step(from, now)
             })
             .await?;
-            report.expired += step.0.expired;
-            report.orphaned += step.0.orphaned;
+            report += step.0;
             match step.1 {
                 Some(next) => from = Some(next),
                 None => break,
@@ -478,19 +457,12 @@ impl Shared {
                 let Some((stored, seen, _)) = found else {
                     return Ok((None, None));
                 };
-                if seen.status == stored.record.status {
-                    return Ok((None, None));
-                }
-                let mut new = stored.clone();
-                new.record = seen.clone();
-                new.settle_inputs(&stored.record, &stored.responses);
-                let expired = seen.outcome.as_deref() == Some(EXPIRED_ERROR);
-                Ok((Some(new), Some(expired)))
+                let new = stored.ended_as_read(&seen);
+                let ended = new.is_some().then_some(seen);
+                Ok((new, ended))
             })?;
-            match ended {
-                Some(true) => report.expired += 1,
-                Some(false) => report.orphaned += 1,
-                None => {}
+            if let Some(ended) = ended {
+                report.count_ended(&ended);
             }
         }
         let next = (batch.len() == PURGE_BATCH)

@@ -24,11 +24,10 @@
 
 use std::time::Duration;
 
-use mcp_event_store_core::backend::StreamToken;
-use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::backend::follow::{Wakeups, task_token, watch_task};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, EXPIRED_ERROR, Finish, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
-    TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStatus, WorkerChange, check_responses,
+    Applied, CancelMode, Finish, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest,
+    TaskId, TaskPurgeReport, TaskRecord, TaskStatus, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::sqlite::SqliteConnection;
@@ -162,18 +161,11 @@ impl TaskWrite {
             TaskWrite::Answer { digest, .. }
             | TaskWrite::Cancel { digest, .. }
             | TaskWrite::Apply { digest, .. }
-            | TaskWrite::Delete { digest } => hub.wake(&token(digest)),
+            | TaskWrite::Delete { digest } => hub.wake(&task_token(digest)),
             TaskWrite::Purge { .. } => hub.wake_all(),
             TaskWrite::Create { .. } | TaskWrite::Heartbeat { .. } => {}
         }
     }
-}
-
-/// The key a task's watchers wait under in the handle's hub. A prefix of
-/// the digest: two tasks sharing it only cost a spurious re-read.
-fn token(digest: &TaskDigest) -> StreamToken {
-    StreamToken::from_bytes(&digest.as_bytes()[..mcp_event_store_core::backend::STREAM_TOKEN_LEN])
-        .expect("a digest prefix of a token's length")
 }
 
 /// The owner as stored: the principal's digest, empty for anonymous.
@@ -296,27 +288,15 @@ pub(crate) async fn watch(
     let deadline = tokio::time::Instant::now() + max_wait;
     // Subscribed before the first read: a commit after the read started
     // wakes the next wait.
-    let mut woken = store.inner.task_wakeups.subscribe(token(&digest));
+    // Woken by the writer after this handle's commits, or by the watcher
+    // when another connection committed.
+    let woken = store.inner.task_wakeups.subscribe(task_token(&digest));
     // Started after subscribing: its first poll wakes every task watcher.
     store.inner.watcher.ensure();
-    loop {
-        woken.mark_seen();
-        let seen = read(store, &digest, &owner).await?;
-        match &seen {
-            Some(task) if task.rev <= after => {}
-            _ => return Ok(seen),
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Ok(seen);
-        }
-        let recheck = tokio::time::Instant::now() + store.inner.task_recheck;
-        tokio::select! {
-            // From the writer after this handle's commits, or from the
-            // watcher when another connection committed.
-            () = woken.changed() => {}
-            () = tokio::time::sleep_until(recheck.min(deadline)) => {}
-        }
-    }
+    watch_task(woken, after, deadline, store.inner.task_recheck, || {
+        read(store, &digest, &owner)
+    })
+    .await
 }
 
 pub(crate) async fn heartbeat(
@@ -344,10 +324,7 @@ pub(crate) async fn purge_expired_tasks(store: &SqliteStore) -> Result<TaskPurge
     loop {
         match task_write(store, TaskWrite::Purge { now }).await? {
             TaskAnswer::Purged(step, more) => {
-                report.expired += step.expired;
-                report.orphaned += step.orphaned;
-                report.deleted += step.deleted;
-                report.instances += step.instances;
+                report += step;
                 if !more {
                     return Ok(report);
                 }
@@ -905,11 +882,7 @@ async fn purge_step(conn: &mut SqliteConnection, now: i64) -> Result<(TaskPurgeR
         if seen.status == stored.record.status {
             continue;
         }
-        if seen.outcome.as_deref() == Some(EXPIRED_ERROR) {
-            report.expired += 1;
-        } else {
-            report.orphaned += 1;
-        }
+        report.count_ended(&seen);
         supersede_inputs(conn, &digest).await?;
         let mut record = stored.record.clone();
         record.status = seen.status;

@@ -10,6 +10,8 @@
 //!   native notification: `LISTEN`, `XREAD BLOCK`, `PRAGMA data_version`).
 //! * [`follow`], the loop: subscribe, read by cursor, wait for a wake-up (or
 //!   the backend's periodic re-check), read by cursor again.
+//! * [`watch_task`], the same loop for a task watch (T10): the hub keyed by
+//!   [`task_token`], a keyed re-read of the task after each wake-up.
 //!
 //! A wake-up carries no payload: it only prompts a re-read from the store
 //! by cursor. Correctness never depends on a notification arriving (the
@@ -31,8 +33,9 @@ use tokio::time::Instant;
 use crate::backend::observe::{self, FollowGauge};
 use crate::error::Result;
 use crate::event::StoredEvent;
-use crate::id::StreamToken;
+use crate::id::{STREAM_TOKEN_LEN, StreamToken};
 use crate::store::Replay;
+use crate::task::{Rev, TaskDigest, TaskRecord};
 
 /// How a follow ends, besides being dropped or failing.
 ///
@@ -187,6 +190,50 @@ impl Drop for Subscription {
             .is_some_and(|sender| sender.receiver_count() == 0)
         {
             streams.remove(&self.token);
+        }
+    }
+}
+
+/// The key a task's watchers wait under in a [`Wakeups`] hub: a prefix of
+/// its digest. Two tasks sharing it only cost a spurious re-read.
+pub fn task_token(digest: &TaskDigest) -> StreamToken {
+    StreamToken::from_bytes(&digest.as_bytes()[..STREAM_TOKEN_LEN])
+        .expect("a digest prefix of a token's length")
+}
+
+/// A task watch ([`TaskStore::watch`](crate::task::TaskStore::watch), T10)
+/// on a subscription to the task's [`task_token`]: `read` the task, and
+/// again after each wake-up or every `recheck`, until it reads newer than
+/// `after` or as gone (`None`), or `deadline` passes (the task as last
+/// read).
+///
+/// Subscribe before calling it, so that a change committed after the first
+/// read started wakes the next wait.
+pub async fn watch_task<F, Fut>(
+    mut woken: Subscription,
+    after: Rev,
+    deadline: Instant,
+    recheck: Duration,
+    mut read: F,
+) -> Result<Option<TaskRecord>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Option<TaskRecord>>>,
+{
+    loop {
+        woken.mark_seen();
+        let seen = read().await?;
+        match &seen {
+            Some(task) if task.rev <= after => {}
+            _ => return Ok(seen),
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(seen);
+        }
+        tokio::select! {
+            () = woken.changed() => {}
+            () = tokio::time::sleep_until((now + recheck).min(deadline)) => {}
         }
     }
 }

@@ -117,6 +117,19 @@ impl StoredTask {
         self.responses = responses;
     }
 
+    /// What a purge writes back (T8, T11): this value ended as a read at
+    /// some time shows it, `seen` (expired or orphaned, inputs spent), or
+    /// `None` when the read shows what is stored.
+    pub fn ended_as_read(&self, seen: &TaskRecord) -> Option<StoredTask> {
+        if seen.status == self.record.status {
+            return None;
+        }
+        let mut new = self.clone();
+        new.record = seen.clone();
+        new.settle_inputs(&self.record, &self.responses);
+        Some(new)
+    }
+
     /// A client's step (`answer`, `request_cancel`) on this value, whose
     /// record reads as `seen` at `now`, its owner already checked (T3).
     /// `change` edits a copy and says whether it changed anything.

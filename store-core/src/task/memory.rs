@@ -9,9 +9,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::{
-    Applied, CancelMode, EXPIRED_ERROR, InputEffect, InstanceId, NewTask, Owner, Rev, Step,
-    TaskDigest, TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange,
-    check_responses, millis,
+    Applied, CancelMode, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest, TaskId,
+    TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange, check_responses, millis,
 };
 use crate::error::Result;
 use crate::options::StoreOptions;
@@ -403,11 +402,7 @@ impl TaskStore for MemoryTaskStore {
                 return false;
             };
             if seen.status != task.record.status {
-                if seen.outcome.as_deref() == Some(EXPIRED_ERROR) {
-                    report.expired += 1;
-                } else {
-                    report.orphaned += 1;
-                }
+                report.count_ended(&seen);
                 task.supersede_inputs();
                 task.commit(seen);
             }
@@ -440,8 +435,8 @@ mod tests {
     use futures_util::FutureExt;
 
     use super::*;
-    use crate::task::TaskStatus;
     use crate::task::conformance::{self, MemoryTaskHarness, TaskHarness};
+    use crate::task::{EXPIRED_ERROR, TaskStatus};
 
     crate::task_conformance_tests!(MemoryTaskHarness::new());
 

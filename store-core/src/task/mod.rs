@@ -330,6 +330,28 @@ pub struct TaskPurgeReport {
     pub instances: u64,
 }
 
+impl TaskPurgeReport {
+    /// Counts a task a purge persisted as a read showed it, `ended`:
+    /// expired ([`EXPIRED_ERROR`]) or orphaned.
+    pub fn count_ended(&mut self, ended: &TaskRecord) {
+        if ended.outcome.as_deref() == Some(EXPIRED_ERROR) {
+            self.expired += 1;
+        } else {
+            self.orphaned += 1;
+        }
+    }
+}
+
+/// Adds up the reports of a purge's steps.
+impl std::ops::AddAssign for TaskPurgeReport {
+    fn add_assign(&mut self, step: Self) {
+        self.expired += step.expired;
+        self.orphaned += step.orphaned;
+        self.deleted += step.deleted;
+        self.instances += step.instances;
+    }
+}
+
 /// Durable, shared task state (SEP-2663), keyed by [`TaskDigest`].
 ///
 /// Client-facing calls take the id as received, text, and the caller's
