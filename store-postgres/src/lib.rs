@@ -517,8 +517,9 @@
 //!   response up to 1 MiB, status messages up to 4 KiB, keys of 1 to 256
 //!   bytes, at most 64 inputs outstanding per task, as every backend.
 //! * Connections: a handle's pool ([`PostgresOptions::max_connections`],
-//!   default 10) plus one listening connection once it follows or watches
-//!   a task.
+//!   default 10), plus one listening connection once it follows or watches
+//!   a task, plus one for task heartbeats once it renews one (so a renewal
+//!   never queues behind a busy pool).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

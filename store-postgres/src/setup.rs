@@ -50,6 +50,16 @@ pub(crate) fn connect_options(
     connect
 }
 
+/// A pool of one connection beside the store's `main` pool, connecting
+/// lazily, for work that must never queue behind the main pool's calls.
+pub(crate) fn side_pool(connect: PgConnectOptions, main: &PgPool) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(main.options().get_acquire_timeout())
+        .test_before_acquire(false)
+        .connect_lazy_with(connect)
+}
+
 /// The store's pool, connecting lazily.
 pub(crate) fn pool(connect: PgConnectOptions, options: &PostgresOptions) -> PgPool {
     PgPoolOptions::new()

@@ -62,6 +62,11 @@ struct Inner {
     notifier: Notifier,
     /// How long tasks live.
     tasks: TaskOptions,
+    /// The task heartbeat's own connection (a pool of one, connecting on
+    /// the first heartbeat): a renewal never waits behind the calls that
+    /// fill the main pool, so a busy instance is not taken for a dead one
+    /// (T11).
+    heartbeats: PgPool,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -123,6 +128,7 @@ impl PostgresStore {
         let channel = channel(&options.schema);
         let sql = Sql::new(&quote_schema(&options.schema), &channel);
         let notifier = Notifier::start(pool.clone(), sql.notify.clone());
+        let heartbeats = setup::side_pool(listener_connect.clone(), &pool);
         let follows = Follows::new(
             channel,
             listener_connect,
@@ -148,6 +154,7 @@ impl PostgresStore {
                 follows,
                 notifier,
                 tasks: options.tasks,
+                heartbeats,
             }),
         })
     }
@@ -160,6 +167,7 @@ impl PostgresStore {
     pub async fn close(&self) {
         self.inner.follows.close().await;
         self.inner.pool.close().await;
+        self.inner.heartbeats.close().await;
         // Task watchers re-read, find the store closed, and end.
         self.inner.follows.tasks().wake_all();
     }
@@ -167,6 +175,11 @@ impl PostgresStore {
     /// The pool the store runs on.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
+    }
+
+    /// The connection task heartbeats renew on.
+    pub(crate) fn heartbeats(&self) -> &PgPool {
+        &self.inner.heartbeats
     }
 
     /// The schema holding the store's tables.

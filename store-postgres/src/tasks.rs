@@ -21,6 +21,7 @@
 //! wakes its own watchers right after the commit. A task watcher holds no
 //! connection while it waits: a registration in the handle's hub.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -744,7 +745,7 @@ impl TaskStore for PostgresStore {
         let Some(digest) = TaskDigest::of(id) else {
             return Ok(None);
         };
-        let owner = owner_bytes(who);
+        let owner: Arc<[u8]> = owner_bytes(who).into();
         let deadline = tokio::time::Instant::now() + max_wait;
         let follows = self.follows();
         // Listening, and subscribed, before the first read: a change
@@ -752,7 +753,8 @@ impl TaskStore for PostgresStore {
         follows.listen().await?;
         let woken = follows.tasks().subscribe(task_token(&digest));
         watch_task(woken, after, deadline, follows.recheck(), || {
-            read(self, &digest, &owner)
+            let (store, owner) = (self.clone(), owner.clone());
+            async move { read(&store, &digest, &owner).await }
         })
         .await
     }
@@ -765,7 +767,7 @@ impl TaskStore for PostgresStore {
             .bind(&me.0[..])
             .bind(now.saturating_add(to_i64(millis(lease))))
             .bind(now)
-            .fetch_optional(self.pool())
+            .fetch_optional(self.heartbeats())
             .await
             .map_err(backend)?;
         Ok(renewed.is_some())

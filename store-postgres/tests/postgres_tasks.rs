@@ -318,3 +318,85 @@ async fn notify_wakes_a_thousand_watches_on_another_handle_which_hold_no_connect
     b.close().await;
     Harness::teardown(harness).await;
 }
+
+/// T11: a heartbeat never waits behind the calls that fill the pool. With
+/// every pooled connection of a handle blocked on a task row another
+/// session holds locked, and more changes queued for the pool behind them
+/// (acquire timeout two minutes), the handle still renews its instance at
+/// once on its own connection; the queued changes all go through once the
+/// lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_never_waits_behind_a_full_pool() {
+    let harness = PostgresHarness::new().await;
+    let name = format!("mes_beat_{}", harness.schema());
+    let store = harness
+        .open_with(
+            harness
+                .options(StoreOptions::default())
+                .application_name(name.clone())
+                .max_connections(2)
+                .acquire_timeout(Duration::from_secs(120)),
+        )
+        .await;
+    let me = InstanceId::generate().unwrap();
+    let lease = Duration::from_secs(600);
+    assert!(store.heartbeat(me, lease).await.unwrap());
+    let (id, _) = store
+        .create(NewTask::new(&Owner::Anonymous, me))
+        .await
+        .unwrap();
+
+    let mut locker = raw(&harness).await;
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("SELECT 1 FROM tasks FOR UPDATE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let changes: Vec<_> = (0..10)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let message = format!("change {n}");
+                store
+                    .apply(&id, me, WorkerChange::SetMessage(Some(&message)))
+                    .await
+            })
+        })
+        .collect();
+    // Both pooled connections are waiting on the row lock (the other eight
+    // changes wait for one of them).
+    tokio::time::timeout(EVENTUALLY, async {
+        loop {
+            let mut conn = PgConnection::connect(harness.url()).await.unwrap();
+            let blocked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+            )
+            .bind(&name)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+            conn.close().await.unwrap();
+            if blocked == 2 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the pool's two connections never blocked on the locked row");
+
+    let renewed = tokio::time::timeout(EVENTUALLY, store.heartbeat(me, lease))
+        .await
+        .expect("the heartbeat waited for the full pool")
+        .unwrap();
+    assert!(renewed, "a live instance is renewed");
+
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    for change in changes {
+        let applied = change.await.unwrap().unwrap();
+        assert!(matches!(applied, Applied::Changed { .. }), "{applied:?}");
+    }
+    store.close().await;
+    Harness::teardown(harness).await;
+}

@@ -488,16 +488,18 @@ impl TaskStore for RedisStore {
         let Some(digest) = TaskDigest::of(id) else {
             return Ok(None);
         };
-        let owner = owner_bytes(who);
+        let owner: Arc<[u8]> = owner_bytes(who).into();
         let deadline = tokio::time::Instant::now() + max_wait;
         // Registered, and the subscriber subscribed, before the first read.
         let woken = self.inner.tasks.subscribe(&digest).await;
-        let (digest, owner) = (&digest, &owner[..]);
         let recheck = self.inner.options.follow_recheck;
-        watch_task(woken, after, deadline, recheck, move || async move {
-            // `close` wakes every watch, which then ends here.
-            self.ensure_open()?;
-            self.read_task(digest, owner).await
+        watch_task(woken, after, deadline, recheck, || {
+            let (store, owner) = (self.clone(), owner.clone());
+            async move {
+                // `close` wakes every watch, which then ends here.
+                store.ensure_open()?;
+                store.read_task(&digest, &owner).await
+            }
         })
         .await
     }

@@ -327,7 +327,8 @@ impl TaskStore for SledStore {
         let woken = self.shared()?.task_wakeups.subscribe(task_token(&digest));
         let recheck = self.handle.follow_recheck;
         watch_task(woken, after, deadline, recheck, || {
-            self.read_task(digest, owner.clone())
+            let (store, owner) = (self.clone(), owner.clone());
+            async move { store.read_task(digest, owner).await }
         })
         .await
     }

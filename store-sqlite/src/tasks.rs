@@ -22,6 +22,7 @@
 //! wakes every task watcher to re-read its task's `rev` (T10). Each watcher
 //! also re-reads every `follow_recheck`, should a wake-up be missed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use mcp_event_store_core::backend::follow::{Wakeups, task_token, watch_task};
@@ -284,7 +285,7 @@ pub(crate) async fn watch(
     let Some(digest) = TaskDigest::of(id) else {
         return Ok(None);
     };
-    let owner = owner_bytes(who);
+    let owner: Arc<[u8]> = owner_bytes(who).into();
     let deadline = tokio::time::Instant::now() + max_wait;
     // Subscribed before the first read: a commit after the read started
     // wakes the next wait.
@@ -294,7 +295,8 @@ pub(crate) async fn watch(
     // Started after subscribing: its first poll wakes every task watcher.
     store.inner.watcher.ensure();
     watch_task(woken, after, deadline, store.inner.task_recheck, || {
-        read(store, &digest, &owner)
+        let (store, owner) = (store.clone(), owner.clone());
+        async move { read(&store, &digest, &owner).await }
     })
     .await
 }

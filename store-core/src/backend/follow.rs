@@ -209,6 +209,15 @@ pub fn task_token(digest: &TaskDigest) -> StreamToken {
 ///
 /// Subscribe before calling it, so that a change committed after the first
 /// read started wakes the next wait.
+///
+/// Each read runs on a tokio task of its own, to its end, whatever becomes
+/// of the watch. A watch often waits in a `select!` beside other work (a
+/// worker's cancel wait beside its next step) and is then left pinned and
+/// unpolled for a while, sometimes in the middle of a read: a read driven
+/// by the watch itself would hold its pooled connection all that time, and
+/// a thousand such watches starve the pool that every other call needs.
+/// Spawned, the read finishes and gives its connection back; the watch
+/// picks up the answer when it is polled again.
 pub async fn watch_task<F, Fut>(
     mut woken: Subscription,
     after: Rev,
@@ -218,11 +227,16 @@ pub async fn watch_task<F, Fut>(
 ) -> Result<Option<TaskRecord>>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Option<TaskRecord>>>,
+    Fut: Future<Output = Result<Option<TaskRecord>>> + Send + 'static,
 {
     loop {
         woken.mark_seen();
-        let seen = read().await?;
+        let seen = match tokio::spawn(read()).await {
+            Ok(seen) => seen?,
+            Err(ended) if ended.is_panic() => std::panic::resume_unwind(ended.into_panic()),
+            // Cancelled: only a runtime shutting down does that.
+            Err(_) => return Err(crate::Error::Closed),
+        };
         match &seen {
             Some(task) if task.rev <= after => {}
             _ => return Ok(seen),

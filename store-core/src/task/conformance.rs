@@ -175,6 +175,7 @@ macro_rules! task_conformance_tests {
             watch_returns_at_once_when_newer,
             watch_returns_the_unchanged_task_at_max_wait,
             watch_wakes_across_handles,
+            suspended_watches_hold_nothing,
             lapsed_instance_fails_its_tasks,
             renewed_heartbeat_keeps_tasks_alive,
             late_finish_from_a_reaped_instance_is_already_terminal
@@ -1382,6 +1383,54 @@ pub async fn watch_wakes_across_handles<H: TaskHarness>(h: &H) {
         );
     }
     h.close(b).await;
+    f.close(h).await;
+}
+
+/// T10: a watch whose caller stops polling it holds nothing the store
+/// needs. A worker that waits on its task's cancel in a `select!` beside a
+/// short sleep leaves the watch pinned and unpolled, often in the middle of
+/// a re-read, while it changes the task; 1,000 such workers at once on one
+/// handle all finish, and every read and change succeeds (a watch holding a
+/// pooled connection while unpolled starves the pool: every change then
+/// waits for a connection that never comes back, and fails at the pool's
+/// acquire timeout).
+pub async fn suspended_watches_hold_nothing<H: TaskHarness>(h: &H) {
+    const WORKERS: usize = 1_000;
+    let f = fixture(h).await;
+    let worker = |n: usize| {
+        let f = &f;
+        async move {
+            let (task, id) = f.create().await;
+            // The cancel wait of rmcp's task context: watch again after
+            // every change until a cancel or an end.
+            let cancelled = async {
+                let mut rev = 0;
+                loop {
+                    match f.store.watch(&id, &f.owner, rev, LONG).await.unwrap() {
+                        Some(t) if !t.cancel_requested && !t.status.is_terminal() => rev = t.rev,
+                        _ => return,
+                    }
+                }
+            };
+            tokio::pin!(cancelled);
+            for step in 0..3 {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(1)) => {}
+                    () = &mut cancelled => panic!("task {n} was never cancelled"),
+                }
+                let message = format!("worker {n} step {step}");
+                let applied = f
+                    .store
+                    .apply(&task, f.me, WorkerChange::SetMessage(Some(&message)))
+                    .await
+                    .unwrap_or_else(|e| panic!("worker {n} step {step}: {e}"));
+                assert!(is_changed(&applied), "worker {n} step {step}: {applied:?}");
+            }
+            // Read while the watch is still pinned, unpolled.
+            assert_eq!(f.get(&id).await.message, Some(format!("worker {n} step 2")));
+        }
+    };
+    futures_util::future::join_all((0..WORKERS).map(worker)).await;
     f.close(h).await;
 }
 
