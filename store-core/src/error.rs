@@ -83,6 +83,16 @@ pub enum Error {
     #[error("the store is closed")]
     Closed,
 
+    /// A task was to be created under a runtime instance the store does
+    /// not count alive (its heartbeat lapsed, or it never registered): the
+    /// task would read `failed` from birth (T11), so nothing was created.
+    /// Register a fresh instance and create again.
+    #[error("task instance {instance} is not alive: its heartbeat lapsed or it never registered")]
+    InstanceLapsed {
+        /// The instance, in hex.
+        instance: String,
+    },
+
     /// The backend failed (I/O, connection, server error). The original error
     /// is kept as the source.
     #[error("{backend} backend error: {source}")]
@@ -99,7 +109,8 @@ impl Error {
     /// A short, stable name for the kind of error, for metrics and logs:
     /// `unknown_event_id`, `events_purged`, `invalid_stream_id`,
     /// `invalid_session_id`, `payload_too_large`, `incompatible_format`,
-    /// `corrupt`, `config`, `backend_not_enabled`, `closed` or `backend`.
+    /// `corrupt`, `config`, `backend_not_enabled`, `closed`,
+    /// `instance_lapsed` or `backend`.
     ///
     /// ```
     /// use mcp_event_store_core::Error;
@@ -119,6 +130,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::BackendNotEnabled { .. } => "backend_not_enabled",
             Error::Closed => "closed",
+            Error::InstanceLapsed { .. } => "instance_lapsed",
             Error::Backend { .. } => "backend",
         }
     }
@@ -127,6 +139,13 @@ impl Error {
     pub fn unknown_event_id(event_id: &str) -> Self {
         Self::UnknownEventId {
             event_id: quote(event_id),
+        }
+    }
+
+    /// An [`Error::InstanceLapsed`] naming `instance`.
+    pub fn instance_lapsed(instance: &crate::task::InstanceId) -> Self {
+        Self::InstanceLapsed {
+            instance: instance.to_string(),
         }
     }
 

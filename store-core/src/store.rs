@@ -184,13 +184,16 @@ pub trait SessionStore: Send + Sync + 'static {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> mcp_event_store_core::Result<()> {
 /// use std::sync::Arc;
+/// use std::time::Duration;
 /// use mcp_event_store_core::task::{InstanceId, NewTask, Owner, TaskStore};
 /// use mcp_event_store_core::{EventStore, MemoryStore, NewEvent, Store};
 ///
 /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
 /// store.store_event("stream", NewEvent::new(b"hello")).await?;
 /// let tasks: Arc<dyn TaskStore> = store.clone();
-/// let (id, _) = tasks.create(NewTask::new(&Owner::Anonymous, InstanceId::generate()?)).await?;
+/// let me = InstanceId::generate()?;
+/// tasks.heartbeat(me, Duration::from_secs(30)).await?;
+/// let (id, _) = tasks.create(NewTask::new(&Owner::Anonymous, me)).await?;
 /// assert!(store.get(&id.to_string(), &Owner::Anonymous).await?.is_some());
 /// # Ok(()) }
 /// ```

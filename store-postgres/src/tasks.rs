@@ -84,12 +84,17 @@ RETURNING 1
 SELECT pg_notify($15, $16)::text FROM saved
 "#;
 
+/// Inserts a task, only under an instance alive at its birth (T11).
 const CREATE: &str = r#"
 INSERT INTO {s}.tasks (digest, owner, status, rev, message, created_at, updated_at,
        expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE, $12, NULL, 0)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE, $12, NULL, 0
+ WHERE EXISTS (SELECT 1 FROM {s}.instances WHERE id = $12 AND alive_until > $6)
 ON CONFLICT (digest) DO NOTHING
 "#;
+
+/// Whether an instance is alive at `$2`: why [`CREATE`] wrote nothing.
+const ALIVE: &str = "SELECT 1 FROM {s}.instances WHERE id = $1 AND alive_until > $2";
 
 const HEARTBEAT: &str = r#"
 INSERT INTO {s}.instances AS i (id, alive_until) VALUES ($1, $2)
@@ -673,7 +678,21 @@ impl TaskStore for PostgresStore {
             .await
             .map_err(backend)?
             .rows_affected();
-        Ok((inserted == 1).then_some(record))
+        if inserted == 1 {
+            return Ok(Some(record));
+        }
+        // Nothing written: the id was taken, or the instance is not alive
+        // (a lapsed instance never comes back, so this read agrees).
+        let alive: Option<i32> = sqlx::query_scalar(sql(self, ALIVE))
+            .bind(&task.instance.0[..])
+            .bind(record.created_at)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(backend)?;
+        match alive {
+            Some(_) => Ok(None),
+            None => Err(Error::instance_lapsed(&task.instance)),
+        }
     }
 
     async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
@@ -824,6 +843,7 @@ mod tests {
             SAVE,
             SAVE_AND_NOTIFY,
             CREATE,
+            ALIVE,
             HEARTBEAT,
             SUPERSEDE,
             ANSWER_INPUT,

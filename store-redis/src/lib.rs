@@ -320,8 +320,11 @@
 //! `rev` is still the one read, sets the key's backstop TTL and
 //! `PUBLISH`es the digest; if `rev` moved, the step reads again. `rev`
 //! only grows, so the compare-and-set cannot be fooled, and of racing
-//! finishers exactly one writes (T4). `create` is one script that inserts
-//! only if the key is absent. A task's inputs live in its value, as in
+//! finishers exactly one writes (T4). `create` reads its instance's
+//! deadline (`GET`) and refuses a lapsed instance
+//! ([`Error::InstanceLapsed`](mcp_event_store_core::Error::InstanceLapsed)),
+//! then runs one script that inserts only if the key is absent: two round
+//! trips. A task's inputs live in its value, as in
 //! sled, so one key is the whole task and the script touches one slot.
 //!
 //! **Durable before return.** A task call returns once the Redis primary

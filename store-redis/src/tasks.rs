@@ -404,6 +404,17 @@ impl TaskStore for RedisStore {
         task.check()?;
         self.ensure_open()?;
         let now = self.now();
+        // Only under an instance alive at the task's birth (T11). The
+        // instance key lives in another slot, so this is a read before the
+        // script, judged at the same `now` the task is created at: the
+        // deadline read only moves later while the instance lives.
+        if !self
+            .alive_until(&task.instance.0)
+            .await?
+            .is_some_and(|until| until > now)
+        {
+            return Err(Error::instance_lapsed(&task.instance));
+        }
         let record = TaskRecord::created(task, now, &self.task_options());
         let stored = StoredTask::new(task.owner, task.instance.0, record.clone());
         let created = self

@@ -216,7 +216,17 @@ impl TaskStore for SledStore {
             spent: Vec::new(),
         };
         let digest = id.digest();
+        let instance = task.instance;
         self.task_write(digest, move |shared| {
+            // Only under an instance alive at the task's birth (T11). Its
+            // deadline only moves later while it lives, so a check before
+            // the insert holds for it.
+            if !shared
+                .alive_until(&instance.0)?
+                .is_some_and(|until| until > now)
+            {
+                return Err(Error::instance_lapsed(&instance));
+            }
             let exists = shared
                 .tasks
                 .get(digest.as_bytes())

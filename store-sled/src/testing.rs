@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_core::task::conformance::TaskHarness;
+use mcp_event_store_core::task::conformance::{NO_RECHECK, TaskHarness};
 use mcp_event_store_core::{Result, StoreOptions};
 
 use crate::shared::blocking;
@@ -161,6 +161,17 @@ impl TaskHarness for SledHarness {
         Harness::open(self, options).await
     }
 
+    /// A handle whose watches re-read only when woken (the safety-net
+    /// re-read an hour away).
+    async fn open_without_recheck(&self, options: StoreOptions) -> SledStore {
+        let options = SledOptions::default()
+            .store(options)
+            .follow_recheck(NO_RECHECK);
+        SledStore::open(self.path(), options)
+            .await
+            .unwrap_or_else(|e| panic!("open the sled store at {:?}: {e}", self.path()))
+    }
+
     async fn close(&self, store: SledStore) {
         Harness::close(self, store).await;
     }
@@ -187,11 +198,6 @@ impl TaskHarness for SledHarness {
         .expect("read the task trees");
         Harness::close(self, store).await;
         Some(rows)
-    }
-
-    /// An in-process wake-up: microseconds, plus slack for a loaded machine.
-    fn wake_bound(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(500)
     }
 
     async fn teardown(self) {

@@ -649,10 +649,13 @@ async fn create(
     instance: &InstanceId,
     record: &TaskRecord,
 ) -> Result<TaskAnswer> {
+    // Only under an instance alive at the task's birth (T11), in the same
+    // statement.
     let inserted = sqlx::query(
         "INSERT INTO mes_tasks (digest, owner, status, rev, message, created_at, updated_at, \
                  expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, FALSE, ?12, NULL, 0) \
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, FALSE, ?12, NULL, 0 \
+          WHERE EXISTS (SELECT 1 FROM mes_instances WHERE id = ?12 AND alive_until > ?6) \
          ON CONFLICT (digest) DO NOTHING",
     )
     .bind(&digest.as_bytes()[..])
@@ -671,7 +674,22 @@ async fn create(
     .await
     .map_err(db_error)?
     .rows_affected();
-    Ok(TaskAnswer::Record((inserted == 1).then(|| record.clone())))
+    if inserted == 1 {
+        return Ok(TaskAnswer::Record(Some(record.clone())));
+    }
+    // Nothing written: the id was taken, or the instance is not alive.
+    // The writer holds the file, so this reads what the insert saw.
+    let alive: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM mes_instances WHERE id = ?1 AND alive_until > ?2")
+            .bind(&instance.0[..])
+            .bind(record.created_at)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db_error)?;
+    match alive {
+        Some(_) => Ok(TaskAnswer::Record(None)),
+        None => Err(Error::instance_lapsed(instance)),
+    }
 }
 
 /// The task under `digest` if `owner` (or, `None`, anyone) may see it, as

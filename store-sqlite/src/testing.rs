@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_core::task::conformance::TaskHarness;
+use mcp_event_store_core::task::conformance::{NO_RECHECK, TaskHarness};
 use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -183,6 +183,15 @@ impl TaskHarness for SqliteHarness {
         Harness::open(self, options).await
     }
 
+    /// A handle whose watches re-read only when woken (the safety-net
+    /// re-read an hour away): by this handle's writer, or by its watcher
+    /// when `PRAGMA data_version` shows another connection wrote.
+    async fn open_without_recheck(&self, options: StoreOptions) -> SqliteStore {
+        SqliteStore::open_with(self.options(options).follow_recheck(NO_RECHECK))
+            .await
+            .expect("open the sqlite store")
+    }
+
     async fn close(&self, store: SqliteStore) {
         store.close().await;
     }
@@ -227,12 +236,6 @@ impl TaskHarness for SqliteHarness {
         }
         conn.close().await.expect("close");
         Some(rows)
-    }
-
-    /// One poll interval (a watcher on another handle finds the change by
-    /// re-reading its task) plus slack for a loaded machine.
-    fn wake_bound(&self) -> Duration {
-        SqliteOptions::default().follow_poll_interval + Duration::from_millis(450)
     }
 
     async fn teardown(self) {

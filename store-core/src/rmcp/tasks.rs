@@ -198,6 +198,7 @@ impl DurableTasksBuilder {
             lease: self.lease,
             watch_wait: self.watch_wait,
             instance: Mutex::new(instance),
+            registering: tokio::sync::Mutex::new(()),
             background: Mutex::new(Vec::new()),
         });
         let mut background = vec![tokio::spawn(heartbeat(
@@ -236,10 +237,8 @@ async fn heartbeat(inner: Weak<Inner>, interval: Duration) {
             Ok(false) => {
                 // We lapsed (a stall longer than the lease): our tasks
                 // already read lost; new work goes under a new id.
-                tracing::warn!(instance = %me, "task instance lapsed; registering a new one");
-                match register(&*inner.store, inner.lease).await {
-                    Ok(id) => *lock(&inner.instance) = id,
-                    Err(error) => tracing::warn!(%error, "task instance registration failed"),
+                if let Err(error) = inner.replace_lapsed(me).await {
+                    tracing::warn!(%error, "task instance registration failed");
                 }
             }
             Err(error) => tracing::warn!(instance = %me, %error, "task heartbeat failed"),
@@ -274,6 +273,9 @@ struct Inner {
     lease: Duration,
     watch_wait: Duration,
     instance: Mutex<InstanceId>,
+    /// Held while a lapsed instance is replaced, so that the calls that
+    /// find it lapsed at once register one new instance between them.
+    registering: tokio::sync::Mutex<()>,
     /// The heartbeat and purge loops, stopped with the last clone.
     background: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -281,6 +283,39 @@ struct Inner {
 impl Inner {
     fn instance(&self) -> InstanceId {
         *lock(&self.instance)
+    }
+
+    /// Registers a fresh instance in place of `lapsed` (a lapsed id is
+    /// never revived), unless another call already replaced it; the
+    /// instance to work under from now on.
+    async fn replace_lapsed(&self, lapsed: InstanceId) -> crate::Result<InstanceId> {
+        let _one_at_a_time = self.registering.lock().await;
+        let current = self.instance();
+        if current != lapsed {
+            return Ok(current);
+        }
+        tracing::warn!(instance = %lapsed, "task instance lapsed; registering a new one");
+        let fresh = register(&*self.store, self.lease).await?;
+        *lock(&self.instance) = fresh;
+        Ok(fresh)
+    }
+
+    /// Creates a task under this runtime's instance. The store refuses an
+    /// instance it counts lapsed (T11: the task would read `failed` from
+    /// birth), which happens when the runtime stalled longer than its
+    /// lease and its heartbeat has not noticed yet: then a fresh instance
+    /// is registered, and the task created under it.
+    async fn create(&self, mut task: NewTask<'_>) -> crate::Result<(TaskId, TaskRecord)> {
+        task.instance = self.instance();
+        for _ in 0..2 {
+            match self.store.create(task).await {
+                Err(Error::InstanceLapsed { .. }) => {
+                    task.instance = self.replace_lapsed(task.instance).await?;
+                }
+                created => return created,
+            }
+        }
+        self.store.create(task).await
     }
 }
 
@@ -357,14 +392,12 @@ impl DurableTasks {
             ));
         }
         let owner = (self.inner.owner)(ctx);
-        let instance = self.inner.instance();
-        let mut new = NewTask::new(&owner, instance);
+        let mut new = NewTask::new(&owner, self.inner.instance());
         new.ttl = options.ttl_ms.map(Duration::from_millis);
         new.poll_interval = options.poll_interval_ms.map(Duration::from_millis);
         new.message = options.status_message.as_deref();
         let (id, record) = self
             .inner
-            .store
             .create(new)
             .await
             .map_err(|e| store_error("create", e))?;

@@ -12,7 +12,7 @@ use super::{
     Applied, CancelMode, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest, TaskId,
     TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange, check_responses, millis,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::options::StoreOptions;
 
 /// A [`TaskStore`] kept in process memory.
@@ -206,6 +206,13 @@ impl TaskStore for MemoryTaskStore {
         let now = self.now();
         let record = TaskRecord::created(task, now, &self.inner.tasks);
         let mut state = self.state();
+        if !state
+            .instances
+            .get(&task.instance)
+            .is_some_and(|until| *until > now)
+        {
+            return Err(Error::instance_lapsed(&task.instance));
+        }
         let std::collections::hash_map::Entry::Vacant(slot) = state.tasks.entry(id.digest()) else {
             return Ok(None);
         };
@@ -440,7 +447,7 @@ mod tests {
 
     crate::task_conformance_tests!(MemoryTaskHarness::new());
 
-    #[derive(Clone, Copy, Debug)]
+    #[derive(Clone, Copy, Debug, PartialEq)]
     enum Flaw {
         /// A finisher that finds the task terminal is told it won anyway.
         TwoFinishersWin,
@@ -448,6 +455,8 @@ mod tests {
         IgnoresOwner,
         /// Reads ignore the ttl.
         NeverExpires,
+        /// A watch is never woken: it reads again only at its `max_wait`.
+        DeafWatches,
     }
 
     struct Flawed {
@@ -481,7 +490,7 @@ mod tests {
                         r
                     }))
                 }
-                Flaw::TwoFinishersWin => self.inner.get(id, who).await,
+                Flaw::TwoFinishersWin | Flaw::DeafWatches => self.inner.get(id, who).await,
             }
         }
         async fn answer(
@@ -522,6 +531,14 @@ mod tests {
             after: Rev,
             max_wait: Duration,
         ) -> Result<Option<TaskRecord>> {
+            if self.flaw == Flaw::DeafWatches {
+                let now = self.inner.get(id, who).await?;
+                if now.as_ref().is_none_or(|task| task.rev > after) {
+                    return Ok(now);
+                }
+                tokio::time::sleep(max_wait).await;
+                return self.inner.get(id, who).await;
+            }
             self.inner.watch(id, who, after, max_wait).await
         }
         async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
@@ -549,6 +566,10 @@ mod tests {
                 inner: self.memory.open(options).await,
                 flaw: self.flaw,
             }
+        }
+
+        async fn open_without_recheck(&self, options: StoreOptions) -> Flawed {
+            self.open(options).await
         }
     }
 
@@ -581,6 +602,20 @@ mod tests {
     async fn a_store_that_ignores_the_owner_fails_the_suite() {
         assert_case_fails(Flaw::IgnoresOwner, |h| async move {
             conformance::wrong_owner_is_indistinguishable_from_unknown(&h).await
+        })
+        .await;
+    }
+
+    /// On paused time: the case's 30 s guard passes at once, long before
+    /// the deaf watch's hour.
+    #[tokio::test(start_paused = true)]
+    async fn a_store_that_loses_wake_ups_fails_the_suite() {
+        assert_case_fails(Flaw::DeafWatches, |h| async move {
+            conformance::watch_wakes_across_handles(&h).await
+        })
+        .await;
+        assert_case_fails(Flaw::DeafWatches, |h| async move {
+            conformance::answer_on_one_handle_wakes_a_watch_on_another(&h).await
         })
         .await;
     }

@@ -385,12 +385,16 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Inserts a `working` task under `id` if no task has that id, and
     /// returns it once it is durable and readable from every handle (T1);
     /// `None` when the id is taken (then nothing changed).
+    /// [`Error::InstanceLapsed`], creating nothing, when the task's
+    /// instance is not alive at the store's clock, in the same atomic step
+    /// as the insert: a task is never born under a lapsed instance (T11).
     ///
     /// Use [`create`](Self::create), which draws the id.
     async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>>;
 
     /// Creates a task under a fresh id (T1, T2): ids are never reissued, so
-    /// a taken id is drawn again.
+    /// a taken id is drawn again. [`Error::InstanceLapsed`] when the task's
+    /// instance is not alive (see [`try_create`](Self::try_create)).
     async fn create(&self, task: NewTask<'_>) -> Result<(TaskId, TaskRecord)> {
         task.check()?;
         for _ in 0..8 {

@@ -550,6 +550,37 @@ async fn the_heartbeat_keeps_a_long_task_alive_and_lapses_once_the_runtime_is_go
     client.cancel().await.unwrap();
 }
 
+/// T11: a runtime that stalled past its lease before its heartbeat noticed
+/// (here the store's clock jumps three hours; the heartbeat ticks hourly)
+/// creates the next task under a fresh instance, not the lapsed one: the
+/// task is born working and runs to its end, where under the lapsed
+/// instance it would read `failed` ("server instance lost") at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_created_after_an_unnoticed_lapse_is_born_alive() {
+    let clock = Arc::new(crate::ManualClock::new(1_700_000_000_000));
+    let store = Arc::new(MemoryTaskStore::with_options(
+        crate::StoreOptions::default().clock(clock.clone()),
+        crate::task::TaskOptions::default(),
+    ));
+    let hour = Duration::from_secs(3600);
+    let tasks = DurableTasks::builder(store.clone())
+        .owner(by_client_name)
+        .heartbeat(hour, 2 * hour)
+        .build()
+        .await
+        .unwrap();
+    let lapsed = tasks.instance();
+    let client = connect(&tasks, "alice", true).await;
+    clock.advance(3 * hour);
+
+    let created = call(&client, "count", json!({"to": 2})).await.task;
+    assert_eq!(created.status, rmcp::model::TaskStatus::Working);
+    assert_ne!(tasks.instance(), lapsed, "a fresh instance was registered");
+    let done = until(&client, &created.task_id, terminal).await;
+    assert_eq!(done.status(), rmcp::model::TaskStatus::Completed);
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_operation_fails_its_task() {
     let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
