@@ -12,7 +12,8 @@
 //! * [`Retention`], [`PurgeReport`] and [`PurgeTask`], so nothing grows
 //!   without bound;
 //! * [`EventStore::follow_events_after`], the replay that stays open while
-//!   a call is still running (C13);
+//!   a call is still running (C13), and [`Presence`], which ends it once
+//!   the instance writing the stream is known gone;
 //! * [`EventStore::stats`], [`EventStore::list_streams`] and
 //!   [`EventStore::check`], what an operator asks of a store (C15);
 //! * [`MemoryStore`], a complete in-memory backend;
@@ -37,6 +38,7 @@ mod inspect;
 mod maintenance;
 mod memory;
 mod options;
+mod presence;
 mod store;
 
 pub mod backend;
@@ -65,4 +67,5 @@ pub use options::{
     Clock, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, MAX_STREAM_ID_LEN, ManualClock,
     PurgeReport, Retention, StoreOptions, SystemClock,
 };
+pub use presence::{DEFAULT_PRESENCE_LEASE, DEFAULT_PRODUCER_TTL, Presence};
 pub use store::{EventStore, Replay, SessionStore, Store};

@@ -14,8 +14,6 @@
 //! Each test works in a schema of its own ([`namespace`]), dropped when
 //! the test ends, also when it panics.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};

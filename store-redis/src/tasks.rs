@@ -408,10 +408,10 @@ impl TaskStore for RedisStore {
         // instance key lives in another slot, so this is a read before the
         // script, judged at the same `now` the task is created at: the
         // deadline read only moves later while the instance lives.
-        if !self
+        if self
             .alive_until(&task.instance.0)
             .await?
-            .is_some_and(|until| until > now)
+            .is_none_or(|until| until <= now)
         {
             return Err(Error::instance_lapsed(&task.instance));
         }

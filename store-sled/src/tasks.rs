@@ -221,9 +221,9 @@ impl TaskStore for SledStore {
             // Only under an instance alive at the task's birth (T11). Its
             // deadline only moves later while it lives, so a check before
             // the insert holds for it.
-            if !shared
+            if shared
                 .alive_until(&instance.0)?
-                .is_some_and(|until| until > now)
+                .is_none_or(|until| until <= now)
             {
                 return Err(Error::instance_lapsed(&instance));
             }

@@ -8,7 +8,6 @@
 //! (the SIGKILL case's child) [attaches](PersistentHarness::attach) to it.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};

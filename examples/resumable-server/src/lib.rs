@@ -45,10 +45,12 @@
 //! * `--metrics ADDR`: serve the store's metrics (and any other `metrics`
 //!   the process records) in the Prometheus text format at
 //!   `http://ADDR/metrics` (off by default);
-//! * `--task-lease-ms MS`: how long one heartbeat of this instance keeps
-//!   its durable tasks alive (default 30000); it renews every third of
-//!   that. Once a killed instance's lease lapses, its unfinished tasks read
-//!   `failed` ("server instance lost") on every instance.
+//! * `--task-lease-ms MS`: how long one heartbeat of this instance keeps it
+//!   alive (default 30000); it renews every third of that. Once a killed
+//!   instance's lease lapses, its unfinished tasks read `failed` ("server
+//!   instance lost") on every instance, and a resume on another instance of
+//!   a call it was running ends after what it stored (the client then
+//!   calls again).
 //!
 //! It has one tool, `slow_count`, which counts to `count` (default 10),
 //! waiting `interval_ms` (default 500) between steps and sending a progress
@@ -122,7 +124,7 @@ use mcp_event_store::rmcp::{
     DurableTaskContext, DurableTasks, IntoRmcp, RmcpEventStore, SessionScoped,
 };
 use mcp_event_store::task::Owner;
-use mcp_event_store::{DynStore, PurgeTask, Retention, Store, StoreOptions};
+use mcp_event_store::{DynStore, Presence, PurgeTask, Retention, Store, StoreOptions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
@@ -372,6 +374,13 @@ pub async fn durable_tasks(
         .heartbeat(options.task_lease / 3, options.task_lease)
         .build()
         .await
+}
+
+/// This instance's [`Presence`] on `store`, renewed every third of
+/// `options.task_lease`: once a killed instance's lease lapses, resumes of
+/// its unfinished calls end on every other instance.
+pub async fn presence(store: &DynStore, options: &Options) -> mcp_event_store::Result<Presence> {
+    Presence::start(store.clone(), options.task_lease).await
 }
 
 fn object_schema(schema: serde_json::Value) -> Arc<JsonObject> {
@@ -643,9 +652,9 @@ impl ServerHandler for SlowCounter {
 }
 
 /// The store as rmcp's event store, following resumed streams for the
-/// configured hold.
-fn events(store: DynStore, options: &Options) -> RmcpEventStore<dyn Store> {
-    let events = RmcpEventStore::new(store);
+/// configured hold, or until their writer is known gone (`presence`).
+fn events(store: DynStore, presence: &Presence, options: &Options) -> RmcpEventStore<dyn Store> {
+    let events = RmcpEventStore::new(store).with_presence(presence.clone());
     match options.follow_hold {
         Some(hold) => events.with_follow_hold(hold),
         None => events.without_follow(),
@@ -654,12 +663,16 @@ fn events(store: DynStore, options: &Options) -> RmcpEventStore<dyn Store> {
 
 /// The axum router serving MCP at `/mcp` on `store`, its durable tasks on
 /// `tasks` (the server's one runtime, from [`durable_tasks`] over the same
-/// store).
+/// store), this instance's `presence` on the same store (from
+/// [`presence`]): the streams it writes are recorded as its own, and a
+/// resume here of a stream whose writer died elsewhere ends once that
+/// writer's lease lapsed.
 ///
 /// `shutdown` ends every open SSE stream when cancelled.
 pub fn router(
     store: DynStore,
     tasks: DurableTasks,
+    presence: &Presence,
     options: &Options,
     shutdown: &CancellationToken,
 ) -> axum::Router {
@@ -674,8 +687,8 @@ pub fn router(
     }
     let router = if options.stateless {
         config = config.with_legacy_session_mode(false);
-        let sessions =
-            NeverSessionManager::default().with_event_store(Arc::new(events(store, options)));
+        let sessions = NeverSessionManager::default()
+            .with_event_store(Arc::new(events(store, presence, options)));
         axum::Router::new().nest_service(
             "/mcp",
             StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config),
@@ -685,7 +698,7 @@ pub fn router(
         config.session_store = Some(session_store.clone());
         let mut local = LocalSessionManager::default();
         local.session_config.sse_retry = Some(options.retry);
-        let local = local.with_event_store(Arc::new(events(store.clone(), options)));
+        let local = local.with_event_store(Arc::new(events(store.clone(), presence, options)));
         // Streams stay bound as long as their events are kept; sessions
         // deleted or expired in the store end here too.
         let sessions = SessionScoped::new(local, store)
@@ -797,7 +810,8 @@ pub async fn serve(
     let purger = PurgeTask::spawn(store.clone(), Duration::from_secs(30));
     let tasks = durable_tasks(&store, &options).await?;
     tracing::info!(instance = %tasks.instance(), lease = ?options.task_lease, "durable tasks on");
-    let app = router(store, tasks, &options, &cancel);
+    let presence = presence(&store, &options).await?;
+    let app = router(store, tasks, &presence, &options, &cancel);
     tracing::info!(
         address = %listener.local_addr()?,
         store = %redact(&options.store),
@@ -816,6 +830,9 @@ pub async fn serve(
         })
         .await?;
     purger.stop().await;
+    // Resumes of this instance's streams elsewhere end now, not a lease
+    // later.
+    presence.close().await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -20,6 +20,7 @@
 //! store is the queue.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -46,19 +47,44 @@ use crate::task::{Rev, TaskDigest, TaskRecord};
 /// // Hand the client back after 30 s; it resumes with its newest id.
 /// let options = FollowOptions::default().max_hold(Duration::from_secs(30));
 /// assert_eq!(options.max_hold, Some(Duration::from_secs(30)));
+/// // Or as soon as nothing more can come (here: never).
+/// let options = options.until(std::future::pending());
+/// assert!(options.until.is_some());
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Default)]
 #[non_exhaustive]
 pub struct FollowOptions {
     /// End the follow this long after it opened, even if events may still
     /// come; `None` (the default) follows until dropped.
     pub max_hold: Option<Duration>,
+    /// End the follow once this resolves: it then reads what is stored
+    /// once more, delivers it and ends, so it never ends in the middle of
+    /// stored events. For a stream nothing more will be appended to, such
+    /// as one whose writer is known gone
+    /// ([`Presence::producer_lost`](crate::Presence::producer_lost)).
+    pub until: Option<BoxFuture<'static, ()>>,
+}
+
+impl fmt::Debug for FollowOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FollowOptions")
+            .field("max_hold", &self.max_hold)
+            .field("until", &self.until.as_ref().map(|_| ".."))
+            .finish()
+    }
 }
 
 impl FollowOptions {
     /// Ends the follow `hold` after it opened.
     pub fn max_hold(mut self, hold: Duration) -> Self {
         self.max_hold = Some(hold);
+        self
+    }
+
+    /// Ends the follow, once it delivered what is stored, when `end`
+    /// resolves (see [`until`](Self::until)).
+    pub fn until(mut self, end: impl Future<Output = ()> + Send + 'static) -> Self {
+        self.until = Some(Box::pin(end));
         self
     }
 }
@@ -266,6 +292,16 @@ where
     }
 }
 
+/// What ended a follow's wait for new events.
+enum Wait {
+    /// A wake-up, at this time.
+    Woken(Instant),
+    /// The periodic re-read.
+    Recheck,
+    /// [`FollowOptions::until`] resolved.
+    End,
+}
+
 /// Builds a follow from a backend's replay; `backend` labels its metrics.
 ///
 /// `first` is the replay after the follower's cursor, opened *after*
@@ -303,6 +339,10 @@ where
         reread: F,
         recheck: Duration,
         deadline: Option<Instant>,
+        /// Ends the follow when it resolves ([`FollowOptions::until`]).
+        until: Option<BoxFuture<'static, ()>>,
+        /// `until` resolved: the read in progress is the last.
+        ending: bool,
         done: bool,
     }
     let state = State {
@@ -315,6 +355,8 @@ where
         reread,
         recheck,
         deadline: options.max_hold.map(|hold| Instant::now() + hold),
+        until: options.until,
+        ending: false,
         done: false,
     };
     let events = futures_util::stream::unfold(state, |mut state| async move {
@@ -338,17 +380,37 @@ where
                     None => state.events = None,
                 }
             }
+            if state.ending {
+                return None;
+            }
             let recheck = state.recheck;
             let subscription = &mut state.subscription;
+            let until = &mut state.until;
             let wait = async {
                 tokio::select! {
-                    () = subscription.changed() => Some(Instant::now()),
-                    () = tokio::time::sleep(recheck) => None,
+                    () = subscription.changed() => Wait::Woken(Instant::now()),
+                    () = tokio::time::sleep(recheck) => Wait::Recheck,
+                    () = async {
+                        match until {
+                            Some(end) => end.await,
+                            None => std::future::pending().await,
+                        }
+                    } => Wait::End,
                 }
             };
-            state.woke_at = match state.deadline {
+            let waited = match state.deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, wait).await.ok()?,
                 None => wait.await,
+            };
+            state.woke_at = match waited {
+                Wait::Woken(at) => Some(at),
+                Wait::Recheck => None,
+                Wait::End => {
+                    // One last read: whatever was stored before the end.
+                    state.ending = true;
+                    state.until = None;
+                    None
+                }
             };
             state.subscription.mark_seen();
             match (state.reread)(state.cursor.clone()).await {

@@ -213,6 +213,46 @@ pub async fn follow_ends_after_its_maximum_hold<H: Harness>(h: &H) {
     h.close(store).await;
 }
 
+/// C13: a follow told to end ([`FollowOptions::until`]) ends only after it
+/// delivered everything stored before it was told, including an event
+/// appended through another handle just before, whose wake-up may not have
+/// come yet; it holds nothing after.
+pub async fn follow_ends_when_told_after_what_is_stored<H: Harness>(h: &H) {
+    let (store, clock) = open_default(h).await;
+    let other = h.open(test_options(&clock)).await;
+    let start = append(&store, "s", b"start").await;
+    append(&store, "s", b"stored").await;
+    let (end, ended) = tokio::sync::oneshot::channel::<()>();
+    let mut follow = store
+        .follow_events_after(
+            &start.to_string(),
+            FollowOptions::default().until(async move {
+                let _ = ended.await;
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        next_payloads(&mut follow, 1, "the stored event").await,
+        [b"stored"]
+    );
+    let late = append(&other, "s", b"late").await;
+    end.send(()).unwrap();
+    let event = next_event(&mut follow, "the event stored before the end")
+        .await
+        .unwrap();
+    assert_eq!(event.id, late);
+    match tokio::time::timeout(DELIVERY_TIMEOUT, follow.events.next()).await {
+        Ok(None) => {}
+        Ok(Some(event)) => panic!("expected the follow to end, got {:?}", event.map(|e| e.id)),
+        Err(_) => panic!("the follow went on {DELIVERY_TIMEOUT:?} after it was told to end"),
+    }
+    drop(follow);
+    assert_eq!(store.open_follows(), 0);
+    h.close(other).await;
+    h.close(store).await;
+}
+
 /// C13, C6: a follower of one stream never sees another stream's events,
 /// however many are appended there.
 pub async fn follow_never_yields_another_streams_events<H: Harness>(h: &H) {
@@ -305,6 +345,7 @@ macro_rules! __conformance_follow {
             follow_under_concurrent_appends_has_no_gap_and_no_duplicate,
             dropped_follow_releases_everything,
             follow_ends_after_its_maximum_hold,
+            follow_ends_when_told_after_what_is_stored,
             follow_never_yields_another_streams_events,
             retention_overtaking_a_follower_is_events_purged,
             follow_of_an_unknown_id_is_refused

@@ -19,6 +19,8 @@ use super::codec::{decode, encode};
 use crate::backend::follow::FollowOptions;
 use crate::error::Result;
 use crate::event::{NewEvent, StoredEvent};
+use crate::id::EventId;
+use crate::presence::Presence;
 use crate::store::EventStore;
 
 /// Any of our [`EventStore`]s as rmcp's
@@ -45,6 +47,7 @@ use crate::store::EventStore;
 pub struct RmcpEventStore<S: ?Sized> {
     store: Arc<S>,
     follow_hold: Option<Duration>,
+    presence: Option<Presence>,
 }
 
 /// How long a resume keeps following a stream with no answer to end it:
@@ -59,6 +62,7 @@ impl<S: ?Sized> RmcpEventStore<S> {
         Self {
             store,
             follow_hold: Some(DEFAULT_FOLLOW_HOLD),
+            presence: None,
         }
     }
 
@@ -94,6 +98,25 @@ impl<S: ?Sized> RmcpEventStore<S> {
         self.follow_hold
     }
 
+    /// Records this instance as the writer of each request stream it
+    /// starts, and ends a followed resume of a request stream once its
+    /// writer is known gone, right after what it stored: a resume on
+    /// instance B of a call whose instance A was killed ends about one
+    /// presence lease after A died, rather than after the whole follow
+    /// hold, and the client can call again. See [`Presence`] for what it
+    /// costs. Give every instance sharing the store a presence on it.
+    ///
+    /// A stream's writer is recorded when rmcp stores the stream's priming
+    /// event (it does so for every request stream while
+    /// `StreamableHttpServerConfig::sse_retry` is set, as it is by
+    /// default): one session-store write per tool call. The standalone
+    /// stream (`<session>:common`) has no one writer and is followed for
+    /// the whole hold.
+    pub fn with_presence(mut self, presence: Presence) -> Self {
+        self.presence = Some(presence);
+        self
+    }
+
     /// The wrapped store.
     pub fn inner(&self) -> &Arc<S> {
         &self.store
@@ -105,6 +128,7 @@ impl<S: ?Sized> Clone for RmcpEventStore<S> {
         Self {
             store: self.store.clone(),
             follow_hold: self.follow_hold,
+            presence: self.presence.clone(),
         }
     }
 }
@@ -113,6 +137,7 @@ impl<S: ?Sized> fmt::Debug for RmcpEventStore<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RmcpEventStore")
             .field("follow_hold", &self.follow_hold)
+            .field("presence", &self.presence)
             .finish_non_exhaustive()
     }
 }
@@ -136,6 +161,15 @@ impl<S: EventStore + ?Sized> RmcpEventStoreTrait for RmcpEventStore<S> {
             )
             .await
             .map_err(|e| AdapterError::store("store_event", e))?;
+        if let Some(presence) = &self.presence
+            && event.message.is_none()
+            && !stream_id.ends_with(STANDALONE_STREAM_SUFFIX)
+        {
+            // A request stream's priming event: the stream starts here.
+            if let Err(error) = presence.produces(&id.token).await {
+                tracing::warn!(%error, stream_id, "cannot record this instance as the stream's writer; a resume elsewhere follows it for the whole hold");
+            }
+        }
         Ok(id.to_string())
     }
 
@@ -144,11 +178,19 @@ impl<S: EventStore + ?Sized> RmcpEventStoreTrait for RmcpEventStore<S> {
         last_event_id: &str,
     ) -> std::result::Result<EventStream, EventStoreError> {
         let replay = match self.follow_hold {
-            Some(hold) => self
-                .store
-                .follow_events_after(last_event_id, FollowOptions::default().max_hold(hold))
-                .await
-                .map_err(|e| AdapterError::store("replay", e))?,
+            Some(hold) => {
+                let mut options = FollowOptions::default().max_hold(hold);
+                // Ended early once the stream's writer is gone (a request
+                // stream; its id is checked again by the replay).
+                if let (Some(presence), Some(id)) = (&self.presence, EventId::parse(last_event_id))
+                {
+                    options = options.until(presence.producer_lost(id.token));
+                }
+                self.store
+                    .follow_events_after(last_event_id, options)
+                    .await
+                    .map_err(|e| AdapterError::store("replay", e))?
+            }
             None => self
                 .store
                 .replay_events_after(last_event_id)

@@ -206,10 +206,10 @@ impl TaskStore for MemoryTaskStore {
         let now = self.now();
         let record = TaskRecord::created(task, now, &self.inner.tasks);
         let mut state = self.state();
-        if !state
+        if state
             .instances
             .get(&task.instance)
-            .is_some_and(|until| *until > now)
+            .is_none_or(|until| *until <= now)
         {
             return Err(Error::instance_lapsed(&task.instance));
         }

@@ -186,6 +186,74 @@ pub async fn resume_on_another_instance(fixture: &Fixture, mode: Mode) {
     b.stop().await;
 }
 
+/// The lease of the servers in the killed-writer case: short, so that
+/// the case ends soon after the kill.
+const SHORT_LEASE: Duration = Duration::from_millis(1500);
+/// The follow hold in the killed-writer case: far beyond the test, so a
+/// resume that ends did not wait out its hold.
+const HOUR: Duration = Duration::from_secs(3600);
+/// "Must happen eventually" guard; never a latency bound.
+const EVENTUALLY: Duration = Duration::from_secs(60);
+
+/// A call runs on A; the client drops the connection mid-call, and A is
+/// killed (SIGKILL); the client resumes on B, whose follow hold is an hour.
+/// B sends what A stored after the client's cursor, each event once, and
+/// ends the response once A's lease has lapsed: nothing more will come, and
+/// the client may call again. (Without A's presence, B held the response
+/// for its whole hold.)
+pub async fn resume_of_a_killed_writers_stream_ends(fixture: &Fixture, mode: Mode) {
+    let mut args = vec![
+        "--store".to_owned(),
+        fixture.url().to_owned(),
+        "--retry-ms".into(),
+        RETRY.as_millis().to_string(),
+        "--task-lease-ms".into(),
+        SHORT_LEASE.as_millis().to_string(),
+    ];
+    stateless_flag(mode, &mut args);
+    let a = ChildServer::spawn(&args);
+    let b = Server::start_with(server::Options {
+        store: fixture.url().to_owned(),
+        stateless: mode == Mode::Stateless,
+        retry: RETRY,
+        follow_hold: Some(HOUR),
+        task_lease: SHORT_LEASE,
+        ..server::Options::default()
+    })
+    .await;
+    let mut on_a = Client::new(&a.url);
+    if mode == Mode::Sessions {
+        on_a.initialize().await;
+    }
+    let on_b = on_a.on(&b.url);
+    // A hundred steps of 100 ms: far from done when A dies.
+    let mut sse = on_a.call_slow_count(CALL, 100, 100).await;
+    let priming = sse.next().await.expect("a priming event");
+    let cursor = priming.id.expect("the priming event has an id");
+    for step in 1..=2 {
+        let event = sse.next().await.expect("progress before the kill");
+        assert_eq!(event.progress(), Some(step), "{event:?}");
+    }
+    drop(sse);
+    a.kill();
+
+    let resumed = tokio::time::timeout(EVENTUALLY, async {
+        on_b.resume(&cursor).await.collect_all().await
+    })
+    .await
+    .expect("the resume on B still waits for a writer that was killed");
+    assert!(
+        !resumed.iter().any(|e| e.is_response_to(CALL)),
+        "the killed call never answered: {resumed:?}"
+    );
+    // Everything A stored after the cursor, in order, each once: at least
+    // the two steps the client saw before the kill.
+    let steps: Vec<u64> = resumed.iter().filter_map(|e| e.progress()).collect();
+    let stored: Vec<u64> = (1..=steps.len() as u64).collect();
+    assert!(steps.len() >= 2 && steps == stored, "{steps:?}");
+    b.stop().await;
+}
+
 /// Milliseconds between steps in the live-resume cases: the five steps
 /// left after the drop take a second, so the resume lands mid-call.
 const LIVE_INTERVAL_MS: u64 = 200;

@@ -157,7 +157,10 @@ impl Server {
         let cancel = CancellationToken::new();
         let resumes = Arc::new(AtomicUsize::new(0));
         let counter = resumes.clone();
-        let mut app = server::router(store, tasks, &options, &cancel);
+        let presence = server::presence(&store, &options)
+            .await
+            .unwrap_or_else(|e| panic!("the presence on {}: {e}", options.store));
+        let mut app = server::router(store, tasks, &presence, &options, &cancel);
         if let Some(messages) = cut_posts_after {
             app = app.layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| async move {

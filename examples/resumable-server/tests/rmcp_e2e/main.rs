@@ -74,6 +74,8 @@ macro_rules! e2e_tests {
         e2e_case!($fixture, sessions_deleted_on_one_server_are_gone_on_every_server, deleted_session_is_gone_everywhere, Mode::Sessions);
         e2e_case!($fixture, sessions_one_resume_on_another_instance_streams_the_rest, one_resume_on_another_instance_streams_the_rest, Mode::Sessions);
         e2e_case!($fixture, stateless_one_resume_on_another_instance_streams_the_rest, one_resume_on_another_instance_streams_the_rest, Mode::Stateless);
+        e2e_case!($fixture, sessions_resume_of_a_killed_writers_stream_ends, resume_of_a_killed_writers_stream_ends, Mode::Sessions);
+        e2e_case!($fixture, stateless_resume_of_a_killed_writers_stream_ends, resume_of_a_killed_writers_stream_ends, Mode::Stateless);
     };
     (@tasks $fixture:expr) => {
         task_case!($fixture, tasks_created_on_one_server_are_read_on_another, created_on_one_server_read_on_another);
