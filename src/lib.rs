@@ -73,8 +73,10 @@ use std::sync::Arc;
 
 // What applications use; the implementer plumbing stays in
 // `mcp_event_store_core::backend`, for backend crates.
+/// rmcp, the official Rust MCP SDK (feature `rmcp`): the whole
+/// `mcp-event-store-rmcp` crate.
 #[cfg(feature = "rmcp")]
-pub use mcp_event_store_core::rmcp;
+pub use mcp_event_store_rmcp as rmcp;
 pub use mcp_event_store_core::task;
 pub use mcp_event_store_core::{
     Backend, BoxError, Clock, Connecting, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, Error,

@@ -21,9 +21,12 @@
 //!   follow, spans and metrics, stream tokens), kept out of applications'
 //!   way;
 //! * with the `conformance` feature, the shared test suite
-//!   ([`conformance`]) that every backend passes;
-//! * with the `rmcp` feature, adapters that make any store rmcp's
-//!   `EventStore` and `SessionStore` (module `rmcp`).
+//!   ([`conformance`]) that every backend passes.
+//!
+//! Core depends on no MCP framework: the integrations
+//! (`mcp-event-store-rmcp`, `mcp-event-store-tower-mcp`) are crates of
+//! their own over this crate's public API, so a framework's breaking
+//! release re-versions one crate, not the family.
 //!
 //! Most users want the `mcp-event-store` facade crate, which re-exports all
 //! of this beside the backends.
@@ -50,8 +53,6 @@ pub mod conformance;
 #[cfg(feature = "conformance")]
 pub mod testkit;
 
-#[cfg(feature = "rmcp")]
-pub mod rmcp;
 
 pub use backend::follow::FollowOptions;
 pub use descriptor::{Backend, Connecting};

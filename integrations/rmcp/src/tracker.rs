@@ -14,7 +14,7 @@ use futures_core::future::BoxFuture;
 use rmcp::transport::streamable_http_server::session::SessionId;
 use tokio::time::Instant;
 
-use crate::id::StreamToken;
+use mcp_event_store_core::backend::StreamToken;
 
 /// How many stream bindings a manager remembers per session, to remove them
 /// when the session is deleted or expires. Older ones are forgotten and left

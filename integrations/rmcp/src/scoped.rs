@@ -20,9 +20,11 @@ use tokio::time::Instant;
 use super::sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL};
 use super::tracker::{Absent, Cleanup, Stored, Tracker, spawn};
 use super::{RmcpEventStore, RmcpSessionStore};
-use crate::id::{EventId, StreamToken};
-use crate::options::{Retention, validate_session_id};
-use crate::store::{EventStore, SessionStore};
+use mcp_event_store_core::EventId;
+use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::Retention;
+use mcp_event_store_core::backend::validate_session_id;
+use mcp_event_store_core::{EventStore, SessionStore};
 
 /// How long a stream stays bound to its session by default: one hour, the
 /// default [`Retention`]'s maximum age, so a binding lives as long as the
@@ -162,7 +164,7 @@ const CLEANUP_CONCURRENCY: usize = 8;
 /// # async fn demo() -> mcp_event_store_core::Result<()> {
 /// use std::sync::Arc;
 /// use mcp_event_store_core::{MemoryStore, Retention};
-/// use mcp_event_store_core::rmcp::{IntoRmcp, SessionScoped};
+/// use mcp_event_store_rmcp::{IntoRmcp, SessionScoped};
 /// use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 ///
 /// let store = Arc::new(MemoryStore::new()); // or mcp_event_store::connect_with(url, options).await?
@@ -206,7 +208,7 @@ impl<S: EventStore + SessionStore + ?Sized> SessionScoped<LocalSessionManager, S
     /// use std::sync::Arc;
     /// use std::time::Duration;
     /// use mcp_event_store_core::MemoryStore;
-    /// use mcp_event_store_core::rmcp::{RmcpEventStore, SessionScoped};
+    /// use mcp_event_store_rmcp::{RmcpEventStore, SessionScoped};
     ///
     /// let events = RmcpEventStore::new(Arc::new(MemoryStore::new()))
     ///     .with_follow_hold(Duration::from_secs(60));
@@ -339,12 +341,12 @@ pub enum ScopedError<E> {
     },
     /// The store failed while the resume was checked; the resume is refused.
     #[error("could not check the Last-Event-ID against the session: {0}")]
-    Store(#[source] crate::Error),
+    Store(#[source] mcp_event_store_core::Error),
 }
 
 impl<E> ScopedError<E> {
     fn foreign(event_id: &str) -> Self {
-        let crate::Error::UnknownEventId { event_id } = crate::Error::unknown_event_id(event_id)
+        let mcp_event_store_core::Error::UnknownEventId { event_id } = mcp_event_store_core::Error::unknown_event_id(event_id)
         else {
             unreachable!("unknown_event_id builds UnknownEventId")
         };
@@ -728,7 +730,7 @@ mod tests {
     use futures_util::StreamExt;
 
     use super::*;
-    use crate::{EventStore, MemoryStore, NewEvent};
+    use mcp_event_store_core::{EventStore, MemoryStore, NewEvent};
 
     fn scoped(store: &Arc<MemoryStore>) -> SessionScoped<LocalSessionManager, MemoryStore> {
         SessionScoped::local(store.clone())

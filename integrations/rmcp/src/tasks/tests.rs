@@ -13,7 +13,7 @@ use rmcp::{ServerHandler, ServiceExt};
 use serde_json::json;
 
 use super::*;
-use crate::task::{MemoryTaskStore, NewTask, TaskPurgeReport};
+use mcp_event_store_core::task::{MemoryTaskStore, NewTask, TaskPurgeReport};
 
 /// Counts every write that reaches the store, and the purges.
 struct Counting {
@@ -42,11 +42,11 @@ impl TaskStore for Counting {
         &self,
         id: &TaskId,
         task: &NewTask<'_>,
-    ) -> crate::Result<Option<TaskRecord>> {
+    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         self.wrote();
         self.inner.try_create(id, task).await
     }
-    async fn get(&self, id: &str, who: &Owner) -> crate::Result<Option<TaskRecord>> {
+    async fn get(&self, id: &str, who: &Owner) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         self.inner.get(id, who).await
     }
     async fn answer(
@@ -54,7 +54,7 @@ impl TaskStore for Counting {
         id: &str,
         who: &Owner,
         responses: &[(&str, &[u8])],
-    ) -> crate::Result<Option<TaskRecord>> {
+    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         self.wrote();
         self.inner.answer(id, who, responses).await
     }
@@ -63,7 +63,7 @@ impl TaskStore for Counting {
         id: &str,
         who: &Owner,
         mode: CancelMode,
-    ) -> crate::Result<Option<TaskRecord>> {
+    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         self.wrote();
         self.inner.request_cancel(id, who, mode).await
     }
@@ -72,7 +72,7 @@ impl TaskStore for Counting {
         id: &TaskId,
         by: InstanceId,
         change: WorkerChange<'_>,
-    ) -> crate::Result<Applied> {
+    ) -> mcp_event_store_core::Result<Applied> {
         self.wrote();
         self.inner.apply(id, by, change).await
     }
@@ -82,17 +82,17 @@ impl TaskStore for Counting {
         who: &Owner,
         after: Rev,
         max_wait: Duration,
-    ) -> crate::Result<Option<TaskRecord>> {
+    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         self.inner.watch(id, who, after, max_wait).await
     }
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> crate::Result<bool> {
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> mcp_event_store_core::Result<bool> {
         self.inner.heartbeat(me, lease).await
     }
-    async fn purge_expired_tasks(&self) -> crate::Result<TaskPurgeReport> {
+    async fn purge_expired_tasks(&self) -> mcp_event_store_core::Result<TaskPurgeReport> {
         self.purges.fetch_add(1, Ordering::SeqCst);
         self.inner.purge_expired_tasks().await
     }
-    async fn delete(&self, id: &str) -> crate::Result<bool> {
+    async fn delete(&self, id: &str) -> mcp_event_store_core::Result<bool> {
         self.inner.delete(id).await
     }
 }
@@ -542,10 +542,10 @@ async fn the_heartbeat_keeps_a_long_task_alive_and_lapses_once_the_runtime_is_go
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(lost.status, crate::task::TaskStatus::Failed);
+    assert_eq!(lost.status, mcp_event_store_core::task::TaskStatus::Failed);
     assert_eq!(
         lost.outcome.as_deref(),
-        Some(crate::task::INSTANCE_LOST_ERROR)
+        Some(mcp_event_store_core::task::INSTANCE_LOST_ERROR)
     );
     client.cancel().await.unwrap();
 }
@@ -557,10 +557,10 @@ async fn the_heartbeat_keeps_a_long_task_alive_and_lapses_once_the_runtime_is_go
 /// instance it would read `failed` ("server instance lost") at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_created_after_an_unnoticed_lapse_is_born_alive() {
-    let clock = Arc::new(crate::ManualClock::new(1_700_000_000_000));
+    let clock = Arc::new(mcp_event_store_core::ManualClock::new(1_700_000_000_000));
     let store = Arc::new(MemoryTaskStore::with_options(
-        crate::StoreOptions::default().clock(clock.clone()),
-        crate::task::TaskOptions::default(),
+        mcp_event_store_core::StoreOptions::default().clock(clock.clone()),
+        mcp_event_store_core::task::TaskOptions::default(),
     ));
     let hour = Duration::from_secs(3600);
     let tasks = DurableTasks::builder(store.clone())
@@ -652,8 +652,8 @@ fn timestamps_are_iso_8601_utc() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_over_the_store_limit_fails_the_task_instead_of_hanging() {
     let store = MemoryTaskStore::with_options(
-        crate::StoreOptions::default().max_payload_bytes(1024),
-        crate::task::TaskOptions::default(),
+        mcp_event_store_core::StoreOptions::default().max_payload_bytes(1024),
+        mcp_event_store_core::task::TaskOptions::default(),
     );
     let tasks = tasks_over(Arc::new(store)).await;
     let client = connect(&tasks, "alice", true).await;

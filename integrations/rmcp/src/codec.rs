@@ -11,7 +11,7 @@ use rmcp::model::{
 use rmcp::transport::streamable_http_server::session::ServerSseMessage;
 use serde_json::Value;
 
-use crate::event::StoredEvent;
+use mcp_event_store_core::StoredEvent;
 
 /// The payload and retry hint to store for an rmcp SSE message.
 ///
@@ -22,7 +22,7 @@ use crate::event::StoredEvent;
 ///
 /// ```
 /// use std::time::Duration;
-/// use mcp_event_store_core::rmcp::encode;
+/// use mcp_event_store_rmcp::encode;
 /// use rmcp::transport::streamable_http_server::session::ServerSseMessage;
 ///
 /// let (payload, retry) = encode(&ServerSseMessage::retry(Duration::from_secs(3))).unwrap();
@@ -64,7 +64,7 @@ pub struct DecodeError {
 ///
 /// ```
 /// use bytes::Bytes;
-/// use mcp_event_store_core::rmcp::decode;
+/// use mcp_event_store_rmcp::decode;
 /// use mcp_event_store_core::{EventId, StoredEvent};
 ///
 /// let id: EventId = "v1.0123456789abcdefghijklmn.2a".parse().unwrap();
@@ -169,7 +169,7 @@ fn serializes_to(message: &ServerJsonRpcMessage, expected: &[u8]) -> bool {
 /// A diagnostic: [`decode`] already does its best for every payload.
 ///
 /// ```
-/// use mcp_event_store_core::rmcp::replays_exactly;
+/// use mcp_event_store_rmcp::replays_exactly;
 ///
 /// assert!(replays_exactly(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#));
 /// assert!(replays_exactly(b""));

@@ -16,12 +16,12 @@ use rmcp::transport::streamable_http_server::session::{
 
 use super::AdapterError;
 use super::codec::{decode, encode};
-use crate::backend::follow::FollowOptions;
-use crate::error::Result;
-use crate::event::{NewEvent, StoredEvent};
-use crate::id::EventId;
-use crate::presence::Presence;
-use crate::store::EventStore;
+use mcp_event_store_core::FollowOptions;
+use mcp_event_store_core::Result;
+use mcp_event_store_core::{NewEvent, StoredEvent};
+use mcp_event_store_core::EventId;
+use mcp_event_store_core::Presence;
+use mcp_event_store_core::EventStore;
 
 /// Any of our [`EventStore`]s as rmcp's
 /// `rmcp::transport::streamable_http_server::session::EventStore`.
@@ -73,7 +73,7 @@ impl<S: ?Sized> RmcpEventStore<S> {
     /// use std::sync::Arc;
     /// use std::time::Duration;
     /// use mcp_event_store_core::MemoryStore;
-    /// use mcp_event_store_core::rmcp::RmcpEventStore;
+    /// use mcp_event_store_rmcp::RmcpEventStore;
     ///
     /// let events = RmcpEventStore::new(Arc::new(MemoryStore::new()))
     ///     .with_follow_hold(Duration::from_secs(30));

@@ -12,7 +12,7 @@ use rmcp::transport::streamable_http_server::session::{
 use serde_json::{Value, json};
 
 use super::*;
-use crate::{EventId, EventStore, MemoryStore, NewEvent, SessionStore, StoredEvent};
+use mcp_event_store_core::{EventId, EventStore, MemoryStore, NewEvent, SessionStore, StoredEvent};
 
 /// The adapter with plain replays, which end at the newest stored event:
 /// what these tests collect.
@@ -496,10 +496,10 @@ async fn refused_ids_are_errors_that_keep_the_store_error() {
             }
         ));
         let source = std::error::Error::source(adapter)
-            .and_then(|s| s.downcast_ref::<crate::Error>())
+            .and_then(|s| s.downcast_ref::<mcp_event_store_core::Error>())
             .expect("the store's error is the source");
         assert!(
-            matches!(source, crate::Error::UnknownEventId { .. }),
+            matches!(source, mcp_event_store_core::Error::UnknownEventId { .. }),
             "{bad:?}: {source}"
         );
     }
@@ -510,14 +510,14 @@ struct BreaksMidReplay(MemoryStore);
 
 #[async_trait::async_trait]
 impl EventStore for BreaksMidReplay {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> crate::Result<EventId> {
+    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> mcp_event_store_core::Result<EventId> {
         self.0.store_event(stream_id, event).await
     }
-    async fn replay_events_after(&self, last_event_id: &str) -> crate::Result<crate::Replay> {
+    async fn replay_events_after(&self, last_event_id: &str) -> mcp_event_store_core::Result<mcp_event_store_core::Replay> {
         let mut replay = self.0.replay_events_after(last_event_id).await?;
         let events: Vec<_> = replay.events.collect().await;
-        let mut broken: Vec<crate::Result<StoredEvent>> = events.into_iter().take(2).collect();
-        broken.push(Err(crate::Error::events_purged(last_event_id)));
+        let mut broken: Vec<mcp_event_store_core::Result<StoredEvent>> = events.into_iter().take(2).collect();
+        broken.push(Err(mcp_event_store_core::Error::events_purged(last_event_id)));
         broken.push(Ok(StoredEvent {
             id: last_event_id.parse().unwrap(),
             data: bytes::Bytes::new(),
@@ -526,36 +526,36 @@ impl EventStore for BreaksMidReplay {
         replay.events = futures_util::stream::iter(broken).boxed();
         Ok(replay)
     }
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> crate::Result<Option<String>> {
+    async fn get_stream_id_for_event_id(&self, event_id: &str) -> mcp_event_store_core::Result<Option<String>> {
         self.0.get_stream_id_for_event_id(event_id).await
     }
-    async fn delete_stream(&self, stream_id: &str) -> crate::Result<u64> {
+    async fn delete_stream(&self, stream_id: &str) -> mcp_event_store_core::Result<u64> {
         self.0.delete_stream(stream_id).await
     }
-    async fn purge_expired(&self) -> crate::Result<crate::PurgeReport> {
+    async fn purge_expired(&self) -> mcp_event_store_core::Result<mcp_event_store_core::PurgeReport> {
         self.0.purge_expired().await
     }
     async fn follow_events_after(
         &self,
         last_event_id: &str,
-        _: crate::FollowOptions,
-    ) -> crate::Result<crate::Replay> {
+        _: mcp_event_store_core::FollowOptions,
+    ) -> mcp_event_store_core::Result<mcp_event_store_core::Replay> {
         self.replay_events_after(last_event_id).await
     }
     fn open_follows(&self) -> usize {
         0
     }
-    async fn stats(&self) -> crate::Result<crate::StoreStats> {
+    async fn stats(&self) -> mcp_event_store_core::Result<mcp_event_store_core::StoreStats> {
         self.0.stats().await
     }
     async fn list_streams(
         &self,
-        after: Option<&crate::StreamCursor>,
+        after: Option<&mcp_event_store_core::StreamCursor>,
         limit: usize,
-    ) -> crate::Result<crate::StreamPage> {
+    ) -> mcp_event_store_core::Result<mcp_event_store_core::StreamPage> {
         self.0.list_streams(after, limit).await
     }
-    async fn check(&self) -> crate::Result<crate::HealthReport> {
+    async fn check(&self) -> mcp_event_store_core::Result<mcp_event_store_core::HealthReport> {
         self.0.check().await
     }
 }
@@ -601,12 +601,12 @@ fn adapters_are_what_rmcp_needs_for_any_store() {
     fn rmcp_event_store<T: rmcp::transport::streamable_http_server::session::EventStore>() {}
     fn rmcp_session_store<T: rmcp::transport::streamable_http_server::session::SessionStore>() {}
     rmcp_event_store::<RmcpEventStore<MemoryStore>>();
-    rmcp_event_store::<RmcpEventStore<dyn crate::Store>>();
+    rmcp_event_store::<RmcpEventStore<dyn mcp_event_store_core::Store>>();
     rmcp_event_store::<RmcpEventStore<dyn EventStore>>();
-    rmcp_session_store::<RmcpSessionStore<dyn crate::Store>>();
-    rmcp_session_store::<RmcpSessionStore<dyn crate::SessionStore>>();
+    rmcp_session_store::<RmcpSessionStore<dyn mcp_event_store_core::Store>>();
+    rmcp_session_store::<RmcpSessionStore<dyn mcp_event_store_core::SessionStore>>();
 
-    let dyn_store: Arc<dyn crate::Store> = Arc::new(MemoryStore::new());
+    let dyn_store: Arc<dyn mcp_event_store_core::Store> = Arc::new(MemoryStore::new());
     let _events: Arc<dyn rmcp::transport::streamable_http_server::session::EventStore> =
         dyn_store.clone().into_rmcp();
     let _sessions: Arc<dyn rmcp::transport::streamable_http_server::session::SessionStore> =
@@ -661,9 +661,9 @@ async fn session_ids_no_store_could_hold_are_unknown_not_errors() {
 
 #[tokio::test]
 async fn sessions_expire_after_their_ttl_and_loads_refresh_it() {
-    let clock = Arc::new(crate::ManualClock::new(1_000_000));
+    let clock = Arc::new(mcp_event_store_core::ManualClock::new(1_000_000));
     let store = Arc::new(MemoryStore::with_options(
-        crate::StoreOptions::default().clock(clock.clone()),
+        mcp_event_store_core::StoreOptions::default().clock(clock.clone()),
     ));
     let sessions = RmcpSessionStore::new(store.clone()).with_ttl(Duration::from_secs(60));
     let fixed = RmcpSessionStore::new(store)

@@ -5,7 +5,7 @@
 //!
 //! Time: the session check interval runs on tokio's clock (paused here, so
 //! it moves only when the test sleeps), the store's expiry on its own
-//! [`ManualClock`](crate::ManualClock).
+//! [`ManualClock`](mcp_event_store_core::ManualClock).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,7 +24,7 @@ use rmcp::transport::streamable_http_server::session::{
 use serde_json::json;
 
 use super::*;
-use crate::{
+use mcp_event_store_core::{
     EventId, EventStore, ManualClock, MemoryStore, NewEvent, PurgeReport, Replay, SessionStore,
     StoreOptions,
 };
@@ -43,58 +43,58 @@ impl Counting {
 
 #[async_trait]
 impl EventStore for Counting {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> crate::Result<EventId> {
+    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> mcp_event_store_core::Result<EventId> {
         self.inner.store_event(stream_id, event).await
     }
-    async fn replay_events_after(&self, last_event_id: &str) -> crate::Result<Replay> {
+    async fn replay_events_after(&self, last_event_id: &str) -> mcp_event_store_core::Result<Replay> {
         self.inner.replay_events_after(last_event_id).await
     }
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> crate::Result<Option<String>> {
+    async fn get_stream_id_for_event_id(&self, event_id: &str) -> mcp_event_store_core::Result<Option<String>> {
         self.inner.get_stream_id_for_event_id(event_id).await
     }
-    async fn delete_stream(&self, stream_id: &str) -> crate::Result<u64> {
+    async fn delete_stream(&self, stream_id: &str) -> mcp_event_store_core::Result<u64> {
         self.inner.delete_stream(stream_id).await
     }
-    async fn purge_expired(&self) -> crate::Result<PurgeReport> {
+    async fn purge_expired(&self) -> mcp_event_store_core::Result<PurgeReport> {
         self.inner.purge_expired().await
     }
     async fn follow_events_after(
         &self,
         last_event_id: &str,
-        options: crate::FollowOptions,
-    ) -> crate::Result<Replay> {
+        options: mcp_event_store_core::FollowOptions,
+    ) -> mcp_event_store_core::Result<Replay> {
         self.inner.follow_events_after(last_event_id, options).await
     }
     fn open_follows(&self) -> usize {
         self.inner.open_follows()
     }
-    async fn stats(&self) -> crate::Result<crate::StoreStats> {
+    async fn stats(&self) -> mcp_event_store_core::Result<mcp_event_store_core::StoreStats> {
         self.inner.stats().await
     }
     async fn list_streams(
         &self,
-        after: Option<&crate::StreamCursor>,
+        after: Option<&mcp_event_store_core::StreamCursor>,
         limit: usize,
-    ) -> crate::Result<crate::StreamPage> {
+    ) -> mcp_event_store_core::Result<mcp_event_store_core::StreamPage> {
         self.inner.list_streams(after, limit).await
     }
-    async fn check(&self) -> crate::Result<crate::HealthReport> {
+    async fn check(&self) -> mcp_event_store_core::Result<mcp_event_store_core::HealthReport> {
         self.inner.check().await
     }
 }
 
 #[async_trait]
 impl SessionStore for Counting {
-    async fn put_session(&self, id: &str, state: &[u8], ttl: Duration) -> crate::Result<()> {
+    async fn put_session(&self, id: &str, state: &[u8], ttl: Duration) -> mcp_event_store_core::Result<()> {
         self.inner.put_session(id, state, ttl).await
     }
-    async fn get_session(&self, id: &str) -> crate::Result<Option<Bytes>> {
+    async fn get_session(&self, id: &str) -> mcp_event_store_core::Result<Option<Bytes>> {
         if id.starts_with(DEFAULT_SESSION_KEY_PREFIX) {
             self.session_reads.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.get_session(id).await
     }
-    async fn delete_session(&self, id: &str) -> crate::Result<bool> {
+    async fn delete_session(&self, id: &str) -> mcp_event_store_core::Result<bool> {
         self.inner.delete_session(id).await
     }
 }
@@ -329,7 +329,7 @@ async fn bindings_live_as_long_as_events_by_default() {
     let id = open(&a, &*sessions).await;
     let ids = request(&a, &id, 1).await;
     assert!(bound(&store, &ids[0]).await);
-    let max_age = crate::Retention::default().max_age.unwrap();
+    let max_age = mcp_event_store_core::Retention::default().max_age.unwrap();
     clock.advance(max_age - Duration::from_secs(1));
     assert!(bound(&store, &ids[0]).await, "bound while its events live");
     clock.advance(Duration::from_secs(2));
@@ -470,7 +470,7 @@ async fn the_binding_lifetime_follows_the_retention() {
     let clock = clock();
     let store = counting(&clock);
     let sessions = store.clone().into_rmcp_sessions();
-    let retention = crate::Retention::default().max_age(Duration::from_secs(600));
+    let retention = mcp_event_store_core::Retention::default().max_age(Duration::from_secs(600));
     let a: Instance = SessionScoped::local(store.clone()).with_retention(retention);
     assert_eq!(a.binding_ttl(), Duration::from_secs(600));
     let id = open(&a, &*sessions).await;
@@ -480,9 +480,9 @@ async fn the_binding_lifetime_follows_the_retention() {
     clock.advance(Duration::from_secs(2));
     assert!(!bound(&store, &ids[0]).await);
 
-    let unaged = crate::Retention {
+    let unaged = mcp_event_store_core::Retention {
         max_age: None,
-        ..crate::Retention::default()
+        ..mcp_event_store_core::Retention::default()
     };
     let a: Instance = SessionScoped::local(store.clone()).with_retention(unaged);
     assert_eq!(a.binding_ttl(), DEFAULT_SESSION_TTL);

@@ -11,9 +11,9 @@ use rmcp::transport::streamable_http_server::session::{
 
 use super::AdapterError;
 use super::tracker::Tracker;
-use crate::error::Error;
-use crate::options::validate_session_id;
-use crate::store::SessionStore;
+use mcp_event_store_core::Error;
+use mcp_event_store_core::backend::validate_session_id;
+use mcp_event_store_core::SessionStore;
 
 /// How long a session's state stays restorable by default: 24 hours.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -193,7 +193,7 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
                     reason: format!(
                         "{} bytes with the key prefix; at most {} fit",
                         self.prefix.len() + session_id.len(),
-                        crate::options::MAX_STREAM_ID_LEN
+                        mcp_event_store_core::MAX_STREAM_ID_LEN
                     ),
                 },
             )

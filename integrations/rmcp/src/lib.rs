@@ -24,7 +24,7 @@
 //! # async fn demo() -> mcp_event_store_core::Result<()> {
 //! use std::sync::Arc;
 //! use mcp_event_store_core::{MemoryStore, Retention};
-//! use mcp_event_store_core::rmcp::{IntoRmcp, SessionScoped};
+//! use mcp_event_store_rmcp::{IntoRmcp, SessionScoped};
 //! use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 //! use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 //!
@@ -145,12 +145,12 @@ pub use tasks::{DurableTaskContext, DurableTasks, DurableTasksBuilder};
 
 use std::sync::Arc;
 
-use crate::store::{EventStore, SessionStore};
+use mcp_event_store_core::{EventStore, SessionStore};
 
 /// What went wrong in an adapter, as rmcp receives it (boxed into its
 /// `EventStoreError` / `SessionStoreError`).
 ///
-/// The store's [`Error`](crate::Error) or the JSON error is kept as the
+/// The store's [`Error`](mcp_event_store_core::Error) or the JSON error is kept as the
 /// [`source`](std::error::Error::source), so a caller can walk the chain or
 /// downcast it.
 #[derive(Debug, thiserror::Error)]
@@ -163,7 +163,7 @@ pub enum AdapterError {
         operation: &'static str,
         /// The store's error.
         #[source]
-        source: crate::Error,
+        source: mcp_event_store_core::Error,
     },
     /// A message could not be serialized to JSON.
     #[error("cannot serialize the JSON-RPC message: {0}")]
@@ -180,7 +180,7 @@ pub enum AdapterError {
 }
 
 impl AdapterError {
-    fn store(operation: &'static str, source: crate::Error) -> Self {
+    fn store(operation: &'static str, source: mcp_event_store_core::Error) -> Self {
         Self::Store { operation, source }
     }
 }

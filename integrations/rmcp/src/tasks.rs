@@ -9,10 +9,10 @@
 //! ```no_run
 //! # async fn demo() -> mcp_event_store_core::Result<()> {
 //! use std::sync::Arc;
-//! use mcp_event_store_core::rmcp::{DurableTaskContext, DurableTasks};
+//! use mcp_event_store_rmcp::{DurableTaskContext, DurableTasks};
 //! use mcp_event_store_core::task::{MemoryTaskStore, Owner};
 //! use rmcp::model::{CallToolResult, ContentBlock};
-//! use mcp_event_store_core::rmcp::tasks::TaskOptions; // rmcp's, re-exported
+//! use mcp_event_store_rmcp::tasks::TaskOptions; // rmcp's, re-exported
 //!
 //! let tasks = DurableTasks::builder(Arc::new(MemoryTaskStore::new()))
 //!     // Who may see a task: usually the authenticated principal, read
@@ -76,8 +76,8 @@ pub use rmcp::task_manager::{TaskExit, TaskFuture, TaskOptions};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-use crate::Error;
-use crate::task::{
+use mcp_event_store_core::Error;
+use mcp_event_store_core::task::{
     Applied, CancelMode, Finish, InstanceId, NewTask, Owner, Rev, TaskId, TaskRecord, TaskStatus,
     TaskStore, WorkerChange,
 };
@@ -171,7 +171,7 @@ impl DurableTasksBuilder {
 
     /// Registers the instance (its first heartbeat) and starts renewing it
     /// and purging. Needs a tokio runtime.
-    pub async fn build(self) -> crate::Result<DurableTasks> {
+    pub async fn build(self) -> mcp_event_store_core::Result<DurableTasks> {
         if self.lease <= self.heartbeat_interval || self.heartbeat_interval.is_zero() {
             return Err(Error::Config(format!(
                 "the heartbeat lease ({:?}) must be longer than its interval ({:?}), which must not be zero",
@@ -214,7 +214,7 @@ impl DurableTasksBuilder {
 }
 
 /// Registers a fresh instance id (T11); a lapsed id is never revived.
-async fn register(store: &dyn TaskStore, lease: Duration) -> crate::Result<InstanceId> {
+async fn register(store: &dyn TaskStore, lease: Duration) -> mcp_event_store_core::Result<InstanceId> {
     for _ in 0..8 {
         let id = InstanceId::generate()?;
         if store.heartbeat(id, lease).await? {
@@ -288,7 +288,7 @@ impl Inner {
     /// Registers a fresh instance in place of `lapsed` (a lapsed id is
     /// never revived), unless another call already replaced it; the
     /// instance to work under from now on.
-    async fn replace_lapsed(&self, lapsed: InstanceId) -> crate::Result<InstanceId> {
+    async fn replace_lapsed(&self, lapsed: InstanceId) -> mcp_event_store_core::Result<InstanceId> {
         let _one_at_a_time = self.registering.lock().await;
         let current = self.instance();
         if current != lapsed {
@@ -305,7 +305,7 @@ impl Inner {
     /// birth), which happens when the runtime stalled longer than its
     /// lease and its heartbeat has not noticed yet: then a fresh instance
     /// is registered, and the task created under it.
-    async fn create(&self, mut task: NewTask<'_>) -> crate::Result<(TaskId, TaskRecord)> {
+    async fn create(&self, mut task: NewTask<'_>) -> mcp_event_store_core::Result<(TaskId, TaskRecord)> {
         task.instance = self.instance();
         for _ in 0..2 {
             match self.store.create(task).await {
@@ -327,7 +327,7 @@ impl Drop for Inner {
     }
 }
 
-/// Durable tasks for an rmcp server; see the [module docs](crate::rmcp::tasks).
+/// Durable tasks for an rmcp server; see the [module docs](crate::tasks).
 ///
 /// Cheap to clone; clones share the instance and its heartbeat, which stops
 /// when the last clone (and the last running operation) is dropped.
@@ -545,7 +545,7 @@ impl DurableTaskContext {
         &self.text
     }
 
-    async fn apply(&self, change: WorkerChange<'_>) -> crate::Result<Applied> {
+    async fn apply(&self, change: WorkerChange<'_>) -> mcp_event_store_core::Result<Applied> {
         self.inner
             .store
             .apply(&self.id, self.inner.instance(), change)
