@@ -73,10 +73,6 @@ use std::sync::Arc;
 
 // What applications use; the implementer plumbing stays in
 // `mcp_event_store_core::backend`, for backend crates.
-/// rmcp, the official Rust MCP SDK (feature `rmcp`): the whole
-/// `mcp-event-store-rmcp` crate.
-#[cfg(feature = "rmcp")]
-pub use mcp_event_store_rmcp as rmcp;
 pub use mcp_event_store_core::task;
 pub use mcp_event_store_core::{
     Backend, BoxError, Clock, Connecting, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, Error,
@@ -85,6 +81,10 @@ pub use mcp_event_store_core::{
     PurgeTask, Replay, Result, Retention, SessionStore, Setting, Store, StoreOptions, StoreStats,
     StoredEvent, StreamCursor, StreamInfo, StreamPage, SystemClock, Verdict, observe,
 };
+/// rmcp, the official Rust MCP SDK (feature `rmcp`): the whole
+/// `mcp-event-store-rmcp` crate.
+#[cfg(feature = "rmcp")]
+pub use mcp_event_store_rmcp as rmcp;
 
 /// The backends behind a cargo feature, one line each: module, crate,
 /// feature, its test harness, and its URL schemes (so that a scheme whose

@@ -53,7 +53,6 @@ pub mod conformance;
 #[cfg(feature = "conformance")]
 pub mod testkit;
 
-
 pub use backend::follow::FollowOptions;
 pub use descriptor::{Backend, Connecting};
 pub use error::{BoxError, Error, Result};

@@ -17,7 +17,7 @@ use crate::id::{EventId, StreamKey, StreamToken};
 use crate::inspect::{
     HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage, check_list_limit,
 };
-use crate::options::{PurgeReport, StoreOptions};
+use crate::options::{PurgeReport, Retention, StoreOptions};
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
 use crate::task::{
     Applied, CancelMode, InstanceId, MemoryTaskStore, NewTask, Owner, Rev, TaskId, TaskOptions,
@@ -391,6 +391,10 @@ impl EventStore for MemoryStore {
 
     fn open_follows(&self) -> usize {
         self.inner.wakeups.followers()
+    }
+
+    fn retention(&self) -> Retention {
+        self.inner.options.retention
     }
 
     async fn stats(&self) -> Result<StoreStats> {

@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::event::{NewEvent, StoredEvent};
 use crate::id::{EventId, Position};
 use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage};
-use crate::options::PurgeReport;
+use crate::options::{PurgeReport, Retention};
 use crate::task::TaskStore;
 
 /// A durable, shared log of SSE events, one ordered stream per stream id.
@@ -103,6 +103,11 @@ pub trait EventStore: Send + Sync + 'static {
     /// How many follows are open on this handle now; a dropped follow is
     /// no longer counted (C13).
     fn open_follows(&self) -> usize;
+
+    /// The retention this handle enforces, as it was opened (C8): what an
+    /// integration reads to keep what guards a stream (a session binding, a
+    /// writer's record) as long as its events.
+    fn retention(&self) -> Retention;
 
     /// Store-wide totals: streams, events, payload bytes, oldest and newest
     /// event time (C15). Reads every stream's summary, not every event.

@@ -88,6 +88,9 @@ impl EventStore for Flawed {
     fn open_follows(&self) -> usize {
         self.inner.open_follows()
     }
+    fn retention(&self) -> mcp_event_store_core::Retention {
+        self.inner.retention()
+    }
     async fn stats(&self) -> mcp_event_store_core::Result<mcp_event_store_core::StoreStats> {
         self.inner.stats().await
     }

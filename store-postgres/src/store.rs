@@ -13,7 +13,7 @@ use mcp_event_store_core::backend::{StreamKey, observe};
 use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
+    Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
 
 use crate::append::{Batcher, Limits};
@@ -305,6 +305,10 @@ impl EventStore for PostgresStore {
 
     fn open_follows(&self) -> usize {
         self.inner.follows.hub().followers()
+    }
+
+    fn retention(&self) -> Retention {
+        self.options().retention
     }
 
     async fn stats(&self) -> Result<StoreStats> {

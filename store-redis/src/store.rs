@@ -11,7 +11,7 @@ use bytes::Bytes;
 use mcp_event_store_core::backend::{StreamKey, observe};
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    SessionStore, StoreStats, StreamCursor, StreamPage,
+    Retention, SessionStore, StoreStats, StreamCursor, StreamPage,
 };
 use redis::{FromRedisValue, Pipeline};
 
@@ -156,6 +156,10 @@ impl EventStore for RedisStore {
 
     fn open_follows(&self) -> usize {
         self.inner.follow.hub().followers()
+    }
+
+    fn retention(&self) -> Retention {
+        self.inner.options.store.retention
     }
 
     async fn stats(&self) -> Result<StoreStats> {

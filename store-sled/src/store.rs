@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
+    Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
 
 use crate::flusher::{FlushResult, wait_flushed};
@@ -270,6 +270,10 @@ impl EventStore for SledStore {
 
     fn open_follows(&self) -> usize {
         follow::open_follows(self)
+    }
+
+    fn retention(&self) -> Retention {
+        self.options().retention
     }
 
     async fn stats(&self) -> Result<StoreStats> {

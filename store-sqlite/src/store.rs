@@ -15,7 +15,7 @@ use mcp_event_store_core::task::{
 };
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
+    Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
@@ -213,6 +213,10 @@ impl EventStore for SqliteStore {
 
     fn open_follows(&self) -> usize {
         follow::open_follows(self)
+    }
+
+    fn retention(&self) -> Retention {
+        self.inner.options.retention
     }
 
     async fn stats(&self) -> Result<StoreStats> {

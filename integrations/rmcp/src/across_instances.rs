@@ -43,13 +43,23 @@ impl Counting {
 
 #[async_trait]
 impl EventStore for Counting {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> mcp_event_store_core::Result<EventId> {
+    async fn store_event(
+        &self,
+        stream_id: &str,
+        event: NewEvent<'_>,
+    ) -> mcp_event_store_core::Result<EventId> {
         self.inner.store_event(stream_id, event).await
     }
-    async fn replay_events_after(&self, last_event_id: &str) -> mcp_event_store_core::Result<Replay> {
+    async fn replay_events_after(
+        &self,
+        last_event_id: &str,
+    ) -> mcp_event_store_core::Result<Replay> {
         self.inner.replay_events_after(last_event_id).await
     }
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> mcp_event_store_core::Result<Option<String>> {
+    async fn get_stream_id_for_event_id(
+        &self,
+        event_id: &str,
+    ) -> mcp_event_store_core::Result<Option<String>> {
         self.inner.get_stream_id_for_event_id(event_id).await
     }
     async fn delete_stream(&self, stream_id: &str) -> mcp_event_store_core::Result<u64> {
@@ -68,6 +78,9 @@ impl EventStore for Counting {
     fn open_follows(&self) -> usize {
         self.inner.open_follows()
     }
+    fn retention(&self) -> mcp_event_store_core::Retention {
+        self.inner.retention()
+    }
     async fn stats(&self) -> mcp_event_store_core::Result<mcp_event_store_core::StoreStats> {
         self.inner.stats().await
     }
@@ -85,7 +98,12 @@ impl EventStore for Counting {
 
 #[async_trait]
 impl SessionStore for Counting {
-    async fn put_session(&self, id: &str, state: &[u8], ttl: Duration) -> mcp_event_store_core::Result<()> {
+    async fn put_session(
+        &self,
+        id: &str,
+        state: &[u8],
+        ttl: Duration,
+    ) -> mcp_event_store_core::Result<()> {
         self.inner.put_session(id, state, ttl).await
     }
     async fn get_session(&self, id: &str) -> mcp_event_store_core::Result<Option<Bytes>> {

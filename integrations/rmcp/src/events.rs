@@ -16,12 +16,12 @@ use rmcp::transport::streamable_http_server::session::{
 
 use super::AdapterError;
 use super::codec::{decode, encode};
+use mcp_event_store_core::EventId;
+use mcp_event_store_core::EventStore;
 use mcp_event_store_core::FollowOptions;
+use mcp_event_store_core::Presence;
 use mcp_event_store_core::Result;
 use mcp_event_store_core::{NewEvent, StoredEvent};
-use mcp_event_store_core::EventId;
-use mcp_event_store_core::Presence;
-use mcp_event_store_core::EventStore;
 
 /// Any of our [`EventStore`]s as rmcp's
 /// `rmcp::transport::streamable_http_server::session::EventStore`.

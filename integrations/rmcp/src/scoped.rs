@@ -21,8 +21,8 @@ use super::sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL};
 use super::tracker::{Absent, Cleanup, Stored, Tracker, spawn};
 use super::{RmcpEventStore, RmcpSessionStore};
 use mcp_event_store_core::EventId;
-use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::Retention;
+use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::backend::validate_session_id;
 use mcp_event_store_core::{EventStore, SessionStore};
 
@@ -346,7 +346,8 @@ pub enum ScopedError<E> {
 
 impl<E> ScopedError<E> {
     fn foreign(event_id: &str) -> Self {
-        let mcp_event_store_core::Error::UnknownEventId { event_id } = mcp_event_store_core::Error::unknown_event_id(event_id)
+        let mcp_event_store_core::Error::UnknownEventId { event_id } =
+            mcp_event_store_core::Error::unknown_event_id(event_id)
         else {
             unreachable!("unknown_event_id builds UnknownEventId")
         };

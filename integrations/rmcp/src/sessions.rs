@@ -12,8 +12,8 @@ use rmcp::transport::streamable_http_server::session::{
 use super::AdapterError;
 use super::tracker::Tracker;
 use mcp_event_store_core::Error;
-use mcp_event_store_core::backend::validate_session_id;
 use mcp_event_store_core::SessionStore;
+use mcp_event_store_core::backend::validate_session_id;
 
 /// How long a session's state stays restorable by default: 24 hours.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);

@@ -214,7 +214,10 @@ impl DurableTasksBuilder {
 }
 
 /// Registers a fresh instance id (T11); a lapsed id is never revived.
-async fn register(store: &dyn TaskStore, lease: Duration) -> mcp_event_store_core::Result<InstanceId> {
+async fn register(
+    store: &dyn TaskStore,
+    lease: Duration,
+) -> mcp_event_store_core::Result<InstanceId> {
     for _ in 0..8 {
         let id = InstanceId::generate()?;
         if store.heartbeat(id, lease).await? {
@@ -305,7 +308,10 @@ impl Inner {
     /// birth), which happens when the runtime stalled longer than its
     /// lease and its heartbeat has not noticed yet: then a fresh instance
     /// is registered, and the task created under it.
-    async fn create(&self, mut task: NewTask<'_>) -> mcp_event_store_core::Result<(TaskId, TaskRecord)> {
+    async fn create(
+        &self,
+        mut task: NewTask<'_>,
+    ) -> mcp_event_store_core::Result<(TaskId, TaskRecord)> {
         task.instance = self.instance();
         for _ in 0..2 {
             match self.store.create(task).await {

@@ -510,14 +510,24 @@ struct BreaksMidReplay(MemoryStore);
 
 #[async_trait::async_trait]
 impl EventStore for BreaksMidReplay {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> mcp_event_store_core::Result<EventId> {
+    async fn store_event(
+        &self,
+        stream_id: &str,
+        event: NewEvent<'_>,
+    ) -> mcp_event_store_core::Result<EventId> {
         self.0.store_event(stream_id, event).await
     }
-    async fn replay_events_after(&self, last_event_id: &str) -> mcp_event_store_core::Result<mcp_event_store_core::Replay> {
+    async fn replay_events_after(
+        &self,
+        last_event_id: &str,
+    ) -> mcp_event_store_core::Result<mcp_event_store_core::Replay> {
         let mut replay = self.0.replay_events_after(last_event_id).await?;
         let events: Vec<_> = replay.events.collect().await;
-        let mut broken: Vec<mcp_event_store_core::Result<StoredEvent>> = events.into_iter().take(2).collect();
-        broken.push(Err(mcp_event_store_core::Error::events_purged(last_event_id)));
+        let mut broken: Vec<mcp_event_store_core::Result<StoredEvent>> =
+            events.into_iter().take(2).collect();
+        broken.push(Err(mcp_event_store_core::Error::events_purged(
+            last_event_id,
+        )));
         broken.push(Ok(StoredEvent {
             id: last_event_id.parse().unwrap(),
             data: bytes::Bytes::new(),
@@ -526,13 +536,18 @@ impl EventStore for BreaksMidReplay {
         replay.events = futures_util::stream::iter(broken).boxed();
         Ok(replay)
     }
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> mcp_event_store_core::Result<Option<String>> {
+    async fn get_stream_id_for_event_id(
+        &self,
+        event_id: &str,
+    ) -> mcp_event_store_core::Result<Option<String>> {
         self.0.get_stream_id_for_event_id(event_id).await
     }
     async fn delete_stream(&self, stream_id: &str) -> mcp_event_store_core::Result<u64> {
         self.0.delete_stream(stream_id).await
     }
-    async fn purge_expired(&self) -> mcp_event_store_core::Result<mcp_event_store_core::PurgeReport> {
+    async fn purge_expired(
+        &self,
+    ) -> mcp_event_store_core::Result<mcp_event_store_core::PurgeReport> {
         self.0.purge_expired().await
     }
     async fn follow_events_after(
@@ -544,6 +559,9 @@ impl EventStore for BreaksMidReplay {
     }
     fn open_follows(&self) -> usize {
         0
+    }
+    fn retention(&self) -> mcp_event_store_core::Retention {
+        mcp_event_store_core::Retention::default()
     }
     async fn stats(&self) -> mcp_event_store_core::Result<mcp_event_store_core::StoreStats> {
         self.0.stats().await

@@ -5,6 +5,24 @@ use std::time::Duration;
 use super::*;
 use crate::{Error, EventStore, Retention, SessionStore};
 
+/// C8: a handle reports the retention it was opened with, which the
+/// integrations read to keep what guards a stream as long as its events.
+pub async fn handle_reports_its_retention<H: Harness>(h: &H) {
+    let clock = test_clock();
+    for retention in [
+        Retention::default(),
+        Retention::unbounded(),
+        Retention::unbounded()
+            .max_age(Duration::from_secs(90))
+            .max_events_per_stream(7)
+            .max_bytes_per_stream(4096),
+    ] {
+        let store = h.open(test_options(&clock).retention(retention)).await;
+        assert_eq!(store.retention(), retention);
+        h.close(store).await;
+    }
+}
+
 /// C8, C5: events older than `max_age` go; a cursor whose successors went
 /// is `EventsPurged`; a cursor whose successors all remain still resumes.
 pub async fn retention_by_age<H: Harness>(h: &H) {
@@ -213,6 +231,7 @@ pub async fn purge_with_nothing_expired_removes_nothing<H: Harness>(h: &H) {
 macro_rules! __conformance_retention {
     ($harness:expr) => {
         $crate::__conformance_cases!($harness;
+            handle_reports_its_retention,
             retention_by_age,
             stream_expires_entirely_by_age,
             retention_by_count,

@@ -85,7 +85,11 @@ impl TaskStore for Counting {
     ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         self.inner.watch(id, who, after, max_wait).await
     }
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> mcp_event_store_core::Result<bool> {
+    async fn heartbeat(
+        &self,
+        me: InstanceId,
+        lease: Duration,
+    ) -> mcp_event_store_core::Result<bool> {
         self.inner.heartbeat(me, lease).await
     }
     async fn purge_expired_tasks(&self) -> mcp_event_store_core::Result<TaskPurgeReport> {
