@@ -113,6 +113,20 @@ impl Presence {
     /// [`closed`](Self::close). Needs a tokio runtime. A lease under 3 ms
     /// is [`Error::Config`].
     pub async fn start(store: Arc<dyn SessionStore>, lease: Duration) -> Result<Self> {
+        let presence = Self::register(store, lease).await?;
+        let renewal = tokio::spawn(renew_while_alive(Arc::downgrade(&presence.inner)));
+        *presence
+            .inner
+            .renewal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(renewal);
+        Ok(presence)
+    }
+
+    /// Registers a fresh instance like [`start`](Self::start), without
+    /// renewing it: for an application that runs its own maintenance loop
+    /// and calls [`renew`](Self::renew) at least every third of the lease.
+    pub async fn register(store: Arc<dyn SessionStore>, lease: Duration) -> Result<Self> {
         if lease < Duration::from_millis(3) {
             return Err(Error::Config(format!(
                 "a presence lease must be at least 3 ms, got {lease:?}"
@@ -125,12 +139,18 @@ impl Presence {
             renewal: Mutex::new(None),
         });
         inner.renew().await?;
-        let renewal = tokio::spawn(renew_while_alive(Arc::downgrade(&inner)));
-        *inner.renewal.lock().unwrap_or_else(PoisonError::into_inner) = Some(renewal);
         Ok(Self {
             inner,
             producer_ttl: DEFAULT_PRODUCER_TTL,
         })
+    }
+
+    /// Renews this instance's presence for one more lease (one
+    /// session-store write). [`start`](Self::start) calls it every third of
+    /// the lease; after [`close`](Self::close) it registers the instance
+    /// again.
+    pub async fn renew(&self) -> Result<()> {
+        self.inner.renew().await
     }
 
     /// Remembers each stream's writer this long (default

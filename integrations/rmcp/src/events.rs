@@ -48,6 +48,9 @@ pub struct RmcpEventStore<S: ?Sized> {
     store: Arc<S>,
     follow_hold: Option<Duration>,
     presence: Option<Presence>,
+    /// Keeps a [`crate::Durable`]'s maintenance running while this store
+    /// serves.
+    alive: Option<Arc<crate::durable::Alive>>,
 }
 
 /// How long a resume keeps following a stream with no answer to end it:
@@ -63,6 +66,7 @@ impl<S: ?Sized> RmcpEventStore<S> {
             store,
             follow_hold: Some(DEFAULT_FOLLOW_HOLD),
             presence: None,
+            alive: None,
         }
     }
 
@@ -90,6 +94,11 @@ impl<S: ?Sized> RmcpEventStore<S> {
     /// existed: the client polls again for what comes later.
     pub fn without_follow(mut self) -> Self {
         self.follow_hold = None;
+        self
+    }
+
+    pub(crate) fn kept_alive_by(mut self, alive: Arc<crate::durable::Alive>) -> Self {
+        self.alive = Some(alive);
         self
     }
 
@@ -129,6 +138,7 @@ impl<S: ?Sized> Clone for RmcpEventStore<S> {
             store: self.store.clone(),
             follow_hold: self.follow_hold,
             presence: self.presence.clone(),
+            alive: self.alive.clone(),
         }
     }
 }

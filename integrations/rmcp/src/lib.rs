@@ -128,6 +128,7 @@
 //!   response arrives.
 
 mod codec;
+mod durable;
 mod events;
 mod scoped;
 mod sessions;
@@ -135,6 +136,9 @@ pub mod tasks;
 mod tracker;
 
 pub use codec::{DecodeError, decode, encode, replays_exactly};
+pub use durable::{
+    DEFAULT_PURGE_EVERY, DEFAULT_SSE_RETRY, Durable, DurableBuilder, SessionManager,
+};
 pub use events::{DEFAULT_FOLLOW_HOLD, RmcpEventStore};
 pub use scoped::{
     DEFAULT_BINDING_KEY_PREFIX, DEFAULT_BINDING_TTL, DEFAULT_SESSION_CHECK_INTERVAL, ScopedError,

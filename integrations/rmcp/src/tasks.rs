@@ -172,6 +172,27 @@ impl DurableTasksBuilder {
     /// Registers the instance (its first heartbeat) and starts renewing it
     /// and purging. Needs a tokio runtime.
     pub async fn build(self) -> mcp_event_store_core::Result<DurableTasks> {
+        let purge_interval = self.purge_interval;
+        let heartbeat_interval = self.heartbeat_interval;
+        let tasks = self.build_maintained_elsewhere().await?;
+        let inner = &tasks.inner;
+        let mut background = vec![tokio::spawn(heartbeat(
+            Arc::downgrade(inner),
+            heartbeat_interval,
+        ))];
+        if let Some(every) = purge_interval {
+            background.push(tokio::spawn(purge(Arc::downgrade(inner), every)));
+        }
+        *lock(&inner.background) = background;
+        Ok(tasks)
+    }
+
+    /// Registers the instance and builds the runtime without its own
+    /// heartbeat and purge loops: [`crate::Durable`]'s one maintenance loop
+    /// calls [`DurableTasks::beat`] instead.
+    pub(crate) async fn build_maintained_elsewhere(
+        self,
+    ) -> mcp_event_store_core::Result<DurableTasks> {
         if self.lease <= self.heartbeat_interval || self.heartbeat_interval.is_zero() {
             return Err(Error::Config(format!(
                 "the heartbeat lease ({:?}) must be longer than its interval ({:?}), which must not be zero",
@@ -201,14 +222,6 @@ impl DurableTasksBuilder {
             registering: tokio::sync::Mutex::new(()),
             background: Mutex::new(Vec::new()),
         });
-        let mut background = vec![tokio::spawn(heartbeat(
-            Arc::downgrade(&inner),
-            self.heartbeat_interval,
-        ))];
-        if let Some(every) = self.purge_interval {
-            background.push(tokio::spawn(purge(Arc::downgrade(&inner), every)));
-        }
-        *lock(&inner.background) = background;
         Ok(DurableTasks { inner })
     }
 }
@@ -234,18 +247,7 @@ async fn heartbeat(inner: Weak<Inner>, interval: Duration) {
     loop {
         tokio::time::sleep(interval).await;
         let Some(inner) = inner.upgrade() else { return };
-        let me = inner.instance();
-        match inner.store.heartbeat(me, inner.lease).await {
-            Ok(true) => {}
-            Ok(false) => {
-                // We lapsed (a stall longer than the lease): our tasks
-                // already read lost; new work goes under a new id.
-                if let Err(error) = inner.replace_lapsed(me).await {
-                    tracing::warn!(%error, "task instance registration failed");
-                }
-            }
-            Err(error) => tracing::warn!(instance = %me, %error, "task heartbeat failed"),
-        }
+        inner.beat().await;
     }
 }
 
@@ -286,6 +288,23 @@ struct Inner {
 impl Inner {
     fn instance(&self) -> InstanceId {
         *lock(&self.instance)
+    }
+
+    /// One heartbeat; a lapsed instance is replaced by a fresh one. Errors
+    /// are logged: the next beat tries again.
+    async fn beat(&self) {
+        let me = self.instance();
+        match self.store.heartbeat(me, self.lease).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // We lapsed (a stall longer than the lease): our tasks
+                // already read lost; new work goes under a new id.
+                if let Err(error) = self.replace_lapsed(me).await {
+                    tracing::warn!(%error, "task instance registration failed");
+                }
+            }
+            Err(error) => tracing::warn!(instance = %me, %error, "task heartbeat failed"),
+        }
     }
 
     /// Registers a fresh instance in place of `lapsed` (a lapsed id is
@@ -369,6 +388,12 @@ impl DurableTasks {
     /// The instance this runtime runs tasks as (T11).
     pub fn instance(&self) -> InstanceId {
         self.inner.instance()
+    }
+
+    /// One heartbeat of this runtime's instance (T11), for a maintenance
+    /// loop that is not the runtime's own.
+    pub(crate) async fn beat(&self) {
+        self.inner.beat().await;
     }
 
     /// Materializes a task for the request in `ctx` (`tools/call`): -32021
