@@ -120,11 +120,9 @@ use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
 use mcp_event_store::rmcp::tasks::{TaskExit, TaskOptions};
-use mcp_event_store::rmcp::{
-    DurableTaskContext, DurableTasks, IntoRmcp, RmcpEventStore, SessionScoped,
-};
+use mcp_event_store::rmcp::{Durable, DurableTaskContext, DurableTasks};
 use mcp_event_store::task::Owner;
-use mcp_event_store::{DynStore, Presence, PurgeTask, Retention, Store, StoreOptions};
+use mcp_event_store::{DynStore, Retention, StoreOptions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
@@ -133,9 +131,7 @@ use rmcp::model::{
     UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::transport::streamable_http_server::StreamableHttpService;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
@@ -296,8 +292,8 @@ impl Options {
 /// The MCP server: a slow tool that reports progress, or runs as a durable
 /// task, and a task-only tool that asks the client to confirm first.
 ///
-/// Build one per request from one [`DurableTasks`] per server (see
-/// [`durable_tasks`]); clones share the task runtime.
+/// Build one per request from one [`DurableTasks`] per server (the
+/// [`Durable`]'s, see [`durable`]); clones share the task runtime.
 #[derive(Clone, Debug)]
 pub struct SlowCounter {
     tasks: DurableTasks,
@@ -362,25 +358,23 @@ fn principal(bytes: &[u8]) -> Owner {
     }
 }
 
-/// Builds the server's one task runtime over `store`: its instance
-/// heartbeats every third of `options.task_lease`, and the owner of a task
-/// is [`owner_of`] the request.
-pub async fn durable_tasks(
-    store: &DynStore,
-    options: &Options,
-) -> mcp_event_store::Result<DurableTasks> {
-    DurableTasks::builder(store.clone())
+/// Everything the server needs from `store`, wired once ([`Durable`]):
+/// resumes follow their stream for `options.follow_hold` (or until the
+/// instance writing it is known gone), sessions are shared through the
+/// store and checked every `options.session_check`, priming events carry
+/// `options.retry`, the instance renews its task heartbeat and presence
+/// every third of `options.task_lease`, the owner of a task is
+/// [`owner_of`] the request, and expired events, sessions and tasks are
+/// purged every minute.
+pub async fn durable(store: DynStore, options: &Options) -> mcp_event_store::Result<Durable> {
+    Durable::builder(store)
+        .follow_hold(options.follow_hold)
+        .session_check_interval(options.session_check)
+        .sse_retry(options.retry)
+        .lease(options.task_lease)
         .owner(owner_of)
-        .heartbeat(options.task_lease / 3, options.task_lease)
-        .build()
+        .start()
         .await
-}
-
-/// This instance's [`Presence`] on `store`, renewed every third of
-/// `options.task_lease`: once a killed instance's lease lapses, resumes of
-/// its unfinished calls end on every other instance.
-pub async fn presence(store: &DynStore, options: &Options) -> mcp_event_store::Result<Presence> {
-    Presence::start(store.clone(), options.task_lease).await
 }
 
 fn object_schema(schema: serde_json::Value) -> Arc<JsonObject> {
@@ -651,64 +645,35 @@ impl ServerHandler for SlowCounter {
     }
 }
 
-/// The store as rmcp's event store, following resumed streams for the
-/// configured hold, or until their writer is known gone (`presence`).
-fn events(store: DynStore, presence: &Presence, options: &Options) -> RmcpEventStore<dyn Store> {
-    let events = RmcpEventStore::new(store).with_presence(presence.clone());
-    match options.follow_hold {
-        Some(hold) => events.with_follow_hold(hold),
-        None => events.without_follow(),
-    }
-}
-
-/// The axum router serving MCP at `/mcp` on `store`, its durable tasks on
-/// `tasks` (the server's one runtime, from [`durable_tasks`] over the same
-/// store), this instance's `presence` on the same store (from
-/// [`presence`]): the streams it writes are recorded as its own, and a
-/// resume here of a stream whose writer died elsewhere ends once that
-/// writer's lease lapsed.
+/// The axum router serving MCP at `/mcp` with everything `durable` wired,
+/// the handler's durable tasks on `tasks` (normally `durable.tasks()`).
 ///
 /// `shutdown` ends every open SSE stream when cancelled.
 pub fn router(
-    store: DynStore,
+    durable: &Durable,
     tasks: DurableTasks,
-    presence: &Presence,
     options: &Options,
     shutdown: &CancellationToken,
 ) -> axum::Router {
     let handler = SlowCounter::new(tasks, options);
-    let mut config = StreamableHttpServerConfig::default()
-        .with_sse_retry(Some(options.retry))
-        .with_cancellation_token(shutdown.child_token());
+    let mut config = if options.stateless {
+        durable.stateless_config()
+    } else {
+        durable.config()
+    };
+    config = config.with_cancellation_token(shutdown.child_token());
     if !options.allowed_hosts.is_empty() {
         let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
         hosts.extend(options.allowed_hosts.iter().cloned());
         config = config.with_allowed_hosts(hosts);
     }
+    let make = move || Ok(handler.clone());
     let router = if options.stateless {
-        config = config.with_legacy_session_mode(false);
-        let sessions = NeverSessionManager::default()
-            .with_event_store(Arc::new(events(store, presence, options)));
-        axum::Router::new().nest_service(
-            "/mcp",
-            StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config),
-        )
+        let service = StreamableHttpService::new(make, durable.stateless_session_manager(), config);
+        axum::Router::new().nest_service("/mcp", service)
     } else {
-        let session_store = store.clone().into_rmcp_sessions();
-        config.session_store = Some(session_store.clone());
-        let mut local = LocalSessionManager::default();
-        local.session_config.sse_retry = Some(options.retry);
-        let local = local.with_event_store(Arc::new(events(store.clone(), presence, options)));
-        // Streams stay bound as long as their events are kept; sessions
-        // deleted or expired in the store end here too.
-        let sessions = SessionScoped::new(local, store)
-            .with_retention(options.retention)
-            .with_session_store(&session_store)
-            .with_session_check_interval(options.session_check);
-        axum::Router::new().nest_service(
-            "/mcp",
-            StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(sessions), config),
-        )
+        let service = StreamableHttpService::new(make, durable.session_manager(), config);
+        axum::Router::new().nest_service("/mcp", service)
     };
     match options.poll_every {
         Some(messages) => {
@@ -807,11 +772,9 @@ pub async fn serve(
         });
     }
     let store = mcp_event_store::connect_with(&options.store, options.store_options()).await?;
-    let purger = PurgeTask::spawn(store.clone(), Duration::from_secs(30));
-    let tasks = durable_tasks(&store, &options).await?;
-    tracing::info!(instance = %tasks.instance(), lease = ?options.task_lease, "durable tasks on");
-    let presence = presence(&store, &options).await?;
-    let app = router(store, tasks, &presence, &options, &cancel);
+    let durable = durable(store, &options).await?;
+    tracing::info!(instance = %durable.tasks().instance(), lease = ?options.task_lease, "durable tasks on");
+    let app = router(&durable, durable.tasks(), &options, &cancel);
     tracing::info!(
         address = %listener.local_addr()?,
         store = %redact(&options.store),
@@ -829,10 +792,9 @@ pub async fn serve(
             stop.cancel();
         })
         .await?;
-    purger.stop().await;
     // Resumes of this instance's streams elsewhere end now, not a lease
     // later.
-    presence.close().await;
+    durable.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }

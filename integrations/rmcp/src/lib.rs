@@ -1,7 +1,56 @@
-//! Plugs any store into [rmcp](https://crates.io/crates/rmcp)'s Streamable
-//! HTTP server (feature `rmcp`).
+//! mcp-event-store for [rmcp](https://crates.io/crates/rmcp), the official
+//! Rust MCP SDK (3.9 and newer): any store behind rmcp's Streamable HTTP
+//! server, every guarantee wired in one call.
 //!
-//! rmcp 3.9 defines two seams, both in
+//! # In one call
+//!
+//! [`Durable`] takes a store (any of ours; `mcp_event_store::connect(url)`
+//! gives one) and hands rmcp everything it needs: the event store (resumes
+//! follow their stream; they end early when the instance writing it died),
+//! the session store (sessions restored on any instance), the session
+//! manager (resumes scoped to their session; sessions deleted anywhere end
+//! everywhere), the durable-task runtime, and one maintenance loop
+//! (heartbeats, purges). A complete session-mode server:
+//!
+//! ```no_run
+//! use mcp_event_store_rmcp::{Durable, DurableTasks};
+//! use rmcp::ServerHandler;
+//! use rmcp::model::{ServerCapabilities, ServerConfig};
+//!
+//! /// Your handler; its `call_tool` runs task-mode calls with
+//! /// `self.tasks.spawn(..)`, and `get_task`, `update_task` and
+//! /// `cancel_task` delegate to `self.tasks`.
+//! #[derive(Clone)]
+//! struct Counter {
+//!     tasks: DurableTasks,
+//! }
+//!
+//! impl ServerHandler for Counter {
+//!     fn get_info(&self) -> ServerConfig {
+//!         ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
+//!     }
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! # let store = std::sync::Arc::new(mcp_event_store_core::MemoryStore::new());
+//! // let store = mcp_event_store::connect("postgres://app@db/app").await?;
+//! let durable = Durable::builder(store).start().await?;
+//! let tasks = durable.tasks();
+//! let service = durable.service(move || Ok(Counter { tasks: tasks.clone() }));
+//! // axum::Router::new().nest_service("/mcp", service), and serve it; then
+//! durable.shutdown().await;
+//! # let _ = service; Ok(()) }
+//! ```
+//!
+//! Everything has a default and a setter on [`DurableBuilder`] (the follow
+//! hold, the instance lease, the purge interval, the session lifetime and
+//! check interval, the priming events' retry hint, the task owner); what
+//! the store itself knows (its retention) is read from it. Stateless mode:
+//! [`Durable::stateless_service`].
+//!
+//! # The pieces
+//!
+//! rmcp defines two seams, both in
 //! `rmcp::transport::streamable_http_server::session`:
 //!
 //! * its `EventStore`, which keeps every SSE event of every stream so a client
@@ -16,27 +65,28 @@
 //! alone replays any stream the id names, whatever the session), and so that
 //! a session deleted or expired in the shared session store ends on every
 //! instance (rmcp alone keeps serving a session it restored from memory).
+//! [`DurableTasks`] runs the tasks extension (MCP 2026-07-28) over any
+//! `TaskStore`.
 //!
-//! One line each, with [`IntoRmcp`] on any `Arc` of a store (a `DynStore`
-//! from `connect` included):
+//! [`Durable`] builds all of them; to wire them yourself, [`IntoRmcp`]
+//! makes any `Arc` of a store (a `DynStore` included) either adapter:
 //!
 //! ```no_run
 //! # async fn demo() -> mcp_event_store_core::Result<()> {
 //! use std::sync::Arc;
-//! use mcp_event_store_core::{MemoryStore, Retention};
+//! use mcp_event_store_core::{EventStore, MemoryStore};
 //! use mcp_event_store_rmcp::{IntoRmcp, SessionScoped};
 //! use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 //! use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
 //!
-//! let retention = Retention::default(); // what the store was opened with
-//! let store = Arc::new(MemoryStore::new()); // or mcp_event_store::connect_with(url, options).await?
+//! let store = Arc::new(MemoryStore::new()); // or mcp_event_store::connect(url).await?
 //! // Stateless mode takes the event store alone:
 //! let stateless = NeverSessionManager::default().with_event_store(store.clone().into_rmcp());
 //! // Session mode: LocalSessionManager with the event store, resumes scoped,
 //! // bindings kept as long as events, sessions checked against the store.
 //! let session_store = store.clone().into_rmcp_sessions();
-//! let sessions = SessionScoped::local(store)
-//!     .with_retention(retention)
+//! let sessions = SessionScoped::local(store.clone())
+//!     .with_retention(store.retention())
 //!     .with_session_store(&session_store);
 //! let mut config = StreamableHttpServerConfig::default();
 //! config.session_store = Some(session_store);

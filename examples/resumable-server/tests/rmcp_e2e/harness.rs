@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use mcp_event_store::rmcp::DurableTasks;
+use mcp_event_store::rmcp::{Durable, DurableTasks};
 use mcp_event_store::task::{
     Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskPurgeReport, TaskRecord,
     TaskStore, WorkerChange,
@@ -77,6 +77,8 @@ pub struct Server {
     resumes: Arc<AtomicUsize>,
     cancel: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// Shut down with the server, as the real one does.
+    durable: Durable,
 }
 
 impl Server {
@@ -133,7 +135,10 @@ impl Server {
             .build()
             .await
             .unwrap_or_else(|e| panic!("the task runtime on {store_url}: {e}"));
-        let server = Self::serve(store, tasks, options, None).await;
+        let durable = server::durable(store, &options)
+            .await
+            .unwrap_or_else(|e| panic!("wiring {store_url}: {e}"));
+        let server = Self::serve(durable, tasks, options, None).await;
         (server, counting)
     }
 
@@ -142,14 +147,15 @@ impl Server {
         let store = mcp_event_store::connect_with(store_url, options.store_options())
             .await
             .unwrap_or_else(|e| panic!("opening {store_url}: {e}"));
-        let tasks = server::durable_tasks(&store, &options)
+        let durable = server::durable(store, &options)
             .await
-            .unwrap_or_else(|e| panic!("the task runtime on {store_url}: {e}"));
-        Self::serve(store, tasks, options, cut_posts_after).await
+            .unwrap_or_else(|e| panic!("wiring {store_url}: {e}"));
+        let tasks = durable.tasks();
+        Self::serve(durable, tasks, options, cut_posts_after).await
     }
 
     async fn serve(
-        store: mcp_event_store::DynStore,
+        durable: Durable,
         tasks: DurableTasks,
         options: server::Options,
         cut_posts_after: Option<usize>,
@@ -157,10 +163,7 @@ impl Server {
         let cancel = CancellationToken::new();
         let resumes = Arc::new(AtomicUsize::new(0));
         let counter = resumes.clone();
-        let presence = server::presence(&store, &options)
-            .await
-            .unwrap_or_else(|e| panic!("the presence on {}: {e}", options.store));
-        let mut app = server::router(store, tasks, &presence, &options, &cancel);
+        let mut app = server::router(&durable, tasks, &options, &cancel);
         if let Some(messages) = cut_posts_after {
             app = app.layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| async move {
@@ -200,6 +203,7 @@ impl Server {
             resumes,
             cancel,
             task: Some(task),
+            durable,
         }
     }
 
@@ -212,6 +216,7 @@ impl Server {
         if let Some(task) = self.task.take() {
             let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
         }
+        self.durable.shutdown().await;
     }
 }
 
