@@ -216,17 +216,14 @@ async fn a_change_on_one_handle_wakes_a_watch_on_another() {
         let a = a.clone();
         let text = text.clone();
         tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            let seen = a
-                .watch(
-                    &text,
-                    &Owner::Anonymous,
-                    created.rev,
-                    Duration::from_secs(60),
-                )
-                .await
-                .unwrap();
-            (seen, started.elapsed())
+            a.watch(
+                &text,
+                &Owner::Anonymous,
+                created.rev,
+                Duration::from_secs(3600),
+            )
+            .await
+            .unwrap()
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -239,14 +236,15 @@ async fn a_change_on_one_handle_wakes_a_watch_on_another() {
     let Applied::Changed { rev, .. } = changed else {
         panic!("{changed:?}");
     };
-    let (seen, waited) = tokio::time::timeout(Duration::from_secs(5), watch)
+    // Its re-check and max_wait are an hour away: only the hub can end it
+    // within this guard.
+    let seen = tokio::time::timeout(Duration::from_secs(30), watch)
         .await
         .expect("the watch was not woken")
         .unwrap();
     let seen = seen.unwrap();
     assert_eq!(seen.rev, rev);
     assert_eq!(seen.message.as_deref(), Some("half way"));
-    assert!(waited < Duration::from_secs(5), "{waited:?}");
     a.close().await.unwrap();
     b.close().await.unwrap();
 }

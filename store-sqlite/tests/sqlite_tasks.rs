@@ -13,7 +13,7 @@ use mcp_event_store_core::task::{
     Applied, Finish, InstanceId, NewTask, Owner, TaskStatus, TaskStore, WorkerChange,
 };
 use mcp_event_store_core::{Error, EventStore, NewEvent};
-use mcp_event_store_sqlite::{FORMAT_VERSION, SqliteStore};
+use mcp_event_store_sqlite::{FORMAT_VERSION, SqliteOptions, SqliteStore};
 use sqlx::{Connection, SqliteConnection};
 
 async fn raw(path: &std::path::Path) -> SqliteConnection {
@@ -207,16 +207,22 @@ async fn a_closed_store_refuses_task_calls() {
 }
 
 /// A task watch starts the handle's watcher (which finds other handles'
-/// commits), another handle's change wakes it, and dropping the last watch
-/// stops the watcher and closes its connection.
+/// commits), another handle's change wakes it (the watching handle's
+/// re-check and the watch's `max_wait` are an hour away: only the watcher
+/// can end it within the 30 s guard), and dropping the last watch stops
+/// the watcher and closes its connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_watches_share_the_watcher_which_stops_without_them() {
     use mcp_event_store_sqlite::testing::watcher;
 
+    const HOUR: Duration = Duration::from_secs(3600);
+    const EVENTUALLY: Duration = Duration::from_secs(30);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("e.db");
     let a = SqliteStore::open(&path).await.unwrap();
-    let b = SqliteStore::open(&path).await.unwrap();
+    let b = SqliteStore::open_with(SqliteOptions::new(&path).follow_recheck(HOUR))
+        .await
+        .unwrap();
     let me = InstanceId::generate().unwrap();
     a.heartbeat(me, Duration::from_secs(60)).await.unwrap();
     let owner = Owner::Anonymous;
@@ -226,47 +232,44 @@ async fn task_watches_share_the_watcher_which_stops_without_them() {
 
     let watching = {
         let (b, text, owner) = (b.clone(), text.clone(), owner);
-        tokio::spawn(async move {
-            b.watch(&text, &owner, task.rev, Duration::from_secs(30))
-                .await
-        })
+        tokio::spawn(async move { b.watch(&text, &owner, task.rev, HOUR).await })
     };
-    let started = std::time::Instant::now();
-    while !watcher(&b).is_running() {
-        assert!(started.elapsed() < Duration::from_secs(5), "no watcher");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    tokio::time::timeout(EVENTUALLY, async {
+        while !watcher(&b).is_running() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("no watcher started");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let started = std::time::Instant::now();
     a.apply(&id, me, WorkerChange::SetMessage(Some("moved")))
         .await
         .unwrap();
-    let seen = watching.await.unwrap().unwrap().unwrap();
+    let seen = tokio::time::timeout(EVENTUALLY, watching)
+        .await
+        .expect("the watcher never woke the watch")
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(seen.message.as_deref(), Some("moved"));
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "woken by the watcher, not the 5 s re-check: {:?}",
-        started.elapsed()
-    );
 
     // A watch dropped while waiting unregisters; the watcher then stops.
     let dropped = tokio::time::timeout(
         Duration::from_millis(100),
-        b.watch(&text, &owner, seen.rev, Duration::from_secs(30)),
+        b.watch(&text, &owner, seen.rev, HOUR),
     )
     .await;
     assert!(
         dropped.is_err(),
         "nothing changed, so the watch was waiting"
     );
-    let started = std::time::Instant::now();
-    while watcher(&b).is_running() {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the watcher outlived its last watch"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(EVENTUALLY, async {
+        while watcher(&b).is_running() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the watcher outlived its last watch");
     a.close().await;
     b.close().await;
 }
