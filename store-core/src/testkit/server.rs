@@ -359,6 +359,7 @@ fn no_server(spec: &ServerSpec, source: ServerSource, why: &str, var: Lookup<'_>
 #[cfg(feature = "testcontainers")]
 mod container {
     use std::io::{BufRead, BufReader};
+    #[cfg(unix)]
     use std::os::unix::process::CommandExt;
     use std::process::{ChildStdin, Command, Stdio};
     use std::sync::OnceLock;
@@ -479,12 +480,15 @@ ids=$(docker ps -aq --filter "label=$1")
             std::process::id(),
             &super::super::random_suffix()[..8]
         );
-        let mut child = Command::new("sh")
+        let mut command = Command::new("sh");
+        command
             .args(["-c", WATCHDOG, "sh", &format!("{CONTAINER_LABEL}={run}")])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .process_group(0)
+            .stderr(Stdio::null());
+        #[cfg(unix)]
+        command.process_group(0);
+        let mut child = command
             .spawn()
             .map_err(|e| format!("starting the container watchdog (sh): {e}"))?;
         let mut line = String::new();
@@ -845,18 +849,28 @@ mod tests {
 
     #[test]
     fn find_server_refuses_an_unknown_switch() {
+        let (mut output, writer) = std::io::pipe().unwrap();
         let mut command =
             crate::testkit::test_child("testkit::server::tests::switch_child").unwrap();
         command
             .env(SWITCH_CHILD_ENV, "1")
             .env(SERVER_SOURCE_ENV, "contianer")
-            .stdin(std::process::Stdio::null());
-        let output = command.output().unwrap();
-        let printed =
-            String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "the child passed:\n{printed}");
+            .stdin(std::process::Stdio::null())
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer);
+        let mut child = crate::testkit::ChildGuard::spawn(&mut command).unwrap();
+        // The command holds the pipe's other end until it goes.
+        drop(command);
+        let mut printed = String::new();
+        std::io::Read::read_to_string(&mut output, &mut printed).unwrap();
         assert!(
-            printed.contains(r#"MCP_EVENT_STORE_TEST_SERVER="contianer" is not one of auto, env, local, container"#),
+            !child.wait().unwrap().success(),
+            "the child passed:\n{printed}"
+        );
+        assert!(
+            printed.contains(
+                r#"MCP_EVENT_STORE_TEST_SERVER="contianer" is not one of auto, env, local, container"#
+            ),
             "{printed}"
         );
     }
