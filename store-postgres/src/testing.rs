@@ -9,7 +9,11 @@
 //! 2. `postgres://postgres@127.0.0.1:5432/postgres`, if it answers within a
 //!    second;
 //! 3. with the `testcontainers` feature, a pinned `postgres` container
-//!    started through Docker.
+//!    started through Docker (`MCP_EVENT_STORE_POSTGRES_IMAGE=name:tag`
+//!    starts another image).
+//!
+//! `MCP_EVENT_STORE_TEST_SERVER=env`, `local` or `container` uses only that
+//! way ([`testkit::find_server`]).
 //!
 //! Each test works in a schema of its own ([`namespace`]), dropped when
 //! the test ends, also when it panics.
@@ -35,6 +39,7 @@ pub const SERVER: ServerSpec = ServerSpec {
     container: Container {
         image: "postgres",
         tag: "15.10-alpine",
+        image_env: "MCP_EVENT_STORE_POSTGRES_IMAGE",
         port: 5432,
         ready_on_stderr: true,
         ready_message: "database system is ready to accept connections",

@@ -9,7 +9,11 @@
 //! 2. the local default `redis://127.0.0.1:6379`, if it answers `PING`
 //!    within a second;
 //! 3. with the `testcontainers` feature, a container of a pinned Redis 7
-//!    image ([`SERVER`]).
+//!    image ([`SERVER`]; `MCP_EVENT_STORE_REDIS_IMAGE=name:tag` starts
+//!    another image).
+//!
+//! `MCP_EVENT_STORE_TEST_SERVER=env`, `local` or `container` uses only that
+//! way.
 //!
 //! Every harness works under its own random key prefix, a
 //! [`Namespace`] whose keys [`Harness::teardown`] removes (and the guard's
@@ -45,6 +49,7 @@ pub const SERVER: ServerSpec = ServerSpec {
     container: Container {
         image: "redis",
         tag: "7.2.5-alpine",
+        image_env: "MCP_EVENT_STORE_REDIS_IMAGE",
         port: 6379,
         ready_on_stderr: false,
         ready_message: "Ready to accept connections",
