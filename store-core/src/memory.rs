@@ -21,7 +21,7 @@ use crate::options::{PurgeReport, StoreOptions};
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
 use crate::task::{
     Applied, CancelMode, InstanceId, MemoryTaskStore, NewTask, Owner, Rev, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, WorkerChange,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange,
 };
 
 const BACKEND: &str = "memory";
@@ -587,5 +587,9 @@ impl TaskStore for MemoryStore {
 
     async fn delete(&self, id: &str) -> Result<bool> {
         self.inner.tasks.delete(id).await
+    }
+
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        self.inner.tasks.view(id).await
     }
 }

@@ -11,7 +11,7 @@ use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::task::{
     Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions, TaskPurgeReport,
-    TaskRecord, TaskStore, WorkerChange,
+    TaskRecord, TaskStore, TaskView, WorkerChange,
 };
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
@@ -306,6 +306,10 @@ impl TaskStore for SqliteStore {
 
     async fn delete(&self, id: &str) -> Result<bool> {
         tasks::delete(self, id).await
+    }
+
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        tasks::view(self, id).await
     }
 }
 
