@@ -62,6 +62,9 @@ fn backstop_arg(ms: i64) -> String {
     }
 }
 
+/// `HMGET task v c`: the task's value and its context, if any.
+type ValueAndContext = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// A task's value `v`: core's encoding without the context, which is a
 /// field of its own (`c`).
 fn encode_value(stored: &StoredTask) -> Vec<u8> {
@@ -267,7 +270,7 @@ impl RedisStore {
         pipe.cmd("HMGET")
             .arg(self.inner.keys.task(digest))
             .arg(&["v", "c"]);
-        let ((value, context),): ((Option<Vec<u8>>, Option<Vec<u8>>),) = self.read(&pipe).await?;
+        let ((value, context),): (ValueAndContext,) = self.read(&pipe).await?;
         let Some(value) = value else {
             return Ok(None);
         };
