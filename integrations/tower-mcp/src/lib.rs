@@ -112,9 +112,10 @@
 //!   in one atomic step, superseding the keys left out, carrying forward a
 //!   live key with the same request (compared as serialized JSON), and
 //!   refusing a spent or re-pointed key, which this crate reports as
-//!   `InvalidTransition`. Its message defaults to "Awaiting client input",
-//!   as tower-mcp's memory store does; messages longer than the store's
-//!   4 KiB are cut (tower-mcp passes MRTR request state there).
+//!   `InvalidTransition`. Without a message it keeps the task's current
+//!   one (tower-mcp's memory store sets "Awaiting client input", which then
+//!   outlives the wait); messages longer than the store's 4 KiB are cut
+//!   (tower-mcp passes MRTR request state there).
 //! * **Every answer is kept.** tower-mcp re-runs the handler with all
 //!   answers over all rounds: this crate never takes an answer (T5's
 //!   `TakeAnswer`), and the runtime's view returns all that were not taken.

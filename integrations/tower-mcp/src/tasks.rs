@@ -38,9 +38,6 @@ pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(30);
 /// those past their grace ([`TaskStore::purge_expired_tasks`]) by default.
 pub const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
-/// The status message `require_input` sets when given none, as tower-mcp's
-/// memory store does.
-const AWAITING_INPUT: &str = "Awaiting client input";
 /// The longest a waiter or a token's guard waits before reading its task
 /// again: expiry and a lost instance are decided by reads, not announced.
 const RECHECK: Duration = Duration::from_secs(5);
@@ -832,10 +829,9 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
             .map(|(key, request)| Ok((key.as_str(), to_json(request, "an input request")?)))
             .collect::<Result<Vec<_>>>()?;
         let pairs: Vec<(&str, &[u8])> = encoded.iter().map(|(k, r)| (*k, &r[..])).collect();
-        let message = fit_message(message.unwrap_or(AWAITING_INPUT));
         let change = WorkerChange::ReplaceInputs {
             requests: &pairs,
-            message: Some(message),
+            message: message.map(fit_message),
         };
         match self.shared().apply(&task, change).await? {
             Applied::Changed { .. } => Ok(true),
