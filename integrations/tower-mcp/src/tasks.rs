@@ -400,7 +400,8 @@ fn raise<S: TaskStore + ?Sized>(shared: &Shared<S>, id: &str) {
 /// process-local token when it is cancelled (here or through any instance
 /// sharing the store), fails, expires or goes. A change wakes it through
 /// the store's watch (T10); expiry at the deadline it waits until; a lost
-/// instance at its next re-read.
+/// instance at its next re-read. Once the task ended, it only waits for
+/// the expiry, reading nothing until then.
 async fn guard<S: TaskStore + ?Sized>(
     shared: Arc<Shared<S>>,
     id: String,
@@ -422,6 +423,13 @@ async fn guard<S: TaskStore + ?Sized>(
         };
         if live.stops_work() {
             token.cancel();
+        }
+        if live.record().status.is_terminal() {
+            // It changes no more (T4): only its expiry is left to signal,
+            // which a timer does without reading the store. (A `cancel_task`
+            // through this process raises the token itself.)
+            tokio::time::sleep(live.until_expiry()).await;
+            continue;
         }
         let wait = live.until_expiry().min(RECHECK);
         if let Err(e) = shared
