@@ -33,6 +33,7 @@
 //! | `redis` | `redis::RedisStore` | `redis://host:6379`, `redis+cluster://h1:7000,h2:7001` |
 //! | `sled` | `sled::SledStore` | `sled:///var/lib/app/events` |
 //! | `full` | every backend above, and `rmcp` | |
+//! | `tower-mcp` (in `full`) | adapters for tower-mcp 0.25 (Rust 1.90) | |
 //!
 //! Every backend implements [`EventStore`], [`SessionStore`] and
 //! [`TaskStore`](task::TaskStore) and passes the same conformance suites:
@@ -66,6 +67,11 @@
 //! extension from the same store. The `resumable-server` package
 //! (`examples/resumable-server`) is a complete server:
 //! `cargo run -p resumable-server`.
+//!
+//! With the `tower-mcp` feature, the `tower_mcp` module (the crate
+//! `mcp-event-store-tower-mcp`) makes any of them tower-mcp 0.25's event
+//! store, session store and task store; `cargo run -p tower-mcp-server`
+//! runs a tower-mcp server on them (`examples/tower-mcp-server`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -85,6 +91,12 @@ pub use mcp_event_store_core::{
 /// `mcp-event-store-rmcp` crate.
 #[cfg(feature = "rmcp")]
 pub use mcp_event_store_rmcp as rmcp;
+
+/// With the `tower-mcp` feature: any store as tower-mcp 0.25's event store,
+/// session store and task store (the crate `mcp-event-store-tower-mcp`,
+/// which needs Rust 1.90).
+#[cfg(feature = "tower-mcp")]
+pub use mcp_event_store_tower_mcp as tower_mcp;
 
 /// The backends behind a cargo feature, one line each: module, crate,
 /// feature, its test harness, and its URL schemes (so that a scheme whose

@@ -14,6 +14,8 @@
 //! * [`EventStore::follow_events_after`], the replay that stays open while
 //!   a call is still running (C13), and [`Presence`], which ends it once
 //!   the instance writing the stream is known gone;
+//! * [`EventStore::replay_stream`], a stream's every retained event from
+//!   its oldest, for a transport that numbers its events itself (C16);
 //! * [`EventStore::stats`], [`EventStore::list_streams`] and
 //!   [`EventStore::check`], what an operator asks of a store (C15);
 //! * [`MemoryStore`], a complete in-memory backend;

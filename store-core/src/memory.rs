@@ -21,7 +21,7 @@ use crate::options::{PurgeReport, Retention, StoreOptions};
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
 use crate::task::{
     Applied, CancelMode, InstanceId, MemoryTaskStore, NewTask, Owner, Rev, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, WorkerChange,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange,
 };
 
 const BACKEND: &str = "memory";
@@ -318,6 +318,36 @@ impl EventStore for MemoryStore {
         .await
     }
 
+    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
+        observe::replay(BACKEND, stream_id, async {
+            crate::options::validate_stream_id(stream_id)?;
+            let token = self.inner.key.token(stream_id);
+            let oldest = {
+                let state = self.state();
+                state.streams.get(&token).and_then(|stream| {
+                    let first = stream.events.front()?.seq;
+                    Some((stream.incarnation, first))
+                })
+            };
+            let Some((incarnation, first)) = oldest else {
+                return Ok(Replay::empty(stream_id));
+            };
+            // Read as a replay after the event before the oldest: the same
+            // pages and gap checks, so retention overtaking it is refused.
+            let raw = EventId::new(token, dense::position(incarnation, first)).to_string();
+            let store = self.clone();
+            let events = paged_replay(dense::position(incarnation, first - 1), move |after| {
+                let page = store.page(&raw, token, incarnation, after.minor);
+                async move { page }
+            });
+            Ok(Replay {
+                stream_id: stream_id.to_owned(),
+                events,
+            })
+        })
+        .await
+    }
+
     async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
         let Some(id) = EventId::parse(event_id) else {
             return Ok(None);
@@ -561,5 +591,9 @@ impl TaskStore for MemoryStore {
 
     async fn delete(&self, id: &str) -> Result<bool> {
         self.inner.tasks.delete(id).await
+    }
+
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        self.inner.tasks.view(id).await
     }
 }

@@ -56,6 +56,45 @@ pub trait EventStore: Send + Sync + 'static {
     /// finds; it yields `EventsPurged` if a purge races it and would open a gap.
     async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay>;
 
+    /// Every retained event of `stream_id`, from its oldest, in order, with
+    /// their original ids (C16): a replay that needs no cursor, for a
+    /// transport that numbers its events itself and keeps its numbers in the
+    /// payloads (tower-mcp's event store).
+    ///
+    /// A stream never written, deleted, or expired whole replays nothing;
+    /// an invalid stream id is [`Error::InvalidStreamId`](crate::Error::InvalidStreamId).
+    /// The event stream pages through the backend like every replay (C3),
+    /// and yields [`Error::EventsPurged`](crate::Error::EventsPurged) if
+    /// retention removes an event it has not reached yet: it never skips one.
+    ///
+    /// Provided, so that a store written before it keeps compiling; the
+    /// default refuses with [`Error::Config`](crate::Error::Config). Every
+    /// store of this project implements it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mcp_event_store_core::Result<()> {
+    /// use futures_util::TryStreamExt;
+    /// use mcp_event_store_core::{EventStore, MemoryStore, NewEvent};
+    ///
+    /// let store = MemoryStore::new();
+    /// store.store_event("session-1", NewEvent::new(b"one")).await?;
+    /// store.store_event("session-1", NewEvent::new(b"two")).await?;
+    /// let replay = store.replay_stream("session-1").await?;
+    /// let all: Vec<_> = replay.events.try_collect().await?;
+    /// assert_eq!(all.len(), 2);
+    /// assert_eq!(&all[0].data[..], b"one");
+    /// let none: Vec<_> = store.replay_stream("never-written").await?.events.try_collect().await?;
+    /// assert!(none.is_empty());
+    /// # Ok(()) }
+    /// ```
+    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
+        let _ = stream_id;
+        Err(crate::Error::Config(
+            "this store cannot replay a stream from its oldest event (C16)".into(),
+        ))
+    }
+
     /// The stream of a retained event, or `None` for unknown, expired or
     /// malformed ids (C4).
     async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>>;
@@ -213,6 +252,17 @@ pub struct Replay {
     pub stream_id: String,
     /// The events, read lazily from the backend a page at a time.
     pub events: BoxStream<'static, Result<StoredEvent>>,
+}
+
+impl Replay {
+    /// A replay of `stream_id` with no events: what
+    /// [`EventStore::replay_stream`] gives for a stream with none retained.
+    pub fn empty(stream_id: &str) -> Self {
+        Self {
+            stream_id: stream_id.to_owned(),
+            events: futures_util::stream::empty().boxed(),
+        }
+    }
 }
 
 impl fmt::Debug for Replay {

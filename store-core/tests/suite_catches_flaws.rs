@@ -28,6 +28,11 @@ enum Flaw {
     SessionsNeverExpire,
     /// A follow ends with what is stored, as a plain replay does.
     FollowEndsWithTheStoredEvents,
+    /// A replay from the oldest event starts one event late, as a replay
+    /// after the oldest would.
+    StreamReplaySkipsTheOldest,
+    /// A replay from the oldest event replays every stream's events.
+    StreamReplayMixesStreams,
 }
 
 struct Flawed {
@@ -48,6 +53,36 @@ impl EventStore for Flawed {
                 stream_id: replay.stream_id,
                 events: replay.events.skip(1).boxed(),
             }),
+            _ => Ok(replay),
+        }
+    }
+
+    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
+        let replay = self.inner.replay_stream(stream_id).await?;
+        match self.flaw {
+            Flaw::StreamReplaySkipsTheOldest => Ok(Replay {
+                stream_id: replay.stream_id,
+                events: replay.events.skip(1).boxed(),
+            }),
+            Flaw::StreamReplayMixesStreams => {
+                let mut events = Vec::new();
+                let mut after = None;
+                loop {
+                    let page = self.inner.list_streams(after.as_ref(), 100).await?;
+                    for stream in page.streams {
+                        let all = self.inner.replay_stream(&stream.stream_id).await?;
+                        events.extend(all.events.collect::<Vec<_>>().await);
+                    }
+                    match page.next {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+                Ok(Replay {
+                    stream_id: replay.stream_id,
+                    events: futures_util::stream::iter(events).boxed(),
+                })
+            }
             _ => Ok(replay),
         }
     }
@@ -208,6 +243,22 @@ async fn a_follow_that_ends_with_the_stored_events_fails() {
     .await;
 }
 
+#[tokio::test]
+async fn a_replay_from_the_oldest_that_skips_or_mixes_fails() {
+    assert_case_fails(Flaw::StreamReplaySkipsTheOldest, |h| async move {
+        conformance::replay_stream_yields_every_event_from_the_oldest(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::StreamReplaySkipsTheOldest, |h| async move {
+        conformance::replay_stream_starts_at_the_oldest_retained(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::StreamReplayMixesStreams, |h| async move {
+        conformance::replay_stream_yields_every_event_from_the_oldest(&h).await
+    })
+    .await;
+}
+
 /// The same cases pass on the unflawed store, so the failures above are the
 /// flaws' doing.
 #[tokio::test]
@@ -222,4 +273,8 @@ async fn the_cases_pass_on_a_sound_store() {
     let h = conformance::MemoryHarness::new().await;
     conformance::follow_yields_the_stored_rest_then_live_events(&h).await;
     conformance::follow_from_the_newest_event_waits_for_the_next(&h).await;
+    let h = conformance::MemoryHarness::new().await;
+    conformance::replay_stream_yields_every_event_from_the_oldest(&h).await;
+    let h = conformance::MemoryHarness::new().await;
+    conformance::replay_stream_starts_at_the_oldest_retained(&h).await;
 }

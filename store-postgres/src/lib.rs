@@ -87,6 +87,7 @@
 //! | `_sqlx_migrations` | `version` | the format history (C12) |
 //! | `tasks`, `task_inputs`, `instances` | see [Tasks](#tasks) | durable tasks |
 //! | `_mes_task_migrations` | `version` | the task format history (see "Format") |
+//! | `_mes_task_context_migrations` | `version` | the task context history (see "Format") |
 //!
 //! Stream and session ids are stored as **BYTEA** (their UTF-8 bytes), not
 //! TEXT: PostgreSQL text cannot hold a NUL byte, and the contract allows any
@@ -144,9 +145,10 @@
 //!   id itself is never stored, so a dump hands out no bearer token), with
 //!   the owner's digest (empty for anonymous), `status` (INT2, 0 to 4;
 //!   running is `status < 2`), `rev`, the message, the times, ttl and poll
-//!   interval, the cancel flag, the instance that last worked on it and the
-//!   outcome (BYTEA). Indexed on `purge_at`, and on `instance` for running
-//!   tasks only.
+//!   interval, the cancel flag, the instance that last worked on it, the
+//!   outcome (BYTEA) and the context (BYTEA, T13: what the runtime keeps
+//!   to run the task again). Indexed on `purge_at`, and on `instance` for
+//!   running tasks only.
 //! * `task_inputs`: one row per input key a task used (`key` BYTEA, `seq`,
 //!   `state` 0 outstanding, 1 answered, 2 spent, the request and the
 //!   response), primary key `(digest, key)`, kept until the task goes so a
@@ -158,8 +160,11 @@
 //!
 //! **One atomic step per mutation.** `answer`, `request_cancel`, `apply`
 //! and `delete` each run one transaction on a pooled connection: one
-//! statement reads and locks the task row (`SELECT … FOR UPDATE OF t`) with
-//! its inputs and its instance's deadline; the state machine every backend
+//! statement locks the task row (`SELECT … FOR UPDATE`), the next reads it
+//! with its inputs and its instance's deadline (a statement of its own, so
+//! that it sees the inputs every step it waited for wrote: the sub-selects
+//! of a locking read keep the snapshot from before its wait); the state
+//! machine every backend
 //! shares decides in Rust (`TaskRecord::seen_at`, then `answer`,
 //! `request_cancel` or `apply`); the row is written back with
 //! `UPDATE … WHERE digest = $n AND rev = $m` (the `rev` just read), with
@@ -177,9 +182,8 @@
 //! queues its notification in one statement (a CTE around the `UPDATE`
 //! whose `SELECT pg_notify(…)` runs only for the row it wrote). An `apply`
 //! without input rows (a message, a status, a finish with nothing
-//! outstanding) is then four round trips: `BEGIN`, the locking read, the
-//! write with its notification, `COMMIT` (five before, with `pg_notify` a
-//! statement of its own). An input request, taking an answer or
+//! outstanding) is then five round trips: `BEGIN`, the lock, the read, the
+//! write with its notification, `COMMIT`. An input request, taking an answer or
 //! superseding inputs adds one statement; `answer` and `request_cancel`
 //! add their input statements and one read of the task as stored, which
 //! they return. A step that changes nothing (a refusal, a terminal task)
@@ -490,6 +494,16 @@
 //! `run_migrations` off the task tables are not created: a schema without
 //! them serves events, and task calls fail until the deploy step that
 //! migrates runs a release with tasks.
+//!
+//! Task contexts (T13) follow the same rule one step further: their
+//! migration (`migrations/task_context/`, adding the `context` column) is
+//! recorded in a table of its own, `_mes_task_context_migrations`, so a
+//! release of task format 1, whose check refuses any row of
+//! `_mes_task_migrations` it does not know, still opens the schema and
+//! keeps serving events and tasks. Its statements name their columns, so
+//! what it writes leaves a task's context as it is. A task context
+//! migration this release does not know is refused like a newer task
+//! format.
 //!
 //! # Limits
 //!

@@ -7,8 +7,11 @@ use bytes::Bytes;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
+use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
-use mcp_event_store_core::backend::{Page, StreamToken, paged_replay, retry_from_millis};
+use mcp_event_store_core::backend::{
+    Page, StreamToken, paged_replay, retry_from_millis, validate_stream_id,
+};
 use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
 
 use crate::store::{PostgresStore, backend};
@@ -47,13 +50,55 @@ pub(crate) async fn replay(store: &PostgresStore, raw: &str) -> Result<Replay> {
     dense::check_cursor(raw, &cursor, header.dense())?;
     page.header = Some(header);
     let first = page.into_page(raw, at, store.page_size())?;
+    let events = pages(store, raw.to_owned(), at, Some(first));
+    Ok(Replay { stream_id, events })
+}
 
+/// Every retained event of a stream from its oldest (C16): its row, then
+/// pages as a replay after the event before the oldest, with the same gap
+/// checks.
+pub(crate) async fn replay_stream(store: &PostgresStore, stream_id: &str) -> Result<Replay> {
+    validate_stream_id(stream_id)?;
+    let token = store.key().token(stream_id);
+    let row: Option<PgRow> = sqlx::query(store.sql().lookup.clone())
+        .bind(&token.as_bytes()[..])
+        .fetch_optional(store.pool())
+        .await
+        .map_err(backend)?;
+    let Some(row) = row else {
+        return Ok(Replay::empty(stream_id));
+    };
+    let incarnation = stored_number(row.try_get(1).map_err(backend)?)?;
+    let first_seq: i64 = row.try_get(2).map_err(backend)?;
+    let last_seq: i64 = row.try_get(3).map_err(backend)?;
+    if first_seq > last_seq {
+        return Ok(Replay::empty(stream_id));
+    }
+    let first_seq = stored_number(first_seq)?;
+    let at = PageAt {
+        token,
+        incarnation,
+        after: first_seq - 1,
+    };
+    let raw = EventId::new(token, dense::position(incarnation, first_seq)).to_string();
+    Ok(Replay {
+        stream_id: stream_id.to_owned(),
+        events: pages(store, raw, at, None),
+    })
+}
+
+/// The events from `at` on, page by page, starting with `first` if it was
+/// read already; `raw` names the replay in errors.
+fn pages(
+    store: &PostgresStore,
+    raw: String,
+    at: PageAt,
+    mut first: Option<Page>,
+) -> BoxStream<'static, Result<StoredEvent>> {
     let pool = store.pool().clone();
     let sql = store.sql().page.clone();
     let limit = store.page_size();
-    let raw = raw.to_owned();
-    let mut first = Some(first);
-    let events = paged_replay(dense::position(incarnation, after), move |position| {
+    paged_replay(dense::position(at.incarnation, at.after), move |position| {
         let prefetched = first.take();
         let pool = pool.clone();
         let sql = sql.clone();
@@ -70,8 +115,7 @@ pub(crate) async fn replay(store: &PostgresStore, raw: &str) -> Result<Replay> {
                 .await?
                 .into_page(&raw, at, limit)
         }
-    });
-    Ok(Replay { stream_id, events })
+    })
 }
 
 /// The stream of a retained event (`get_stream_id_for_event_id`); `None`

@@ -32,6 +32,29 @@ fn task_migrator() -> Migrator {
     tasks
 }
 
+/// The table recording the task context migrations applied (T13). Apart
+/// from [`TASK_MIGRATIONS`], whose check in a release of task format 1
+/// refuses any row it does not know: that release must keep serving
+/// events and tasks from a schema whose tasks have contexts.
+pub(crate) const CONTEXT_MIGRATIONS: &str = "_mes_task_context_migrations";
+
+/// The embedded task context migrations (`migrations/task_context/`),
+/// recorded in [`CONTEXT_MIGRATIONS`]; they run after the task migrations.
+fn context_migrator() -> Migrator {
+    let mut contexts = sqlx::migrate!("./migrations/task_context");
+    contexts.dangerous_set_table_name(CONTEXT_MIGRATIONS);
+    contexts
+}
+
+/// The task migration sets, in the order they run: each recorded in a
+/// table of its own, named in refusals.
+fn task_migrators() -> [(Migrator, &'static str, &'static str); 2] {
+    [
+        (task_migrator(), TASK_MIGRATIONS, "task"),
+        (context_migrator(), CONTEXT_MIGRATIONS, "task context"),
+    ]
+}
+
 /// The connect options of the store's connections: the URL's, with the
 /// `application_name` of `options` (the URL's, when it named one), else
 /// the one the environment gives (`PGAPPNAME`), else
@@ -136,7 +159,9 @@ async fn prepare_on(
 
     check_format(conn, schema, &quoted, run_migrations).await?;
     if !run_migrations {
-        check_task_format(conn, schema).await?;
+        for (migrator, table, what) in task_migrators() {
+            check_task_format(conn, schema, &migrator, table, what).await?;
+        }
     }
     if run_migrations {
         // `run_direct` is `run` minus the `Acquire` bound that makes this
@@ -145,24 +170,33 @@ async fn prepare_on(
             .run_direct(None, &mut *conn, false)
             .await
             .map_err(|e| migrate_error(schema, e))?;
-        task_migrator()
-            .run_direct(None, &mut *conn, false)
-            .await
-            .map_err(|e| task_migrate_error(schema, e))?;
+        for (migrator, _, what) in task_migrators() {
+            migrator
+                .run_direct(None, &mut *conn, false)
+                .await
+                .map_err(|e| task_migrate_error(schema, &migrator, what, e))?;
+        }
     }
     load_key(conn, &quoted).await
 }
 
-/// With `run_migrations` off: refuses a schema whose task migrations
-/// include one this release does not know (a newer task format) or one
-/// that failed part way. A schema without task tables opens (its events
-/// are served; task calls fail until a release with tasks migrates it).
-async fn check_task_format(conn: &mut PgConnection, schema: &str) -> Result<()> {
+/// With `run_migrations` off: refuses a schema whose task migrations of
+/// one set (`migrator`, recorded in `table`) include one this release does
+/// not know (a newer task format) or one that failed part way. A schema
+/// without the table opens (its events are served; task calls fail until a
+/// release with tasks migrates it).
+async fn check_task_format(
+    conn: &mut PgConnection,
+    schema: &str,
+    migrator: &Migrator,
+    table: &str,
+    what: &str,
+) -> Result<()> {
     let has_table: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)",
     )
     .bind(schema)
-    .bind(TASK_MIGRATIONS)
+    .bind(table)
     .fetch_one(&mut *conn)
     .await
     .map_err(backend)?;
@@ -170,41 +204,48 @@ async fn check_task_format(conn: &mut PgConnection, schema: &str) -> Result<()> 
         return Ok(());
     }
     let applied: Vec<(i64, bool)> = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT version, success FROM {TASK_MIGRATIONS} ORDER BY version"
+        "SELECT version, success FROM {table} ORDER BY version"
     )))
     .fetch_all(&mut *conn)
     .await
     .map_err(backend)?;
-    let known = task_migrator();
     for (version, success) in applied {
-        if !known.version_exists(version) {
+        if !migrator.version_exists(version) {
             return Err(task_migrate_error(
                 schema,
+                migrator,
+                what,
                 MigrateError::VersionMissing(version),
             ));
         }
         if !success {
-            return Err(task_migrate_error(schema, MigrateError::Dirty(version)));
+            return Err(task_migrate_error(
+                schema,
+                migrator,
+                what,
+                MigrateError::Dirty(version),
+            ));
         }
     }
     Ok(())
 }
 
-/// A refusal of the task migrations: a newer task format, or a different
-/// one, is [`Error::IncompatibleFormat`].
-fn task_migrate_error(schema: &str, e: MigrateError) -> Error {
-    let known = task_migrator().iter().map(|m| m.version).max().unwrap_or(0);
+/// A refusal of one set of task migrations (`what`: "task", "task
+/// context"): a newer format, or a different one, is
+/// [`Error::IncompatibleFormat`].
+fn task_migrate_error(schema: &str, migrator: &Migrator, what: &str, e: MigrateError) -> Error {
+    let known = migrator.iter().map(|m| m.version).max().unwrap_or(0);
     match e {
         MigrateError::VersionMissing(version) => Error::IncompatibleFormat(format!(
-            "schema \"{schema}\" holds task migration {version}, unknown to this release \
-             (task format {known}); it was written by a newer release"
+            "schema \"{schema}\" holds {what} migration {version}, unknown to this release \
+             ({what} format {known}); it was written by a newer release"
         )),
         MigrateError::VersionMismatch(version) => Error::IncompatibleFormat(format!(
-            "task migration {version} of schema \"{schema}\" differs from this release's; \
+            "{what} migration {version} of schema \"{schema}\" differs from this release's; \
              the schema was written by another build"
         )),
         MigrateError::Dirty(version) => Error::IncompatibleFormat(format!(
-            "task migration {version} of schema \"{schema}\" failed part way; repair it by hand"
+            "{what} migration {version} of schema \"{schema}\" failed part way; repair it by hand"
         )),
         other => Error::backend(NAME, other),
     }

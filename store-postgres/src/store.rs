@@ -283,6 +283,10 @@ impl EventStore for PostgresStore {
         observe::replay(NAME, last_event_id, replay::replay(self, last_event_id)).await
     }
 
+    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
+        observe::replay(NAME, stream_id, replay::replay_stream(self, stream_id)).await
+    }
+
     async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
         replay::lookup(self, event_id).await
     }

@@ -2,8 +2,9 @@
 //! `instances` in the store's schema.
 //!
 //! Every mutation is **one transaction** on a pooled connection: the task
-//! row is read and locked (`SELECT … FOR UPDATE OF t`, with its inputs and
-//! its instance's deadline in the same statement), the state machine decides
+//! row is locked (`SELECT … FOR UPDATE`), then read with its inputs and its
+//! instance's deadline in one statement (after the lock, so it sees every
+//! step that committed before; see [`LOAD`]), the state machine decides
 //! in Rust with the same code every backend uses ([`TaskRecord::seen_at`],
 //! then [`TaskRecord::answer`], [`TaskRecord::request_cancel`] or
 //! [`TaskRecord::apply`]), and the row, with the inputs the machine names,
@@ -25,10 +26,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{task_token, watch_task};
 use mcp_event_store_core::task::{
     Applied, CancelMode, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest, TaskId,
-    TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, WorkerChange, check_responses,
+    TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, WorkerChange,
+    check_responses, replacement,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::postgres::{PgConnection, PgRow};
@@ -49,8 +52,11 @@ const ANSWERED: i16 = 1;
 const PURGE_BATCH: i64 = 500;
 
 /// The task, its inputs (in request order) and its instance's deadline, in
-/// one statement; `{lock}` is empty for a read, `FOR UPDATE OF t` inside a
-/// mutation.
+/// one statement. Inside a mutation it runs after [`LOCK`]: not as `FOR
+/// UPDATE` itself, because a statement that waits for a row lock re-reads
+/// the locked row when it gets it, but its sub-selects keep the snapshot
+/// taken before the wait, and would miss the inputs the step it waited for
+/// wrote (a replacement racing another then lost its supersedes).
 const LOAD: &str = r#"
 SELECT t.owner, t.instance, t.status, t.rev, t.message, t.created_at, t.updated_at,
        t.ttl_ms, t.expires_at, t.purge_at, t.poll_ms, t.cancel, t.outcome, t.next_seq,
@@ -58,37 +64,44 @@ SELECT t.owner, t.instance, t.status, t.rev, t.message, t.created_at, t.updated_
        ARRAY(SELECT k.key FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq),
        ARRAY(SELECT k.state FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq),
        ARRAY(SELECT CASE WHEN k.state = 0 THEN k.request ELSE '\x'::bytea END
+               FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq),
+       t.context,
+       ARRAY(SELECT CASE WHEN k.state = 1 THEN k.response ELSE '\x'::bytea END
                FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq)
-  FROM {s}.tasks t WHERE t.digest = $1 {lock}
+  FROM {s}.tasks t WHERE t.digest = $1
 "#;
+
+/// Locks a task's row for a mutation's transaction; the [`LOAD`] after it
+/// reads what every step before committed.
+const LOCK: &str = "SELECT 1 FROM {s}.tasks WHERE digest = $1 FOR UPDATE";
 
 const SAVE: &str = r#"
 UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
        expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
-       instance = $11, next_seq = $12
+       instance = $11, next_seq = $12, context = $15
  WHERE digest = $13 AND rev = $14
 "#;
 
 /// [`SAVE`] that, when it writes the row, also queues the task's
-/// notification (`$15` the channel, `$16` the payload), which PostgreSQL
+/// notification (`$16` the channel, `$17` the payload), which PostgreSQL
 /// delivers at commit: one round trip for both. It returns one row when
 /// the row was written, none otherwise.
 const SAVE_AND_NOTIFY: &str = r#"
 WITH saved AS (
 UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
        expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
-       instance = $11, next_seq = $12
+       instance = $11, next_seq = $12, context = $15
  WHERE digest = $13 AND rev = $14
 RETURNING 1
 )
-SELECT pg_notify($15, $16)::text FROM saved
+SELECT pg_notify($16, $17)::text FROM saved
 "#;
 
 /// Inserts a task, only under an instance alive at its birth (T11).
 const CREATE: &str = r#"
 INSERT INTO {s}.tasks (digest, owner, status, rev, message, created_at, updated_at,
-       expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE, $12, NULL, 0
+       expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq, context)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE, $12, NULL, 0, $13
  WHERE EXISTS (SELECT 1 FROM {s}.instances WHERE id = $12 AND alive_until > $6)
 ON CONFLICT (digest) DO NOTHING
 "#;
@@ -103,6 +116,10 @@ RETURNING 1
 "#;
 
 const SUPERSEDE: &str = "UPDATE {s}.task_inputs SET state = 2 WHERE digest = $1 AND state = 0";
+
+/// Supersedes the outstanding inputs named in `$2` (a replacement, T15).
+const SUPERSEDE_KEYS: &str = "UPDATE {s}.task_inputs SET state = 2 \
+                              WHERE digest = $1 AND state = 0 AND key = ANY($2)";
 
 const ANSWER_INPUT: &str = "UPDATE {s}.task_inputs SET state = 1, response = $1 \
                             WHERE digest = $2 AND key = $3 AND state = 0";
@@ -151,14 +168,20 @@ fn sql(store: &PostgresStore, template: &str) -> SqlStr {
     render(template, &quote_schema(store.schema()))
 }
 
-fn load_sql(store: &PostgresStore, lock: bool) -> SqlStr {
-    let lock = if lock { "FOR UPDATE OF t" } else { "" };
-    sql(store, &LOAD.replace("{lock}", lock))
-}
-
 /// The owner as stored: the principal's digest, empty for anonymous.
 fn owner_bytes(owner: &Owner) -> Vec<u8> {
     owner.digest().map_or_else(Vec::new, |d| d.to_vec())
+}
+
+/// The owner a stored owner column names: empty for anonymous, else the
+/// principal's digest.
+fn owner_of(bytes: &[u8]) -> Result<Owner> {
+    if bytes.is_empty() {
+        return Ok(Owner::Anonymous);
+    }
+    <[u8; 16]>::try_from(bytes)
+        .map(Owner::Principal)
+        .map_err(|_| Error::Corrupt("a task owner is not 16 bytes".into()))
 }
 
 fn millis(d: Duration) -> u64 {
@@ -185,6 +208,8 @@ struct Stored {
     record: TaskRecord,
     /// Every key the task used.
     keys: Vec<String>,
+    /// The response of each key of `record.answered`, in the same order.
+    answers: Vec<(String, Bytes)>,
     alive_until: Option<i64>,
 }
 
@@ -229,16 +254,27 @@ fn decode(row: &PgRow) -> Result<Stored> {
             .map(Into::into),
         outstanding: Vec::new(),
         answered: Vec::new(),
+        context: row
+            .try_get::<Option<Vec<u8>>, _>(18)
+            .map_err(backend)?
+            .map(Into::into),
     };
     let keys: Vec<Vec<u8>> = row.try_get(15).map_err(backend)?;
     let states: Vec<i16> = row.try_get(16).map_err(backend)?;
     let requests: Vec<Vec<u8>> = row.try_get(17).map_err(backend)?;
+    let responses: Vec<Vec<u8>> = row.try_get(19).map_err(backend)?;
     let mut used = Vec::with_capacity(keys.len());
-    for ((key, state), request) in keys.into_iter().zip(states).zip(requests) {
+    let mut answers = Vec::new();
+    for (((key, state), request), response) in
+        keys.into_iter().zip(states).zip(requests).zip(responses)
+    {
         let key = utf8(key, "an input key")?;
         match state {
             OUTSTANDING => record.outstanding.push((key.clone(), request.into())),
-            ANSWERED => record.answered.push(key.clone()),
+            ANSWERED => {
+                record.answered.push(key.clone());
+                answers.push((key.clone(), response.into()));
+            }
             _ => {}
         }
         used.push(key);
@@ -249,18 +285,29 @@ fn decode(row: &PgRow) -> Result<Stored> {
         next_seq: row.try_get(13).map_err(backend)?,
         record,
         keys: used,
+        answers,
         alive_until: row.try_get(14).map_err(backend)?,
     })
 }
 
-/// Reads (and, `lock`, locks) a task with its inputs, in one statement.
+/// Reads (and, `lock`, first locks) a task with its inputs.
 async fn load(
     store: &PostgresStore,
     conn: &mut PgConnection,
     digest: &TaskDigest,
     lock: bool,
 ) -> Result<Option<Stored>> {
-    sqlx::query(load_sql(store, lock))
+    if lock {
+        let locked = sqlx::query(sql(store, LOCK))
+            .bind(&digest.as_bytes()[..])
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(backend)?;
+        if locked.is_none() {
+            return Ok(None);
+        }
+    }
+    sqlx::query(sql(store, LOAD))
         .bind(&digest.as_bytes()[..])
         .fetch_optional(&mut *conn)
         .await
@@ -310,7 +357,8 @@ async fn save(
         .bind(instance)
         .bind(next_seq)
         .bind(&digest.as_bytes()[..])
-        .bind(to_i64(read_rev));
+        .bind(to_i64(read_rev))
+        .bind(record.context.as_deref());
     let saved = match announce {
         Announce::WithSave => query
             .bind(store.notify_channel())
@@ -557,6 +605,29 @@ async fn apply_step(
             answer = Some(response.unwrap_or_default().into());
         }
         InputEffect::Supersede => supersede_inputs(store, conn, digest).await?,
+        InputEffect::Replace { requests } => {
+            let (superseded, added) = replacement(&stored.record, requests);
+            if !superseded.is_empty() {
+                let superseded: Vec<&[u8]> = superseded.iter().map(|k| k.as_bytes()).collect();
+                sqlx::query(sql(store, SUPERSEDE_KEYS))
+                    .bind(&digest.as_bytes()[..])
+                    .bind(superseded)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(backend)?;
+            }
+            for (key, request) in added {
+                next_seq += 1;
+                sqlx::query(sql(store, REQUEST_INPUT))
+                    .bind(&digest.as_bytes()[..])
+                    .bind(key.as_bytes())
+                    .bind(next_seq)
+                    .bind(request)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(backend)?;
+            }
+        }
     }
     save(
         store,
@@ -674,6 +745,7 @@ impl TaskStore for PostgresStore {
             .bind(record.ttl_ms.map(to_i64))
             .bind(record.poll_interval_ms.map(to_i64))
             .bind(&task.instance.0[..])
+            .bind(task.context)
             .execute(self.pool())
             .await
             .map_err(backend)?
@@ -815,6 +887,22 @@ impl TaskStore for PostgresStore {
         }
     }
 
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        let now = self.now();
+        let mut conn = self.pool().acquire().await.map_err(backend)?;
+        let Some(stored) = load(self, &mut conn, &id.digest(), false).await? else {
+            return Ok(None);
+        };
+        let Some(seen) = stored.seen(now) else {
+            return Ok(None);
+        };
+        Ok(Some(TaskView::new(
+            owner_of(&stored.owner)?,
+            seen,
+            stored.answers,
+        )))
+    }
+
     async fn delete(&self, id: &str) -> Result<bool> {
         let Some(digest) = TaskDigest::of(id) else {
             return Ok(false);
@@ -840,12 +928,14 @@ mod tests {
     fn statements_name_the_schema_everywhere() {
         for template in [
             LOAD,
+            LOCK,
             SAVE,
             SAVE_AND_NOTIFY,
             CREATE,
             ALIVE,
             HEARTBEAT,
             SUPERSEDE,
+            SUPERSEDE_KEYS,
             ANSWER_INPUT,
             REQUEST_INPUT,
             TAKE_INPUT,

@@ -1,7 +1,10 @@
 //! PostgreSQL-specific task behaviour beyond the shared task suite
 //! (tests/tasks.rs): the task tables are additive, so a release that knows
 //! only the event migrations keeps serving events from a schema that holds
-//! tasks; a newer task format is refused and changes nothing; tasks survive
+//! tasks; a release of task format 1 keeps serving events and tasks from a
+//! schema whose tasks have contexts, and what it writes leaves a context as
+//! it is; a newer task format, or task context format, is refused and
+//! changes nothing; tasks survive
 //! closing and reopening; a change through one handle wakes a watch on
 //! another through `NOTIFY`, and 1,000 idle watches hold no connections.
 
@@ -178,6 +181,118 @@ async fn a_newer_task_format_is_refused_and_changes_nothing() {
         )
         .await;
     assert!(store.get(&id, &owner).await.unwrap().is_some());
+    store.close().await;
+    Harness::teardown(harness).await;
+}
+
+/// What a release of task format 1 does (its task migration check against
+/// `_mes_task_migrations`, and its statements, which name their columns)
+/// succeeds on a schema whose tasks carry contexts, and leaves them as they
+/// are: the context column's migration is recorded in a table of its own.
+#[tokio::test]
+async fn a_release_without_contexts_still_serves_tasks_with_contexts() {
+    let harness = PostgresHarness::new().await;
+    let store = open(&harness).await;
+    let me = InstanceId::generate().unwrap();
+    store.heartbeat(me, Duration::from_secs(60)).await.unwrap();
+    let owner = Owner::principal(b"alice").unwrap();
+    let (id, _) = store
+        .create(NewTask::new(&owner, me).context(b"{\"tool\":\"t\"}"))
+        .await
+        .unwrap();
+    store.close().await;
+
+    let mut format_1 = sqlx::migrate!("./migrations/tasks");
+    format_1.migrations = Cow::Owned(
+        format_1
+            .iter()
+            .filter(|migration| migration.version <= 1)
+            .cloned()
+            .collect(),
+    );
+    format_1.dangerous_set_table_name("_mes_task_migrations");
+    let mut conn = raw(&harness).await;
+    format_1
+        .run_direct(None, &mut conn, false)
+        .await
+        .expect("task format 1's migration check passes");
+    let contexts: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _mes_task_context_migrations ORDER BY version")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(contexts, [1]);
+    // Task format 1's write-back of a task names its columns (this is its
+    // statement, less the notification).
+    let written = sqlx::query(
+        "UPDATE tasks SET status = 3, rev = rev + 1, message = NULL, updated_at = updated_at, \
+         ttl_ms = ttl_ms, expires_at = expires_at, purge_at = purge_at, poll_ms = poll_ms, \
+         cancel = cancel, outcome = '\\x7b7d', instance = instance, next_seq = next_seq \
+         WHERE digest = $1",
+    )
+    .bind(&id.digest().as_bytes()[..])
+    .execute(&mut conn)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(written, 1);
+    conn.close().await.unwrap();
+    let store = open(&harness).await;
+    let task = store
+        .get(&id.to_string(), &owner)
+        .await
+        .unwrap()
+        .expect("the task");
+    assert_eq!(task.status, TaskStatus::Failed);
+    assert_eq!(task.context.as_deref(), Some(&b"{\"tool\":\"t\"}"[..]));
+    store.close().await;
+    Harness::teardown(harness).await;
+}
+
+/// A task context migration of a newer release is refused, naming it, by
+/// a handle that migrates and by one that may not, and changes nothing.
+#[tokio::test]
+async fn a_newer_task_context_format_is_refused_and_changes_nothing() {
+    let harness = PostgresHarness::new().await;
+    let (id, owner, _) = schema_with_a_task(&harness).await;
+    let newest: i64 = sqlx::migrate!("./migrations/task_context")
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap();
+    let mut conn = raw(&harness).await;
+    sqlx::query(
+        "INSERT INTO _mes_task_context_migrations (version, description, success, checksum, \
+         execution_time) VALUES ($1, 'a newer release (test)', TRUE, '\\x00', 0)",
+    )
+    .bind(newest + 1)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    for run_migrations in [true, false] {
+        let err = PostgresStore::connect_with(
+            harness.url(),
+            harness
+                .options(StoreOptions::default())
+                .run_migrations(run_migrations),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::IncompatibleFormat(m)
+                if m.contains(&format!("task context migration {}", newest + 1))),
+            "{err}"
+        );
+    }
+    sqlx::query("DELETE FROM _mes_task_context_migrations WHERE version = $1")
+        .bind(newest + 1)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let store = open(&harness).await;
+    let task = store.get(&id, &owner).await.unwrap().expect("the task");
+    assert_eq!(task.status, TaskStatus::InputRequired);
     store.close().await;
     Harness::teardown(harness).await;
 }

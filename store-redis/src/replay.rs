@@ -2,12 +2,14 @@
 //! inclusively from the cursor with the metadata in one `MULTI`, later
 //! pages exclusively, each checked against the metadata read with it.
 
-use mcp_event_store_core::backend::{Page, StreamToken, paged_replay};
+use mcp_event_store_core::backend::{Page, StreamToken, paged_replay, validate_stream_id};
 use mcp_event_store_core::{Error, EventId, Position, Replay, Result};
 use redis::Value;
 
 use crate::RedisStore;
 use crate::keys::StreamKeys;
+use crate::options::SECRET_ATTEMPTS;
+use crate::setup::secret_kept_changing;
 use crate::wire::{after, entry_id, parse_entries, parse_meta_id};
 
 /// What the metadata hash says about a stream.
@@ -90,6 +92,68 @@ impl RedisStore {
             }
         });
         Ok(Replay { stream_id, events })
+    }
+
+    /// Every retained event of a stream from its oldest (C16): the
+    /// metadata and the first page (`XRANGE - +`) in one `MULTI`, later
+    /// pages as a replay's, with the same checks. A stream not found under
+    /// this handle's secret is looked for again once the secret is checked
+    /// (C14), as a delete does.
+    pub(crate) async fn open_stream_replay(&self, stream_id: &str) -> Result<Replay> {
+        validate_stream_id(stream_id)?;
+        let page_size = self.page_size();
+        for _ in 0..SECRET_ATTEMPTS {
+            let key = self.key();
+            let token = key.token(stream_id);
+            let keys = self.inner.keys.stream(&token);
+            let mut pipe = redis::pipe();
+            pipe.atomic()
+                .cmd("HMGET")
+                .arg(&keys.meta)
+                .arg(&["sid", "base", "last", "purged"])
+                .cmd("XRANGE")
+                .arg(&keys.events)
+                .arg("-")
+                .arg("+")
+                .arg("COUNT")
+                .arg(page_size);
+            let (meta, entries): (MetaRow, Value) = self.read(&pipe).await?;
+            let (Some(_), base, last, purged) = meta else {
+                if self.secret_holds(&key).await? {
+                    return Ok(Replay::empty(stream_id));
+                }
+                continue;
+            };
+            let meta = Meta::parse(base, last, purged)?;
+            let events = parse_entries(token, entries)?;
+            let Some(oldest) = events.first().map(|e| e.id) else {
+                return Ok(Replay::empty(stream_id));
+            };
+            let mut first = Some(Page {
+                last: events.len() < page_size,
+                events,
+            });
+            let store = self.clone();
+            let raw = oldest.to_string();
+            let base = meta.base;
+            let events = paged_replay(Position::ZERO, move |position| {
+                let first = first.take();
+                let store = store.clone();
+                let raw = raw.clone();
+                let keys = keys.clone();
+                async move {
+                    match first {
+                        Some(page) => Ok(page),
+                        None => store.page(&raw, token, &keys, base, position).await,
+                    }
+                }
+            });
+            return Ok(Replay {
+                stream_id: stream_id.to_owned(),
+                events,
+            });
+        }
+        Err(secret_kept_changing())
     }
 
     /// Reads the page after `position`, checked against the metadata read in

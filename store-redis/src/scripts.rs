@@ -327,11 +327,12 @@ return 0
 "#;
 
 /// `TaskStore::try_create`: insert if absent. KEYS: task. ARGV: value,
-/// rev, backstop TTL ms or '' (none). Returns 1 when created, 0 when the
-/// key was taken (nothing changed).
+/// rev, backstop TTL ms or '' (none), '1' and the context (T13) or '0'.
+/// Returns 1 when created, 0 when the key was taken (nothing changed).
 const TASK_CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'v', ARGV[1], 'rev', ARGV[2])
+if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'c', ARGV[5]) end
 if ARGV[3] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1
 "#;
@@ -339,11 +340,15 @@ return 1
 /// One task mutation, compare-and-set on `rev`: writes the new value only
 /// if the stored `rev` is still the one the handle read, sets the backstop
 /// TTL and publishes the change. KEYS: task. ARGV: rev read, value, new
-/// rev, backstop TTL ms or '' (none: `PERSIST`), channel, digest hex.
+/// rev, backstop TTL ms or '' (none: `PERSIST`), channel, digest hex, '1'
+/// and the new context (T13) or '0' to leave it.
 /// Returns 1 when written, 0 when the task changed (or went) meanwhile.
+/// The context is a field of its own, `c`: a release from before contexts
+/// writes only `v` and `rev`, and so leaves it as it is.
 const TASK_WRITE: &str = r#"
 if redis.call('HGET', KEYS[1], 'rev') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 'rev', ARGV[3])
+if ARGV[7] == '1' then redis.call('HSET', KEYS[1], 'c', ARGV[8]) end
 if ARGV[4] == '' then
   redis.call('PERSIST', KEYS[1])
 else

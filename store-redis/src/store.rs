@@ -130,6 +130,11 @@ impl EventStore for RedisStore {
         observe::replay(NAME, last_event_id, self.open_replay(last_event_id)).await
     }
 
+    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
+        self.ensure_open()?;
+        observe::replay(NAME, stream_id, self.open_stream_replay(stream_id)).await
+    }
+
     async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
         self.ensure_open()?;
         self.lookup(event_id).await

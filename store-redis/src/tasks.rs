@@ -1,7 +1,8 @@
 //! The task store (SEP-2663 durable tasks); see the crate docs, "Tasks".
 //!
 //! A task is one hash, `<prefix>:t1:{<digest hex>}:task`, with `v` (the
-//! task and its inputs in core's [`codec`] encoding) and `rev`. Every
+//! task and its inputs in core's [`codec`] encoding, without its context),
+//! `rev`, and `c`, its context (T13), when it has one. Every
 //! mutation reads the task, lets the state machine every backend shares
 //! decide ([`TaskRecord::seen_at`], then [`TaskRecord::answer`],
 //! [`TaskRecord::request_cancel`] or [`TaskRecord::apply`]), and writes the
@@ -19,7 +20,7 @@ use mcp_event_store_core::backend::follow::{Subscription, Wakeups, task_token, w
 use mcp_event_store_core::task::codec::{self, StoredTask, owner_bytes};
 use mcp_event_store_core::task::{
     Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, WorkerChange, check_responses,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
 #[cfg(feature = "conformance")]
@@ -59,6 +60,20 @@ fn backstop_arg(ms: i64) -> String {
         Ok(ms) if ms <= MAX_PEXPIRE_MS => ms.to_string(),
         _ => String::new(),
     }
+}
+
+/// `HMGET task v c`: the task's value and its context, if any.
+type ValueAndContext = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// A task's value `v`: core's encoding without the context, which is a
+/// field of its own (`c`).
+fn encode_value(stored: &StoredTask) -> Vec<u8> {
+    if stored.record.context.is_none() {
+        return codec::encode(stored);
+    }
+    let mut bare = stored.clone();
+    bare.record.context = None;
+    codec::encode(&bare)
 }
 
 /// A task key's backstop, written at `now`.
@@ -249,12 +264,21 @@ impl RedisStore {
         TaskOptions::default()
     }
 
-    /// The task's value, or `None`.
+    /// The task's value, with its context (the field `c`), or `None`.
     async fn load_task(&self, digest: &TaskDigest) -> Result<Option<StoredTask>> {
         let mut pipe = redis::pipe();
-        pipe.cmd("HGET").arg(self.inner.keys.task(digest)).arg("v");
-        let (value,): (Option<Vec<u8>>,) = self.read(&pipe).await?;
-        value.map(|v| codec::decode(&v)).transpose()
+        pipe.cmd("HMGET")
+            .arg(self.inner.keys.task(digest))
+            .arg(&["v", "c"]);
+        let ((value, context),): (ValueAndContext,) = self.read(&pipe).await?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let mut stored = codec::decode(&value)?;
+        if let Some(context) = context {
+            stored.record.context = Some(context.into());
+        }
+        Ok(Some(stored))
     }
 
     /// Instance `id`'s heartbeat deadline (the orphan check, T11: a second
@@ -310,26 +334,34 @@ impl RedisStore {
         Ok(reply)
     }
 
-    /// Writes `new` over the task read at `rev`, if it is still at `rev`.
+    /// Writes `new` over the task `read`, if it is still at `read`'s `rev`;
+    /// its context only when it changed.
     async fn write_task(
         &self,
         digest: &TaskDigest,
-        rev: Rev,
+        read: &StoredTask,
         new: &StoredTask,
         now: i64,
     ) -> Result<bool> {
+        let context = new
+            .record
+            .context
+            .as_ref()
+            .filter(|c| read.record.context.as_ref() != Some(c));
         let written = self
             .task_script(
                 SCRIPTS
                     .task_write
                     .call()
                     .key(self.inner.keys.task(digest))
-                    .arg(rev)
-                    .arg(codec::encode(new))
+                    .arg(read.record.rev)
+                    .arg(encode_value(new))
                     .arg(new.record.rev)
                     .arg(task_backstop(&new.record, now))
                     .arg(self.inner.keys.task_channel())
-                    .arg(hex(digest.as_bytes())),
+                    .arg(hex(digest.as_bytes()))
+                    .arg(if context.is_some() { "1" } else { "0" })
+                    .arg(context.map_or(&[][..], |c| &c[..])),
                 "the task change",
             )
             .await?;
@@ -358,10 +390,7 @@ impl RedisStore {
             let (Some(new), Some(found)) = (new, found) else {
                 return Ok(answer);
             };
-            if self
-                .write_task(digest, found.stored.record.rev, &new, now)
-                .await?
-            {
+            if self.write_task(digest, &found.stored, &new, now).await? {
                 return Ok(answer);
             }
         }
@@ -423,9 +452,11 @@ impl TaskStore for RedisStore {
                     .task_create
                     .call()
                     .key(self.inner.keys.task(&id.digest()))
-                    .arg(codec::encode(&stored))
+                    .arg(encode_value(&stored))
                     .arg(record.rev)
-                    .arg(task_backstop(&record, now)),
+                    .arg(task_backstop(&record, now))
+                    .arg(if record.context.is_some() { "1" } else { "0" })
+                    .arg(record.context.as_deref().unwrap_or_default()),
                 "the task",
             )
             .await?;
@@ -551,6 +582,23 @@ impl TaskStore for RedisStore {
         let deleted = self.delete_task(&digest, None).await?;
         Ok(deleted == 1)
     }
+
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        self.ensure_open()?;
+        let Some(Found {
+            stored,
+            seen: Some(seen),
+            ..
+        }) = self.find_task(&id.digest(), None, self.now()).await?
+        else {
+            return Ok(None);
+        };
+        let owner = match stored.owner.as_slice() {
+            [] => Owner::Anonymous,
+            digest => Owner::Principal(digest.try_into().map_err(|_| corrupt())?),
+        };
+        Ok(Some(TaskView::new(owner, seen, stored.answers())))
+    }
 }
 
 impl RedisStore {
@@ -642,6 +690,7 @@ impl RedisStore {
                 return Ok(report);
             };
             let rev = found.stored.record.rev;
+            let read = found.stored.clone();
             let Some(seen) = found.seen else {
                 match self.delete_task(digest, Some(rev)).await? {
                     -1 => continue,
@@ -654,7 +703,7 @@ impl RedisStore {
             let Some(new) = found.stored.ended_as_read(&seen) else {
                 return Ok(report);
             };
-            if self.write_task(digest, rev, &new, now).await? {
+            if self.write_task(digest, &read, &new, now).await? {
                 report.count_ended(&seen);
                 return Ok(report);
             }

@@ -3,7 +3,9 @@
 //! test's connections) and that `PUBLISH` wakes them all, also after the
 //! subscriber's connection was killed; that tasks leave
 //! an older release's keys alone; a purge of more than one `SCAN` batch;
-//! and a task value of a newer format or garbled, refused clearly.
+//! a task value of a newer format or garbled, refused clearly; and a task's
+//! context kept in a field of its own, which a release from before
+//! contexts reads past and leaves alone.
 
 mod common;
 
@@ -360,6 +362,85 @@ async fn newer_or_garbled_task_values_are_refused() {
             .unwrap(),
         Applied::Unknown
     );
+    store.close().await;
+    mcp_event_store_core::conformance::Harness::teardown(harness).await;
+}
+
+/// A task's context (T13) is the hash field `c`, beside the value `v`
+/// (core's encoding, the released task format 1, without the context) and
+/// `rev`: a release from before contexts decodes `v` as always, and its
+/// write (`HSET v … rev …`) leaves the context as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_is_a_field_a_release_without_contexts_leaves_alone() {
+    let harness = RedisHarness::new().await;
+    let clock = test_clock();
+    let store = RedisStore::connect_with(harness.url(), harness.options(test_options(&clock)))
+        .await
+        .unwrap();
+    let me = InstanceId::generate().unwrap();
+    assert!(store.heartbeat(me, Duration::from_secs(30)).await.unwrap());
+    let owner = Owner::Anonymous;
+    let (task, _) = store
+        .create(NewTask::new(&owner, me).context(b"ctx\0"))
+        .await
+        .unwrap();
+    let text = task.to_string();
+    let key = format!(
+        "{}:t1:{{{}}}:task",
+        harness.prefix(),
+        TaskDigest::of(&text)
+            .unwrap()
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let mut admin = raw(harness.url()).await;
+    let (value, context, rev): (Vec<u8>, Vec<u8>, u64) = redis::cmd("HMGET")
+        .arg(&key)
+        .arg(&["v", "c", "rev"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(context, b"ctx\0");
+    let decoded = mcp_event_store_core::task::codec::decode(&value).unwrap();
+    assert_eq!(decoded.record.context, None, "v holds no context");
+    // The released script's write: only `v` and `rev`.
+    let mut ended = decoded.clone();
+    ended.record.status = TaskStatus::Failed;
+    ended.record.rev += 1;
+    let () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("v")
+        .arg(mcp_event_store_core::task::codec::encode(&ended))
+        .arg("rev")
+        .arg(rev + 1)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let seen = store.get(&text, &owner).await.unwrap().expect("the task");
+    assert_eq!(seen.status, TaskStatus::Failed);
+    assert_eq!(seen.context.as_deref(), Some(&b"ctx\0"[..]));
+    // A change of this release writes `c` only when the context changed.
+    let applied = store
+        .apply(&task, me, WorkerChange::SetContext(b"second"))
+        .await
+        .unwrap();
+    assert_eq!(applied, Applied::AlreadyTerminal(TaskStatus::Failed));
+    let (other, _) = store
+        .create(NewTask::new(&owner, me).context(b"first"))
+        .await
+        .unwrap();
+    store
+        .apply(&other, me, WorkerChange::SetContext(b"second"))
+        .await
+        .unwrap();
+    let seen = store
+        .get(&other.to_string(), &owner)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.context.as_deref(), Some(&b"second"[..]));
     store.close().await;
     mcp_event_store_core::conformance::Harness::teardown(harness).await;
 }

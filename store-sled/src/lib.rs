@@ -343,6 +343,15 @@
 //! and an open refuses a database of a newer task format with
 //! [`Error::IncompatibleFormat`], changing nothing.
 //!
+//! A task's context (T13) did not change the task format either: it rides
+//! in the extension bytes of core's task encoding, which the first release
+//! with tasks reserved and skips when reading. Such a release (run on the
+//! database after this one: sled is one process at a time) reads every
+//! task, and writes back without its context a task it rewrites (a purge
+//! ending an expired or orphaned one); a runtime that needs the context
+//! then no longer finds it (tower-mcp's adapter reads such a task as
+//! unknown).
+//!
 //! The format is this crate's layout on top of sled's own on-disk format,
 //! which sled 0.34 does not promise to keep (see [Limits](#limits)).
 //!

@@ -248,6 +248,10 @@ impl EventStore for SledStore {
         replay::replay_events_after(self, last_event_id).await
     }
 
+    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
+        replay::replay_stream(self, stream_id).await
+    }
+
     async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
         replay::get_stream_id_for_event_id(self, event_id).await
     }

@@ -24,7 +24,7 @@ use mcp_event_store_core::backend::follow::{task_token, watch_task};
 use mcp_event_store_core::task::codec::{StoredTask as Stored, decode, encode, owner_bytes};
 use mcp_event_store_core::task::{
     Applied, CancelMode, Finish, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, WorkerChange, check_responses,
+    TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, WorkerChange, check_responses,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -314,7 +314,14 @@ impl TaskStore for SledStore {
                 let Some((stored, seen, _)) = found else {
                     return Ok((None, Applied::Unknown));
                 };
-                stored.worker_step(&seen, by, change.as_worker(), &TaskOptions::default(), now)
+                let mut pairs = Vec::new();
+                stored.worker_step(
+                    &seen,
+                    by,
+                    change.as_worker(&mut pairs),
+                    &TaskOptions::default(),
+                    now,
+                )
             })
         })
         .await
@@ -418,6 +425,27 @@ impl TaskStore for SledStore {
             shared.task_wakeups.wake_all();
         }
         Ok(report)
+    }
+
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        let shared = self.shared()?;
+        let now = self.now();
+        let digest = id.digest();
+        blocking(move || {
+            let Some((_, stored)) = shared.load_task(&digest)? else {
+                return Ok(None);
+            };
+            let alive = shared.alive_until(&stored.instance)?;
+            let Some(seen) = stored.record.clone().seen_at(now, alive) else {
+                return Ok(None);
+            };
+            let owner = match stored.owner.as_slice() {
+                [] => Owner::Anonymous,
+                digest => Owner::Principal(digest.try_into().map_err(|_| corrupt())?),
+            };
+            Ok(Some(TaskView::new(owner, seen, stored.answers())))
+        })
+        .await
     }
 
     async fn delete(&self, id: &str) -> Result<bool> {
@@ -564,6 +592,11 @@ enum Owned {
         status: TaskStatus,
         outcome: Vec<u8>,
     },
+    SetContext(Vec<u8>),
+    ReplaceInputs {
+        requests: Vec<(String, Vec<u8>)>,
+        message: Option<String>,
+    },
 }
 
 impl Owned {
@@ -583,10 +616,20 @@ impl Owned {
                 status: f.status(),
                 outcome: f.outcome().unwrap_or_default().to_vec(),
             },
+            WorkerChange::SetContext(c) => Owned::SetContext(c.to_vec()),
+            WorkerChange::ReplaceInputs { requests, message } => Owned::ReplaceInputs {
+                requests: requests
+                    .iter()
+                    .map(|(k, r)| ((*k).to_owned(), r.to_vec()))
+                    .collect(),
+                message: message.map(str::to_owned),
+            },
         }
     }
 
-    fn as_worker(&self) -> WorkerChange<'_> {
+    /// The change borrowed again; `pairs` holds a replacement's borrowed
+    /// requests.
+    fn as_worker<'a>(&'a self, pairs: &'a mut Vec<(&'a str, &'a [u8])>) -> WorkerChange<'a> {
         match self {
             Owned::RequestInput { key, request } => WorkerChange::RequestInput { key, request },
             Owned::TakeAnswer { key } => WorkerChange::TakeAnswer { key },
@@ -598,6 +641,14 @@ impl Owned {
                 TaskStatus::Failed => Finish::Failed(outcome),
                 _ => Finish::Cancelled,
             }),
+            Owned::SetContext(c) => WorkerChange::SetContext(c),
+            Owned::ReplaceInputs { requests, message } => {
+                pairs.extend(requests.iter().map(|(k, r)| (k.as_str(), r.as_slice())));
+                WorkerChange::ReplaceInputs {
+                    requests: pairs,
+                    message: message.as_deref(),
+                }
+            }
         }
     }
 }

@@ -56,8 +56,8 @@
 //! on `(token, seq)`, indexed on the time), `mes_sessions`, `mes_meta` (the
 //! format version, the stream secret, the incarnation counter),
 //! `mes_migrations` (the embedded migrations applied), and for durable tasks
-//! `mes_tasks`, `mes_task_inputs`, `mes_instances` and `mes_task_migrations`
-//! (see [Tasks](#tasks)).
+//! `mes_tasks`, `mes_task_inputs`, `mes_instances`, `mes_task_migrations`
+//! and `mes_task_context_migrations` (see [Tasks](#tasks)).
 //!
 //! ## One writer, many readers
 //!
@@ -104,9 +104,10 @@
 //! * `mes_tasks`: one row per task, keyed by the 16-byte digest of its id
 //!   (the id itself is never stored, so a copy of the file hands out no
 //!   bearer token), with its owner's digest (empty for anonymous), status,
-//!   `rev`, times, ttl, poll interval, cancel flag, the instance running it
-//!   and its outcome bytes; indexed on `purge_at`, and on `instance` for
-//!   running tasks only.
+//!   `rev`, times, ttl, poll interval, cancel flag, the instance running it,
+//!   its outcome bytes and its context (T13: what the runtime keeps to run
+//!   it again); indexed on `purge_at`, and on `instance` for running tasks
+//!   only.
 //! * `mes_task_inputs`: one row per input key a task used, with its
 //!   request, its response and its state (outstanding, answered, spent),
 //!   kept until the task goes so a key is never usable twice.
@@ -266,6 +267,14 @@
 //! of a newer release is refused with [`Error::IncompatibleFormat`] naming
 //! it, and the refusal changes nothing.
 //!
+//! Task contexts (T13) go one step further the same way: their migration
+//! (`migrations/task_context/`, adding the `context` column) is recorded
+//! in `mes_task_context_migrations`, so a release of task format 1 (whose
+//! check refuses an unknown row of `mes_task_migrations`) still opens the
+//! file and serves events and tasks; its statements name their columns,
+//! so what it writes leaves a context as it is. A task context migration
+//! of a newer release is refused in turn.
+//!
 //! # Limits
 //!
 //! * Payloads up to [`StoreOptions::max_payload_bytes`](mcp_event_store_core::StoreOptions::max_payload_bytes)
@@ -277,7 +286,7 @@
 //!   appends (default 512) per transaction; up to 4096 writes queue at a
 //!   handle's writer before callers wait.
 //! * Tasks: outcomes up to `max_payload_bytes`, each input request and
-//!   response up to 1 MiB, status messages up to 4 KiB, input keys of 1 to
+//!   response and each context up to 1 MiB, status messages up to 4 KiB, input keys of 1 to
 //!   256 bytes, at most 64 inputs outstanding per task, as every backend.
 //!   A commit by another connection wakes every task watcher of a handle
 //!   (one keyed read each), not only those of the task it changed.

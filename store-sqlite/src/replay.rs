@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
-use mcp_event_store_core::backend::{Page, StreamToken, observe, paged_replay, retry_from_millis};
+use mcp_event_store_core::backend::{
+    Page, StreamToken, observe, paged_replay, retry_from_millis, validate_stream_id,
+};
 use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -55,6 +57,64 @@ pub(crate) async fn replay_events_after(
             }
         });
         Ok(Replay { stream_id, events })
+    })
+    .await
+}
+
+/// Every retained event of a stream, from its oldest (C16): the stream's
+/// row and first page in one statement, then pages as a replay after the
+/// event before the oldest, with the same gap checks.
+pub(crate) async fn replay_stream(store: &SqliteStore, stream_id: &str) -> Result<Replay> {
+    observe::replay(NAME, stream_id, async {
+        validate_stream_id(stream_id)?;
+        let token = store.inner.key.token(stream_id);
+        // Named under incarnation 0 until the row says which it is.
+        let (stream, first_page) = store.page_with_stream(token, 0, 0).await?;
+        let Some((_, state)) = stream else {
+            return Ok(Replay::empty(stream_id));
+        };
+        let Some(first) = state.first_retained else {
+            return Ok(Replay::empty(stream_id));
+        };
+        let incarnation = state.incarnation;
+        let first_page: Vec<StoredEvent> = first_page
+            .into_iter()
+            .map(|mut e| {
+                e.id.position.major = incarnation;
+                e
+            })
+            .collect();
+        let after = first - 1;
+        let raw: Arc<str> = EventId::new(token, dense::position(incarnation, first))
+            .to_string()
+            .into();
+        dense::check_page(
+            &raw,
+            after,
+            first_page.first().map(|e| e.id.position.minor),
+            Some(state.last_seq),
+        )?;
+        let mut first_page = Some(store.page(first_page, Some(state.last_seq)));
+        let store = store.clone();
+        let events = paged_replay(dense::position(incarnation, after), move |after| {
+            let first_page = first_page.take();
+            let store = store.clone();
+            let raw = raw.clone();
+            async move {
+                match first_page {
+                    Some(page) => Ok(page),
+                    None => {
+                        store
+                            .checked_page(&raw, token, incarnation, after.minor)
+                            .await
+                    }
+                }
+            }
+        });
+        Ok(Replay {
+            stream_id: stream_id.to_owned(),
+            events,
+        })
     })
     .await
 }

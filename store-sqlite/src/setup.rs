@@ -129,12 +129,14 @@ async fn prepare(conn: &mut SqliteConnection) -> Result<StreamKey> {
 /// The caller holds the write lock; sqlx nests each migration's own
 /// transaction as a savepoint.
 ///
-/// The event migrations (`migrations/`, recorded in `mes_migrations`) and
-/// the task migrations (`migrations/tasks/`, recorded in
-/// `mes_task_migrations`) are kept apart: a release that knows only the
-/// event migrations finds nothing unknown in `mes_migrations`, so it keeps
-/// serving events from a file that also holds tasks. Each set refuses what
-/// a newer release added to it.
+/// The event migrations (`migrations/`, recorded in `mes_migrations`), the
+/// task migrations (`migrations/tasks/`, recorded in `mes_task_migrations`)
+/// and the task context migrations (`migrations/task_context/`, recorded in
+/// `mes_task_context_migrations`) are kept apart: a release that knows only
+/// the event migrations finds nothing unknown in `mes_migrations`, so it
+/// keeps serving events from a file that also holds tasks, and one of task
+/// format 1 keeps serving tasks from a file whose tasks have contexts. Each
+/// set refuses what a newer release added to it.
 async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
     let mut migrator = sqlx::migrate!("./migrations");
     migrator.dangerous_set_table_name("mes_migrations");
@@ -160,11 +162,20 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
     }
     let mut tasks = sqlx::migrate!("./migrations/tasks");
     tasks.dangerous_set_table_name(TASK_MIGRATIONS);
-    run(&tasks, conn, "task ").await
+    run(&tasks, conn, "task ").await?;
+    let mut contexts = sqlx::migrate!("./migrations/task_context");
+    contexts.dangerous_set_table_name(CONTEXT_MIGRATIONS);
+    run(&contexts, conn, "task context ").await
 }
 
 /// The table recording the task migrations applied.
 pub(crate) const TASK_MIGRATIONS: &str = "mes_task_migrations";
+
+/// The table recording the task context migrations applied (T13): apart
+/// from [`TASK_MIGRATIONS`], whose check in a release of task format 1
+/// refuses any row it does not know, so that release keeps serving events
+/// and tasks from a file whose tasks have contexts.
+pub(crate) const CONTEXT_MIGRATIONS: &str = "mes_task_context_migrations";
 
 /// Runs one set of migrations; `what` names the set in a refusal.
 async fn run(migrator: &Migrator, conn: &mut SqliteConnection, what: &str) -> Result<()> {

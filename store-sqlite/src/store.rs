@@ -11,7 +11,7 @@ use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::task::{
     Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions, TaskPurgeReport,
-    TaskRecord, TaskStore, WorkerChange,
+    TaskRecord, TaskStore, TaskView, WorkerChange,
 };
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
@@ -191,6 +191,10 @@ impl EventStore for SqliteStore {
         replay::replay_events_after(self, last_event_id).await
     }
 
+    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
+        replay::replay_stream(self, stream_id).await
+    }
+
     async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
         replay::get_stream_id_for_event_id(self, event_id).await
     }
@@ -306,6 +310,10 @@ impl TaskStore for SqliteStore {
 
     async fn delete(&self, id: &str) -> Result<bool> {
         tasks::delete(self, id).await
+    }
+
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        tasks::view(self, id).await
     }
 }
 

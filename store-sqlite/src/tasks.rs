@@ -25,10 +25,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{Wakeups, task_token, watch_task};
 use mcp_event_store_core::task::{
     Applied, CancelMode, Finish, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest,
-    TaskId, TaskPurgeReport, TaskRecord, TaskStatus, WorkerChange, check_responses,
+    TaskId, TaskPurgeReport, TaskRecord, TaskStatus, TaskView, WorkerChange, check_responses,
+    replacement,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::sqlite::SqliteConnection;
@@ -106,6 +108,11 @@ pub(crate) enum Change {
         status: TaskStatus,
         outcome: Vec<u8>,
     },
+    SetContext(Vec<u8>),
+    ReplaceInputs {
+        requests: Vec<(String, Vec<u8>)>,
+        message: Option<String>,
+    },
 }
 
 impl Change {
@@ -125,11 +132,20 @@ impl Change {
                 status: finish.status(),
                 outcome: finish.outcome().unwrap_or_default().to_vec(),
             },
+            WorkerChange::SetContext(context) => Change::SetContext(context.to_vec()),
+            WorkerChange::ReplaceInputs { requests, message } => Change::ReplaceInputs {
+                requests: requests
+                    .iter()
+                    .map(|(key, request)| ((*key).to_owned(), request.to_vec()))
+                    .collect(),
+                message: message.map(str::to_owned),
+            },
         }
     }
 
-    /// The change borrowed again, for the state machine.
-    fn as_worker(&self) -> WorkerChange<'_> {
+    /// The change borrowed again, for the state machine; `pairs` holds the
+    /// borrowed requests of a replacement.
+    fn as_worker<'a>(&'a self, pairs: &'a mut Vec<(&'a str, &'a [u8])>) -> WorkerChange<'a> {
         match self {
             Change::RequestInput { key, request } => WorkerChange::RequestInput { key, request },
             Change::TakeAnswer { key } => WorkerChange::TakeAnswer { key },
@@ -141,6 +157,14 @@ impl Change {
                 TaskStatus::Failed => Finish::Failed(outcome),
                 _ => Finish::Cancelled,
             }),
+            Change::SetContext(context) => WorkerChange::SetContext(context),
+            Change::ReplaceInputs { requests, message } => {
+                pairs.extend(requests.iter().map(|(k, r)| (k.as_str(), r.as_slice())));
+                WorkerChange::ReplaceInputs {
+                    requests: pairs,
+                    message: message.as_deref(),
+                }
+            }
         }
     }
 }
@@ -207,6 +231,33 @@ pub(crate) async fn try_create(
     )
     .await
     .and_then(record_answer)
+}
+
+/// The task as its runtime reads it (T14), from one snapshot on the read
+/// pool.
+pub(crate) async fn view(store: &SqliteStore, id: &TaskId) -> Result<Option<TaskView>> {
+    let now = store.now();
+    let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
+    let stored = load(&mut tx, &id.digest()).await?;
+    drop(tx);
+    let Some(stored) = stored else {
+        return Ok(None);
+    };
+    let Some(seen) = stored.seen(now) else {
+        return Ok(None);
+    };
+    let owner = if stored.owner.is_empty() {
+        Owner::Anonymous
+    } else {
+        Owner::Principal(
+            stored
+                .owner
+                .as_slice()
+                .try_into()
+                .map_err(|_| Error::Corrupt("a task owner is not 16 bytes".into()))?,
+        )
+    };
+    Ok(Some(TaskView::new(owner, seen, stored.answers)))
 }
 
 pub(crate) async fn get(store: &SqliteStore, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
@@ -389,6 +440,8 @@ struct Stored {
     record: TaskRecord,
     /// Every key the task used, with its state.
     inputs: Vec<(String, i64)>,
+    /// The response of each key of `record.answered`, in the same order.
+    answers: Vec<(String, Bytes)>,
     alive_until: Option<i64>,
 }
 
@@ -412,7 +465,7 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
     let Some(row) = sqlx::query(
         "SELECT owner, instance, status, rev, message, created_at, updated_at, ttl_ms, \
                 expires_at, purge_at, poll_ms, cancel, outcome, next_seq, \
-                (SELECT alive_until FROM mes_instances i WHERE i.id = t.instance) \
+                (SELECT alive_until FROM mes_instances i WHERE i.id = t.instance), context \
          FROM mes_tasks t WHERE digest = ?1",
     )
     .bind(&digest.as_bytes()[..])
@@ -450,13 +503,18 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
             .map(Into::into),
         outstanding: Vec::new(),
         answered: Vec::new(),
+        context: row
+            .try_get::<Option<Vec<u8>>, _>(15)
+            .map_err(db_error)?
+            .map(Into::into),
     };
     let owner = row.try_get(0).map_err(db_error)?;
     let instance = row.try_get(1).map_err(db_error)?;
     let next_seq = row.try_get(13).map_err(db_error)?;
     let alive_until = row.try_get(14).map_err(db_error)?;
     let rows = sqlx::query(
-        "SELECT key, state, CASE WHEN state = 0 THEN request END \
+        "SELECT key, state, CASE WHEN state = 0 THEN request END, \
+                CASE WHEN state = 1 THEN response END \
          FROM mes_task_inputs WHERE digest = ?1 ORDER BY seq",
     )
     .bind(&digest.as_bytes()[..])
@@ -464,6 +522,7 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
     .await
     .map_err(db_error)?;
     let mut inputs = Vec::with_capacity(rows.len());
+    let mut answers = Vec::new();
     for row in rows {
         let key = String::from_utf8(row.try_get(0).map_err(db_error)?)
             .map_err(|_| Error::Corrupt("an input key is not UTF-8".into()))?;
@@ -473,7 +532,11 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
                 let request: Vec<u8> = row.try_get(2).map_err(db_error)?;
                 record.outstanding.push((key.clone(), request.into()));
             }
-            ANSWERED => record.answered.push(key.clone()),
+            ANSWERED => {
+                let response: Option<Vec<u8>> = row.try_get(3).map_err(db_error)?;
+                record.answered.push(key.clone());
+                answers.push((key.clone(), response.unwrap_or_default().into()));
+            }
             _ => {}
         }
         inputs.push((key, state));
@@ -484,6 +547,7 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
         next_seq,
         record,
         inputs,
+        answers,
         alive_until,
     }))
 }
@@ -501,7 +565,7 @@ async fn save(
     let saved = sqlx::query(
         "UPDATE mes_tasks SET status = ?1, rev = ?2, message = ?3, updated_at = ?4, \
                 ttl_ms = ?5, expires_at = ?6, purge_at = ?7, poll_ms = ?8, cancel = ?9, \
-                outcome = ?10, instance = ?11, next_seq = ?12 \
+                outcome = ?10, instance = ?11, next_seq = ?12, context = ?15 \
          WHERE digest = ?13 AND rev = ?14",
     )
     .bind(i64::from(record.status.as_u8()))
@@ -518,6 +582,7 @@ async fn save(
     .bind(next_seq)
     .bind(&digest.as_bytes()[..])
     .bind(to_i64(read_rev))
+    .bind(record.context.as_deref())
     .execute(&mut *conn)
     .await
     .map_err(db_error)?
@@ -653,8 +718,9 @@ async fn create(
     // statement.
     let inserted = sqlx::query(
         "INSERT INTO mes_tasks (digest, owner, status, rev, message, created_at, updated_at, \
-                 expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq) \
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, FALSE, ?12, NULL, 0 \
+                 expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq, \
+                 context) \
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, FALSE, ?12, NULL, 0, ?13 \
           WHERE EXISTS (SELECT 1 FROM mes_instances WHERE id = ?12 AND alive_until > ?6) \
          ON CONFLICT (digest) DO NOTHING",
     )
@@ -670,6 +736,7 @@ async fn create(
     .bind(record.ttl_ms.map(to_i64))
     .bind(record.poll_interval_ms.map(to_i64))
     .bind(&instance.0[..])
+    .bind(record.context.as_deref())
     .execute(&mut *conn)
     .await
     .map_err(db_error)?
@@ -807,8 +874,9 @@ async fn apply_step(
         return Ok(TaskAnswer::Applied(Applied::AlreadyTerminal(seen.status)));
     }
     let mut record = stored.record.clone();
+    let mut pairs = Vec::new();
     let effect = match record.apply(
-        change.as_worker(),
+        change.as_worker(&mut pairs),
         |key| stored.input(key).is_some(),
         options,
         now,
@@ -859,6 +927,37 @@ async fn apply_step(
             answer = Some(response.unwrap_or_default().into());
         }
         InputEffect::Supersede => supersede_inputs(conn, digest).await?,
+        InputEffect::Replace { requests } => {
+            let (superseded, added) = replacement(&stored.record, requests);
+            for key in superseded {
+                sqlx::query(
+                    "UPDATE mes_task_inputs SET state = ?1 \
+                     WHERE digest = ?2 AND key = ?3 AND state = ?4",
+                )
+                .bind(SPENT)
+                .bind(&digest.as_bytes()[..])
+                .bind(key.as_bytes())
+                .bind(OUTSTANDING)
+                .execute(&mut *conn)
+                .await
+                .map_err(db_error)?;
+            }
+            for (key, request) in added {
+                next_seq += 1;
+                sqlx::query(
+                    "INSERT INTO mes_task_inputs (digest, key, seq, state, request) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .bind(&digest.as_bytes()[..])
+                .bind(key.as_bytes())
+                .bind(next_seq)
+                .bind(OUTSTANDING)
+                .bind(request)
+                .execute(&mut *conn)
+                .await
+                .map_err(db_error)?;
+            }
+        }
     }
     save(conn, digest, stored.record.rev, &record, &by.0, next_seq).await?;
     Ok(TaskAnswer::Applied(Applied::Changed {

@@ -1,7 +1,10 @@
 //! SQLite-specific task behaviour beyond the shared task suite
 //! (tests/tasks.rs): the task tables are additive, so a release that knows
 //! only the event migrations keeps serving events from a file that holds
-//! tasks; a newer task format is refused and changes nothing; tasks survive
+//! tasks; a release of task format 1 keeps serving events and tasks from a
+//! file whose tasks have contexts, and what it writes leaves a context as it
+//! is; a newer task format, or task context format, is refused and changes
+//! nothing; tasks survive
 //! a restart and a SIGKILL of the process that wrote them (T1, T12); a
 //! closed handle refuses task calls; task watches share the handle's one
 //! watcher, which stops when the last watch goes.
@@ -130,6 +133,105 @@ async fn a_newer_task_format_is_refused_and_changes_nothing() {
     let task = store.get(&id, &owner).await.unwrap().expect("the task");
     assert_eq!(task.status, TaskStatus::InputRequired);
     assert_eq!(store.stats().await.unwrap().events, 1);
+    store.close().await;
+}
+
+/// What a release of task format 1 does (its task migration check against
+/// `mes_task_migrations`, and its statements, which name their columns)
+/// succeeds on a file whose tasks carry contexts and leaves them as they
+/// are: the context column's migration is recorded in a table of its own.
+#[tokio::test]
+async fn a_release_without_contexts_still_serves_tasks_with_contexts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let me = InstanceId::generate().unwrap();
+    store.heartbeat(me, Duration::from_secs(30)).await.unwrap();
+    let owner = Owner::principal(b"alice").unwrap();
+    let (id, _) = store
+        .create(NewTask::new(&owner, me).context(b"{\"tool\":\"t\"}"))
+        .await
+        .unwrap();
+    store.close().await;
+
+    let mut format_1 = sqlx::migrate!("./migrations/tasks");
+    format_1.dangerous_set_table_name("mes_task_migrations");
+    let mut conn = raw(&path).await;
+    format_1
+        .run_direct(None, &mut conn, false)
+        .await
+        .expect("task format 1's migration check passes");
+    let contexts: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM mes_task_context_migrations ORDER BY version")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(contexts, [1]);
+    // Task format 1's write-back of a task names its columns.
+    let written = sqlx::query(
+        "UPDATE mes_tasks SET status = 3, rev = rev + 1, message = NULL, \
+                updated_at = updated_at, ttl_ms = ttl_ms, expires_at = expires_at, \
+                purge_at = purge_at, poll_ms = poll_ms, cancel = cancel, outcome = X'7b7d', \
+                instance = instance, next_seq = next_seq \
+         WHERE digest = ?1",
+    )
+    .bind(&id.digest().as_bytes()[..])
+    .execute(&mut conn)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(written, 1);
+    conn.close().await.unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    let task = store
+        .get(&id.to_string(), &owner)
+        .await
+        .unwrap()
+        .expect("the task");
+    assert_eq!(task.status, TaskStatus::Failed);
+    assert_eq!(task.context.as_deref(), Some(&b"{\"tool\":\"t\"}"[..]));
+    store.close().await;
+}
+
+/// A task context migration of a newer release is refused, naming it, and
+/// the refusal changes nothing.
+#[tokio::test]
+async fn a_newer_task_context_format_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let (id, owner) = file_with_a_task(&path).await;
+    let newest: i64 = sqlx::migrate!("./migrations/task_context")
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap();
+    let mut conn = raw(&path).await;
+    sqlx::query(
+        "INSERT INTO mes_task_context_migrations \
+             (version, description, success, checksum, execution_time) \
+         VALUES (?1, 'a newer release (test)', TRUE, X'00', 0)",
+    )
+    .bind(newest + 1)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::IncompatibleFormat(m)
+            if m.contains(&format!("task context version {}", newest + 1))),
+        "{err}"
+    );
+    let mut conn = raw(&path).await;
+    sqlx::query("DELETE FROM mes_task_context_migrations WHERE version = ?1")
+        .bind(newest + 1)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    let task = store.get(&id, &owner).await.unwrap().expect("the task");
+    assert_eq!(task.status, TaskStatus::InputRequired);
     store.close().await;
 }
 

@@ -1,4 +1,4 @@
-//! The conformance suite: every backend runs every case (contract C1 to C15).
+//! The conformance suite: every backend runs every case (contract C1 to C16).
 //!
 //! Each case is a plain async function taking a [`Harness`]; the
 //! [`conformance_tests!`](crate::conformance_tests) macro turns them all into
@@ -17,6 +17,7 @@ mod follow;
 mod ids;
 mod input;
 mod inspect;
+mod oldest;
 mod replay;
 mod restart;
 mod retention;
@@ -29,6 +30,7 @@ pub use follow::*;
 pub use ids::*;
 pub use input::*;
 pub use inspect::*;
+pub use oldest::*;
 pub use replay::*;
 pub use restart::*;
 pub use retention::*;
@@ -199,6 +201,7 @@ macro_rules! conformance_tests {
         $crate::__conformance_sharing!($harness);
         $crate::__conformance_follow!($harness);
         $crate::__conformance_inspect!($harness);
+        $crate::__conformance_oldest!($harness);
     };
     ($harness:expr, persistent) => {
         $crate::conformance_tests!($harness);
@@ -387,6 +390,7 @@ mod registration {
         ("restart", include_str!("restart.rs")),
         ("follow", include_str!("follow.rs")),
         ("inspect", include_str!("inspect.rs")),
+        ("oldest", include_str!("oldest.rs")),
     ];
 
     /// The names of the `pub async fn`s generic over a harness.

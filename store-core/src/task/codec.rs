@@ -17,11 +17,19 @@
 //! u8 version (1) | owner | instance [16] | u8 status | u64 rev
 //! | i64 created_at, updated_at, expires_at, purge_at
 //! | opt u64 ttl_ms | opt u64 poll_interval_ms | u8 cancel_requested
-//! | opt message | opt outcome | reserved (empty bytes)
+//! | opt message | opt outcome | extension bytes
 //! | u32 n, n x (key, request)        outstanding, oldest first
 //! | u32 n, n x (key, response)       answered, oldest first
 //! | u32 n, n x key                   spent keys
 //! ```
+//!
+//! The extension bytes were reserved (empty) in the first release, whose
+//! reader skips them whatever they hold: they carry the task's context
+//! (T13) as `0x01 ‖ context`, and stay empty for a task without one. So a
+//! release from before contexts still reads every task; one that rewrites
+//! a task with a context (a purge ending it) writes it back without.
+//! Another leading byte is an extension of a later release, skipped the
+//! same way.
 
 use bytes::Bytes;
 
@@ -33,6 +41,9 @@ use crate::error::{Error, Result};
 
 /// The first byte of every encoded task.
 pub const VALUE_VERSION: u8 = 1;
+
+/// The leading byte of extension bytes that hold a context (T13).
+const CONTEXT_EXTENSION: u8 = 1;
 
 /// The owner as stored: its 16-byte digest, empty for
 /// [`Owner::Anonymous`].
@@ -67,6 +78,17 @@ impl StoredTask {
             responses: Vec::new(),
             spent: Vec::new(),
         }
+    }
+
+    /// Every answer given and not yet taken, `(key, response)`, in request
+    /// order: [`TaskView::answers`](super::TaskView::answers).
+    pub fn answers(&self) -> Vec<(String, Bytes)> {
+        self.record
+            .answered
+            .iter()
+            .cloned()
+            .zip(self.responses.iter().cloned())
+            .collect()
     }
 
     /// Whether the task ever used `key`, in any state (the `key_used` of
@@ -253,7 +275,15 @@ pub fn encode(s: &StoredTask) -> Vec<u8> {
     out.push(u8::from(r.cancel_requested));
     put_opt_bytes(&mut out, r.message.as_deref().map(str::as_bytes));
     put_opt_bytes(&mut out, r.outcome.as_deref());
-    put_bytes(&mut out, &[]);
+    match &r.context {
+        None => put_bytes(&mut out, &[]),
+        Some(context) => {
+            let mut extension = Vec::with_capacity(1 + context.len());
+            extension.push(CONTEXT_EXTENSION);
+            extension.extend_from_slice(context);
+            put_bytes(&mut out, &extension);
+        }
+    }
     out.extend_from_slice(&(r.outstanding.len() as u32).to_be_bytes());
     for (key, request) in &r.outstanding {
         put_bytes(&mut out, key.as_bytes());
@@ -353,7 +383,11 @@ pub fn decode(value: &[u8]) -> Result<StoredTask> {
         .map(|m| String::from_utf8(m.to_vec()).map_err(|_| corrupt()))
         .transpose()?;
     let outcome = r.opt_bytes()?.map(Bytes::copy_from_slice);
-    r.bytes()?; // reserved
+    let context = match r.bytes()? {
+        [CONTEXT_EXTENSION, context @ ..] => Some(Bytes::copy_from_slice(context)),
+        // None, or a later release's extension: skipped.
+        _ => None,
+    };
     let mut outstanding = Vec::new();
     for _ in 0..r.u32()? {
         let key = r.string()?;
@@ -388,6 +422,7 @@ pub fn decode(value: &[u8]) -> Result<StoredTask> {
             outcome,
             outstanding,
             answered,
+            context,
         },
         responses,
         spent,
@@ -416,6 +451,7 @@ mod tests {
                 outcome: None,
                 outstanding: vec![("a".into(), Bytes::from_static(b"\xff{"))],
                 answered: vec!["b".into()],
+                context: Some(Bytes::from_static(b"\0ctx")),
             },
         );
         s.responses = vec![Bytes::from_static(b"\0")];
@@ -510,6 +546,41 @@ mod tests {
         assert_eq!(applied, Applied::AlreadyTerminal(TaskStatus::Cancelled));
     }
 
+    /// The context rides in the extension bytes the first release skips:
+    /// the value is the released layout with `01 ‖ context` there, and an
+    /// extension of a later release is skipped in turn.
+    #[test]
+    fn the_context_is_an_extension_a_released_reader_skips() {
+        let mut s = stored();
+        s.record.context = None;
+        let without = encode(&s);
+        s.record.context = Some(Bytes::from_static(b"ctx"));
+        let with = encode(&s);
+        assert_eq!(decode(&with).unwrap(), s);
+        // The same bytes but for the extension field.
+        let mut ext = vec![0, 0, 0, 4, CONTEXT_EXTENSION];
+        ext.extend_from_slice(b"ctx");
+        let split = with
+            .windows(ext.len())
+            .position(|w| w == ext)
+            .expect("the extension bytes are 01 ‖ context");
+        let mut rebuilt = with[..split].to_vec();
+        rebuilt.extend_from_slice(&0u32.to_be_bytes());
+        rebuilt.extend_from_slice(&with[split + ext.len()..]);
+        assert_eq!(rebuilt, without, "only the extension field differs");
+        // A later release's extension: read as no context.
+        let mut later = with[..split].to_vec();
+        later.extend_from_slice(&[0, 0, 0, 2, 7, 7]);
+        later.extend_from_slice(&with[split + ext.len()..]);
+        assert_eq!(decode(&later).unwrap().record.context, None);
+        // An empty context is kept apart from none.
+        s.record.context = Some(Bytes::new());
+        assert_eq!(
+            decode(&encode(&s)).unwrap().record.context,
+            Some(Bytes::new())
+        );
+    }
+
     /// The released layout, byte for byte: a change here breaks databases.
     #[test]
     fn the_layout_is_the_released_one() {
@@ -530,6 +601,7 @@ mod tests {
                 outcome: None,
                 outstanding: Vec::new(),
                 answered: Vec::new(),
+                context: None,
             },
         );
         let mut want = vec![1u8, 0, 0, 0, 0];

@@ -47,6 +47,36 @@ pub enum InputEffect<'a> {
     },
     /// Mark every outstanding input spent (the task ended).
     Supersede,
+    /// The outstanding inputs were replaced by `requests` (T15): mark every
+    /// outstanding input whose key is not among them spent, and add each of
+    /// them that was not outstanding as a new outstanding input, in the
+    /// order given, after every input the task has. [`replacement`] says
+    /// which, given the record as it was before.
+    Replace {
+        /// The new outstanding set, `(key, request)`.
+        requests: &'a [(&'a str, &'a [u8])],
+    },
+}
+
+/// What an [`InputEffect::Replace`] of `before`'s outstanding inputs by
+/// `requests` changes: the keys it supersedes, and the requests it adds
+/// (those not outstanding before), in the order given.
+pub fn replacement<'a>(
+    before: &TaskRecord,
+    requests: &'a [(&'a str, &'a [u8])],
+) -> (Vec<String>, Vec<(&'a str, &'a [u8])>) {
+    let superseded = before
+        .outstanding
+        .iter()
+        .filter(|(key, _)| !requests.iter().any(|(k, _)| k == key))
+        .map(|(key, _)| key.clone())
+        .collect();
+    let added = requests
+        .iter()
+        .filter(|(key, _)| !before.outstanding.iter().any(|(k, _)| k == key))
+        .copied()
+        .collect();
+    (superseded, added)
 }
 
 /// What [`TaskRecord::apply`] decided.
@@ -79,6 +109,7 @@ impl TaskRecord {
             outcome: None,
             outstanding: Vec::new(),
             answered: Vec::new(),
+            context: task.context.map(Bytes::copy_from_slice),
         }
     }
 
@@ -145,9 +176,9 @@ impl TaskRecord {
         true
     }
 
-    /// Applies a worker's change at `now` (T4, T5, T8); `key_used` tells
-    /// whether the task ever used a key, in any state (T5: a key is spent
-    /// once used). `options` give the lifetime for
+    /// Applies a worker's change at `now` (T4, T5, T8, T13, T15); `key_used`
+    /// tells whether the task ever used a key, in any state (T5: a key is
+    /// spent once used). `options` give the lifetime for
     /// [`WorkerChange::SetTtl`].
     ///
     /// # Errors
@@ -156,7 +187,7 @@ impl TaskRecord {
     pub fn apply<'a>(
         &mut self,
         change: WorkerChange<'a>,
-        key_used: impl FnOnce(&str) -> bool,
+        key_used: impl Fn(&str) -> bool,
         options: &TaskOptions,
         now: i64,
     ) -> Result<Step<'a>> {
@@ -209,9 +240,68 @@ impl TaskRecord {
                 self.outstanding.clear();
                 InputEffect::Supersede
             }
+            WorkerChange::SetContext(context) => {
+                self.context = Some(Bytes::copy_from_slice(context));
+                InputEffect::None
+            }
+            WorkerChange::ReplaceInputs { requests, message } => {
+                return self.replace_inputs(requests, message, key_used, now);
+            }
         };
         self.bump(now);
         Ok(Step::Changed(effect))
+    }
+}
+
+impl TaskRecord {
+    /// [`WorkerChange::ReplaceInputs`] (T15): refuses a carried-forward key
+    /// whose request differs and any other key ever used, then replaces
+    /// the outstanding set. The same set again with no new message is no
+    /// change.
+    fn replace_inputs<'a>(
+        &mut self,
+        requests: &'a [(&'a str, &'a [u8])],
+        message: Option<&str>,
+        key_used: impl Fn(&str) -> bool,
+        now: i64,
+    ) -> Result<Step<'a>> {
+        for (key, request) in requests {
+            match self.outstanding.iter().find(|(k, _)| k == key) {
+                Some((_, current)) if current[..] == **request => {}
+                Some(_) => return Ok(Step::Unchanged(Applied::KeySpent)),
+                None if key_used(key) => return Ok(Step::Unchanged(Applied::KeySpent)),
+                None => {}
+            }
+        }
+        if self.cancel_requested && !requests.is_empty() {
+            return Ok(Step::Unchanged(Applied::CancelRequested));
+        }
+        let status = if requests.is_empty() {
+            TaskStatus::Working
+        } else {
+            TaskStatus::InputRequired
+        };
+        let (superseded, added) = replacement(self, requests);
+        let message_changes = message.is_some_and(|m| self.message.as_deref() != Some(m));
+        if superseded.is_empty() && added.is_empty() && self.status == status && !message_changes {
+            return Ok(Step::Unchanged(Applied::Changed {
+                rev: self.rev,
+                answer: None,
+            }));
+        }
+        self.outstanding
+            .retain(|(key, _)| !superseded.contains(key));
+        self.outstanding.extend(
+            added
+                .iter()
+                .map(|(key, request)| ((*key).to_owned(), Bytes::copy_from_slice(request))),
+        );
+        self.status = status;
+        if let Some(message) = message {
+            self.message = Some(message.to_owned());
+        }
+        self.bump(now);
+        Ok(Step::Changed(InputEffect::Replace { requests }))
     }
 }
 

@@ -8,9 +8,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::watch;
 
+use super::machine::replacement;
 use super::{
     Applied, CancelMode, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest, TaskId,
-    TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, WorkerChange, check_responses, millis,
+    TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange, check_responses,
+    millis,
 };
 use crate::error::{Error, Result};
 use crate::options::StoreOptions;
@@ -345,6 +347,24 @@ impl TaskStore for MemoryTaskStore {
             InputEffect::Supersede => {
                 task.supersede_inputs();
             }
+            InputEffect::Replace { requests } => {
+                let (superseded, added) = replacement(&task.stored(), requests);
+                for key in superseded {
+                    if let Some(input) = task.inputs.get_mut(&key) {
+                        input.state = InputState::Spent;
+                    }
+                }
+                for (key, request) in added {
+                    task.next_seq += 1;
+                    task.inputs.insert(
+                        key.to_owned(),
+                        Input {
+                            seq: task.next_seq,
+                            state: InputState::Outstanding(Bytes::copy_from_slice(request)),
+                        },
+                    );
+                }
+            }
         }
         task.instance = by;
         let rev = task.commit(record);
@@ -431,6 +451,28 @@ impl TaskStore for MemoryTaskStore {
         };
         Ok(self.state().tasks.remove(&digest).is_some())
     }
+
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        let now = self.now();
+        let mut state = self.state();
+        let Some((seen, task)) = state.seen(&id.digest(), None, now) else {
+            return Ok(None);
+        };
+        let mut answered: Vec<_> = task
+            .inputs
+            .iter()
+            .filter_map(|(key, input)| match &input.state {
+                InputState::Answered(response) => Some((input.seq, key.clone(), response.clone())),
+                _ => None,
+            })
+            .collect();
+        answered.sort_by_key(|(seq, _, _)| *seq);
+        let answers = answered
+            .into_iter()
+            .map(|(_, key, response)| (key, response))
+            .collect();
+        Ok(Some(TaskView::new(task.owner, seen, answers)))
+    }
 }
 
 #[cfg(all(test, feature = "conformance"))]
@@ -457,6 +499,11 @@ mod tests {
         NeverExpires,
         /// A watch is never woken: it reads again only at its `max_wait`.
         DeafWatches,
+        /// Replacing the outstanding inputs only adds the new keys, one
+        /// request at a time, superseding nothing.
+        ReplaceOnlyAdds,
+        /// The runtime's view shows no answers.
+        ViewWithoutAnswers,
     }
 
     struct Flawed {
@@ -490,7 +537,10 @@ mod tests {
                         r
                     }))
                 }
-                Flaw::TwoFinishersWin | Flaw::DeafWatches => self.inner.get(id, who).await,
+                Flaw::TwoFinishersWin
+                | Flaw::DeafWatches
+                | Flaw::ReplaceOnlyAdds
+                | Flaw::ViewWithoutAnswers => self.inner.get(id, who).await,
             }
         }
         async fn answer(
@@ -515,6 +565,18 @@ mod tests {
             by: InstanceId,
             change: WorkerChange<'_>,
         ) -> Result<Applied> {
+            if let (Flaw::ReplaceOnlyAdds, WorkerChange::ReplaceInputs { requests, .. }) =
+                (self.flaw, change)
+            {
+                let mut applied = Applied::Unknown;
+                for (key, request) in requests {
+                    applied = self
+                        .inner
+                        .apply(id, by, WorkerChange::RequestInput { key, request })
+                        .await?;
+                }
+                return Ok(applied);
+            }
             let applied = self.inner.apply(id, by, change).await?;
             match (self.flaw, applied) {
                 (Flaw::TwoFinishersWin, Applied::AlreadyTerminal(_)) => Ok(Applied::Changed {
@@ -549,6 +611,13 @@ mod tests {
         }
         async fn delete(&self, id: &str) -> Result<bool> {
             self.inner.delete(id).await
+        }
+        async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+            let view = self.inner.view(id).await?;
+            Ok(view.map(|view| match self.flaw {
+                Flaw::ViewWithoutAnswers => TaskView::new(view.owner, view.record, Vec::new()),
+                _ => view,
+            }))
         }
     }
 
@@ -616,6 +685,26 @@ mod tests {
         .await;
         assert_case_fails(Flaw::DeafWatches, |h| async move {
             conformance::answer_on_one_handle_wakes_a_watch_on_another(&h).await
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replacement_that_supersedes_nothing_fails_the_suite() {
+        assert_case_fails(Flaw::ReplaceOnlyAdds, |h| async move {
+            conformance::replacing_inputs_supersedes_and_carries_forward(&h).await
+        })
+        .await;
+        assert_case_fails(Flaw::ReplaceOnlyAdds, |h| async move {
+            conformance::racing_replacements_admit_each_key_once(&h).await
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_view_without_the_answers_fails_the_suite() {
+        assert_case_fails(Flaw::ViewWithoutAnswers, |h| async move {
+            conformance::view_reads_any_owner_with_every_answer(&h).await
         })
         .await;
     }

@@ -24,6 +24,37 @@
 //!   is needed for correctness;
 //! * [`MemoryTaskStore`], the reference implementation;
 //! * with the `conformance` feature, the shared suite ([`conformance`]).
+//!
+//! # Clauses T13 to T15: what a runtime that re-runs a task needs
+//!
+//! T1 to T12 are the design's (`TASKS.md`). A runtime that re-runs a
+//! task's handler after its input was answered, on whichever instance the
+//! answer arrived (tower-mcp does, through its `resume_context`), needs
+//! three more, which every backend meets and the suite checks:
+//!
+//! * **T13 Context.** A task may carry a context: opaque bytes, at most
+//!   [`MAX_CONTEXT_BYTES`], given at creation ([`NewTask::context`]) and
+//!   replaceable by the worker while the task runs
+//!   ([`WorkerChange::SetContext`]); every read returns it
+//!   ([`TaskRecord::context`]), also once the task ended. The store never
+//!   parses it. It is where the runtime keeps what it needs to run the task
+//!   again: the tool's name and arguments.
+//! * **T14 The worker's view.** [`TaskStore::view`] reads a task by its
+//!   [`TaskId`] whatever its owner, as [`apply`](TaskStore::apply) changes
+//!   it: with its [`Owner`] (to act for the owner on the client-facing
+//!   calls) and every answer given and not yet taken
+//!   ([`TaskView::answers`]). Answers a worker never takes accumulate over
+//!   every round of input, so a re-run handler sees them all. Like
+//!   `apply`, it is for the runtime, which has authorized the caller
+//!   itself; a client's read is [`get`](TaskStore::get).
+//! * **T15 Replacing the outstanding inputs.**
+//!   [`WorkerChange::ReplaceInputs`] replaces the whole set of outstanding
+//!   input requests in one atomic step: an outstanding key left out is
+//!   superseded (spent, T5); a key carried forward must name the same
+//!   request bytes; every other key must never have been used. Otherwise
+//!   it is [`Applied::KeySpent`] and nothing changes. The task is then
+//!   `input_required`, or `working` when the new set is empty. Two
+//!   concurrent replacements never both admit a key.
 
 /// The one binary encoding of a task in one value (sled, Redis).
 pub mod codec;
@@ -43,7 +74,7 @@ use bytes::Bytes;
 use crate::error::{Error, Result};
 
 pub use id::{InstanceId, Owner, TaskDigest, TaskId};
-pub use machine::{InputEffect, Step};
+pub use machine::{InputEffect, Step, replacement};
 pub use memory::MemoryTaskStore;
 pub use record::{TaskRecord, TaskStatus};
 
@@ -58,6 +89,8 @@ pub const MAX_INPUT_BYTES: usize = 1024 * 1024;
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
 /// Most input requests a task may have outstanding at once (T5).
 pub const MAX_OUTSTANDING_INPUTS: usize = 64;
+/// Largest accepted task context, in bytes (T13).
+pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
 /// Longest accepted principal, in bytes (T3).
 pub const MAX_PRINCIPAL_BYTES: usize = 256;
 
@@ -162,6 +195,8 @@ pub struct NewTask<'a> {
     pub poll_interval: Option<Duration>,
     /// The first status message.
     pub message: Option<&'a str>,
+    /// The task's context (T13), at most [`MAX_CONTEXT_BYTES`].
+    pub context: Option<&'a [u8]>,
 }
 
 impl<'a> NewTask<'a> {
@@ -174,6 +209,7 @@ impl<'a> NewTask<'a> {
             ttl: None,
             poll_interval: None,
             message: None,
+            context: None,
         }
     }
 
@@ -195,9 +231,17 @@ impl<'a> NewTask<'a> {
         self
     }
 
-    /// Checks the limits (T7) before any backend work.
+    /// Sets the task's context (T13): what the runtime needs to run the
+    /// task again.
+    pub fn context(mut self, context: &'a [u8]) -> Self {
+        self.context = Some(context);
+        self
+    }
+
+    /// Checks the limits (T7, T13) before any backend work.
     pub fn check(&self) -> Result<()> {
-        check_message(self.message)
+        check_message(self.message)?;
+        check_size(self.context.map_or(0, <[u8]>::len), MAX_CONTEXT_BYTES)
     }
 }
 
@@ -259,6 +303,19 @@ pub enum WorkerChange<'a> {
     SetTtl(Option<Duration>),
     /// Ends the task; exactly one finisher wins.
     Finish(Finish<'a>),
+    /// Replaces the task's context (T13), at most [`MAX_CONTEXT_BYTES`].
+    SetContext(&'a [u8]),
+    /// Replaces the outstanding input requests with `requests`, in one
+    /// step (T15): outstanding keys left out are superseded, keys carried
+    /// forward keep their request (which must be the same bytes), new keys
+    /// must never have been used. The task is `input_required` while any is
+    /// outstanding, else `working`.
+    ReplaceInputs {
+        /// The whole new set, `(key, serialized request)`, each key once.
+        requests: &'a [(&'a str, &'a [u8])],
+        /// The new status message; `None` keeps the current one.
+        message: Option<&'a str>,
+    },
 }
 
 impl WorkerChange<'_> {
@@ -275,6 +332,27 @@ impl WorkerChange<'_> {
                 check_size(finish.outcome().map_or(0, <[u8]>::len), max_payload_bytes)
             }
             WorkerChange::SetPollInterval(_) | WorkerChange::SetTtl(_) => Ok(()),
+            WorkerChange::SetContext(context) => check_size(context.len(), MAX_CONTEXT_BYTES),
+            WorkerChange::ReplaceInputs { requests, message } => {
+                check_message(*message)?;
+                if requests.len() > MAX_OUTSTANDING_INPUTS {
+                    return Err(Error::Config(format!(
+                        "a task may have at most {MAX_OUTSTANDING_INPUTS} input requests \
+                         outstanding, {} were given",
+                        requests.len()
+                    )));
+                }
+                for (at, (key, request)) in requests.iter().enumerate() {
+                    check_key(key)?;
+                    check_size(request.len(), MAX_INPUT_BYTES)?;
+                    if requests[..at].iter().any(|(k, _)| k == key) {
+                        return Err(Error::Config(format!(
+                            "input key {key:?} appears twice in one set of requests"
+                        )));
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -303,6 +381,34 @@ pub enum Applied {
     CancelRequested,
     /// No such task (never created, or purged).
     Unknown,
+}
+
+/// A task as the runtime running it reads it ([`TaskStore::view`], T14):
+/// whoever owns it, with every answer given and not yet taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TaskView {
+    /// Who owns the task: what the runtime passes to the client-facing
+    /// calls it makes for the owner ([`TaskStore::answer`],
+    /// [`TaskStore::request_cancel`], [`TaskStore::watch`]).
+    pub owner: Owner,
+    /// The task as a read shows it now (T8, T11 decided), its context
+    /// included.
+    pub record: TaskRecord,
+    /// The response to each key of `record.answered`, `(key, response)`, in
+    /// the same order: every answer given and not yet taken by the worker.
+    pub answers: Vec<(String, Bytes)>,
+}
+
+impl TaskView {
+    /// A view (for backends).
+    pub fn new(owner: Owner, record: TaskRecord, answers: Vec<(String, Bytes)>) -> Self {
+        Self {
+            owner,
+            record,
+            answers,
+        }
+    }
 }
 
 /// How [`TaskStore::request_cancel`] ends a task (T6).
@@ -469,6 +575,45 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Deletes a task and its inputs, whoever owns it (an operator's call);
     /// `true` if it existed.
     async fn delete(&self, id: &str) -> Result<bool>;
+
+    /// The task as the runtime running it reads it (T14): whoever owns it,
+    /// as a read shows it now (T8, T11), with its owner and every answer
+    /// given and not yet taken; `None` for no such task (never created, or
+    /// purged). For the runtime, which authorized its caller itself, as for
+    /// [`apply`](Self::apply); a client reads with [`get`](Self::get).
+    ///
+    /// Provided, so that a store written before it keeps compiling; the
+    /// default refuses with [`Error::Config`]. Every store of this project
+    /// implements it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mcp_event_store_core::Result<()> {
+    /// use std::time::Duration;
+    /// use mcp_event_store_core::task::*;
+    ///
+    /// let store = MemoryTaskStore::new();
+    /// let me = InstanceId::generate()?;
+    /// store.heartbeat(me, Duration::from_secs(30)).await?;
+    /// let owner = Owner::principal(b"alice")?;
+    /// let task = NewTask::new(&owner, me).context(br#"{"tool":"deploy"}"#);
+    /// let (id, _) = store.create(task).await?;
+    /// let ask = WorkerChange::RequestInput { key: "ok", request: b"{}" };
+    /// store.apply(&id, me, ask).await?;
+    /// store.answer(&id.to_string(), &owner, &[("ok", b"yes")]).await?;
+    ///
+    /// let view = store.view(&id).await?.unwrap();
+    /// assert_eq!(view.owner, owner);
+    /// assert_eq!(view.record.context.as_deref(), Some(&br#"{"tool":"deploy"}"#[..]));
+    /// assert_eq!(view.answers, [("ok".to_owned(), bytes::Bytes::from_static(b"yes"))]);
+    /// # Ok(()) }
+    /// ```
+    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+        let _ = id;
+        Err(Error::Config(
+            "this task store cannot read a task for its runtime (T14)".into(),
+        ))
+    }
 }
 
 /// Checks an input key: 1 to [`MAX_INPUT_KEY_BYTES`] bytes (T5).

@@ -102,6 +102,11 @@ pub struct TaskRecord {
     pub outstanding: Vec<(String, Bytes)>,
     /// The keys answered but not yet taken by the worker, oldest first.
     pub answered: Vec<String>,
+    /// The task's context (T13): bytes the runtime keeps with the task to
+    /// run it again (a tool's name and arguments), given at creation or
+    /// replaced by the worker; never parsed by the store. `None` when the
+    /// runtime gave none.
+    pub context: Option<Bytes>,
 }
 
 impl TaskRecord {
@@ -161,6 +166,7 @@ mod tests {
             outcome: None,
             outstanding: vec![("k".into(), Bytes::from_static(b"{}"))],
             answered: vec![],
+            context: Some(Bytes::from_static(b"ctx")),
         }
     }
 

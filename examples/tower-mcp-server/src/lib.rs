@@ -1,0 +1,396 @@
+//! `tower-mcp-server`: a [tower-mcp](https://docs.rs/tower-mcp) 0.25 server
+//! whose sessions, SSE events and durable tasks live in an
+//! **mcp-event-store** store, through `mcp_event_store::tower_mcp`.
+//!
+//! ```sh
+//! cargo run -p tower-mcp-server                        # SQLite, http://127.0.0.1:8001/mcp
+//! cargo run -p tower-mcp-server --features full -- --store postgres://postgres@127.0.0.1/postgres
+//! ```
+//!
+//! Two instances on one PostgreSQL, Redis or SQLite file serve the same
+//! sessions and tasks: a session created on one is served by the other, a
+//! GET stream dropped on one resumes on the other (`Last-Event-ID`), a task
+//! created on one is read, answered and cancelled through the other, and
+//! the tasks of an instance killed mid-task read `failed` on the other one
+//! lease later.
+//!
+//! Its tools:
+//!
+//! * `slow_count` (`count`, `interval_ms`): counts to `count`, waiting
+//!   `interval_ms` between steps, with a progress notification per step
+//!   when the call carries a `progressToken` (on a 2025-11-25 session they
+//!   reach the session's GET stream, where they are stored and resumable).
+//!   It runs as a task when the client declares the tasks extension
+//!   (2026-07-28), and then a `tasks/cancel` through any instance stops it.
+//! * `confirm_count` (same arguments): asks the client first, with an
+//!   elicitation under the input key `confirm` (the answer may change the
+//!   count), then counts. As a task, the answer may come through
+//!   `tasks/update` on any instance, which then runs the count.
+//! * `running_counts`: how many counts run in this process now (what a
+//!   cancel through another instance is seen to stop by).
+//!
+//! The library is what the command runs, and what its end-to-end tests
+//! drive.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use mcp_event_store::tower_mcp::{TowerEventStore, TowerSessionStore, TowerTaskStore};
+use mcp_event_store::{DynStore, PurgeTask};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use tower_mcp::extract::{Context, Json, State};
+use tower_mcp::protocol::{
+    ElicitAction, ElicitFieldValue, ElicitFormParams, ElicitFormSchema, ElicitRequestParams,
+    InputRequest, InputRequiredResult, InputResponse, RequestOutcome,
+};
+use tower_mcp::{
+    BoxError, CallToolResult, HttpTransport, McpRouter, RequestContext, TaskSupportMode, Tool,
+    ToolBuilder,
+};
+
+/// The highest count the tools accept.
+pub const MAX_COUNT: u32 = 100_000;
+/// The longest wait between steps the tools accept, in milliseconds.
+pub const MAX_INTERVAL_MS: u64 = 60_000;
+/// The input key under which `confirm_count` asks the client.
+pub const CONFIRM_KEY: &str = "confirm";
+/// How often the server applies the store's retention to events.
+const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The command's options.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Parser)]
+#[command(
+    name = "tower-mcp-server",
+    about = "A tower-mcp server whose sessions, SSE events and durable tasks live in an \
+             mcp-event-store store"
+)]
+pub struct Options {
+    /// Where to keep sessions, events and tasks: any URL
+    /// `mcp_event_store::connect` takes (PostgreSQL, Redis and sled with
+    /// `--features full`).
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "sqlite://mcp-tower-mcp-server.db"
+    )]
+    pub store: String,
+    /// Where to listen.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8001")]
+    pub bind: SocketAddr,
+    /// How long one heartbeat keeps this instance alive, renewed every
+    /// third of it: a server that dies leaves its running tasks reading
+    /// `failed` this long after.
+    #[arg(long, value_name = "MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(300..))]
+    pub task_lease_ms: u64,
+    /// How long an idle session lives.
+    #[arg(long, value_name = "SECS", default_value_t = 1_800,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub session_ttl_secs: u64,
+    /// Accept this `Host` header (repeatable); loopback names are always
+    /// accepted.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Options {
+    /// The options in `args` (the command's arguments, without its name).
+    ///
+    /// # Errors
+    ///
+    /// clap's error for bad or unknown arguments, or for `--help`; its
+    /// `exit()` prints it and exits with the right status.
+    pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Self, clap::Error> {
+        <Self as clap::Parser>::try_parse_from(
+            std::iter::once("tower-mcp-server".to_owned()).chain(args),
+        )
+    }
+
+    fn lease(&self) -> Duration {
+        Duration::from_millis(self.task_lease_ms)
+    }
+}
+
+/// The arguments of both counting tools.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct CountInput {
+    /// How far to count (at most 100,000).
+    pub count: u32,
+    /// Milliseconds to wait before each step (default 100, at most 60,000).
+    #[serde(default = "default_interval")]
+    pub interval_ms: u64,
+}
+
+fn default_interval() -> u64 {
+    100
+}
+
+impl CountInput {
+    fn check(&self) -> Result<(), tower_mcp::Error> {
+        if self.count > MAX_COUNT || self.interval_ms > MAX_INTERVAL_MS {
+            return Err(tower_mcp::Error::invalid_params(format!(
+                "count is at most {MAX_COUNT} and interval_ms at most {MAX_INTERVAL_MS}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// No arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct NoInput {}
+
+/// Counts the counts running in this process, for as long as each runs:
+/// a count dropped on cancellation stops counting too.
+#[derive(Clone, Debug, Default)]
+struct Running(Arc<AtomicUsize>);
+
+/// One running count.
+struct Counting(Arc<AtomicUsize>);
+
+impl Running {
+    fn enter(&self) -> Counting {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Counting(self.0.clone())
+    }
+
+    fn now(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Counting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Counts to `count`, a step each `interval_ms`, reporting progress.
+async fn count_to(ctx: &RequestContext, running: &Running, count: u32, interval_ms: u64) {
+    let _counting = running.enter();
+    for step in 1..=count {
+        tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+        let message = format!("step {step} of {count}");
+        ctx.report_progress(f64::from(step), Some(f64::from(count)), Some(&message))
+            .await;
+    }
+}
+
+fn slow_count(running: Running) -> Tool {
+    ToolBuilder::new("slow_count")
+        .description(
+            "Counts to `count`, waiting `interval_ms` between steps, with a progress \
+             notification per step; a task when the client declares the tasks extension",
+        )
+        .task_support(TaskSupportMode::Optional)
+        .extractor_handler(
+            running,
+            |State(running): State<Running>, ctx: Context, Json(input): Json<CountInput>| async move {
+                input.check()?;
+                count_to(&ctx, &running, input.count, input.interval_ms).await;
+                Ok(CallToolResult::text(format!("counted to {}", input.count)))
+            },
+        )
+        .build()
+}
+
+/// The elicitation `confirm_count` sends: confirm the count, or change it.
+fn confirmation(count: u32) -> InputRequest {
+    InputRequest::Elicit(ElicitRequestParams::Form(ElicitFormParams {
+        mode: None,
+        message: format!("Count to {count}?"),
+        requested_schema: ElicitFormSchema::new().integer_field_with_default(
+            "count",
+            Some("how far to count"),
+            false,
+            i64::from(count),
+        ),
+        meta: None,
+    }))
+}
+
+/// The count an answer to the confirmation names: `None` if declined.
+fn confirmed_count(answer: &InputResponse, asked: u32) -> Option<u32> {
+    let InputResponse::Elicit(result) = answer else {
+        return None;
+    };
+    if result.action != ElicitAction::Accept {
+        return None;
+    }
+    let count = match result.content.as_ref().and_then(|c| c.get("count")) {
+        Some(ElicitFieldValue::Integer(n)) => u32::try_from(*n).ok(),
+        Some(ElicitFieldValue::Number(n)) if n.fract() == 0.0 && *n >= 0.0 => {
+            u32::try_from(*n as u64).ok()
+        }
+        None => Some(asked),
+        Some(_) => None,
+    };
+    Some(count.unwrap_or(asked))
+}
+
+fn confirm_count(running: Running) -> Tool {
+    ToolBuilder::new("confirm_count")
+        .description(
+            "Asks the client to confirm the count (elicitation, input key `confirm`), then \
+             counts; a task when the client declares the tasks extension",
+        )
+        .task_support(TaskSupportMode::Optional)
+        .mrtr_handler(move |ctx: RequestContext, input: CountInput| {
+            let running = running.clone();
+            async move {
+                input.check()?;
+                let answer = ctx
+                    .input_responses()
+                    .and_then(|answers| answers.get(CONFIRM_KEY))
+                    .cloned();
+                let Some(answer) = answer else {
+                    let ask = [(CONFIRM_KEY.to_owned(), confirmation(input.count))];
+                    return Ok(RequestOutcome::InputRequired(
+                        InputRequiredResult::with_requests(ask.into_iter().collect()),
+                    ));
+                };
+                let Some(count) = confirmed_count(&answer, input.count) else {
+                    return Ok(RequestOutcome::Complete(CallToolResult::text(
+                        "not confirmed: nothing counted",
+                    )));
+                };
+                if count > MAX_COUNT {
+                    return Err(tower_mcp::Error::invalid_params(format!(
+                        "count is at most {MAX_COUNT}"
+                    )));
+                }
+                count_to(&ctx, &running, count, input.interval_ms).await;
+                Ok(RequestOutcome::Complete(CallToolResult::text(format!(
+                    "counted to {count}"
+                ))))
+            }
+        })
+        .build()
+}
+
+fn running_counts(running: Running) -> Tool {
+    ToolBuilder::new("running_counts")
+        .description("How many counts run in this process now")
+        .handler(move |_: NoInput| {
+            let running = running.clone();
+            async move { Ok(CallToolResult::text(running.now().to_string())) }
+        })
+        .build()
+}
+
+/// The server's HTTP service on `store`: tower-mcp's Streamable HTTP
+/// transport at `/mcp`, its sessions, events and tasks in the store.
+///
+/// # Errors
+///
+/// If the task store cannot register this instance.
+pub async fn app(store: DynStore, options: &Options) -> Result<axum::Router, BoxError> {
+    let lease = options.lease();
+    let tasks = TowerTaskStore::builder(store.clone())
+        .heartbeat(lease / 3, lease)
+        .build()
+        .await?;
+    let running = Running::default();
+    let router = McpRouter::new()
+        .server_info(
+            "mcp-event-store-tower-mcp-server",
+            env!("CARGO_PKG_VERSION"),
+        )
+        .task_store(Arc::new(tasks))
+        .tool(slow_count(running.clone()))
+        .tool(confirm_count(running.clone()))
+        .tool(running_counts(running))
+        .with_tasks();
+    let mut transport = HttpTransport::new(router)
+        .session_store(Arc::new(TowerSessionStore::new(store.clone())))
+        .event_store(Arc::new(TowerEventStore::new(store)))
+        .session_ttl(Duration::from_secs(options.session_ttl_secs));
+    if !options.allowed_hosts.is_empty() {
+        transport = transport.allowed_hosts(options.allowed_hosts.clone());
+    }
+    Ok(transport.into_router_at("/mcp"))
+}
+
+/// Opens the store, then serves on `listener` until `shutdown` resolves,
+/// purging expired events every minute.
+///
+/// # Errors
+///
+/// If the store cannot be opened, or serving fails.
+pub async fn serve(
+    options: Options,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), BoxError> {
+    let store = mcp_event_store::connect(&options.store).await?;
+    let purge = PurgeTask::spawn(store.clone(), PURGE_INTERVAL);
+    let app = app(store, &options).await?;
+    tracing::info!(
+        store = %options.store,
+        address = %listener.local_addr()?,
+        "serving MCP at /mcp"
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    purge.stop().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        Options::parse(args.iter().map(|a| a.to_string()))
+    }
+
+    #[test]
+    fn options_have_defaults_and_refuse_nonsense() {
+        let defaults = parse(&[]).unwrap();
+        assert_eq!(defaults.store, "sqlite://mcp-tower-mcp-server.db");
+        assert_eq!(defaults.bind, "127.0.0.1:8001".parse().unwrap());
+        assert_eq!(defaults.lease(), Duration::from_secs(30));
+        let set = parse(&[
+            "--store",
+            "memory://",
+            "--task-lease-ms",
+            "3000",
+            "--allow-host",
+            "a.example",
+        ])
+        .unwrap();
+        assert_eq!(
+            (set.store.as_str(), set.task_lease_ms),
+            ("memory://", 3_000)
+        );
+        assert_eq!(set.allowed_hosts, ["a.example"]);
+        for bad in [
+            &["--task-lease-ms", "10"][..],
+            &["--bind", "nowhere"],
+            &["--session-ttl-secs", "0"],
+            &["--unknown"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_confirmation_names_its_count() {
+        let answer = |json: serde_json::Value| serde_json::from_value(json).unwrap();
+        let accept = answer(serde_json::json!({"action": "accept", "content": {"count": 4}}));
+        assert_eq!(confirmed_count(&accept, 3), Some(4));
+        let same = answer(serde_json::json!({"action": "accept"}));
+        assert_eq!(confirmed_count(&same, 3), Some(3));
+        let decline = answer(serde_json::json!({"action": "decline"}));
+        assert_eq!(confirmed_count(&decline, 3), None);
+        let odd = answer(serde_json::json!({"action": "accept", "content": {"count": -2}}));
+        assert_eq!(confirmed_count(&odd, 3), Some(3));
+    }
+}

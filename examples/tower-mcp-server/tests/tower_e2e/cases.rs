@@ -1,0 +1,318 @@
+//! The cases: two server processes (A and B) on one store.
+
+use serde_json::{Value, json};
+
+use crate::harness::{ChildServer, Fixture};
+use crate::wire::{
+    Stream, counts_until, delete, get_task, initialize, post, request, start_task, task_until,
+};
+
+fn list_tools(id: i64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"})
+}
+
+fn count_call(id: i64, count: u32, progress: &str) -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {
+            "name": "slow_count",
+            "arguments": {"count": count, "interval_ms": 5},
+            "_meta": {"progressToken": progress}
+        }
+    })
+}
+
+fn text_of(answer: &Value) -> &str {
+    answer["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text in {answer}"))
+}
+
+/// The progress message of a stored notification.
+fn progress_message(data: &str) -> String {
+    let message: Value = serde_json::from_str(data).expect("a JSON-RPC message");
+    assert_eq!(message["method"], "notifications/progress", "{message}");
+    message["params"]["message"]
+        .as_str()
+        .expect("a progress message")
+        .to_owned()
+}
+
+fn event_number(id: &Option<String>) -> u64 {
+    id.as_deref()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("a numbered event id, got {id:?}"))
+}
+
+/// A session created on A is served by B, which restores it from the
+/// shared session store: B lists the tools and runs a call in it.
+pub async fn session_created_on_one_server_is_served_by_another(fixture: &Fixture) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let session = initialize(&a.url).await;
+    let listed = post(&b.url, Some(&session), list_tools(2)).await;
+    assert!(
+        listed.status.is_success(),
+        "tools/list on B: {}",
+        listed.status
+    );
+    let listed = listed.answer.expect("the tool list");
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert!(names.contains(&"slow_count"), "{names:?}");
+    let called = post(&b.url, Some(&session), count_call(3, 2, "p")).await;
+    assert_eq!(text_of(&called.answer.expect("the result")), "counted to 2");
+    let unknown = crate::wire::Session {
+        id: "no-such-session".into(),
+    };
+    assert_eq!(
+        post(&b.url, Some(&unknown), list_tools(4)).await.status,
+        reqwest::StatusCode::NOT_FOUND
+    );
+}
+
+/// A GET stream of a session on A, dropped after the client processed
+/// three of its eight progress notifications, resumes on B from the third's
+/// id: B replays the other five from the store, each once, in order, with
+/// A's ids and data, and goes on live with ids after them.
+pub async fn stream_dropped_on_one_server_resumes_on_another(fixture: &Fixture) {
+    const STEPS: u32 = 8;
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let session = initialize(&a.url).await;
+    let mut stream = Stream::open(&a.url, &session, None).await;
+    let called = post(&a.url, Some(&session), count_call(2, STEPS, "count")).await;
+    assert_eq!(
+        text_of(&called.answer.expect("the result")),
+        format!("counted to {STEPS}")
+    );
+    // Every step reached the wire, so A stored each (tower-mcp stores an
+    // event before it sends it). The client processed three, then lost the
+    // connection.
+    let mut sent = Vec::new();
+    for step in 1..=STEPS {
+        let event = stream.next().await;
+        assert_eq!(
+            progress_message(&event.data),
+            format!("step {step} of {STEPS}")
+        );
+        sent.push(event);
+    }
+    drop(stream);
+    let processed = &sent[..3];
+    let last = processed[2].id.clone().expect("an event id");
+
+    let mut resumed = Stream::open(&b.url, &session, Some(&last)).await;
+    let mut replayed = Vec::new();
+    for _ in 3..STEPS {
+        replayed.push(resumed.next().await);
+    }
+    assert_eq!(
+        replayed,
+        sent[3..],
+        "the missed events, each once, in order, as A sent them"
+    );
+    // B goes on live, numbering after what A stored.
+    let called = post(&b.url, Some(&session), count_call(3, 1, "more")).await;
+    assert_eq!(text_of(&called.answer.expect("the result")), "counted to 1");
+    let live = resumed.next().await;
+    assert_eq!(progress_message(&live.data), "step 1 of 1");
+    assert!(
+        event_number(&live.id) > event_number(&sent[STEPS as usize - 1].id),
+        "a live event's id follows the stored ones: {:?}",
+        live.id
+    );
+}
+
+/// tower-mcp stores a session's notifications as it sends them on an open
+/// GET stream of the instance producing them, and drops them when none is
+/// open (its broadcast has no subscriber): what a call reports while the
+/// client has no GET stream is never stored, so no instance can resume it.
+/// Read from the store itself, so the check waits for nothing.
+pub async fn notifications_with_no_get_stream_open_are_never_stored(fixture: &Fixture) {
+    use futures_util::StreamExt;
+    use mcp_event_store::tower_mcp::TowerEventStore;
+
+    let a = ChildServer::start(fixture.url());
+    let session = initialize(&a.url).await;
+    let store = mcp_event_store::connect(fixture.url())
+        .await
+        .expect("the store opens");
+    let stream_id = TowerEventStore::new(store.clone()).stream_id(&session.id);
+    // The stored notifications of the call with progress token `token`
+    // (the store holds tower-mcp's event in an envelope; its JSON is whole
+    // inside).
+    let stored = |token: &'static str| {
+        let (store, stream_id) = (store.clone(), stream_id.clone());
+        async move {
+            let needle = format!("\"progressToken\":\"{token}\"");
+            store
+                .replay_stream(&stream_id)
+                .await
+                .expect("the session's stream replays")
+                .events
+                .filter(|event| {
+                    let data = event.as_ref().expect("an event").data.clone();
+                    let found = String::from_utf8_lossy(&data).contains(&needle);
+                    async move { found }
+                })
+                .count()
+                .await
+        }
+    };
+    let called = post(&a.url, Some(&session), count_call(2, 4, "unheard")).await;
+    assert_eq!(text_of(&called.answer.expect("the result")), "counted to 4");
+    // No GET stream has been open: nothing can have been stored.
+    assert_eq!(stored("unheard").await, 0, "stored without a GET stream");
+    let mut stream = Stream::open(&a.url, &session, None).await;
+    let called = post(&a.url, Some(&session), count_call(3, 4, "heard")).await;
+    assert_eq!(text_of(&called.answer.expect("the result")), "counted to 4");
+    let mut step = 0;
+    while step < 4 {
+        let event = stream.next().await;
+        let message: Value = serde_json::from_str(&event.data).expect("JSON");
+        // A notification of the first call still on its way when the
+        // stream opened is sent (and stored) now: not this call's.
+        if message["params"]["progressToken"] == "heard" {
+            step += 1;
+            assert_eq!(progress_message(&event.data), format!("step {step} of 4"));
+        }
+    }
+    assert_eq!(
+        stored("heard").await,
+        4,
+        "with a GET stream open, each was stored"
+    );
+}
+
+/// A session deleted on A answers 404 on B, which never held it: its
+/// record is gone from the shared store.
+pub async fn session_deleted_on_one_server_is_gone_on_another(fixture: &Fixture) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let session = initialize(&a.url).await;
+    assert!(delete(&a.url, &session).await.is_success());
+    assert_eq!(
+        post(&b.url, Some(&session), list_tools(2)).await.status,
+        reqwest::StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        post(&a.url, Some(&session), list_tools(3)).await.status,
+        reqwest::StatusCode::NOT_FOUND
+    );
+}
+
+/// tower-mcp 0.25 does not invalidate a session across instances (its
+/// docs say so): B, which restored the session before A deleted it, keeps
+/// serving it from memory, and its next request writes the record back,
+/// so A serves it again too. This pins down the limit; nothing a store
+/// can do reaches B's memory.
+pub async fn a_session_another_server_holds_outlives_a_delete(fixture: &Fixture) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let session = initialize(&a.url).await;
+    assert!(
+        post(&b.url, Some(&session), list_tools(2))
+            .await
+            .status
+            .is_success()
+    );
+    assert!(delete(&a.url, &session).await.is_success());
+    assert!(
+        post(&b.url, Some(&session), list_tools(3))
+            .await
+            .status
+            .is_success(),
+        "B still holds the session"
+    );
+    assert!(
+        post(&a.url, Some(&session), list_tools(4))
+            .await
+            .status
+            .is_success(),
+        "B wrote the record back, and A restored it"
+    );
+}
+
+/// A task created on A is read through B (waiting for input), answered
+/// through B (which then runs the rest of the call: tower-mcp resumes the
+/// handler where the answer arrives), and read completed on both. A long
+/// count running on A is cancelled through B, and A's handler stops.
+pub async fn task_created_on_one_server_is_read_answered_and_cancelled_through_another(
+    fixture: &Fixture,
+) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let task = start_task(
+        &a.url,
+        "confirm_count",
+        json!({"count": 2, "interval_ms": 10}),
+    )
+    .await;
+    let parked = task_until(&b.url, &task, "input_required", |t| {
+        t["status"] == "input_required"
+    })
+    .await;
+    assert_eq!(
+        parked["inputRequests"]["confirm"]["params"]["message"], "Count to 2?",
+        "{parked}"
+    );
+    let answered = request(
+        &b.url,
+        "tasks/update",
+        &task,
+        json!({
+            "taskId": task,
+            "inputResponses": {"confirm": {"action": "accept", "content": {"count": 3}}}
+        }),
+    )
+    .await;
+    assert!(answered.get("error").is_none(), "{answered}");
+    let done = task_until(&b.url, &task, "completed", |t| t["status"] == "completed").await;
+    assert_eq!(
+        done["result"]["content"][0]["text"], "counted to 3",
+        "{done}"
+    );
+    assert_eq!(get_task(&a.url, &task).await["status"], "completed");
+
+    let long = start_task(
+        &a.url,
+        "slow_count",
+        json!({"count": 100_000, "interval_ms": 20}),
+    )
+    .await;
+    counts_until(&a.url, 1).await;
+    let cancelled = request(&b.url, "tasks/cancel", &long, json!({"taskId": long})).await;
+    assert!(cancelled.get("error").is_none(), "{cancelled}");
+    task_until(&a.url, &long, "cancelled", |t| t["status"] == "cancelled").await;
+    counts_until(&a.url, 0).await;
+}
+
+/// A is killed (SIGKILL) while a task of its runs: once its lease lapses,
+/// B reads the task failed ("server instance lost"); a task A completed
+/// before stays completed.
+pub async fn tasks_of_a_killed_server_read_failed_on_another(fixture: &Fixture) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let short = start_task(&a.url, "slow_count", json!({"count": 1, "interval_ms": 1})).await;
+    task_until(&b.url, &short, "completed", |t| t["status"] == "completed").await;
+    let long = start_task(
+        &a.url,
+        "slow_count",
+        json!({"count": 100_000, "interval_ms": 50}),
+    )
+    .await;
+    counts_until(&a.url, 1).await;
+    assert_eq!(get_task(&b.url, &long).await["status"], "working");
+    a.kill();
+    let failed = task_until(&b.url, &long, "failed", |t| t["status"] == "failed").await;
+    assert_eq!(
+        failed["error"]["message"], "server instance lost",
+        "{failed}"
+    );
+    assert_eq!(get_task(&b.url, &short).await["status"], "completed");
+}

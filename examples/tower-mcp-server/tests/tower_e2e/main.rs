@@ -1,0 +1,73 @@
+//! tower-mcp end to end, over real HTTP on loopback: two processes of this
+//! package's server (tower-mcp's Streamable HTTP transport with the
+//! `mcp_event_store::tower_mcp` stores) on one store, driven by a client
+//! that speaks the wire protocol itself.
+//!
+//! Every case runs on each backend that two processes can share, when its
+//! feature is on (`--all-features` turns on all three): SQLite (one file),
+//! PostgreSQL and Redis. Stores come from the facade's `testing::storage`:
+//! a temporary file, or a schema or key prefix of its own on the test
+//! server (found as `mcp_event_store_core::testkit::find_server` says,
+//! failing rather than skipping when there is none). Each server is a child
+//! process, killed by its pid when its guard drops.
+
+mod cases;
+mod harness;
+mod wire;
+
+use harness::{CHILD_ENV, Fixture};
+
+/// One test per case for a backend.
+macro_rules! e2e_tests {
+    ($backend:ident: $name:literal) => {
+        mod $backend {
+            use super::*;
+
+            macro_rules! case {
+                ($case:ident) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $case() {
+                        let fixture = Fixture::on($name).await;
+                        $crate::cases::$case(&fixture).await;
+                        fixture.teardown().await;
+                    }
+                };
+            }
+
+            case!(session_created_on_one_server_is_served_by_another);
+            case!(stream_dropped_on_one_server_resumes_on_another);
+            case!(notifications_with_no_get_stream_open_are_never_stored);
+            case!(session_deleted_on_one_server_is_gone_on_another);
+            case!(a_session_another_server_holds_outlives_a_delete);
+            case!(task_created_on_one_server_is_read_answered_and_cancelled_through_another);
+            case!(tasks_of_a_killed_server_read_failed_on_another);
+        }
+    };
+}
+
+#[cfg(feature = "sqlite")]
+e2e_tests!(sqlite: "sqlite");
+#[cfg(feature = "postgres")]
+e2e_tests!(postgres: "postgres");
+#[cfg(feature = "redis")]
+e2e_tests!(redis: "redis");
+
+/// The server process of the cases: this test binary, re-executed with the
+/// server's arguments in [`CHILD_ENV`]. It prints `LISTENING <url>` once it
+/// accepts connections, and runs until killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the server process of the end-to-end cases; they start it with its arguments"]
+async fn child_server() {
+    let Ok(args) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let options = tower_mcp_server::Options::parse(args.split('\u{1f}').map(str::to_owned))
+        .expect("valid server arguments");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free loopback port");
+    println!("LISTENING http://{}/mcp", listener.local_addr().unwrap());
+    tower_mcp_server::serve(options, listener, std::future::pending())
+        .await
+        .expect("the server runs");
+}

@@ -1,0 +1,299 @@
+//! A client that speaks MCP's Streamable HTTP itself, so the tests see
+//! exactly what goes over the wire: 2025-11-25 sessions with their SSE
+//! streams, and 2026-07-28 requests.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+/// The revision with sessions and resumable SSE streams.
+pub const LEGACY: &str = "2025-11-25";
+/// The revision with durable tasks.
+pub const FINAL: &str = "2026-07-28";
+/// "Must happen eventually" guard; never a latency bound.
+pub const EVENTUALLY: Duration = Duration::from_secs(60);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// The JSON-RPC message answering request `id` in a response body: plain
+/// JSON, or the `data` of an SSE event.
+fn answer_in(body: &str, id: i64) -> Option<Value> {
+    let answers = |value: &Value| value.get("id") == Some(&json!(id));
+    if let Ok(value) = serde_json::from_str::<Value>(body) {
+        return answers(&value).then_some(value);
+    }
+    body.lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .find(answers)
+}
+
+/// A 2025-11-25 session on one server (another server serves it by id).
+pub struct Session {
+    pub id: String,
+}
+
+/// What a POST answered: its HTTP status and the JSON-RPC answer, if any.
+pub struct Posted {
+    pub status: reqwest::StatusCode,
+    pub answer: Option<Value>,
+}
+
+/// A POST of `body` to `url`, in `session` if any.
+pub async fn post(url: &str, session: Option<&Session>, body: Value) -> Posted {
+    let id = body.get("id").and_then(Value::as_i64);
+    let mut request = client()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", LEGACY);
+    if let Some(session) = session {
+        request = request.header("Mcp-Session-Id", &session.id);
+    }
+    let response = request
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the server answers");
+    let status = response.status();
+    let text = response.text().await.expect("a body");
+    Posted {
+        status,
+        answer: id.and_then(|id| answer_in(&text, id)),
+    }
+}
+
+/// Starts a session on `url` (`initialize`, then `notifications/initialized`).
+pub async fn initialize(url: &str) -> Session {
+    let response = client()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .body(
+            json!({
+                "jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {
+                    "protocolVersion": LEGACY,
+                    "capabilities": {},
+                    "clientInfo": {"name": "tower-e2e", "version": "1"}
+                }
+            })
+            .to_string(),
+        )
+        .send()
+        .await
+        .expect("the server answers initialize");
+    assert!(
+        response.status().is_success(),
+        "initialize: {}",
+        response.status()
+    );
+    let id = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("a session id")
+        .to_owned();
+    let text = response.text().await.unwrap();
+    let answer = answer_in(&text, 1).expect("the initialize result");
+    assert_eq!(answer["result"]["protocolVersion"], LEGACY, "{answer}");
+    let session = Session { id };
+    let done = post(
+        url,
+        Some(&session),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    assert!(done.status.is_success(), "initialized: {}", done.status);
+    session
+}
+
+/// `DELETE`s a session; the HTTP status.
+pub async fn delete(url: &str, session: &Session) -> reqwest::StatusCode {
+    client()
+        .delete(url)
+        .header("Mcp-Session-Id", &session.id)
+        .header("MCP-Protocol-Version", LEGACY)
+        .send()
+        .await
+        .expect("the server answers DELETE")
+        .status()
+}
+
+/// One SSE event: its id and data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub id: Option<String>,
+    pub data: String,
+}
+
+/// A session's GET stream, read event by event.
+pub struct Stream {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buffer: String,
+}
+
+impl Stream {
+    /// Opens the session's GET stream on `url`, resuming after
+    /// `last_event_id` if given.
+    pub async fn open(url: &str, session: &Session, last_event_id: Option<&str>) -> Self {
+        let mut request = client()
+            .get(url)
+            .header("Accept", "text/event-stream")
+            .header("Mcp-Session-Id", &session.id)
+            .header("MCP-Protocol-Version", LEGACY);
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        let response = request.send().await.expect("the server answers GET");
+        assert!(
+            response.status().is_success(),
+            "GET stream: {}",
+            response.status()
+        );
+        Self {
+            body: response.bytes_stream().boxed(),
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event with data (keep-alive comments skipped), waiting
+    /// at most [`EVENTUALLY`].
+    pub async fn next(&mut self) -> Event {
+        tokio::time::timeout(EVENTUALLY, async {
+            loop {
+                if let Some(end) = self.buffer.find("\n\n") {
+                    let block: String = self.buffer.drain(..end + 2).collect();
+                    let mut event = Event {
+                        id: None,
+                        data: String::new(),
+                    };
+                    for line in block.lines() {
+                        if let Some(id) = line.strip_prefix("id:") {
+                            event.id = Some(id.trim().to_owned());
+                        } else if let Some(data) = line.strip_prefix("data:") {
+                            event.data.push_str(data.strip_prefix(' ').unwrap_or(data));
+                        }
+                    }
+                    if !event.data.is_empty() {
+                        return event;
+                    }
+                    continue;
+                }
+                let chunk = self
+                    .body
+                    .next()
+                    .await
+                    .expect("the stream stays open")
+                    .expect("the stream reads");
+                self.buffer
+                    .push_str(&String::from_utf8_lossy(&chunk).replace("\r\n", "\n"));
+            }
+        })
+        .await
+        .expect("an event within the guard")
+    }
+}
+
+/// The `_meta` every 2026-07-28 request carries: its revision, and the
+/// client's capabilities, declaring the tasks extension.
+fn final_meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": FINAL,
+        "io.modelcontextprotocol/clientInfo": {"name": "tower-e2e", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {
+            "extensions": {"io.modelcontextprotocol/tasks": {}}
+        }
+    })
+}
+
+/// A 2026-07-28 request: `method` with `params` (plus `_meta`), `name` in
+/// the `Mcp-Name` header; the JSON-RPC answer.
+pub async fn request(url: &str, method: &str, name: &str, mut params: Value) -> Value {
+    params["_meta"] = final_meta();
+    let response = client()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", FINAL)
+        .header("Mcp-Method", method)
+        .header("Mcp-Name", name)
+        .body(json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string())
+        .send()
+        .await
+        .expect("the server answers");
+    let text = response.text().await.expect("a body");
+    answer_in(&text, 7).unwrap_or_else(|| panic!("no answer to {method} in {text}"))
+}
+
+/// `tools/call` of `tool` as a task; the task's id.
+pub async fn start_task(url: &str, tool: &str, arguments: Value) -> String {
+    let answer = request(
+        url,
+        "tools/call",
+        tool,
+        json!({"name": tool, "arguments": arguments}),
+    )
+    .await;
+    assert_eq!(answer["result"]["resultType"], "task", "{answer}");
+    answer["result"]["taskId"]
+        .as_str()
+        .expect("a task id")
+        .to_owned()
+}
+
+/// `tasks/get`: the task's result object.
+pub async fn get_task(url: &str, task: &str) -> Value {
+    let answer = request(url, "tasks/get", task, json!({"taskId": task})).await;
+    answer
+        .get("result")
+        .cloned()
+        .unwrap_or_else(|| panic!("tasks/get {task}: {answer}"))
+}
+
+/// `tasks/get` until `done` says so, at most [`EVENTUALLY`]; the task.
+pub async fn task_until(url: &str, task: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    tokio::time::timeout(EVENTUALLY, async {
+        loop {
+            let seen = get_task(url, task).await;
+            if done(&seen) {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("task {task} never became {what}"))
+}
+
+/// How many counts run on the server at `url` now (`running_counts`).
+pub async fn running_counts(url: &str) -> u64 {
+    let answer = request(
+        url,
+        "tools/call",
+        "running_counts",
+        json!({"name": "running_counts", "arguments": {}}),
+    )
+    .await;
+    answer["result"]["content"][0]["text"]
+        .as_str()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("running_counts: {answer}"))
+}
+
+/// `running_counts` on `url` until it is `want`, at most [`EVENTUALLY`].
+pub async fn counts_until(url: &str, want: u64) {
+    tokio::time::timeout(EVENTUALLY, async {
+        while running_counts(url).await != want {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{url} never ran {want} counts"));
+}

@@ -1,0 +1,178 @@
+//! Any **mcp-event-store** store as [tower-mcp](https://docs.rs/tower-mcp)'s
+//! three pluggable stores (0.25):
+//!
+//! * [`TowerEventStore`]: tower-mcp's `event_store::EventStore`, for
+//!   resumable SSE streams (protocol 2025-11-25 and before);
+//! * [`TowerSessionStore`]: its `session_store::SessionStore`, so a
+//!   session created on one instance is served by another;
+//! * [`TowerTaskStore`]: its `async_task::TaskStore`, for durable tasks
+//!   (SEP-2663, protocol 2026-07-28) that every instance answers for.
+//!
+//! Each takes an `Arc` of a store: the `DynStore` that
+//! `mcp_event_store::connect` returns (the default type parameter, `dyn
+//! Store`), or a concrete one (`Arc<SqliteStore>`, ...). They use only the
+//! public contract of `mcp-event-store-core`, so the same code serves
+//! SQLite, PostgreSQL, Redis, sled and memory, and tower-mcp's own contract
+//! suites pass on all five (`tests/contracts.rs`).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::sync::Arc;
+//! use mcp_event_store_tower_mcp::{TowerEventStore, TowerSessionStore, TowerTaskStore};
+//! use tower_mcp::{HttpTransport, McpRouter};
+//!
+//! let store: Arc<dyn mcp_event_store_core::Store> =
+//!     Arc::new(mcp_event_store_core::MemoryStore::new()); // or connect("postgres://...")
+//! let tasks = TowerTaskStore::builder(store.clone()).build().await?;
+//! let router = McpRouter::new().task_store(Arc::new(tasks));
+//! let transport = HttpTransport::new(router)
+//!     .session_store(Arc::new(TowerSessionStore::new(store.clone())))
+//!     .event_store(Arc::new(TowerEventStore::new(store)));
+//! # let _ = transport; Ok(()) }
+//! ```
+//!
+//! tower-mcp's stores and this project's contract (`C1` to `C16` for
+//! events, `T1` to `T15` for tasks, in `mcp-event-store-core`) differ in
+//! places. Each difference, and what this crate does about it, follows.
+//!
+//! # Events
+//!
+//! * **Who numbers events.** tower-mcp's transport numbers a session's
+//!   events itself (a `u64` per session) and replays by session and number;
+//!   the stores assign unguessable ids of their own (C2) and replay by id.
+//!   Each session is one stream, `<namespace><session id>`, and each event
+//!   is stored in an envelope of this crate's (a version byte, tower-mcp's
+//!   number and timestamp, then the data). A replay reads the session's
+//!   stream from its oldest retained event (C16, grown into the contract
+//!   for this) and keeps the events numbered after the cursor, in store
+//!   order. A replay is thus linear in the session's retained events, which
+//!   the store's retention bounds (C8: 10,000 events, 64 MiB and an hour
+//!   per stream by default); tower-mcp's memory store keeps 1,000 per
+//!   session.
+//! * **No event is lost to a purge mid-replay**: retention overtaking a
+//!   replay is refused by the store (C5), and the replay starts over.
+//! * **What tower-mcp does not store cannot be resumed.** Its transport
+//!   stores only the events of GET streams (the standalone stream and
+//!   `subscriptions/listen`), and a session's events only while a GET
+//!   stream is open; POST responses carry no event ids. Its local idle
+//!   cleanup deletes a session, and purges its events, on an instance where
+//!   the session idled, even while another instance serves it: that
+//!   instance's next `save` puts the session back, the events stay gone.
+//!   This crate cannot tell such a purge from a client's `DELETE`.
+//!
+//! # Sessions
+//!
+//! * Each session is a record of the store's session store, keyed
+//!   `<namespace><session id>`: tower-mcp's `SessionRecord` as JSON, kept
+//!   until its `expires_at` (tower-mcp saves on every request, sliding it).
+//!   A record read after its `expires_at` is never returned.
+//! * **`create` is check-then-write**, not one atomic step: the session
+//!   store has no insert-if-absent. Two creates racing under one id could
+//!   both succeed; tower-mcp draws a random UUID for every session, so it
+//!   never races itself so. A taken id gets a fresh UUID.
+//!
+//! # Tasks
+//!
+//! tower-mcp asks of a task store what the task contract did not have;
+//! where that took more than a mapping, the contract grew (T13 to T15, each
+//! on all five stores, with cases in the shared suite), and otherwise this
+//! crate decides:
+//!
+//! * **Tool name, arguments, owner and `_meta` are the task's context**
+//!   (T13, new): JSON this crate writes at creation and the store keeps
+//!   with the task, so `resume_context` works on whichever instance
+//!   `tasks/update` arrives at. `set_task_meta` replaces the context while
+//!   the task runs (a terminal task changes no more, T4: `false`), last
+//!   writer winning.
+//! * **The owner string is kept verbatim, in the context.** tower-mcp's
+//!   `task_owner` must return it exactly, and its router authorizes by
+//!   equality with it, while T3 keeps only a digest of a principal. So the
+//!   store binds the task to the digest of the owner string (every string a
+//!   principal of its own: `None`, `""` and long ones apart), and the
+//!   context keeps the string. tower-mcp's owner is an authenticated
+//!   principal (an OAuth `sub` by default), not a secret; do not resolve
+//!   owners to credentials, as they are stored.
+//! * **tower-mcp reads and writes without the owner** (its router
+//!   authorizes first): this crate reads through the runtime's view
+//!   (`TaskStore::view`, T14, new), which returns the owner, and passes it
+//!   to the owner-checked calls it makes (`answer`, `request_cancel`,
+//!   `watch`).
+//! * **Expired is unknown there, `failed` here.** tower-mcp forgets a task,
+//!   terminal or not, once its ttl (from creation) has passed; the store
+//!   reads a running one `failed` and keeps any task for a grace (one ttl,
+//!   at most an hour, T8). This crate hides every task at `created + ttl`
+//!   (by the system clock) and reports `TaskPresence::Expired` with its
+//!   owner during the grace, so tower-mcp tells the owner "expired" rather
+//!   than "not found". Every transition on it answers `false`/`None`.
+//!   `set_ttl(0)` expires a task at once. The store caps a ttl at its
+//!   `max_task_age` (7 days by default), and `get_task` reports the capped
+//!   ttl; `ttl: None` is [`DEFAULT_TASK_TTL`] (an hour).
+//! * **`require_input` replaces the outstanding set** there, and the
+//!   contract's `request_input` added one key: T15 (new) replaces the set
+//!   in one atomic step, superseding the keys left out, carrying forward a
+//!   live key with the same request (compared as serialized JSON), and
+//!   refusing a spent or re-pointed key, which this crate reports as
+//!   `InvalidTransition`. Without a message it keeps the task's current
+//!   one (tower-mcp's memory store sets "Awaiting client input", which then
+//!   outlives the wait); messages longer than the store's 4 KiB are cut
+//!   (tower-mcp passes MRTR request state there).
+//! * **Every answer is kept.** tower-mcp re-runs the handler with all
+//!   answers over all rounds: this crate never takes an answer (T5's
+//!   `TakeAnswer`), and the runtime's view returns all that were not taken.
+//! * **Which call an answer came from.** `apply_input_responses` must say
+//!   which keys *this* call answered (tower-mcp resumes the handler when a
+//!   call completes the set, so exactly one caller may see that), and the
+//!   store's `answer` returns the task after the call. Each stored answer
+//!   carries a random nonce of its call's (an envelope of this crate's in
+//!   the store's opaque response bytes), and the keys whose stored answer
+//!   has this call's nonce are the accepted ones: one more read, but exact
+//!   under races. (Changing `answer`'s result would have broken every
+//!   implementor of the contract.)
+//! * **`list_tasks` lists this process's tasks.** Its tasks must come with
+//!   their ids, and the store never keeps a task id (T2: a dump hands out
+//!   no bearer token), so only the process that holds an id can list it:
+//!   the tasks this process created or resumed, read fresh from the store.
+//!   tower-mcp's router never lists (SEP-2663 removed `tasks/list`).
+//! * **Cancellation tokens are process-local.** `create_task` and
+//!   `resume_context` hand out a token per task and process, which
+//!   `cancel_task` raises before it returns, in its own process. Each token
+//!   has a guard that watches its task through the store (T10, so a change
+//!   through any instance wakes it) and raises the token when the task is
+//!   cancelled, fails (it can no longer finish), expires (at its deadline)
+//!   or goes. So a `tasks/cancel` through another instance stops the
+//!   handler where it runs. A cancel is immediate (T6,
+//!   `CancelMode::Immediate`), as in tower-mcp; its reason is not kept.
+//! * **Instances and heartbeats** (T11) have no counterpart in tower-mcp.
+//!   The adapter registers an instance of its own, renews its heartbeat
+//!   every 10 s for a 30 s lease, and runs under it every task this process
+//!   creates or works on; dropping the last handle stops the heartbeat, so
+//!   a process that dies (or is dropped) leaves its running tasks reading
+//!   `failed` ("server instance lost") one lease later, on every instance.
+//!   It also purges expired tasks every minute.
+//! * **`set_status`** sets a running task's message; the status follows the
+//!   inputs (`input_required` while any is outstanding), so `set_status`
+//!   to `input_required` is refused (`InvalidTransition`), and to `working`
+//!   leaves an `input_required` task so. `set_ttl` on a terminal task
+//!   answers `false` (T4; tower-mcp's memory store allows it).
+//! * **Durable state, not durable execution**: the handler runs in the
+//!   process that created (or resumed) the task; if it dies, the task reads
+//!   `failed` after the lease, and nothing runs it again.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod events;
+mod sessions;
+mod support;
+mod tasks;
+
+pub use events::TowerEventStore;
+pub use sessions::TowerSessionStore;
+pub use tasks::{
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_LEASE, DEFAULT_POLL_INTERVAL,
+    DEFAULT_PURGE_INTERVAL, DEFAULT_TASK_TTL, TowerTaskStore, TowerTaskStoreBuilder,
+};
+
+/// The prefix of the stream ids and session keys the event and session
+/// adapters write, so that tower-mcp's sessions keep apart from anything
+/// else in the store; change it with `with_namespace`.
+pub const DEFAULT_NAMESPACE: &str = "tower-mcp/";

@@ -1,0 +1,1103 @@
+//! tower-mcp's `TaskStore` over any store: see [`TowerTaskStore`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use mcp_event_store_core::task::{
+    Applied, CancelMode, Finish, InstanceId, MAX_MESSAGE_BYTES, NewTask, Owner, TaskId, TaskRecord,
+    TaskStatus as CoreStatus, TaskStore, TaskView, WorkerChange,
+};
+use mcp_event_store_core::{Error, Store};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::task::AbortHandle;
+use tower_mcp::CallToolResult;
+use tower_mcp::async_task::{
+    AppliedInputResponses, CancellationToken, Result, TaskOwner, TaskPresence, TaskResumeContext,
+    TaskSnapshot, TaskStoreError,
+};
+use tower_mcp::error::JsonRpcError;
+use tower_mcp::protocol::{InputRequests, InputResponses, TaskObject, TaskStatus};
+
+use crate::support::{iso8601, now_millis, task_error};
+
+/// The ttl of a task created without one (tower-mcp leaves it to the
+/// store; on the 2026-07-28 protocol the client cannot choose): an hour.
+pub const DEFAULT_TASK_TTL: Duration = Duration::from_secs(60 * 60);
+/// The poll interval tasks suggest to clients by default.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the adapter renews its instance's heartbeat by default (T11).
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
+/// How long one heartbeat keeps the instance alive by default (T11).
+pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(30);
+/// How often the adapter persists expired and orphaned tasks and deletes
+/// those past their grace ([`TaskStore::purge_expired_tasks`]) by default.
+pub const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The longest a waiter or a token's guard waits before reading its task
+/// again: expiry and a lost instance are decided by reads, not announced.
+const RECHECK: Duration = Duration::from_secs(5);
+/// How long a token's guard waits after a failed read.
+const RETRY: Duration = Duration::from_secs(1);
+/// The version of the context this adapter keeps with each task.
+const CONTEXT_VERSION: u32 = 1;
+/// The first byte of a stored answer: its envelope's version.
+const ANSWER_VERSION: u8 = 1;
+/// Bytes of the nonce that marks which `tasks/update` stored an answer.
+const NONCE_LEN: usize = 16;
+/// Domain of the digest a tower-mcp owner is bound by in the store.
+const OWNER_DOMAIN: &[u8] = b"mcp-event-store-tower-mcp/owner\0";
+
+/// What the adapter keeps with each task, as its context (T13): what
+/// tower-mcp asks back and the store does not otherwise keep.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Context {
+    #[serde(rename = "v")]
+    version: u32,
+    /// The tool the task runs.
+    tool: String,
+    /// The arguments it was called with, as given.
+    arguments: Value,
+    /// The owner exactly as tower-mcp gave it.
+    owner: TaskOwner,
+    /// The task's protocol `_meta`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    meta: Option<Value>,
+}
+
+impl Context {
+    fn encode(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(self).map_err(|e| TaskStoreError::Encode(e.to_string()))
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        #[derive(Deserialize)]
+        struct Version {
+            #[serde(rename = "v")]
+            version: u32,
+        }
+        let version: Version = serde_json::from_slice(bytes)
+            .map_err(|e| TaskStoreError::Decode(format!("a task's context: {e}")))?;
+        if version.version != CONTEXT_VERSION {
+            return Err(TaskStoreError::Decode(format!(
+                "a task's context is version {}; this release reads version {CONTEXT_VERSION} \
+                 only",
+                version.version
+            )));
+        }
+        serde_json::from_slice(bytes)
+            .map_err(|e| TaskStoreError::Decode(format!("a task's context: {e}")))
+    }
+}
+
+/// The store's owner for a tower-mcp owner: anonymous, or the principal
+/// whose bytes are a digest of the owner string (so every string, the
+/// empty one and one over 256 bytes included, is a principal of its own).
+fn core_owner(owner: &TaskOwner) -> Result<Owner> {
+    match owner {
+        None => Ok(Owner::Anonymous),
+        Some(principal) => {
+            let digest = Sha256::new()
+                .chain_update(OWNER_DOMAIN)
+                .chain_update(principal.as_bytes())
+                .finalize();
+            Owner::principal(&digest).map_err(task_error)
+        }
+    }
+}
+
+fn tower_status(status: CoreStatus) -> TaskStatus {
+    match status {
+        CoreStatus::Working => TaskStatus::Working,
+        CoreStatus::InputRequired => TaskStatus::InputRequired,
+        CoreStatus::Completed => TaskStatus::Completed,
+        CoreStatus::Failed => TaskStatus::Failed,
+        CoreStatus::Cancelled => TaskStatus::Cancelled,
+    }
+}
+
+/// `message`, cut to the store's limit on a character boundary: a status
+/// message is for people, and tower-mcp passes long opaque state there.
+fn fit_message(message: &str) -> &str {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    let mut end = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    &message[..end]
+}
+
+/// A response as stored: the envelope's version, the nonce of the call
+/// that answered, the response's JSON.
+fn encode_answer(nonce: &[u8; NONCE_LEN], json: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(1 + NONCE_LEN + json.len());
+    bytes.push(ANSWER_VERSION);
+    bytes.extend_from_slice(nonce);
+    bytes.extend_from_slice(json);
+    bytes
+}
+
+/// A stored answer's nonce and JSON.
+fn decode_answer(bytes: &[u8]) -> Result<(&[u8], &[u8])> {
+    match bytes.split_first() {
+        Some((&ANSWER_VERSION, rest)) if rest.len() >= NONCE_LEN => Ok(rest.split_at(NONCE_LEN)),
+        _ => Err(TaskStoreError::Decode(
+            "a task's answer is not in this adapter's envelope".into(),
+        )),
+    }
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| TaskStoreError::Decode(format!("{what}: {e}")))
+}
+
+fn to_json<T: Serialize>(value: &T, what: &str) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| TaskStoreError::Encode(format!("{what}: {e}")))
+}
+
+/// A tower-mcp task as read.
+enum Found {
+    /// No such task: never created, purged, malformed id, or not a task of
+    /// this adapter (it has no context).
+    Missing,
+    /// Past its ttl: unknown to tower-mcp, but still kept for its grace.
+    Expired {
+        owner: TaskOwner,
+    },
+    Live(Box<Live>),
+}
+
+struct Live {
+    id: TaskId,
+    view: TaskView,
+    context: Context,
+}
+
+impl Live {
+    fn record(&self) -> &TaskRecord {
+        &self.view.record
+    }
+
+    fn object(&self, id: &str) -> TaskObject {
+        task_object(id, self.record(), &self.context)
+    }
+
+    fn snapshot(&self, id: &str) -> Result<TaskSnapshot> {
+        let record = self.record();
+        let outcome = record.outcome.as_deref();
+        let (result, error) = match record.status {
+            CoreStatus::Completed => (
+                outcome
+                    .map(|bytes| parse::<CallToolResult>(bytes, "a task's result"))
+                    .transpose()?,
+                None,
+            ),
+            CoreStatus::Failed => (
+                None,
+                outcome
+                    .map(|bytes| parse::<JsonRpcError>(bytes, "a task's error"))
+                    .transpose()?,
+            ),
+            _ => (None, None),
+        };
+        Ok((self.object(id), result, error))
+    }
+
+    /// Every answer given so far, over every round of input.
+    fn responses(&self) -> Result<InputResponses> {
+        self.view
+            .answers
+            .iter()
+            .map(|(key, bytes)| {
+                let (_, json) = decode_answer(bytes)?;
+                Ok((key.clone(), parse(json, "a task's answer")?))
+            })
+            .collect()
+    }
+
+    /// Whether the task's token should be raised: cancelled (or asked to
+    /// be), or failed (it can no longer finish: expired, lost, or failed
+    /// by its handler).
+    fn stops_work(&self) -> bool {
+        let record = self.record();
+        record.cancel_requested
+            || matches!(record.status, CoreStatus::Cancelled | CoreStatus::Failed)
+    }
+
+    /// How long until tower-mcp counts the task expired.
+    fn until_expiry(&self) -> Duration {
+        let left = self.record().expires_at.saturating_sub(now_millis()).max(0);
+        Duration::from_millis(u64::try_from(left).unwrap_or(0) + 1)
+    }
+}
+
+fn task_object(id: &str, record: &TaskRecord, context: &Context) -> TaskObject {
+    TaskObject {
+        task_id: id.to_owned(),
+        status: tower_status(record.status),
+        status_message: record.message.clone(),
+        created_at: iso8601(record.created_at),
+        last_updated_at: iso8601(record.updated_at),
+        ttl: record.ttl_ms,
+        poll_interval: record.poll_interval_ms,
+        result: None,
+        error: None,
+        meta: context.meta.clone(),
+    }
+}
+
+/// A task this process created or resumed: its token, and the guard that
+/// raises it.
+struct Local {
+    token: CancellationToken,
+    guard: AbortHandle,
+}
+
+/// What the adapter's handles, its background loops and its tokens' guards
+/// share.
+struct Shared<S: ?Sized> {
+    store: Arc<S>,
+    /// This process's instance (T11), registered on first use.
+    instance: tokio::sync::Mutex<Option<InstanceId>>,
+    lease: Duration,
+    default_ttl: Duration,
+    poll_interval: Option<Duration>,
+    /// The tokens of the tasks this process created or resumed, by id.
+    local: Mutex<HashMap<String, Local>>,
+}
+
+impl<S: TaskStore + ?Sized> Shared<S> {
+    fn local(&self) -> MutexGuard<'_, HashMap<String, Local>> {
+        self.local.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This process's instance, registered with its first heartbeat if it
+    /// has none yet.
+    async fn instance(&self) -> Result<InstanceId> {
+        let mut current = self.instance.lock().await;
+        if let Some(me) = *current {
+            return Ok(me);
+        }
+        let me = self.register().await?;
+        *current = Some(me);
+        Ok(me)
+    }
+
+    /// A fresh instance in place of `lapsed` (T11: a lapsed instance never
+    /// comes back), unless another call replaced it already.
+    async fn renew(&self, lapsed: InstanceId) -> Result<InstanceId> {
+        let mut current = self.instance.lock().await;
+        if let Some(me) = *current
+            && me != lapsed
+        {
+            return Ok(me);
+        }
+        let me = self.register().await?;
+        *current = Some(me);
+        Ok(me)
+    }
+
+    async fn register(&self) -> Result<InstanceId> {
+        let me = InstanceId::generate().map_err(task_error)?;
+        if self
+            .store
+            .heartbeat(me, self.lease)
+            .await
+            .map_err(task_error)?
+        {
+            Ok(me)
+        } else {
+            Err(TaskStoreError::Backend(
+                "the store refused the first heartbeat of a fresh instance".into(),
+            ))
+        }
+    }
+
+    /// Renews the heartbeat of the instance, if one is registered.
+    async fn beat(&self) {
+        let Some(me) = *self.instance.lock().await else {
+            return;
+        };
+        match self.store.heartbeat(me, self.lease).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    instance = %me,
+                    "this instance's heartbeat lapsed (was the process paused?); its running \
+                     tasks read failed, and new ones run under a fresh instance"
+                );
+                if let Err(e) = self.renew(me).await {
+                    tracing::warn!(error = %e, "registering a fresh instance failed; retrying");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "task heartbeat failed; retrying"),
+        }
+    }
+
+    /// The task `id` as tower-mcp sees it now.
+    async fn read(&self, id: &str) -> Result<Found> {
+        let Some(task) = TaskId::parse(id) else {
+            return Ok(Found::Missing);
+        };
+        let Some(view) = self.store.view(&task).await.map_err(task_error)? else {
+            return Ok(Found::Missing);
+        };
+        let Some(bytes) = view.record.context.as_deref() else {
+            return Ok(Found::Missing);
+        };
+        let context = Context::decode(bytes)?;
+        if now_millis() >= view.record.expires_at {
+            return Ok(Found::Expired {
+                owner: context.owner,
+            });
+        }
+        Ok(Found::Live(Box::new(Live {
+            id: task,
+            view,
+            context,
+        })))
+    }
+
+    async fn apply(&self, task: &TaskId, change: WorkerChange<'_>) -> Result<Applied> {
+        let me = self.instance().await?;
+        self.store.apply(task, me, change).await.map_err(task_error)
+    }
+}
+
+/// The token of task `id` in this process, with a guard that raises it:
+/// one created now if the task has none here yet.
+fn token_for<S: TaskStore + ?Sized>(shared: &Arc<Shared<S>>, id: &str) -> CancellationToken {
+    let mut local = shared.local();
+    if let Some(known) = local.get(id) {
+        return known.token.clone();
+    }
+    let token = CancellationToken::new();
+    let guard = tokio::spawn(guard(shared.clone(), id.to_owned(), token.clone())).abort_handle();
+    local.insert(
+        id.to_owned(),
+        Local {
+            token: token.clone(),
+            guard,
+        },
+    );
+    token
+}
+
+/// Raises task `id`'s token if this process has one.
+fn raise<S: TaskStore + ?Sized>(shared: &Shared<S>, id: &str) {
+    if let Some(local) = shared.local().get(id) {
+        local.token.cancel();
+    }
+}
+
+/// Watches task `id` for as long as tower-mcp knows it, and raises its
+/// process-local token when it is cancelled (here or through any instance
+/// sharing the store), fails, expires or goes. A change wakes it through
+/// the store's watch (T10); expiry at the deadline it waits until; a lost
+/// instance at its next re-read. Once the task ended, it only waits for
+/// the expiry, reading nothing until then.
+async fn guard<S: TaskStore + ?Sized>(
+    shared: Arc<Shared<S>>,
+    id: String,
+    token: CancellationToken,
+) {
+    loop {
+        let live = match shared.read(&id).await {
+            Ok(Found::Live(live)) => live,
+            Ok(Found::Missing | Found::Expired { .. }) => {
+                token.cancel();
+                shared.local().remove(&id);
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "reading a task for its token failed; retrying");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        if live.stops_work() {
+            token.cancel();
+        }
+        if live.record().status.is_terminal() {
+            // It changes no more (T4): only its expiry is left to signal,
+            // which a timer does without reading the store. (A `cancel_task`
+            // through this process raises the token itself.)
+            tokio::time::sleep(live.until_expiry()).await;
+            continue;
+        }
+        let wait = live.until_expiry().min(RECHECK);
+        if let Err(e) = shared
+            .store
+            .watch(&id, &live.view.owner, live.record().rev, wait)
+            .await
+        {
+            tracing::debug!(error = %e, "watching a task for its token failed; retrying");
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+}
+
+/// Aborts the background work when the last handle goes.
+struct Inner<S: ?Sized> {
+    shared: Arc<Shared<S>>,
+    background: Vec<AbortHandle>,
+}
+
+impl<S: ?Sized> Drop for Inner<S> {
+    fn drop(&mut self) {
+        for task in &self.background {
+            task.abort();
+        }
+        let local =
+            std::mem::take(&mut *self.shared.local.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, task) in local {
+            task.guard.abort();
+        }
+    }
+}
+
+/// Any store as tower-mcp's [`TaskStore`](tower_mcp::async_task::TaskStore),
+/// so that every instance sharing the store answers for every task
+/// (SEP-2663 durable tasks, protocol 2026-07-28, and task-augmented calls
+/// of 2025-11-25).
+///
+/// Build it once per process with [`TowerTaskStore::builder`] and give it
+/// to `McpRouter::task_store`. It owns an instance id with a heartbeat
+/// (T11), a periodic purge, and the process-local cancellation tokens
+/// tower-mcp asks for; dropping the last clone stops them all.
+///
+/// What the store keeps, and how tower-mcp's rules map onto the task
+/// contract, is in the [crate docs](crate#tasks).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use mcp_event_store_tower_mcp::TowerTaskStore;
+/// use tower_mcp::McpRouter;
+///
+/// let store = Arc::new(mcp_event_store_core::MemoryStore::new());
+/// let tasks = TowerTaskStore::builder(store).build().await?;
+/// let router = McpRouter::new().task_store(Arc::new(tasks));
+/// # let _ = router; Ok(()) }
+/// ```
+pub struct TowerTaskStore<S: ?Sized = dyn Store> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S: ?Sized> Clone for TowerTaskStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: ?Sized> fmt::Debug for TowerTaskStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TowerTaskStore")
+            .field("default_ttl", &self.inner.shared.default_ttl)
+            .field("lease", &self.inner.shared.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`TowerTaskStore`]; see [`TowerTaskStore::builder`].
+pub struct TowerTaskStoreBuilder<S: ?Sized = dyn Store> {
+    store: Arc<S>,
+    default_ttl: Duration,
+    poll_interval: Option<Duration>,
+    heartbeat_interval: Duration,
+    lease: Duration,
+    purge_every: Option<Duration>,
+}
+
+impl<S: ?Sized> fmt::Debug for TowerTaskStoreBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TowerTaskStoreBuilder")
+            .field("default_ttl", &self.default_ttl)
+            .field("poll_interval", &self.poll_interval)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("lease", &self.lease)
+            .field("purge_every", &self.purge_every)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: TaskStore + ?Sized> TowerTaskStore<S> {
+    /// Starts configuring tower-mcp's task store over `store`.
+    pub fn builder(store: Arc<S>) -> TowerTaskStoreBuilder<S> {
+        TowerTaskStoreBuilder {
+            store,
+            default_ttl: DEFAULT_TASK_TTL,
+            poll_interval: Some(DEFAULT_POLL_INTERVAL),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            lease: DEFAULT_HEARTBEAT_LEASE,
+            purge_every: Some(DEFAULT_PURGE_INTERVAL),
+        }
+    }
+
+    /// The tasks whose tokens this process holds (it created or resumed
+    /// them) and tower-mcp still knows.
+    pub fn local_tasks(&self) -> usize {
+        self.inner.shared.local().len()
+    }
+
+    fn shared(&self) -> &Arc<Shared<S>> {
+        &self.inner.shared
+    }
+}
+
+impl<S: TaskStore + ?Sized> TowerTaskStoreBuilder<S> {
+    /// The ttl of a task created without one (default
+    /// [`DEFAULT_TASK_TTL`]); the store caps every ttl at its
+    /// `max_task_age` (7 days by default).
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = ttl;
+        self
+    }
+
+    /// The poll interval tasks suggest to clients (default
+    /// [`DEFAULT_POLL_INTERVAL`]; `None`: none).
+    pub fn poll_interval(mut self, interval: Option<Duration>) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How often the instance renews its heartbeat, and how long each
+    /// keeps it alive (defaults [`DEFAULT_HEARTBEAT_INTERVAL`] and
+    /// [`DEFAULT_HEARTBEAT_LEASE`]): a process that dies leaves its running
+    /// tasks reading `failed` one lease later (T11).
+    pub fn heartbeat(mut self, interval: Duration, lease: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self.lease = lease;
+        self
+    }
+
+    /// How often to run [`TaskStore::purge_expired_tasks`] (default
+    /// [`DEFAULT_PURGE_INTERVAL`], the first run one interval after the
+    /// start); `None` leaves it to the application.
+    pub fn purge_every(mut self, interval: Option<Duration>) -> Self {
+        self.purge_every = interval;
+        self
+    }
+
+    /// Registers the instance (its first heartbeat) and starts the
+    /// background work; must run inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for a heartbeat lease not longer than its interval,
+    /// a zero interval or a zero default ttl; the store's error if the
+    /// first heartbeat fails.
+    pub async fn build(self) -> mcp_event_store_core::Result<TowerTaskStore<S>> {
+        let tasks = self.start()?;
+        tasks
+            .shared()
+            .instance()
+            .await
+            .map_err(|e| Error::Config(format!("registering the task instance: {e}")))?;
+        Ok(tasks)
+    }
+
+    /// Starts the background work without waiting: the instance registers
+    /// with the first call that needs it. For a caller that cannot wait
+    /// (a synchronous constructor); must run inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`], as [`build`](Self::build).
+    pub fn start(self) -> mcp_event_store_core::Result<TowerTaskStore<S>> {
+        if self.heartbeat_interval.is_zero() || self.lease <= self.heartbeat_interval {
+            return Err(Error::Config(format!(
+                "the heartbeat lease ({:?}) must be longer than its interval ({:?}), which must \
+                 not be zero",
+                self.lease, self.heartbeat_interval
+            )));
+        }
+        if self.default_ttl.is_zero() {
+            return Err(Error::Config(
+                "a zero default ttl expires every task at birth".into(),
+            ));
+        }
+        if self.purge_every.is_some_and(|every| every.is_zero()) {
+            return Err(Error::Config("the purge interval must not be zero".into()));
+        }
+        let shared = Arc::new(Shared {
+            store: self.store,
+            instance: tokio::sync::Mutex::new(None),
+            lease: self.lease,
+            default_ttl: self.default_ttl,
+            poll_interval: self.poll_interval,
+            local: Mutex::default(),
+        });
+        let mut background = Vec::new();
+        let beating = shared.clone();
+        let interval = self.heartbeat_interval;
+        background.push(
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(interval);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                ticks.tick().await;
+                loop {
+                    ticks.tick().await;
+                    beating.beat().await;
+                }
+            })
+            .abort_handle(),
+        );
+        if let Some(every) = self.purge_every {
+            let purging = shared.clone();
+            background.push(
+                tokio::spawn(async move {
+                    let mut ticks = tokio::time::interval(every);
+                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    ticks.tick().await;
+                    loop {
+                        ticks.tick().await;
+                        if let Err(e) = purging.store.purge_expired_tasks().await {
+                            tracing::warn!(error = %e, "task purge failed; retrying next interval");
+                        }
+                    }
+                })
+                .abort_handle(),
+            );
+        }
+        Ok(TowerTaskStore {
+            inner: Arc::new(Inner { shared, background }),
+        })
+    }
+}
+
+fn not_applied(applied: &Applied) -> bool {
+    !matches!(applied, Applied::Changed { .. })
+}
+
+#[async_trait]
+impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<S> {
+    /// Creates the task durably (T1) under this process's instance, with
+    /// the tool's name, its arguments and the owner as its context (T13);
+    /// `ttl: None` is [`DEFAULT_TASK_TTL`] (or the builder's).
+    async fn create_task(
+        &self,
+        tool_name: &str,
+        arguments: Value,
+        ttl: Option<u64>,
+        owner: TaskOwner,
+    ) -> Result<(String, CancellationToken)> {
+        let shared = self.shared();
+        let bound = core_owner(&owner)?;
+        let context = Context {
+            version: CONTEXT_VERSION,
+            tool: tool_name.to_owned(),
+            arguments,
+            owner,
+            meta: None,
+        }
+        .encode()?;
+        let ttl = ttl.map_or(shared.default_ttl, Duration::from_millis);
+        let mut me = shared.instance().await?;
+        for attempt in 0..2 {
+            let mut task = NewTask::new(&bound, me).ttl(ttl).context(&context);
+            if let Some(interval) = shared.poll_interval {
+                task = task.poll_interval(interval);
+            }
+            match shared.store.create(task).await {
+                Ok((id, _)) => {
+                    let id = id.to_string();
+                    let token = token_for(shared, &id);
+                    return Ok((id, token));
+                }
+                Err(Error::InstanceLapsed { .. }) if attempt == 0 => {
+                    me = shared.renew(me).await?;
+                }
+                Err(e) => return Err(task_error(e)),
+            }
+        }
+        Err(TaskStoreError::Backend(
+            "a freshly registered instance was refused as lapsed".into(),
+        ))
+    }
+
+    async fn task_owner(&self, task_id: &str) -> Result<Option<TaskOwner>> {
+        Ok(match self.shared().read(task_id).await? {
+            Found::Live(live) => Some(live.context.owner),
+            Found::Expired { .. } | Found::Missing => None,
+        })
+    }
+
+    /// `Expired` with its owner for a task past its ttl that the store
+    /// still keeps (its grace: one ttl, at most an hour).
+    async fn task_presence(&self, task_id: &str) -> Result<TaskPresence> {
+        Ok(match self.shared().read(task_id).await? {
+            Found::Live(live) => TaskPresence::Present {
+                owner: live.context.owner,
+            },
+            Found::Expired { owner } => TaskPresence::Expired { owner },
+            Found::Missing => TaskPresence::Missing,
+        })
+    }
+
+    async fn get_task(&self, task_id: &str) -> Result<Option<TaskObject>> {
+        Ok(match self.shared().read(task_id).await? {
+            Found::Live(live) => Some(live.object(task_id)),
+            _ => None,
+        })
+    }
+
+    /// Keeps `meta` in the task's context. Only while the task runs: a
+    /// terminal task changes no more (T4).
+    async fn set_task_meta(&self, task_id: &str, meta: Value) -> Result<bool> {
+        let shared = self.shared();
+        let Found::Live(live) = shared.read(task_id).await? else {
+            return Ok(false);
+        };
+        let mut context = live.context;
+        context.meta = Some(meta);
+        let bytes = context.encode()?;
+        let applied = shared
+            .apply(&live.id, WorkerChange::SetContext(&bytes))
+            .await?;
+        Ok(!not_applied(&applied))
+    }
+
+    /// Deletes the task (the store's operator call) and forgets its token.
+    async fn discard_task(&self, task_id: &str) -> Result<bool> {
+        let shared = self.shared();
+        let deleted = shared.store.delete(task_id).await.map_err(task_error)?;
+        if let Some(local) = shared.local().remove(task_id) {
+            local.guard.abort();
+        }
+        Ok(deleted)
+    }
+
+    async fn get_task_result(&self, task_id: &str) -> Result<Option<TaskSnapshot>> {
+        match self.shared().read(task_id).await? {
+            Found::Live(live) => live.snapshot(task_id).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Watches the task through the store (T10), so a change through any
+    /// instance wakes it; expiry at its deadline.
+    async fn wait_for_completion(&self, task_id: &str) -> Result<Option<TaskSnapshot>> {
+        let shared = self.shared();
+        loop {
+            let Found::Live(live) = shared.read(task_id).await? else {
+                return Ok(None);
+            };
+            if live.record().status.is_terminal() {
+                return live.snapshot(task_id).map(Some);
+            }
+            let wait = live.until_expiry().min(RECHECK);
+            shared
+                .store
+                .watch(task_id, &live.view.owner, live.record().rev, wait)
+                .await
+                .map_err(task_error)?;
+        }
+    }
+
+    /// The tasks of this process (created or resumed here) that tower-mcp
+    /// still knows, read fresh from the store. The store never keeps task
+    /// ids (T2: a dump hands out no bearer token), so no instance can list
+    /// another's tasks; tower-mcp's router never lists.
+    async fn list_tasks(&self, status_filter: Option<TaskStatus>) -> Result<Vec<TaskObject>> {
+        let shared = self.shared();
+        let ids: Vec<String> = shared.local().keys().cloned().collect();
+        let mut tasks = Vec::new();
+        for id in ids {
+            if let Found::Live(live) = shared.read(&id).await? {
+                let task = live.object(&id);
+                if status_filter.is_none_or(|status| status == task.status) {
+                    tasks.push(task);
+                }
+            }
+        }
+        Ok(tasks)
+    }
+
+    /// Replaces the outstanding input requests in one atomic step (T15).
+    async fn require_input(
+        &self,
+        task_id: &str,
+        requests: InputRequests,
+        message: Option<&str>,
+    ) -> Result<bool> {
+        let Some(task) = TaskId::parse(task_id) else {
+            return Ok(false);
+        };
+        let encoded = requests
+            .iter()
+            .map(|(key, request)| Ok((key.as_str(), to_json(request, "an input request")?)))
+            .collect::<Result<Vec<_>>>()?;
+        let pairs: Vec<(&str, &[u8])> = encoded.iter().map(|(k, r)| (*k, &r[..])).collect();
+        let change = WorkerChange::ReplaceInputs {
+            requests: &pairs,
+            message: message.map(fit_message),
+        };
+        match self.shared().apply(&task, change).await? {
+            Applied::Changed { .. } => Ok(true),
+            Applied::KeySpent => Err(TaskStoreError::InvalidTransition(
+                "input request keys must be unique over a task's lifetime: a key was already \
+                 answered or superseded, or a live key was pointed at a different request; use \
+                 a new key to ask again"
+                    .into(),
+            )),
+            _ => Ok(false),
+        }
+    }
+
+    async fn outstanding_input_requests(&self, task_id: &str) -> Result<Option<InputRequests>> {
+        let Found::Live(live) = self.shared().read(task_id).await? else {
+            return Ok(None);
+        };
+        if live.record().status != CoreStatus::InputRequired {
+            return Ok(Some(InputRequests::new()));
+        }
+        live.record()
+            .outstanding
+            .iter()
+            .map(|(key, request)| Ok((key.clone(), parse(request, "an input request")?)))
+            .collect::<Result<InputRequests>>()
+            .map(Some)
+    }
+
+    /// Records the answers through the store's `answer` (T5), then reads
+    /// back which ones this call stored: each answer carries a nonce of the
+    /// call's, so two calls racing with the same key are told apart and
+    /// exactly one sees it accepted.
+    async fn apply_input_responses(
+        &self,
+        task_id: &str,
+        responses: InputResponses,
+    ) -> Result<Option<AppliedInputResponses>> {
+        let shared = self.shared();
+        let Found::Live(live) = shared.read(task_id).await? else {
+            return Ok(None);
+        };
+        if live.record().status.is_terminal() {
+            return Ok(None);
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| TaskStoreError::Backend(format!("no OS randomness: {e}")))?;
+        let encoded = responses
+            .iter()
+            .map(|(key, response)| {
+                let json = to_json(response, "an input response")?;
+                Ok((key.as_str(), encode_answer(&nonce, &json)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let pairs: Vec<(&str, &[u8])> = encoded.iter().map(|(k, r)| (*k, &r[..])).collect();
+        let Some(after) = shared
+            .store
+            .answer(task_id, &live.view.owner, &pairs)
+            .await
+            .map_err(task_error)?
+        else {
+            return Ok(None);
+        };
+        if after.status.is_terminal() {
+            return Ok(None);
+        }
+        let maybe_ours = responses
+            .keys()
+            .any(|key| after.answered.iter().any(|k| k == key));
+        let mut accepted = BTreeSet::new();
+        if maybe_ours && let Found::Live(now) = shared.read(task_id).await? {
+            for (key, bytes) in &now.view.answers {
+                if responses.contains_key(key) && decode_answer(bytes)?.0 == nonce {
+                    accepted.insert(key.clone());
+                }
+            }
+        }
+        let ignored = responses
+            .keys()
+            .filter(|key| !accepted.contains(*key))
+            .cloned()
+            .collect();
+        let still_outstanding = after.outstanding.iter().map(|(k, _)| k.clone()).collect();
+        Ok(Some(AppliedInputResponses {
+            accepted,
+            ignored,
+            still_outstanding,
+        }))
+    }
+
+    async fn input_responses(&self, task_id: &str) -> Result<Option<InputResponses>> {
+        match self.shared().read(task_id).await? {
+            Found::Live(live) => live.responses().map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// `working` with a message sets the message; the status itself
+    /// follows the task's inputs (it is `input_required` while any is
+    /// outstanding), so `input_required` is refused: it is reached through
+    /// `require_input`, with the requests to answer.
+    async fn set_status(
+        &self,
+        task_id: &str,
+        status: TaskStatus,
+        message: Option<&str>,
+    ) -> Result<bool> {
+        if status != TaskStatus::Working {
+            return Err(TaskStoreError::InvalidTransition(format!(
+                "set_status sets a running task's message; {status} is reached through \
+                 require_input, complete_task, fail_task or cancel_task"
+            )));
+        }
+        let shared = self.shared();
+        let Found::Live(live) = shared.read(task_id).await? else {
+            return Ok(false);
+        };
+        if live.record().status.is_terminal() {
+            return Ok(false);
+        }
+        let Some(message) = message else {
+            return Ok(true);
+        };
+        let applied = shared
+            .apply(
+                &live.id,
+                WorkerChange::SetMessage(Some(fit_message(message))),
+            )
+            .await?;
+        Ok(!not_applied(&applied))
+    }
+
+    /// The tool, its original arguments, every answer over every round,
+    /// and the task's token in this process: the one it was created with
+    /// here, or one created now and raised by cancellation through any
+    /// instance, or expiry.
+    async fn resume_context(&self, task_id: &str) -> Result<Option<TaskResumeContext>> {
+        let shared = self.shared();
+        let Found::Live(live) = shared.read(task_id).await? else {
+            return Ok(None);
+        };
+        let responses = live.responses()?;
+        let token = token_for(shared, task_id);
+        if live.stops_work() {
+            token.cancel();
+        }
+        let context = live.context;
+        Ok(Some(
+            TaskResumeContext::new(context.tool, context.arguments, responses)
+                .with_cancellation_token(token),
+        ))
+    }
+
+    /// Moves the expiry, still counted from creation (T8). A terminal task
+    /// changes no more (T4): `false`.
+    async fn set_ttl(&self, task_id: &str, ttl_ms: u64) -> Result<bool> {
+        let Some(task) = TaskId::parse(task_id) else {
+            return Ok(false);
+        };
+        let ttl = Some(Duration::from_millis(ttl_ms));
+        let applied = self
+            .shared()
+            .apply(&task, WorkerChange::SetTtl(ttl))
+            .await?;
+        Ok(!not_applied(&applied))
+    }
+
+    async fn complete_task(&self, task_id: &str, result: CallToolResult) -> Result<bool> {
+        let Some(task) = TaskId::parse(task_id) else {
+            return Ok(false);
+        };
+        let result = to_json(&result, "a task's result")?;
+        let change = WorkerChange::Finish(Finish::Completed(&result));
+        Ok(!not_applied(&self.shared().apply(&task, change).await?))
+    }
+
+    async fn fail_task(&self, task_id: &str, error: JsonRpcError) -> Result<bool> {
+        let Some(task) = TaskId::parse(task_id) else {
+            return Ok(false);
+        };
+        let error = to_json(&error, "a task's error")?;
+        let change = WorkerChange::Finish(Finish::Failed(&error));
+        Ok(!not_applied(&self.shared().apply(&task, change).await?))
+    }
+
+    /// Raises the task's token in this process before anything else, then
+    /// ends the task `cancelled` in one step (T6, `CancelMode::Immediate`);
+    /// a terminal task comes back unchanged. The guard of the process
+    /// running the task raises its token there. The reason is not kept.
+    async fn cancel_task(&self, task_id: &str, reason: Option<&str>) -> Result<Option<TaskObject>> {
+        let _ = reason;
+        let shared = self.shared();
+        let Found::Live(live) = shared.read(task_id).await? else {
+            return Ok(None);
+        };
+        raise(shared, task_id);
+        let after = shared
+            .store
+            .request_cancel(task_id, &live.view.owner, CancelMode::Immediate)
+            .await
+            .map_err(task_error)?;
+        Ok(after.map(|record| task_object(task_id, &record, &live.context)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_bind_apart_even_empty_and_long() {
+        let long = Some("o".repeat(10_000));
+        let owners = [None, Some(String::new()), Some("alice".into()), long];
+        let bound: Vec<Owner> = owners.iter().map(|o| core_owner(o).unwrap()).collect();
+        for (i, a) in bound.iter().enumerate() {
+            for b in &bound[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(bound[0], Owner::Anonymous);
+    }
+
+    #[test]
+    fn messages_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(MAX_MESSAGE_BYTES);
+        let cut = fit_message(&long);
+        assert!(cut.len() <= MAX_MESSAGE_BYTES && cut.len() > MAX_MESSAGE_BYTES - 2);
+        assert_eq!(fit_message("short"), "short");
+    }
+
+    #[test]
+    fn answers_and_contexts_refuse_what_they_did_not_write() {
+        let nonce = [7; NONCE_LEN];
+        let stored = encode_answer(&nonce, b"{\"action\":\"accept\"}");
+        assert_eq!(
+            decode_answer(&stored).unwrap(),
+            (&nonce[..], &b"{\"action\":\"accept\"}"[..])
+        );
+        for bad in [&b""[..], b"\x01short", b"{\"action\":\"accept\"}"] {
+            assert!(matches!(decode_answer(bad), Err(TaskStoreError::Decode(_))));
+        }
+        let context = Context {
+            version: CONTEXT_VERSION,
+            tool: "t".into(),
+            arguments: serde_json::json!({"a": [1, 2]}),
+            owner: Some(String::new()),
+            meta: None,
+        };
+        let back = Context::decode(&context.encode().unwrap()).unwrap();
+        assert_eq!(back.owner, Some(String::new()));
+        assert_eq!(back.arguments, serde_json::json!({"a": [1, 2]}));
+        let newer = br#"{"v":2,"tool":"t","arguments":null,"owner":null}"#;
+        assert!(
+            matches!(Context::decode(newer), Err(TaskStoreError::Decode(m)) if m.contains("version 2"))
+        );
+        assert!(matches!(
+            Context::decode(b"not json"),
+            Err(TaskStoreError::Decode(_))
+        ));
+    }
+}

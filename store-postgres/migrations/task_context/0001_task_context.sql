@@ -1,0 +1,11 @@
+-- mcp-event-store-postgres task contexts (T13): a task's context, the
+-- bytes a runtime keeps with the task to run it again (a tool's name and
+-- arguments).
+--
+-- Additive, and recorded in a table of its own, _mes_task_context_migrations:
+-- neither _sqlx_migrations (the event format) nor _mes_task_migrations
+-- (task format 1) changes, so a release from before contexts still opens
+-- the schema, keeps serving events and tasks, and never touches this
+-- column: its statements name their columns, so its writes leave a
+-- context as it is, and deleting a task deletes its context with it.
+ALTER TABLE tasks ADD COLUMN context BYTEA;

@@ -1,0 +1,11 @@
+-- mcp-event-store SQLite task contexts (T13): a task's context, the bytes
+-- a runtime keeps with the task to run it again (a tool's name and
+-- arguments).
+--
+-- Additive, and recorded in a table of its own, mes_task_context_migrations:
+-- neither mes_migrations (the event format) nor mes_task_migrations (task
+-- format 1) changes, so a release from before contexts still opens the
+-- file and keeps serving events and tasks. Its statements name their
+-- columns, so what it writes leaves a context as it is, and it deletes a
+-- task's row, context included.
+ALTER TABLE mes_tasks ADD COLUMN context BLOB;
