@@ -5,11 +5,10 @@
 //! row is locked (`SELECT … FOR UPDATE`), then read with its inputs and its
 //! instance's deadline in one statement (after the lock, so it sees every
 //! step that committed before; see [`LOAD`]), the state machine decides
-//! in Rust with the same code every backend uses ([`TaskRecord::seen_at`],
-//! then [`TaskRecord::answer`], [`TaskRecord::request_cancel`] or
-//! [`TaskRecord::apply`]), and the row, with the inputs the machine names,
-//! is written back with `UPDATE … WHERE digest = $n AND rev = $m` (the `rev`
-//! just read). The row lock makes the step atomic across handles and
+//! (the step every row store shares, [`rows`]; this file holds only the
+//! statements, [`TaskRows`] for a transaction), and the row, with the
+//! inputs the machine names, is written back with `UPDATE … WHERE digest =
+//! $n AND rev = $m` (the `rev` just read). The row lock makes the step atomic across handles and
 //! processes (T4): a racing step waits for the commit, then reads the new
 //! `rev` and status. `create` and `heartbeat` are single statements.
 //!
@@ -28,10 +27,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{task_token, watch_task};
+use mcp_event_store_core::backend::task::rows::{self, TaskRow, TaskRows, stored_digest};
+use mcp_event_store_core::backend::task::{
+    TaskDigest, TaskMachine, check_responses, client_call, owner_key,
+};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest, TaskId,
-    TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, WorkerChange,
-    check_responses, replacement,
+    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskPurgeReport, TaskRecord,
+    TaskStatus, TaskStore, TaskView, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::postgres::{PgConnection, PgRow};
@@ -42,11 +44,6 @@ use crate::options::quote_schema;
 use crate::sql::render;
 use crate::store::{PostgresStore, backend};
 
-/// An input request awaiting its answer.
-const OUTSTANDING: i16 = 0;
-/// An input answered, not yet taken by the worker.
-const ANSWERED: i16 = 1;
-// State 2: an input taken or superseded; its key is never usable again.
 /// Tasks a purge step ends or deletes at most, so one transaction never
 /// holds many row locks for long.
 const PURGE_BATCH: i64 = 500;
@@ -168,22 +165,6 @@ fn sql(store: &PostgresStore, template: &str) -> SqlStr {
     render(template, &quote_schema(store.schema()))
 }
 
-/// The owner as stored: the principal's digest, empty for anonymous.
-fn owner_bytes(owner: &Owner) -> Vec<u8> {
-    owner.digest().map_or_else(Vec::new, |d| d.to_vec())
-}
-
-/// The owner a stored owner column names: empty for anonymous, else the
-/// principal's digest.
-fn owner_of(bytes: &[u8]) -> Result<Owner> {
-    if bytes.is_empty() {
-        return Ok(Owner::Anonymous);
-    }
-    <[u8; 16]>::try_from(bytes)
-        .map(Owner::Principal)
-        .map_err(|_| Error::Corrupt("a task owner is not 16 bytes".into()))
-}
-
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -198,40 +179,18 @@ fn to_u64(n: i64) -> u64 {
 
 // ------------------------------------------------------------ storage
 
-/// A task row with its inputs and its instance's heartbeat deadline.
-struct Stored {
-    owner: Vec<u8>,
-    instance: Vec<u8>,
-    next_seq: i64,
-    /// The record as stored, with `outstanding` and `answered` from the
-    /// inputs.
-    record: TaskRecord,
-    /// Every key the task used.
-    keys: Vec<String>,
-    /// The response of each key of `record.answered`, in the same order.
-    answers: Vec<(String, Bytes)>,
-    alive_until: Option<i64>,
-}
-
-impl Stored {
-    /// The record as a read at `now` shows it (T8, T11).
-    fn seen(&self, now: i64) -> Option<TaskRecord> {
-        self.record.clone().seen_at(now, self.alive_until)
-    }
-}
-
 fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::Corrupt(format!("{what} is not UTF-8")))
 }
 
-fn decode(row: &PgRow) -> Result<Stored> {
+fn decode(row: &PgRow) -> Result<TaskRow> {
     let status: i16 = row.try_get(2).map_err(backend)?;
     let status = u8::try_from(status)
         .ok()
         .and_then(TaskStatus::from_u8)
         .ok_or_else(|| Error::Corrupt(format!("a task has the unknown status {status}")))?;
     let message: Option<Vec<u8>> = row.try_get(4).map_err(backend)?;
-    let mut record = TaskRecord {
+    let record = TaskRecord {
         status,
         rev: to_u64(row.try_get(3).map_err(backend)?),
         message: message.map(|m| utf8(m, "a status message")).transpose()?,
@@ -259,54 +218,32 @@ fn decode(row: &PgRow) -> Result<Stored> {
             .map_err(backend)?
             .map(Into::into),
     };
+    let mut task = TaskRow::new(
+        row.try_get(0).map_err(backend)?,
+        row.try_get(1).map_err(backend)?,
+        row.try_get(13).map_err(backend)?,
+        record,
+        row.try_get(14).map_err(backend)?,
+    );
     let keys: Vec<Vec<u8>> = row.try_get(15).map_err(backend)?;
     let states: Vec<i16> = row.try_get(16).map_err(backend)?;
     let requests: Vec<Vec<u8>> = row.try_get(17).map_err(backend)?;
     let responses: Vec<Vec<u8>> = row.try_get(19).map_err(backend)?;
-    let mut used = Vec::with_capacity(keys.len());
-    let mut answers = Vec::new();
     for (((key, state), request), response) in
         keys.into_iter().zip(states).zip(requests).zip(responses)
     {
         let key = utf8(key, "an input key")?;
-        match state {
-            OUTSTANDING => record.outstanding.push((key.clone(), request.into())),
-            ANSWERED => {
-                record.answered.push(key.clone());
-                answers.push((key.clone(), response.into()));
-            }
-            _ => {}
-        }
-        used.push(key);
+        task.push_input(key, state, Some(request.into()), Some(response.into()))?;
     }
-    Ok(Stored {
-        owner: row.try_get(0).map_err(backend)?,
-        instance: row.try_get(1).map_err(backend)?,
-        next_seq: row.try_get(13).map_err(backend)?,
-        record,
-        keys: used,
-        answers,
-        alive_until: row.try_get(14).map_err(backend)?,
-    })
+    Ok(task)
 }
 
-/// Reads (and, `lock`, first locks) a task with its inputs.
+/// Reads a task with its inputs, from one statement's snapshot.
 async fn load(
     store: &PostgresStore,
     conn: &mut PgConnection,
     digest: &TaskDigest,
-    lock: bool,
-) -> Result<Option<Stored>> {
-    if lock {
-        let locked = sqlx::query(sql(store, LOCK))
-            .bind(&digest.as_bytes()[..])
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(backend)?;
-        if locked.is_none() {
-            return Ok(None);
-        }
-    }
+) -> Result<Option<TaskRow>> {
     sqlx::query(sql(store, LOAD))
         .bind(&digest.as_bytes()[..])
         .fetch_optional(&mut *conn)
@@ -317,82 +254,179 @@ async fn load(
         .transpose()
 }
 
-/// Whether [`save`] queues the task's notification in its statement.
+/// Where a changed task's notification is queued.
 #[derive(Clone, Copy)]
 enum Announce {
-    /// In the same statement ([`SAVE_AND_NOTIFY`]).
+    /// In the statement that writes the row back ([`SAVE_AND_NOTIFY`]).
     WithSave,
-    /// Later, by [`commit`] (a purge announces all its tasks at once).
+    /// Once, by [`commit`] (a purge announces all its tasks at once).
     AtCommit,
 }
 
-/// Writes `record` back over the row read at `read_rev`; the row must still
-/// be at `read_rev` (it is locked, so it is).
-#[allow(clippy::too_many_arguments)]
-async fn save(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    digest: &TaskDigest,
-    read_rev: Rev,
-    record: &TaskRecord,
-    instance: &[u8],
-    next_seq: i64,
+/// The task statements in one transaction: what [`rows`] runs a step
+/// through.
+struct PgRows<'a> {
+    store: &'a PostgresStore,
+    conn: &'a mut PgConnection,
     announce: Announce,
-) -> Result<()> {
-    let statement = match announce {
-        Announce::WithSave => SAVE_AND_NOTIFY,
-        Announce::AtCommit => SAVE,
-    };
-    let query = sqlx::query(sql(store, statement))
-        .bind(i16::from(record.status.as_u8()))
-        .bind(to_i64(record.rev))
-        .bind(record.message.as_deref().map(str::as_bytes))
-        .bind(record.updated_at)
-        .bind(record.ttl_ms.map(to_i64))
-        .bind(record.expires_at)
-        .bind(record.purge_at)
-        .bind(record.poll_interval_ms.map(to_i64))
-        .bind(record.cancel_requested)
-        .bind(record.outcome.as_deref())
-        .bind(instance)
-        .bind(next_seq)
-        .bind(&digest.as_bytes()[..])
-        .bind(to_i64(read_rev))
-        .bind(record.context.as_deref());
-    let saved = match announce {
-        Announce::WithSave => query
-            .bind(store.notify_channel())
-            .bind(task_payload(Some(&task_token(digest))))
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(backend)?
-            .len(),
-        Announce::AtCommit => usize::try_from(
-            query
-                .execute(&mut *conn)
-                .await
-                .map_err(backend)?
-                .rows_affected(),
-        )
-        .unwrap_or(usize::MAX),
-    };
-    if saved != 1 {
-        return Err(Error::Corrupt("a task changed under its row lock".into()));
-    }
-    Ok(())
 }
 
-async fn supersede_inputs(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    digest: &TaskDigest,
-) -> Result<()> {
-    sqlx::query(sql(store, SUPERSEDE))
-        .bind(&digest.as_bytes()[..])
-        .execute(&mut *conn)
+#[async_trait]
+impl TaskRows for PgRows<'_> {
+    /// [`LOCK`], then [`LOAD`] (see why at [`LOAD`]).
+    async fn lock(&mut self, digest: &TaskDigest) -> Result<Option<TaskRow>> {
+        let locked = sqlx::query(sql(self.store, LOCK))
+            .bind(&digest.as_bytes()[..])
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(backend)?;
+        if locked.is_none() {
+            return Ok(None);
+        }
+        load(self.store, self.conn, digest).await
+    }
+
+    async fn reload(&mut self, digest: &TaskDigest) -> Result<Option<TaskRow>> {
+        load(self.store, self.conn, digest).await
+    }
+
+    async fn save(
+        &mut self,
+        digest: &TaskDigest,
+        read_rev: Rev,
+        record: &TaskRecord,
+        instance: &[u8],
+        next_seq: i64,
+    ) -> Result<()> {
+        let statement = match self.announce {
+            Announce::WithSave => SAVE_AND_NOTIFY,
+            Announce::AtCommit => SAVE,
+        };
+        let query = sqlx::query(sql(self.store, statement))
+            .bind(i16::from(record.status.as_u8()))
+            .bind(to_i64(record.rev))
+            .bind(record.message.as_deref().map(str::as_bytes))
+            .bind(record.updated_at)
+            .bind(record.ttl_ms.map(to_i64))
+            .bind(record.expires_at)
+            .bind(record.purge_at)
+            .bind(record.poll_interval_ms.map(to_i64))
+            .bind(record.cancel_requested)
+            .bind(record.outcome.as_deref())
+            .bind(instance)
+            .bind(next_seq)
+            .bind(&digest.as_bytes()[..])
+            .bind(to_i64(read_rev))
+            .bind(record.context.as_deref());
+        let saved = match self.announce {
+            Announce::WithSave => query
+                .bind(self.store.notify_channel())
+                .bind(task_payload(Some(&task_token(digest))))
+                .fetch_all(&mut *self.conn)
+                .await
+                .map_err(backend)?
+                .len(),
+            Announce::AtCommit => usize::try_from(
+                query
+                    .execute(&mut *self.conn)
+                    .await
+                    .map_err(backend)?
+                    .rows_affected(),
+            )
+            .unwrap_or(usize::MAX),
+        };
+        if saved != 1 {
+            return Err(Error::Corrupt("a task changed under its row lock".into()));
+        }
+        Ok(())
+    }
+
+    async fn answer_input(
+        &mut self,
+        digest: &TaskDigest,
+        key: &str,
+        response: &[u8],
+    ) -> Result<()> {
+        sqlx::query(sql(self.store, ANSWER_INPUT))
+            .bind(response)
+            .bind(&digest.as_bytes()[..])
+            .bind(key.as_bytes())
+            .execute(&mut *self.conn)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn add_input(
+        &mut self,
+        digest: &TaskDigest,
+        key: &str,
+        seq: i64,
+        request: &[u8],
+    ) -> Result<()> {
+        sqlx::query(sql(self.store, REQUEST_INPUT))
+            .bind(&digest.as_bytes()[..])
+            .bind(key.as_bytes())
+            .bind(seq)
+            .bind(request)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn take_input(&mut self, digest: &TaskDigest, key: &str) -> Result<Bytes> {
+        let response: Option<Vec<u8>> = sqlx::query_scalar(sql(self.store, TAKE_INPUT))
+            .bind(&digest.as_bytes()[..])
+            .bind(key.as_bytes())
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(backend)?
+            .ok_or_else(|| Error::Corrupt("an answered input is missing".into()))?;
+        Ok(response.unwrap_or_default().into())
+    }
+
+    async fn supersede(&mut self, digest: &TaskDigest, keys: Option<&[String]>) -> Result<()> {
+        match keys {
+            None => sqlx::query(sql(self.store, SUPERSEDE)).bind(&digest.as_bytes()[..]),
+            Some(keys) => sqlx::query(sql(self.store, SUPERSEDE_KEYS))
+                .bind(&digest.as_bytes()[..])
+                .bind(keys.iter().map(String::as_bytes).collect::<Vec<_>>()),
+        }
+        .execute(&mut *self.conn)
         .await
         .map_err(backend)?;
-    Ok(())
+        Ok(())
+    }
+
+    async fn ended(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>> {
+        let ended: Vec<Vec<u8>> = sqlx::query_scalar(sql(self.store, ENDED))
+            .bind(now)
+            .bind(limit)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(backend)?;
+        ended.iter().map(|digest| stored_digest(digest)).collect()
+    }
+
+    async fn delete_past_grace(&mut self, now: i64, limit: i64) -> Result<u64> {
+        Ok(sqlx::query(sql(self.store, DELETE_PAST_GRACE))
+            .bind(now)
+            .bind(limit)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(backend)?
+            .rows_affected())
+    }
+
+    async fn forget_instances(&mut self, now: i64) -> Result<u64> {
+        Ok(sqlx::query(sql(self.store, FORGET_INSTANCES))
+            .bind(now)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(backend)?
+            .rows_affected())
+    }
 }
 
 /// Queues the notification of a change to `digest` (every task, `None`),
@@ -439,24 +473,6 @@ async fn begin(store: &PostgresStore) -> Result<Transaction<'static, Postgres>> 
     store.pool().begin().await.map_err(backend)
 }
 
-/// The task under `digest` if `owner` (or, `None`, anyone) may see it,
-/// locked, as stored and as seen at `now`.
-async fn visible(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    digest: &TaskDigest,
-    owner: Option<&[u8]>,
-    now: i64,
-) -> Result<Option<(Stored, TaskRecord)>> {
-    let Some(stored) = load(store, conn, digest, true).await? else {
-        return Ok(None);
-    };
-    if owner.is_some_and(|owner| owner != stored.owner) {
-        return Ok(None);
-    }
-    Ok(stored.seen(now).map(|seen| (stored, seen)))
-}
-
 /// The task as `owner` sees it now, from one statement's snapshot.
 async fn read(
     store: &PostgresStore,
@@ -465,265 +481,23 @@ async fn read(
 ) -> Result<Option<TaskRecord>> {
     let now = store.now();
     let mut conn = store.pool().acquire().await.map_err(backend)?;
-    let stored = load(store, &mut conn, digest, false).await?;
-    Ok(stored
-        .filter(|stored| stored.owner == owner)
-        .and_then(|stored| stored.seen(now)))
-}
-
-/// Writes back a record a client's call changed (the task keeps its
-/// instance), and answers with the task as now stored.
-async fn save_client_change(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    digest: &TaskDigest,
-    stored: &Stored,
-    record: &TaskRecord,
-    now: i64,
-) -> Result<Option<TaskRecord>> {
-    save(
-        store,
-        conn,
-        digest,
-        stored.record.rev,
-        record,
-        &stored.instance,
-        stored.next_seq,
-        Announce::WithSave,
-    )
-    .await?;
-    Ok(load(store, conn, digest, false)
-        .await?
-        .and_then(|s| s.seen(now)))
-}
-
-// ------------------------------------------------------------ the steps
-
-async fn answer_step(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    digest: &TaskDigest,
-    owner: &[u8],
-    responses: &[(&str, &[u8])],
-    now: i64,
-) -> Result<(Option<TaskRecord>, bool)> {
-    let Some((stored, seen)) = visible(store, conn, digest, Some(owner), now).await? else {
-        return Ok((None, false));
-    };
-    if seen.status.is_terminal() {
-        return Ok((Some(seen), false));
-    }
-    let mut record = stored.record.clone();
-    let answered = record.answer(responses, now);
-    if answered.is_empty() {
-        return Ok((Some(seen), false));
-    }
-    for (key, response) in answered {
-        sqlx::query(sql(store, ANSWER_INPUT))
-            .bind(*response)
-            .bind(&digest.as_bytes()[..])
-            .bind(key.as_bytes())
-            .execute(&mut *conn)
-            .await
-            .map_err(backend)?;
-    }
-    let after = save_client_change(store, conn, digest, &stored, &record, now).await?;
-    Ok((after, true))
-}
-
-async fn cancel_step(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    digest: &TaskDigest,
-    owner: &[u8],
-    mode: CancelMode,
-    now: i64,
-) -> Result<(Option<TaskRecord>, bool)> {
-    let Some((stored, seen)) = visible(store, conn, digest, Some(owner), now).await? else {
-        return Ok((None, false));
-    };
-    if seen.status.is_terminal() {
-        return Ok((Some(seen), false));
-    }
-    let mut record = stored.record.clone();
-    if !record.request_cancel(mode, now) {
-        return Ok((Some(seen), false));
-    }
-    supersede_inputs(store, conn, digest).await?;
-    let after = save_client_change(store, conn, digest, &stored, &record, now).await?;
-    Ok((after, true))
-}
-
-async fn apply_step(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    digest: &TaskDigest,
-    by: &InstanceId,
-    change: WorkerChange<'_>,
-    now: i64,
-    options: &TaskOptions,
-) -> Result<(Applied, bool)> {
-    let Some((stored, seen)) = visible(store, conn, digest, None, now).await? else {
-        return Ok((Applied::Unknown, false));
-    };
-    if seen.status.is_terminal() {
-        return Ok((Applied::AlreadyTerminal(seen.status), false));
-    }
-    let mut record = stored.record.clone();
-    let effect = match record.apply(
-        change,
-        |key| stored.keys.iter().any(|k| k == key),
-        options,
-        now,
-    )? {
-        Step::Unchanged(applied) => return Ok((applied, false)),
-        Step::Changed(effect) => effect,
-    };
-    let mut next_seq = stored.next_seq;
-    let mut answer = None;
-    match effect {
-        InputEffect::None => {}
-        InputEffect::Request { key, request } => {
-            next_seq += 1;
-            sqlx::query(sql(store, REQUEST_INPUT))
-                .bind(&digest.as_bytes()[..])
-                .bind(key.as_bytes())
-                .bind(next_seq)
-                .bind(request)
-                .execute(&mut *conn)
-                .await
-                .map_err(backend)?;
-        }
-        InputEffect::Take { key } => {
-            let response: Option<Vec<u8>> = sqlx::query_scalar(sql(store, TAKE_INPUT))
-                .bind(&digest.as_bytes()[..])
-                .bind(key.as_bytes())
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(backend)?
-                .ok_or_else(|| Error::Corrupt("an answered input is missing".into()))?;
-            answer = Some(response.unwrap_or_default().into());
-        }
-        InputEffect::Supersede => supersede_inputs(store, conn, digest).await?,
-        InputEffect::Replace { requests } => {
-            let (superseded, added) = replacement(&stored.record, requests);
-            if !superseded.is_empty() {
-                let superseded: Vec<&[u8]> = superseded.iter().map(|k| k.as_bytes()).collect();
-                sqlx::query(sql(store, SUPERSEDE_KEYS))
-                    .bind(&digest.as_bytes()[..])
-                    .bind(superseded)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(backend)?;
-            }
-            for (key, request) in added {
-                next_seq += 1;
-                sqlx::query(sql(store, REQUEST_INPUT))
-                    .bind(&digest.as_bytes()[..])
-                    .bind(key.as_bytes())
-                    .bind(next_seq)
-                    .bind(request)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(backend)?;
-            }
-        }
-    }
-    save(
-        store,
-        conn,
-        digest,
-        stored.record.rev,
-        &record,
-        &by.0,
-        next_seq,
-        Announce::WithSave,
-    )
-    .await?;
-    Ok((
-        Applied::Changed {
-            rev: record.rev,
-            answer,
-        },
-        true,
-    ))
-}
-
-/// One step of a purge, in one transaction: persists what reads show for
-/// up to [`PURGE_BATCH`] tasks (expired and orphaned tasks as `failed`),
-/// deletes up to as many tasks past their grace (their inputs go with
-/// them), and, once no running task of a lapsed instance is left, forgets
-/// lapsed instances. Returns whether there is more to do.
-async fn purge_step(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    now: i64,
-) -> Result<(TaskPurgeReport, bool)> {
-    let mut report = TaskPurgeReport::default();
-    let ended: Vec<Vec<u8>> = sqlx::query_scalar(sql(store, ENDED))
-        .bind(now)
-        .bind(PURGE_BATCH)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(backend)?;
-    let ended_all = (ended.len() as i64) < PURGE_BATCH;
-    for digest in ended {
-        let digest = TaskDigest(
-            digest
-                .try_into()
-                .map_err(|_| Error::Corrupt("a task digest is not 16 bytes".into()))?,
-        );
-        // Locked and read again: a step may have changed it meanwhile.
-        let Some(stored) = load(store, conn, &digest, true).await? else {
-            continue;
-        };
-        let Some(seen) = stored.seen(now) else {
-            continue;
-        };
-        if seen.status == stored.record.status {
-            continue;
-        }
-        report.count_ended(&seen);
-        supersede_inputs(store, conn, &digest).await?;
-        let mut record = stored.record.clone();
-        record.status = seen.status;
-        record.outcome = seen.outcome;
-        record.rev = seen.rev;
-        record.updated_at = seen.updated_at;
-        save(
-            store,
-            conn,
-            &digest,
-            stored.record.rev,
-            &record,
-            &stored.instance,
-            stored.next_seq,
-            Announce::AtCommit,
-        )
-        .await?;
-    }
-    report.deleted = sqlx::query(sql(store, DELETE_PAST_GRACE))
-        .bind(now)
-        .bind(PURGE_BATCH)
-        .execute(&mut *conn)
-        .await
-        .map_err(backend)?
-        .rows_affected();
-    if ended_all {
-        // Every running task of a lapsed instance is terminal now, so
-        // forgetting the instance brings nothing back.
-        report.instances = sqlx::query(sql(store, FORGET_INSTANCES))
-            .bind(now)
-            .execute(&mut *conn)
-            .await
-            .map_err(backend)?
-            .rows_affected();
-    }
-    let more = !ended_all || report.deleted >= PURGE_BATCH as u64;
-    Ok((report, more))
+    let row = load(store, &mut conn, digest).await?;
+    Ok(row.and_then(|row| row.read_by(owner, now)))
 }
 
 // ------------------------------------------------------------ the trait
+
+impl PostgresStore {
+    /// A step's statements in `tx`, queueing the task's notification with
+    /// the row it writes.
+    fn rows<'a>(&'a self, tx: &'a mut PgConnection) -> PgRows<'a> {
+        PgRows {
+            store: self,
+            conn: tx,
+            announce: Announce::WithSave,
+        }
+    }
+}
 
 /// Durable tasks in `tasks`, `task_inputs` and `instances`; see the crate
 /// docs, "Tasks".
@@ -734,7 +508,7 @@ impl TaskStore for PostgresStore {
         let record = TaskRecord::created(task, self.now(), self.task_options());
         let inserted = sqlx::query(sql(self, CREATE))
             .bind(&id.digest().as_bytes()[..])
-            .bind(owner_bytes(task.owner))
+            .bind(owner_key(task.owner))
             .bind(i16::from(record.status.as_u8()))
             .bind(to_i64(record.rev))
             .bind(record.message.as_deref().map(str::as_bytes))
@@ -768,10 +542,10 @@ impl TaskStore for PostgresStore {
     }
 
     async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        read(self, &digest, &owner_bytes(who)).await
+        read(self, &digest, &owner).await
     }
 
     async fn answer(
@@ -781,15 +555,15 @@ impl TaskStore for PostgresStore {
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
         check_responses(responses)?;
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        let owner = owner_bytes(who);
         let now = self.now();
         let mut tx = begin(self).await?;
-        let (after, changed) = answer_step(self, &mut tx, &digest, &owner, responses, now).await?;
-        commit(self, tx, Some(&digest), changed, Announce::WithSave).await?;
-        Ok(after)
+        let stepped =
+            rows::answer(&mut self.rows(&mut tx), &digest, &owner, responses, now).await?;
+        commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
+        Ok(stepped.answer)
     }
 
     async fn request_cancel(
@@ -798,15 +572,14 @@ impl TaskStore for PostgresStore {
         who: &Owner,
         mode: CancelMode,
     ) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        let owner = owner_bytes(who);
         let now = self.now();
         let mut tx = begin(self).await?;
-        let (after, changed) = cancel_step(self, &mut tx, &digest, &owner, mode, now).await?;
-        commit(self, tx, Some(&digest), changed, Announce::WithSave).await?;
-        Ok(after)
+        let stepped = rows::cancel(&mut self.rows(&mut tx), &digest, &owner, mode, now).await?;
+        commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
+        Ok(stepped.answer)
     }
 
     async fn apply(
@@ -820,10 +593,10 @@ impl TaskStore for PostgresStore {
         let now = self.now();
         let options = *self.task_options();
         let mut tx = begin(self).await?;
-        let (applied, changed) =
-            apply_step(self, &mut tx, &digest, &by, change, now, &options).await?;
-        commit(self, tx, Some(&digest), changed, Announce::WithSave).await?;
-        Ok(applied)
+        let stepped =
+            rows::apply(&mut self.rows(&mut tx), &digest, &by, change, &options, now).await?;
+        commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
+        Ok(stepped.answer)
     }
 
     async fn watch(
@@ -833,10 +606,10 @@ impl TaskStore for PostgresStore {
         after: Rev,
         max_wait: Duration,
     ) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        let owner: Arc<[u8]> = owner_bytes(who).into();
+        let owner: Arc<[u8]> = owner.into();
         let deadline = tokio::time::Instant::now() + max_wait;
         let follows = self.follows();
         // Listening, and subscribed, before the first read: a change
@@ -871,16 +644,14 @@ impl TaskStore for PostgresStore {
         let mut report = TaskPurgeReport::default();
         loop {
             let mut tx = begin(self).await?;
-            let (step, more) = purge_step(self, &mut tx, now).await?;
-            commit(
-                self,
-                tx,
-                None,
-                step != TaskPurgeReport::default(),
-                Announce::AtCommit,
-            )
-            .await?;
-            report += step;
+            let mut rows = PgRows {
+                store: self,
+                conn: &mut tx,
+                announce: Announce::AtCommit,
+            };
+            let (step, more) = rows::purge(&mut rows, now, PURGE_BATCH).await?;
+            commit(self, tx, None, step.changed, Announce::AtCommit).await?;
+            report += step.answer;
             if !more {
                 return Ok(report);
             }
@@ -890,17 +661,8 @@ impl TaskStore for PostgresStore {
     async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
         let now = self.now();
         let mut conn = self.pool().acquire().await.map_err(backend)?;
-        let Some(stored) = load(self, &mut conn, &id.digest(), false).await? else {
-            return Ok(None);
-        };
-        let Some(seen) = stored.seen(now) else {
-            return Ok(None);
-        };
-        Ok(Some(TaskView::new(
-            owner_of(&stored.owner)?,
-            seen,
-            stored.answers,
-        )))
+        let row = load(self, &mut conn, &id.digest()).await?;
+        row.map_or(Ok(None), |row| row.view(now))
     }
 
     async fn delete(&self, id: &str) -> Result<bool> {

@@ -20,8 +20,9 @@
 //! enters a key through its keyed hash) can neither choose the slot nor
 //! collide with another stream.
 
+use mcp_event_store_core::backend::task::TaskDigest;
 use mcp_event_store_core::backend::{StreamKey, StreamToken};
-use mcp_event_store_core::task::{InstanceId, TaskDigest};
+use mcp_event_store_core::task::InstanceId;
 use mcp_event_store_core::{Error, Result};
 
 use crate::options::MAX_KEY_PREFIX_LEN;

@@ -4,8 +4,8 @@
 //! task and its inputs in core's [`codec`] encoding, without its context),
 //! `rev`, and `c`, its context (T13), when it has one. Every
 //! mutation reads the task, lets the state machine every backend shares
-//! decide ([`TaskRecord::seen_at`], then [`TaskRecord::answer`],
-//! [`TaskRecord::request_cancel`] or [`TaskRecord::apply`]), and writes the
+//! decide ([`TaskMachine::seen_at`](mcp_event_store_core::backend::task::TaskMachine::seen_at), then [`TaskMachine::answer`](mcp_event_store_core::backend::task::TaskMachine::answer),
+//! [`TaskMachine::request_cancel`](mcp_event_store_core::backend::task::TaskMachine::request_cancel) or [`TaskMachine::apply`](mcp_event_store_core::backend::task::TaskMachine::apply)), and writes the
 //! new value with one Lua script that does so only if `rev` is still the
 //! one read, sets the backstop TTL and `PUBLISH`es the digest on
 //! `<prefix>:t1:changes`; a lost race reads again. Watchers wait in the
@@ -17,10 +17,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store_core::backend::follow::{Subscription, Wakeups, task_token, watch_task};
-use mcp_event_store_core::task::codec::{self, StoredTask, owner_bytes};
+use mcp_event_store_core::backend::task::codec::{self, StoredTask};
+use mcp_event_store_core::backend::task::{
+    TaskDigest, TaskMachine, check_responses, client_call, count_ended,
+};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange, check_responses,
+    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions, TaskPurgeReport,
+    TaskRecord, TaskStore, TaskView, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 #[cfg(feature = "conformance")]
@@ -406,10 +409,9 @@ impl RedisStore {
         change: impl Fn(&mut StoredTask) -> bool,
     ) -> Result<Option<TaskRecord>> {
         self.ensure_open()?;
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        let owner = owner_bytes(who);
         self.task_step(&digest, Some(&owner), now, |found| {
             let Some(Found {
                 stored,
@@ -465,10 +467,10 @@ impl TaskStore for RedisStore {
 
     async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
         self.ensure_open()?;
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        self.read_task(&digest, &owner_bytes(who)).await
+        self.read_task(&digest, &owner).await
     }
 
     async fn answer(
@@ -527,10 +529,10 @@ impl TaskStore for RedisStore {
         max_wait: Duration,
     ) -> Result<Option<TaskRecord>> {
         self.ensure_open()?;
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        let owner: Arc<[u8]> = owner_bytes(who).into();
+        let owner: Arc<[u8]> = owner.into();
         let deadline = tokio::time::Instant::now() + max_wait;
         // Registered, and the subscriber subscribed, before the first read.
         let woken = self.inner.tasks.subscribe(&digest).await;
@@ -704,7 +706,7 @@ impl RedisStore {
                 return Ok(report);
             };
             if self.write_task(digest, &read, &new, now).await? {
-                report.count_ended(&seen);
+                count_ended(&mut report, &seen);
                 return Ok(report);
             }
         }

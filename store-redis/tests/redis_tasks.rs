@@ -11,10 +11,10 @@ mod common;
 
 use std::time::Duration;
 
+use mcp_event_store_core::backend::task::TaskDigest;
 use mcp_event_store_core::conformance::{test_clock, test_options};
 use mcp_event_store_core::task::{
-    Applied, Finish, InstanceId, NewTask, Owner, TaskDigest, TaskId, TaskStatus, TaskStore,
-    WorkerChange,
+    Applied, Finish, InstanceId, NewTask, Owner, TaskId, TaskStatus, TaskStore, WorkerChange,
 };
 use mcp_event_store_core::{Error, EventStore, NewEvent, SessionStore};
 use mcp_event_store_redis::testing::{RedisHarness, random_prefix};
@@ -403,7 +403,7 @@ async fn a_context_is_a_field_a_release_without_contexts_leaves_alone() {
         .await
         .unwrap();
     assert_eq!(context, b"ctx\0");
-    let decoded = mcp_event_store_core::task::codec::decode(&value).unwrap();
+    let decoded = mcp_event_store_core::backend::task::codec::decode(&value).unwrap();
     assert_eq!(decoded.record.context, None, "v holds no context");
     // The released script's write: only `v` and `rev`.
     let mut ended = decoded.clone();
@@ -412,7 +412,7 @@ async fn a_context_is_a_field_a_release_without_contexts_leaves_alone() {
     let () = redis::cmd("HSET")
         .arg(&key)
         .arg("v")
-        .arg(mcp_event_store_core::task::codec::encode(&ended))
+        .arg(mcp_event_store_core::backend::task::codec::encode(&ended))
         .arg("rev")
         .arg(rev + 1)
         .query_async(&mut admin)

@@ -2,12 +2,12 @@
 //! (see the crate docs, "Tasks"): `t1/tasks` (digest -> the task with its
 //! inputs), `t1/task_purge` (purge time ++ digest) and `t1/instances`
 //! (instance id -> heartbeat deadline). A task's value is
-//! [`mcp_event_store_core::task::codec`]'s encoding (task format 1).
+//! [`mcp_event_store_core::backend::task::codec`]'s encoding (task format 1).
 //!
 //! Every mutation is one `compare_and_swap` of the task's one key: read the
 //! value, let the state machine every backend shares decide
-//! ([`TaskRecord::seen_at`], then [`TaskRecord::answer`],
-//! [`TaskRecord::request_cancel`] or [`TaskRecord::apply`]), and swap in
+//! ([`TaskMachine::seen_at`](mcp_event_store_core::backend::task::TaskMachine::seen_at), then [`TaskMachine::answer`](mcp_event_store_core::backend::task::TaskMachine::answer),
+//! [`TaskMachine::request_cancel`](mcp_event_store_core::backend::task::TaskMachine::request_cancel) or [`TaskMachine::apply`](mcp_event_store_core::backend::task::TaskMachine::apply)), and swap in
 //! the new value only if the old one is still there, else read again. The
 //! swap is conditioned on the whole value (its `rev` included), atomic
 //! across handles, and atomic on disk. It takes no global lock, unlike
@@ -21,10 +21,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{task_token, watch_task};
-use mcp_event_store_core::task::codec::{StoredTask as Stored, decode, encode, owner_bytes};
+use mcp_event_store_core::backend::task::codec::{StoredTask as Stored, decode, encode};
+use mcp_event_store_core::backend::task::{
+    TaskDigest, TaskMachine, check_responses, client_call, count_ended, owner_key,
+};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Finish, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, WorkerChange, check_responses,
+    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions, TaskPurgeReport,
+    TaskRecord, TaskStore, TaskView, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -209,7 +212,7 @@ impl TaskStore for SledStore {
         let now = self.now();
         let record = TaskRecord::created(task, now, &TaskOptions::default());
         let stored = Stored {
-            owner: owner_bytes(task.owner),
+            owner: owner_key(task.owner),
             instance: task.instance.0,
             record: record.clone(),
             responses: Vec::new(),
@@ -252,10 +255,10 @@ impl TaskStore for SledStore {
     }
 
     async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        self.read_task(digest, owner_bytes(who)).await
+        self.read_task(digest, owner).await
     }
 
     async fn answer(
@@ -265,7 +268,7 @@ impl TaskStore for SledStore {
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
         check_responses(responses)?;
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
         let responses: Vec<(String, Bytes)> = responses
@@ -273,7 +276,7 @@ impl TaskStore for SledStore {
             .map(|(k, r)| ((*k).to_owned(), Bytes::copy_from_slice(r)))
             .collect();
         let now = self.now();
-        self.client_step(digest, owner_bytes(who), now, move |new| {
+        self.client_step(digest, owner, now, move |new| {
             let responses: Vec<(&str, &[u8])> = responses
                 .iter()
                 .map(|(k, r)| (k.as_str(), &r[..]))
@@ -289,11 +292,11 @@ impl TaskStore for SledStore {
         who: &Owner,
         mode: CancelMode,
     ) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
         let now = self.now();
-        self.client_step(digest, owner_bytes(who), now, move |new| {
+        self.client_step(digest, owner, now, move |new| {
             new.record.request_cancel(mode, now)
         })
         .await
@@ -308,7 +311,7 @@ impl TaskStore for SledStore {
         change.check(self.handle.store.max_payload_bytes)?;
         let digest = id.digest();
         let now = self.now();
-        let change = Owned::of(&change);
+        let change = change.to_owned();
         self.task_write(digest, move |shared| {
             shared.task_step(&digest, now, |found| {
                 let Some((stored, seen, _)) = found else {
@@ -318,7 +321,7 @@ impl TaskStore for SledStore {
                 stored.worker_step(
                     &seen,
                     by,
-                    change.as_worker(&mut pairs),
+                    change.as_change(&mut pairs),
                     &TaskOptions::default(),
                     now,
                 )
@@ -334,10 +337,9 @@ impl TaskStore for SledStore {
         after: Rev,
         max_wait: Duration,
     ) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
+        let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        let owner = owner_bytes(who);
         let deadline = tokio::time::Instant::now() + max_wait;
         // The subscription holds the hub, not the database: closing the
         // last handle still closes it.
@@ -501,7 +503,7 @@ impl Shared {
                 Ok((new, ended))
             })?;
             if let Some(ended) = ended {
-                report.count_ended(&ended);
+                count_ended(&mut report, &ended);
             }
         }
         let next = (batch.len() == PURGE_BATCH)
@@ -573,82 +575,5 @@ impl Shared {
             }
         }
         Ok(forgotten)
-    }
-}
-
-/// A [`WorkerChange`], owned, to cross onto the blocking pool.
-enum Owned {
-    RequestInput {
-        key: String,
-        request: Vec<u8>,
-    },
-    TakeAnswer {
-        key: String,
-    },
-    SetMessage(Option<String>),
-    SetPollInterval(Option<Duration>),
-    SetTtl(Option<Duration>),
-    Finish {
-        status: TaskStatus,
-        outcome: Vec<u8>,
-    },
-    SetContext(Vec<u8>),
-    ReplaceInputs {
-        requests: Vec<(String, Vec<u8>)>,
-        message: Option<String>,
-    },
-}
-
-impl Owned {
-    fn of(change: &WorkerChange<'_>) -> Self {
-        match *change {
-            WorkerChange::RequestInput { key, request } => Owned::RequestInput {
-                key: key.to_owned(),
-                request: request.to_vec(),
-            },
-            WorkerChange::TakeAnswer { key } => Owned::TakeAnswer {
-                key: key.to_owned(),
-            },
-            WorkerChange::SetMessage(m) => Owned::SetMessage(m.map(str::to_owned)),
-            WorkerChange::SetPollInterval(i) => Owned::SetPollInterval(i),
-            WorkerChange::SetTtl(t) => Owned::SetTtl(t),
-            WorkerChange::Finish(f) => Owned::Finish {
-                status: f.status(),
-                outcome: f.outcome().unwrap_or_default().to_vec(),
-            },
-            WorkerChange::SetContext(c) => Owned::SetContext(c.to_vec()),
-            WorkerChange::ReplaceInputs { requests, message } => Owned::ReplaceInputs {
-                requests: requests
-                    .iter()
-                    .map(|(k, r)| ((*k).to_owned(), r.to_vec()))
-                    .collect(),
-                message: message.map(str::to_owned),
-            },
-        }
-    }
-
-    /// The change borrowed again; `pairs` holds a replacement's borrowed
-    /// requests.
-    fn as_worker<'a>(&'a self, pairs: &'a mut Vec<(&'a str, &'a [u8])>) -> WorkerChange<'a> {
-        match self {
-            Owned::RequestInput { key, request } => WorkerChange::RequestInput { key, request },
-            Owned::TakeAnswer { key } => WorkerChange::TakeAnswer { key },
-            Owned::SetMessage(m) => WorkerChange::SetMessage(m.as_deref()),
-            Owned::SetPollInterval(i) => WorkerChange::SetPollInterval(*i),
-            Owned::SetTtl(t) => WorkerChange::SetTtl(*t),
-            Owned::Finish { status, outcome } => WorkerChange::Finish(match status {
-                TaskStatus::Completed => Finish::Completed(outcome),
-                TaskStatus::Failed => Finish::Failed(outcome),
-                _ => Finish::Cancelled,
-            }),
-            Owned::SetContext(c) => WorkerChange::SetContext(c),
-            Owned::ReplaceInputs { requests, message } => {
-                pairs.extend(requests.iter().map(|(k, r)| (k.as_str(), r.as_slice())));
-                WorkerChange::ReplaceInputs {
-                    requests: pairs,
-                    message: message.as_deref(),
-                }
-            }
-        }
     }
 }

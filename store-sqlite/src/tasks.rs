@@ -3,12 +3,11 @@
 //!
 //! Every mutation is one [`TaskWrite`] for the writer task, which runs it as
 //! one transaction under SQLite's write lock (`BEGIN IMMEDIATE`, or the
-//! group's transaction when it shares a group commit): the task is read,
-//! the state machine decides in Rust with the same code every backend uses
-//! ([`TaskRecord::seen_at`], then [`TaskRecord::answer`],
-//! [`TaskRecord::request_cancel`] or [`TaskRecord::apply`]), and the row,
-//! with the inputs the machine names, is written back conditioned on the
-//! `rev` just read. Holding the write lock from the read to the commit makes
+//! group's transaction when it shares a group commit): the step every row
+//! store shares ([`rows`]) reads the task, lets the state machine decide,
+//! and writes the row, with the inputs the machine names, back conditioned
+//! on the `rev` just read; this file holds only the statements
+//! ([`TaskRows`] for the writer's connection). Holding the write lock from the read to the commit makes
 //! the step atomic across handles and processes (T4); `create` and
 //! `heartbeat` are single statements. The caller is answered after the
 //! commit (T1).
@@ -25,12 +24,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{Wakeups, task_token, watch_task};
+use mcp_event_store_core::backend::task::rows::{
+    self, ANSWERED, OUTSTANDING, SPENT, TaskRow, TaskRows, stored_digest,
+};
+use mcp_event_store_core::backend::task::{
+    OwnedWorkerChange, OwnerKey, TaskDigest, TaskMachine, check_responses, client_call, owner_key,
+};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Finish, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest,
-    TaskId, TaskPurgeReport, TaskRecord, TaskStatus, TaskView, WorkerChange, check_responses,
-    replacement,
+    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskPurgeReport, TaskRecord,
+    TaskStatus, TaskView, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::sqlite::SqliteConnection;
@@ -40,12 +45,6 @@ use crate::SqliteStore;
 use crate::store::db_error;
 use crate::writer::{Reply, Write, Writer};
 
-/// An input request awaiting its answer.
-const OUTSTANDING: i64 = 0;
-/// An input answered, not yet taken by the worker.
-const ANSWERED: i64 = 1;
-/// An input taken or superseded: its key is never usable again.
-const SPENT: i64 = 2;
 /// Tasks a purge step ends or deletes at most, so one transaction never
 /// holds the write lock long: other writers on the file wait for it only
 /// up to their busy timeout.
@@ -55,26 +54,26 @@ const PURGE_BATCH: i64 = 500;
 pub(crate) enum TaskWrite {
     Create {
         digest: TaskDigest,
-        owner: Vec<u8>,
+        owner: OwnerKey,
         instance: InstanceId,
         record: TaskRecord,
     },
     Answer {
         digest: TaskDigest,
-        owner: Vec<u8>,
+        owner: OwnerKey,
         responses: Vec<(String, Vec<u8>)>,
         now: i64,
     },
     Cancel {
         digest: TaskDigest,
-        owner: Vec<u8>,
+        owner: OwnerKey,
         mode: CancelMode,
         now: i64,
     },
     Apply {
         digest: TaskDigest,
         by: InstanceId,
-        change: Change,
+        change: OwnedWorkerChange,
         now: i64,
     },
     Heartbeat {
@@ -90,83 +89,6 @@ pub(crate) enum TaskWrite {
     Delete {
         digest: TaskDigest,
     },
-}
-
-/// A [`WorkerChange`], owned.
-pub(crate) enum Change {
-    RequestInput {
-        key: String,
-        request: Vec<u8>,
-    },
-    TakeAnswer {
-        key: String,
-    },
-    SetMessage(Option<String>),
-    SetPollInterval(Option<Duration>),
-    SetTtl(Option<Duration>),
-    Finish {
-        status: TaskStatus,
-        outcome: Vec<u8>,
-    },
-    SetContext(Vec<u8>),
-    ReplaceInputs {
-        requests: Vec<(String, Vec<u8>)>,
-        message: Option<String>,
-    },
-}
-
-impl Change {
-    fn of(change: &WorkerChange<'_>) -> Self {
-        match *change {
-            WorkerChange::RequestInput { key, request } => Change::RequestInput {
-                key: key.to_owned(),
-                request: request.to_vec(),
-            },
-            WorkerChange::TakeAnswer { key } => Change::TakeAnswer {
-                key: key.to_owned(),
-            },
-            WorkerChange::SetMessage(message) => Change::SetMessage(message.map(str::to_owned)),
-            WorkerChange::SetPollInterval(interval) => Change::SetPollInterval(interval),
-            WorkerChange::SetTtl(ttl) => Change::SetTtl(ttl),
-            WorkerChange::Finish(finish) => Change::Finish {
-                status: finish.status(),
-                outcome: finish.outcome().unwrap_or_default().to_vec(),
-            },
-            WorkerChange::SetContext(context) => Change::SetContext(context.to_vec()),
-            WorkerChange::ReplaceInputs { requests, message } => Change::ReplaceInputs {
-                requests: requests
-                    .iter()
-                    .map(|(key, request)| ((*key).to_owned(), request.to_vec()))
-                    .collect(),
-                message: message.map(str::to_owned),
-            },
-        }
-    }
-
-    /// The change borrowed again, for the state machine; `pairs` holds the
-    /// borrowed requests of a replacement.
-    fn as_worker<'a>(&'a self, pairs: &'a mut Vec<(&'a str, &'a [u8])>) -> WorkerChange<'a> {
-        match self {
-            Change::RequestInput { key, request } => WorkerChange::RequestInput { key, request },
-            Change::TakeAnswer { key } => WorkerChange::TakeAnswer { key },
-            Change::SetMessage(message) => WorkerChange::SetMessage(message.as_deref()),
-            Change::SetPollInterval(interval) => WorkerChange::SetPollInterval(*interval),
-            Change::SetTtl(ttl) => WorkerChange::SetTtl(*ttl),
-            Change::Finish { status, outcome } => WorkerChange::Finish(match status {
-                TaskStatus::Completed => Finish::Completed(outcome),
-                TaskStatus::Failed => Finish::Failed(outcome),
-                _ => Finish::Cancelled,
-            }),
-            Change::SetContext(context) => WorkerChange::SetContext(context),
-            Change::ReplaceInputs { requests, message } => {
-                pairs.extend(requests.iter().map(|(k, r)| (k.as_str(), r.as_slice())));
-                WorkerChange::ReplaceInputs {
-                    requests: pairs,
-                    message: message.as_deref(),
-                }
-            }
-        }
-    }
 }
 
 /// What a [`TaskWrite`] produced.
@@ -191,11 +113,6 @@ impl TaskWrite {
             TaskWrite::Create { .. } | TaskWrite::Heartbeat { .. } => {}
         }
     }
-}
-
-/// The owner as stored: the principal's digest, empty for anonymous.
-fn owner_bytes(owner: &Owner) -> Vec<u8> {
-    owner.digest().map_or_else(Vec::new, |d| d.to_vec())
 }
 
 fn millis(d: Duration) -> u64 {
@@ -224,7 +141,7 @@ pub(crate) async fn try_create(
         store,
         TaskWrite::Create {
             digest: id.digest(),
-            owner: owner_bytes(task.owner),
+            owner: owner_key(task.owner),
             instance: task.instance,
             record,
         },
@@ -238,33 +155,16 @@ pub(crate) async fn try_create(
 pub(crate) async fn view(store: &SqliteStore, id: &TaskId) -> Result<Option<TaskView>> {
     let now = store.now();
     let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
-    let stored = load(&mut tx, &id.digest()).await?;
+    let row = load(&mut tx, &id.digest()).await?;
     drop(tx);
-    let Some(stored) = stored else {
-        return Ok(None);
-    };
-    let Some(seen) = stored.seen(now) else {
-        return Ok(None);
-    };
-    let owner = if stored.owner.is_empty() {
-        Owner::Anonymous
-    } else {
-        Owner::Principal(
-            stored
-                .owner
-                .as_slice()
-                .try_into()
-                .map_err(|_| Error::Corrupt("a task owner is not 16 bytes".into()))?,
-        )
-    };
-    Ok(Some(TaskView::new(owner, seen, stored.answers)))
+    row.map_or(Ok(None), |row| row.view(now))
 }
 
 pub(crate) async fn get(store: &SqliteStore, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-    let Some(digest) = TaskDigest::of(id) else {
+    let Some((digest, owner)) = client_call(id, who) else {
         return Ok(None);
     };
-    read(store, &digest, &owner_bytes(who)).await
+    read(store, &digest, &owner).await
 }
 
 pub(crate) async fn answer(
@@ -274,12 +174,12 @@ pub(crate) async fn answer(
     responses: &[(&str, &[u8])],
 ) -> Result<Option<TaskRecord>> {
     check_responses(responses)?;
-    let Some(digest) = TaskDigest::of(id) else {
+    let Some((digest, owner)) = client_call(id, who) else {
         return Ok(None);
     };
     let write = TaskWrite::Answer {
         digest,
-        owner: owner_bytes(who),
+        owner,
         responses: responses
             .iter()
             .map(|(key, response)| ((*key).to_owned(), response.to_vec()))
@@ -295,12 +195,12 @@ pub(crate) async fn request_cancel(
     who: &Owner,
     mode: CancelMode,
 ) -> Result<Option<TaskRecord>> {
-    let Some(digest) = TaskDigest::of(id) else {
+    let Some((digest, owner)) = client_call(id, who) else {
         return Ok(None);
     };
     let write = TaskWrite::Cancel {
         digest,
-        owner: owner_bytes(who),
+        owner,
         mode,
         now: store.now(),
     };
@@ -317,7 +217,7 @@ pub(crate) async fn apply(
     let write = TaskWrite::Apply {
         digest: id.digest(),
         by,
-        change: Change::of(&change),
+        change: change.to_owned(),
         now: store.now(),
     };
     match task_write(store, write).await? {
@@ -333,10 +233,10 @@ pub(crate) async fn watch(
     after: Rev,
     max_wait: Duration,
 ) -> Result<Option<TaskRecord>> {
-    let Some(digest) = TaskDigest::of(id) else {
+    let Some((digest, owner)) = client_call(id, who) else {
         return Ok(None);
     };
-    let owner: Arc<[u8]> = owner_bytes(who).into();
+    let owner: Arc<[u8]> = owner.into();
     let deadline = tokio::time::Instant::now() + max_wait;
     // Subscribed before the first read: a commit after the read started
     // wakes the next wait.
@@ -421,47 +321,16 @@ async fn read(
 ) -> Result<Option<TaskRecord>> {
     let now = store.now();
     let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
-    let stored = load(&mut tx, digest).await?;
+    let row = load(&mut tx, digest).await?;
     drop(tx);
-    Ok(stored
-        .filter(|stored| stored.owner == owner)
-        .and_then(|stored| stored.seen(now)))
+    Ok(row.and_then(|row| row.read_by(owner, now)))
 }
 
 // ------------------------------------------------------------ storage
 
-/// A task row with its inputs and its instance's heartbeat deadline.
-struct Stored {
-    owner: Vec<u8>,
-    instance: Vec<u8>,
-    next_seq: i64,
-    /// The record as stored, with `outstanding` and `answered` from the
-    /// inputs.
-    record: TaskRecord,
-    /// Every key the task used, with its state.
-    inputs: Vec<(String, i64)>,
-    /// The response of each key of `record.answered`, in the same order.
-    answers: Vec<(String, Bytes)>,
-    alive_until: Option<i64>,
-}
-
-impl Stored {
-    /// The record as a read at `now` shows it (T8, T11).
-    fn seen(&self, now: i64) -> Option<TaskRecord> {
-        self.record.clone().seen_at(now, self.alive_until)
-    }
-
-    fn input(&self, key: &str) -> Option<i64> {
-        self.inputs
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, state)| *state)
-    }
-}
-
 /// Reads a task, its inputs and its instance's deadline; on the writer's
 /// connection inside its transaction, or on a read transaction.
-async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option<Stored>> {
+async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option<TaskRow>> {
     let Some(row) = sqlx::query(
         "SELECT owner, instance, status, rev, message, created_at, updated_at, ttl_ms, \
                 expires_at, purge_at, poll_ms, cancel, outcome, next_seq, \
@@ -480,7 +349,7 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
         .ok()
         .and_then(TaskStatus::from_u8)
         .ok_or_else(|| Error::Corrupt(format!("a task has the unknown status {status}")))?;
-    let mut record = TaskRecord {
+    let record = TaskRecord {
         status,
         rev: to_u64(row.try_get(3).map_err(db_error)?),
         message: row.try_get(4).map_err(db_error)?,
@@ -508,11 +377,14 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
             .map_err(db_error)?
             .map(Into::into),
     };
-    let owner = row.try_get(0).map_err(db_error)?;
-    let instance = row.try_get(1).map_err(db_error)?;
-    let next_seq = row.try_get(13).map_err(db_error)?;
-    let alive_until = row.try_get(14).map_err(db_error)?;
-    let rows = sqlx::query(
+    let mut task = TaskRow::new(
+        row.try_get(0).map_err(db_error)?,
+        row.try_get(1).map_err(db_error)?,
+        row.try_get(13).map_err(db_error)?,
+        record,
+        row.try_get(14).map_err(db_error)?,
+    );
+    let inputs = sqlx::query(
         "SELECT key, state, CASE WHEN state = 0 THEN request END, \
                 CASE WHEN state = 1 THEN response END \
          FROM mes_task_inputs WHERE digest = ?1 ORDER BY seq",
@@ -521,88 +393,223 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
     .fetch_all(&mut *conn)
     .await
     .map_err(db_error)?;
-    let mut inputs = Vec::with_capacity(rows.len());
-    let mut answers = Vec::new();
-    for row in rows {
-        let key = String::from_utf8(row.try_get(0).map_err(db_error)?)
+    for input in inputs {
+        let key = String::from_utf8(input.try_get(0).map_err(db_error)?)
             .map_err(|_| Error::Corrupt("an input key is not UTF-8".into()))?;
-        let state: i64 = row.try_get(1).map_err(db_error)?;
-        match state {
-            OUTSTANDING => {
-                let request: Vec<u8> = row.try_get(2).map_err(db_error)?;
-                record.outstanding.push((key.clone(), request.into()));
-            }
-            ANSWERED => {
-                let response: Option<Vec<u8>> = row.try_get(3).map_err(db_error)?;
-                record.answered.push(key.clone());
-                answers.push((key.clone(), response.unwrap_or_default().into()));
-            }
-            _ => {}
-        }
-        inputs.push((key, state));
+        let state: i64 = input.try_get(1).map_err(db_error)?;
+        let state = i16::try_from(state)
+            .map_err(|_| Error::Corrupt(format!("an input has the unknown state {state}")))?;
+        let request: Option<Vec<u8>> = input.try_get(2).map_err(db_error)?;
+        let response: Option<Vec<u8>> = input.try_get(3).map_err(db_error)?;
+        task.push_input(
+            key,
+            state,
+            request.map(Into::into),
+            response.map(Into::into),
+        )?;
     }
-    Ok(Some(Stored {
-        owner,
-        instance,
-        next_seq,
-        record,
-        inputs,
-        answers,
-        alive_until,
-    }))
+    Ok(Some(task))
 }
 
-/// Writes `record` back over the row read at `read_rev`, with its `rev`
-/// and `updated_at`; the row must still be at `read_rev`.
-async fn save(
-    conn: &mut SqliteConnection,
-    digest: &TaskDigest,
-    read_rev: Rev,
-    record: &TaskRecord,
-    instance: &[u8],
-    next_seq: i64,
-) -> Result<()> {
-    let saved = sqlx::query(
-        "UPDATE mes_tasks SET status = ?1, rev = ?2, message = ?3, updated_at = ?4, \
-                ttl_ms = ?5, expires_at = ?6, purge_at = ?7, poll_ms = ?8, cancel = ?9, \
-                outcome = ?10, instance = ?11, next_seq = ?12, context = ?15 \
-         WHERE digest = ?13 AND rev = ?14",
-    )
-    .bind(i64::from(record.status.as_u8()))
-    .bind(to_i64(record.rev))
-    .bind(record.message.as_deref())
-    .bind(record.updated_at)
-    .bind(record.ttl_ms.map(to_i64))
-    .bind(record.expires_at)
-    .bind(record.purge_at)
-    .bind(record.poll_interval_ms.map(to_i64))
-    .bind(record.cancel_requested)
-    .bind(record.outcome.as_deref())
-    .bind(instance)
-    .bind(next_seq)
-    .bind(&digest.as_bytes()[..])
-    .bind(to_i64(read_rev))
-    .bind(record.context.as_deref())
-    .execute(&mut *conn)
-    .await
-    .map_err(db_error)?
-    .rows_affected();
-    if saved != 1 {
-        return Err(Error::Corrupt("a task changed under the write lock".into()));
-    }
-    Ok(())
+/// The task statements on the writer's connection, inside the transaction
+/// it holds the write lock in: what [`rows`] runs a step through.
+struct SqliteRows<'a> {
+    conn: &'a mut SqliteConnection,
 }
 
-/// Marks every outstanding input of a task spent.
-async fn supersede_inputs(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<()> {
-    sqlx::query("UPDATE mes_task_inputs SET state = ?1 WHERE digest = ?2 AND state = ?3")
-        .bind(SPENT)
+#[async_trait]
+impl TaskRows for SqliteRows<'_> {
+    /// The writer holds the write lock, so reading is locking.
+    async fn lock(&mut self, digest: &TaskDigest) -> Result<Option<TaskRow>> {
+        load(self.conn, digest).await
+    }
+
+    async fn reload(&mut self, digest: &TaskDigest) -> Result<Option<TaskRow>> {
+        load(self.conn, digest).await
+    }
+
+    async fn save(
+        &mut self,
+        digest: &TaskDigest,
+        read_rev: Rev,
+        record: &TaskRecord,
+        instance: &[u8],
+        next_seq: i64,
+    ) -> Result<()> {
+        let saved = sqlx::query(
+            "UPDATE mes_tasks SET status = ?1, rev = ?2, message = ?3, updated_at = ?4, \
+                    ttl_ms = ?5, expires_at = ?6, purge_at = ?7, poll_ms = ?8, cancel = ?9, \
+                    outcome = ?10, instance = ?11, next_seq = ?12, context = ?15 \
+             WHERE digest = ?13 AND rev = ?14",
+        )
+        .bind(i64::from(record.status.as_u8()))
+        .bind(to_i64(record.rev))
+        .bind(record.message.as_deref())
+        .bind(record.updated_at)
+        .bind(record.ttl_ms.map(to_i64))
+        .bind(record.expires_at)
+        .bind(record.purge_at)
+        .bind(record.poll_interval_ms.map(to_i64))
+        .bind(record.cancel_requested)
+        .bind(record.outcome.as_deref())
+        .bind(instance)
+        .bind(next_seq)
         .bind(&digest.as_bytes()[..])
+        .bind(to_i64(read_rev))
+        .bind(record.context.as_deref())
+        .execute(&mut *self.conn)
+        .await
+        .map_err(db_error)?
+        .rows_affected();
+        if saved != 1 {
+            return Err(Error::Corrupt("a task changed under the write lock".into()));
+        }
+        Ok(())
+    }
+
+    async fn answer_input(
+        &mut self,
+        digest: &TaskDigest,
+        key: &str,
+        response: &[u8],
+    ) -> Result<()> {
+        sqlx::query(
+            "UPDATE mes_task_inputs SET state = ?1, response = ?2 \
+             WHERE digest = ?3 AND key = ?4 AND state = ?5",
+        )
+        .bind(ANSWERED)
+        .bind(response)
+        .bind(&digest.as_bytes()[..])
+        .bind(key.as_bytes())
         .bind(OUTSTANDING)
-        .execute(&mut *conn)
+        .execute(&mut *self.conn)
         .await
         .map_err(db_error)?;
-    Ok(())
+        Ok(())
+    }
+
+    async fn add_input(
+        &mut self,
+        digest: &TaskDigest,
+        key: &str,
+        seq: i64,
+        request: &[u8],
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO mes_task_inputs (digest, key, seq, state, request) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .bind(&digest.as_bytes()[..])
+        .bind(key.as_bytes())
+        .bind(seq)
+        .bind(OUTSTANDING)
+        .bind(request)
+        .execute(&mut *self.conn)
+        .await
+        .map_err(db_error)?;
+        Ok(())
+    }
+
+    async fn take_input(&mut self, digest: &TaskDigest, key: &str) -> Result<Bytes> {
+        let response: Option<Vec<u8>> = sqlx::query_scalar(
+            "SELECT response FROM mes_task_inputs WHERE digest = ?1 AND key = ?2 AND state = ?3",
+        )
+        .bind(&digest.as_bytes()[..])
+        .bind(key.as_bytes())
+        .bind(ANSWERED)
+        .fetch_optional(&mut *self.conn)
+        .await
+        .map_err(db_error)?
+        .ok_or_else(|| Error::Corrupt("an answered input is missing".into()))?;
+        sqlx::query(
+            "UPDATE mes_task_inputs SET state = ?1, response = NULL \
+             WHERE digest = ?2 AND key = ?3",
+        )
+        .bind(SPENT)
+        .bind(&digest.as_bytes()[..])
+        .bind(key.as_bytes())
+        .execute(&mut *self.conn)
+        .await
+        .map_err(db_error)?;
+        Ok(response.unwrap_or_default().into())
+    }
+
+    async fn supersede(&mut self, digest: &TaskDigest, keys: Option<&[String]>) -> Result<()> {
+        let Some(keys) = keys else {
+            sqlx::query("UPDATE mes_task_inputs SET state = ?1 WHERE digest = ?2 AND state = ?3")
+                .bind(SPENT)
+                .bind(&digest.as_bytes()[..])
+                .bind(OUTSTANDING)
+                .execute(&mut *self.conn)
+                .await
+                .map_err(db_error)?;
+            return Ok(());
+        };
+        for key in keys {
+            sqlx::query(
+                "UPDATE mes_task_inputs SET state = ?1 \
+                 WHERE digest = ?2 AND key = ?3 AND state = ?4",
+            )
+            .bind(SPENT)
+            .bind(&digest.as_bytes()[..])
+            .bind(key.as_bytes())
+            .bind(OUTSTANDING)
+            .execute(&mut *self.conn)
+            .await
+            .map_err(db_error)?;
+        }
+        Ok(())
+    }
+
+    async fn ended(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>> {
+        let ended: Vec<Vec<u8>> = sqlx::query_scalar(
+            "SELECT digest FROM mes_tasks t WHERE status < 2 AND purge_at > ?1 \
+                 AND (expires_at <= ?1 OR NOT EXISTS \
+                     (SELECT 1 FROM mes_instances i \
+                       WHERE i.id = t.instance AND i.alive_until > ?1)) \
+             ORDER BY digest LIMIT ?2",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&mut *self.conn)
+        .await
+        .map_err(db_error)?;
+        ended.iter().map(|digest| stored_digest(digest)).collect()
+    }
+
+    async fn delete_past_grace(&mut self, now: i64, limit: i64) -> Result<u64> {
+        // The same batch twice: the first statement leaves mes_tasks alone.
+        const BATCH: &str = "SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
+                             ORDER BY purge_at, digest LIMIT ?2";
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM mes_task_inputs WHERE digest IN ({BATCH})"
+        )))
+        .bind(now)
+        .bind(limit)
+        .execute(&mut *self.conn)
+        .await
+        .map_err(db_error)?;
+        Ok(sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM mes_tasks WHERE digest IN ({BATCH})"
+        )))
+        .bind(now)
+        .bind(limit)
+        .execute(&mut *self.conn)
+        .await
+        .map_err(db_error)?
+        .rows_affected())
+    }
+
+    async fn forget_instances(&mut self, now: i64) -> Result<u64> {
+        Ok(
+            sqlx::query("DELETE FROM mes_instances WHERE alive_until <= ?1")
+                .bind(now)
+                .execute(&mut *self.conn)
+                .await
+                .map_err(db_error)?
+                .rows_affected(),
+        )
+    }
 }
 
 // ------------------------------------------------------------ writer side
@@ -653,13 +660,17 @@ impl Writer {
                 owner,
                 responses,
                 now,
-            } => answer_step(conn, digest, owner, responses, *now).await,
+            } => rows::answer(&mut SqliteRows { conn }, digest, owner, responses, *now)
+                .await
+                .map(|stepped| TaskAnswer::Record(stepped.answer)),
             TaskWrite::Cancel {
                 digest,
                 owner,
                 mode,
                 now,
-            } => cancel_step(conn, digest, owner, *mode, *now).await,
+            } => rows::cancel(&mut SqliteRows { conn }, digest, owner, *mode, *now)
+                .await
+                .map(|stepped| TaskAnswer::Record(stepped.answer)),
             TaskWrite::Apply {
                 digest,
                 by,
@@ -667,7 +678,11 @@ impl Writer {
                 now,
             } => {
                 let options = self.task_options;
-                apply_step(conn, digest, by, change, *now, &options).await
+                let mut pairs = Vec::new();
+                let change = change.as_change(&mut pairs);
+                rows::apply(&mut SqliteRows { conn }, digest, by, change, &options, *now)
+                    .await
+                    .map(|stepped| TaskAnswer::Applied(stepped.answer))
             }
             TaskWrite::Heartbeat { me, until, now } => {
                 // Inserted, or renewed while still alive; a lapsed instance
@@ -686,9 +701,9 @@ impl Writer {
                 .map_err(db_error)?;
                 Ok(TaskAnswer::Flag(renewed.is_some()))
             }
-            TaskWrite::Purge { now } => purge_step(conn, *now)
+            TaskWrite::Purge { now } => rows::purge(&mut SqliteRows { conn }, *now, PURGE_BATCH)
                 .await
-                .map(|(report, more)| TaskAnswer::Purged(report, more)),
+                .map(|(stepped, more)| TaskAnswer::Purged(stepped.answer, more)),
             TaskWrite::Delete { digest } => {
                 sqlx::query("DELETE FROM mes_task_inputs WHERE digest = ?1")
                     .bind(&digest.as_bytes()[..])
@@ -757,298 +772,4 @@ async fn create(
         Some(_) => Ok(TaskAnswer::Record(None)),
         None => Err(Error::instance_lapsed(instance)),
     }
-}
-
-/// The task under `digest` if `owner` (or, `None`, anyone) may see it, as
-/// stored and as seen at `now`.
-async fn visible(
-    conn: &mut SqliteConnection,
-    digest: &TaskDigest,
-    owner: Option<&[u8]>,
-    now: i64,
-) -> Result<Option<(Stored, TaskRecord)>> {
-    let Some(stored) = load(conn, digest).await? else {
-        return Ok(None);
-    };
-    if owner.is_some_and(|owner| owner != stored.owner) {
-        return Ok(None);
-    }
-    Ok(stored.seen(now).map(|seen| (stored, seen)))
-}
-
-/// The task as the call leaves it, re-read inside the same transaction.
-async fn reread(conn: &mut SqliteConnection, digest: &TaskDigest, now: i64) -> Result<TaskAnswer> {
-    let stored = load(conn, digest).await?;
-    Ok(TaskAnswer::Record(stored.and_then(|s| s.seen(now))))
-}
-
-/// Writes back `record`, changed by a client's call (the task keeps its
-/// instance), and answers with the task as now stored.
-async fn save_client_change(
-    conn: &mut SqliteConnection,
-    digest: &TaskDigest,
-    stored: &Stored,
-    record: &TaskRecord,
-    now: i64,
-) -> Result<TaskAnswer> {
-    save(
-        conn,
-        digest,
-        stored.record.rev,
-        record,
-        &stored.instance,
-        stored.next_seq,
-    )
-    .await?;
-    reread(conn, digest, now).await
-}
-
-async fn answer_step(
-    conn: &mut SqliteConnection,
-    digest: &TaskDigest,
-    owner: &[u8],
-    responses: &[(String, Vec<u8>)],
-    now: i64,
-) -> Result<TaskAnswer> {
-    let Some((stored, seen)) = visible(conn, digest, Some(owner), now).await? else {
-        return Ok(TaskAnswer::Record(None));
-    };
-    if seen.status.is_terminal() {
-        return Ok(TaskAnswer::Record(Some(seen)));
-    }
-    let mut record = stored.record.clone();
-    let answered = record.answer(responses, now);
-    if answered.is_empty() {
-        return Ok(TaskAnswer::Record(Some(seen)));
-    }
-    for (key, response) in answered {
-        sqlx::query(
-            "UPDATE mes_task_inputs SET state = ?1, response = ?2 \
-                 WHERE digest = ?3 AND key = ?4 AND state = ?5",
-        )
-        .bind(ANSWERED)
-        .bind(&response[..])
-        .bind(&digest.as_bytes()[..])
-        .bind(key.as_bytes())
-        .bind(OUTSTANDING)
-        .execute(&mut *conn)
-        .await
-        .map_err(db_error)?;
-    }
-    save_client_change(conn, digest, &stored, &record, now).await
-}
-
-async fn cancel_step(
-    conn: &mut SqliteConnection,
-    digest: &TaskDigest,
-    owner: &[u8],
-    mode: CancelMode,
-    now: i64,
-) -> Result<TaskAnswer> {
-    let Some((stored, seen)) = visible(conn, digest, Some(owner), now).await? else {
-        return Ok(TaskAnswer::Record(None));
-    };
-    if seen.status.is_terminal() {
-        return Ok(TaskAnswer::Record(Some(seen)));
-    }
-    let mut record = stored.record.clone();
-    if !record.request_cancel(mode, now) {
-        return Ok(TaskAnswer::Record(Some(seen)));
-    }
-    supersede_inputs(conn, digest).await?;
-    save_client_change(conn, digest, &stored, &record, now).await
-}
-
-async fn apply_step(
-    conn: &mut SqliteConnection,
-    digest: &TaskDigest,
-    by: &InstanceId,
-    change: &Change,
-    now: i64,
-    options: &mcp_event_store_core::task::TaskOptions,
-) -> Result<TaskAnswer> {
-    let Some((stored, seen)) = visible(conn, digest, None, now).await? else {
-        return Ok(TaskAnswer::Applied(Applied::Unknown));
-    };
-    if seen.status.is_terminal() {
-        return Ok(TaskAnswer::Applied(Applied::AlreadyTerminal(seen.status)));
-    }
-    let mut record = stored.record.clone();
-    let mut pairs = Vec::new();
-    let effect = match record.apply(
-        change.as_worker(&mut pairs),
-        |key| stored.input(key).is_some(),
-        options,
-        now,
-    )? {
-        Step::Unchanged(applied) => return Ok(TaskAnswer::Applied(applied)),
-        Step::Changed(effect) => effect,
-    };
-    let mut next_seq = stored.next_seq;
-    let mut answer = None;
-    match effect {
-        InputEffect::None => {}
-        InputEffect::Request { key, request } => {
-            next_seq += 1;
-            sqlx::query(
-                "INSERT INTO mes_task_inputs (digest, key, seq, state, request) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
-            )
-            .bind(&digest.as_bytes()[..])
-            .bind(key.as_bytes())
-            .bind(next_seq)
-            .bind(OUTSTANDING)
-            .bind(request)
-            .execute(&mut *conn)
-            .await
-            .map_err(db_error)?;
-        }
-        InputEffect::Take { key } => {
-            let response: Option<Vec<u8>> = sqlx::query_scalar(
-                "SELECT response FROM mes_task_inputs WHERE digest = ?1 AND key = ?2 AND state = ?3",
-            )
-            .bind(&digest.as_bytes()[..])
-            .bind(key.as_bytes())
-            .bind(ANSWERED)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db_error)?
-            .ok_or_else(|| Error::Corrupt("an answered input is missing".into()))?;
-            sqlx::query(
-                "UPDATE mes_task_inputs SET state = ?1, response = NULL \
-                 WHERE digest = ?2 AND key = ?3",
-            )
-            .bind(SPENT)
-            .bind(&digest.as_bytes()[..])
-            .bind(key.as_bytes())
-            .execute(&mut *conn)
-            .await
-            .map_err(db_error)?;
-            answer = Some(response.unwrap_or_default().into());
-        }
-        InputEffect::Supersede => supersede_inputs(conn, digest).await?,
-        InputEffect::Replace { requests } => {
-            let (superseded, added) = replacement(&stored.record, requests);
-            for key in superseded {
-                sqlx::query(
-                    "UPDATE mes_task_inputs SET state = ?1 \
-                     WHERE digest = ?2 AND key = ?3 AND state = ?4",
-                )
-                .bind(SPENT)
-                .bind(&digest.as_bytes()[..])
-                .bind(key.as_bytes())
-                .bind(OUTSTANDING)
-                .execute(&mut *conn)
-                .await
-                .map_err(db_error)?;
-            }
-            for (key, request) in added {
-                next_seq += 1;
-                sqlx::query(
-                    "INSERT INTO mes_task_inputs (digest, key, seq, state, request) \
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
-                .bind(&digest.as_bytes()[..])
-                .bind(key.as_bytes())
-                .bind(next_seq)
-                .bind(OUTSTANDING)
-                .bind(request)
-                .execute(&mut *conn)
-                .await
-                .map_err(db_error)?;
-            }
-        }
-    }
-    save(conn, digest, stored.record.rev, &record, &by.0, next_seq).await?;
-    Ok(TaskAnswer::Applied(Applied::Changed {
-        rev: record.rev,
-        answer,
-    }))
-}
-
-/// One step of a purge, in one transaction: persists what reads show for
-/// up to [`PURGE_BATCH`] tasks (expired and orphaned tasks as `failed`),
-/// deletes up to as many tasks past their grace with their inputs, and,
-/// once no running task of a lapsed instance is left, forgets lapsed
-/// instances. Returns whether there is more to do.
-async fn purge_step(conn: &mut SqliteConnection, now: i64) -> Result<(TaskPurgeReport, bool)> {
-    let mut report = TaskPurgeReport::default();
-    let ended: Vec<Vec<u8>> = sqlx::query_scalar(
-        "SELECT digest FROM mes_tasks t WHERE status < 2 AND purge_at > ?1 \
-             AND (expires_at <= ?1 OR NOT EXISTS \
-                 (SELECT 1 FROM mes_instances i WHERE i.id = t.instance AND i.alive_until > ?1)) \
-         LIMIT ?2",
-    )
-    .bind(now)
-    .bind(PURGE_BATCH)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db_error)?;
-    let ended_all = (ended.len() as i64) < PURGE_BATCH;
-    for digest in ended {
-        let digest = TaskDigest(
-            digest
-                .try_into()
-                .map_err(|_| Error::Corrupt("a task digest is not 16 bytes".into()))?,
-        );
-        let Some(stored) = load(conn, &digest).await? else {
-            continue;
-        };
-        // Tasks past their grace are deleted below.
-        let Some(seen) = stored.seen(now) else {
-            continue;
-        };
-        if seen.status == stored.record.status {
-            continue;
-        }
-        report.count_ended(&seen);
-        supersede_inputs(conn, &digest).await?;
-        let mut record = stored.record.clone();
-        record.status = seen.status;
-        record.outcome = seen.outcome;
-        record.rev = seen.rev;
-        record.updated_at = seen.updated_at;
-        save(
-            conn,
-            &digest,
-            stored.record.rev,
-            &record,
-            &stored.instance,
-            stored.next_seq,
-        )
-        .await?;
-    }
-    // The same batch twice: the first statement leaves mes_tasks alone.
-    const BATCH: &str = "SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
-                         ORDER BY purge_at, digest LIMIT ?2";
-    sqlx::query(AssertSqlSafe(format!(
-        "DELETE FROM mes_task_inputs WHERE digest IN ({BATCH})"
-    )))
-    .bind(now)
-    .bind(PURGE_BATCH)
-    .execute(&mut *conn)
-    .await
-    .map_err(db_error)?;
-    report.deleted = sqlx::query(AssertSqlSafe(format!(
-        "DELETE FROM mes_tasks WHERE digest IN ({BATCH})"
-    )))
-    .bind(now)
-    .bind(PURGE_BATCH)
-    .execute(&mut *conn)
-    .await
-    .map_err(db_error)?
-    .rows_affected();
-    if ended_all {
-        // Every running task of a lapsed instance is terminal now, so
-        // forgetting the instance brings nothing back. (Before that, a
-        // forgotten instance would change when its tasks read as lost.)
-        report.instances = sqlx::query("DELETE FROM mes_instances WHERE alive_until <= ?1")
-            .bind(now)
-            .execute(&mut *conn)
-            .await
-            .map_err(db_error)?
-            .rows_affected();
-    }
-    let more = !ended_all || report.deleted >= PURGE_BATCH as u64;
-    Ok((report, more))
 }

@@ -6,7 +6,9 @@
 //! ([`observe`]), to page through long replays ([`paged_replay`]), to derive
 //! stream tokens from a per-store secret ([`StreamKey`], [`StreamToken`]),
 //! and to check the input every store refuses the same way
-//! ([`validate_stream_id`], [`validate_session_id`], [`check_list_limit`]).
+//! ([`validate_stream_id`], [`validate_session_id`], [`check_list_limit`]);
+//! and a task store's shared parts ([`task`]: the state machine, the step
+//! driver of row stores, the one-value codec).
 //!
 //! A new backend is a crate that implements [`EventStore`](crate::EventStore)
 //! and [`SessionStore`](crate::SessionStore) with these, exports a
@@ -16,6 +18,7 @@
 pub mod dense;
 pub mod follow;
 pub mod observe;
+pub mod task;
 
 pub use crate::event::{retry_from_millis, retry_to_millis};
 pub use crate::id::{STREAM_KEY_LEN, STREAM_TOKEN_LEN, StreamKey, StreamToken};

@@ -8,12 +8,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::machine::replacement;
 use super::{
-    Applied, CancelMode, InputEffect, InstanceId, NewTask, Owner, Rev, Step, TaskDigest, TaskId,
-    TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange, check_responses,
-    millis,
+    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange, millis,
 };
+use crate::backend::task::{InputEffect, Step, check_responses, count_ended, replacement};
 use crate::error::{Error, Result};
 use crate::options::StoreOptions;
 
@@ -429,7 +428,7 @@ impl TaskStore for MemoryTaskStore {
                 return false;
             };
             if seen.status != task.record.status {
-                report.count_ended(&seen);
+                count_ended(&mut report, &seen);
                 task.supersede_inputs();
                 task.commit(seen);
             }

@@ -5,25 +5,25 @@
 //! for the id would resolve on any instance, so the task's state lives in
 //! the shared store, not in the process running it.
 //!
-//! This module holds what every backend shares, so that backends differ
-//! only in how they store bytes:
+//! This module is what applications use:
 //!
-//! * [`TaskId`], the one id scheme (T2): generated and parsed here only, and
-//!   never stored (backends key a task by its [`TaskDigest`]);
+//! * [`TaskStore`], the contract every backend meets, and [`TaskId`], the
+//!   one id scheme (T2): generated and parsed here only, and never stored
+//!   (backends key a task by a digest of it);
 //! * [`Owner`], who may see a task (T3);
-//! * [`TaskStatus`], [`TaskRecord`] and the state machine's operations
-//!   ([`WorkerChange`], [`TaskStore::answer`], [`TaskStore::request_cancel`])
-//!   with their results ([`Applied`]) (T4 to T6);
-//! * the limits (T7) and [`TaskOptions`] (T8);
-//! * the state machine itself, written once ([`TaskRecord::created`],
-//!   [`TaskRecord::answer`], [`TaskRecord::request_cancel`],
-//!   [`TaskRecord::apply`]): backends read, call it, and store what it
-//!   reports changed (see [`Step`] and [`InputEffect`]);
-//! * [`TaskRecord::seen_at`], the read-time decision that turns an expired
-//!   task or one whose instance died into `failed` (T8, T11), so no sweeper
-//!   is needed for correctness;
+//! * [`TaskStatus`], [`TaskRecord`] and the operations
+//!   ([`NewTask`], [`WorkerChange`], [`TaskStore::answer`],
+//!   [`TaskStore::request_cancel`]) with their results ([`Applied`],
+//!   [`TaskView`]) (T4 to T6, T13 to T15);
+//! * the limits (T7) and [`TaskOptions`] (T8); a task that expired, or
+//!   whose instance died, reads `failed` (T8, T11), decided when it is
+//!   read, so no sweeper is needed for correctness;
 //! * [`MemoryTaskStore`], the reference implementation;
 //! * with the `conformance` feature, the shared suite ([`conformance`]).
+//!
+//! What backends share to implement it (the state machine written once,
+//! the step of row stores, the one-value codec, the limit checks) is
+//! [`backend::task`](crate::backend::task).
 //!
 //! # Clauses T13 to T15: what a runtime that re-runs a task needs
 //!
@@ -56,10 +56,7 @@
 //!   `input_required`, or `working` when the new set is empty. Two
 //!   concurrent replacements never both admit a key.
 
-/// The one binary encoding of a task in one value (sled, Redis).
-pub mod codec;
-mod id;
-mod machine;
+pub(crate) mod id;
 mod memory;
 mod record;
 
@@ -71,10 +68,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::backend::task::{check_key, check_message, check_size};
 use crate::error::{Error, Result};
 
-pub use id::{InstanceId, Owner, TaskDigest, TaskId};
-pub use machine::{InputEffect, Step, replacement};
+pub(crate) use id::TaskDigest;
+pub use id::{InstanceId, Owner, TaskId};
+
 pub use memory::MemoryTaskStore;
 pub use record::{TaskRecord, TaskStatus};
 
@@ -172,7 +171,7 @@ pub struct Lifetime {
     pub purge_at: i64,
 }
 
-fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -436,18 +435,6 @@ pub struct TaskPurgeReport {
     pub instances: u64,
 }
 
-impl TaskPurgeReport {
-    /// Counts a task a purge persisted as a read showed it, `ended`:
-    /// expired ([`EXPIRED_ERROR`]) or orphaned.
-    pub fn count_ended(&mut self, ended: &TaskRecord) {
-        if ended.outcome.as_deref() == Some(EXPIRED_ERROR) {
-            self.expired += 1;
-        } else {
-            self.orphaned += 1;
-        }
-    }
-}
-
 /// Adds up the reports of a purge's steps.
 impl std::ops::AddAssign for TaskPurgeReport {
     fn add_assign(&mut self, step: Self) {
@@ -616,37 +603,6 @@ pub trait TaskStore: Send + Sync + 'static {
     }
 }
 
-/// Checks an input key: 1 to [`MAX_INPUT_KEY_BYTES`] bytes (T5).
-pub fn check_key(key: &str) -> Result<()> {
-    if key.is_empty() || key.len() > MAX_INPUT_KEY_BYTES {
-        return Err(Error::Config(format!(
-            "input key is {} bytes, it must be 1 to {MAX_INPUT_KEY_BYTES}",
-            key.len()
-        )));
-    }
-    Ok(())
-}
-
-/// Checks a status message against [`MAX_MESSAGE_BYTES`] (T7).
-pub fn check_message(message: Option<&str>) -> Result<()> {
-    check_size(message.map_or(0, str::len), MAX_MESSAGE_BYTES)
-}
-
-/// Checks client responses (T7): each at most [`MAX_INPUT_BYTES`]. Keys are
-/// not checked: a key that is not outstanding is ignored, whatever it is.
-pub fn check_responses(responses: &[(&str, &[u8])]) -> Result<()> {
-    responses
-        .iter()
-        .try_for_each(|(_, response)| check_size(response.len(), MAX_INPUT_BYTES))
-}
-
-fn check_size(size: usize, max: usize) -> Result<()> {
-    if size > max {
-        return Err(Error::PayloadTooLarge { size, max });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -678,18 +634,5 @@ mod tests {
             .unwrap();
         let seen = store.get(&id.to_string(), &Owner::Anonymous).await.unwrap();
         assert_eq!(seen.map(|t| t.status), Some(TaskStatus::Working));
-    }
-
-    #[test]
-    fn limits_are_inclusive() {
-        assert!(check_key("k").is_ok());
-        assert!(check_key("").is_err());
-        assert!(check_key(&"k".repeat(256)).is_ok());
-        assert!(check_key(&"k".repeat(257)).is_err());
-        assert!(check_message(Some(&"m".repeat(MAX_MESSAGE_BYTES))).is_ok());
-        assert!(matches!(
-            check_message(Some(&"m".repeat(MAX_MESSAGE_BYTES + 1))),
-            Err(Error::PayloadTooLarge { .. })
-        ));
     }
 }

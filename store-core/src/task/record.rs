@@ -121,7 +121,7 @@ impl TaskRecord {
     ///   whichever came first, at `rev + 1` and updated when it happened;
     ///   exactly what [`TaskStore::purge_expired_tasks`](super::TaskStore::purge_expired_tasks)
     ///   persists later, so the record reads the same before and after.
-    pub fn seen_at(mut self, now: i64, instance_alive_until: Option<i64>) -> Option<Self> {
+    pub(crate) fn seen_at(mut self, now: i64, instance_alive_until: Option<i64>) -> Option<Self> {
         if now >= self.purge_at {
             return None;
         }

@@ -6,11 +6,11 @@
 //! the task's inputs. A backend:
 //!
 //! 1. reads the task and decides visibility with
-//!    [`TaskRecord::seen_at`]; if the record as seen is terminal, it
+//!    [`TaskMachine::seen_at`](crate::backend::task::TaskMachine::seen_at); if the record as seen is terminal, it
 //!    answers with it (or [`Applied::AlreadyTerminal`]) and changes
 //!    nothing (T4);
-//! 2. calls [`TaskRecord::answer`], [`TaskRecord::request_cancel`] or
-//!    [`TaskRecord::apply`] on the record as stored;
+//! 2. calls [`TaskMachine::answer`](crate::backend::task::TaskMachine::answer), [`TaskMachine::request_cancel`](crate::backend::task::TaskMachine::request_cancel) or
+//!    [`TaskMachine::apply`](crate::backend::task::TaskMachine::apply) on the record as stored;
 //! 3. if that reports a change, stores the record (its `rev` already
 //!    bumped) and the inputs' new states the call names, conditioned on
 //!    the `rev` it read, in the same atomic step.
@@ -19,13 +19,13 @@
 
 use bytes::Bytes;
 
-use super::{
+use crate::error::{Error, Result};
+use crate::task::{
     Applied, CancelMode, MAX_OUTSTANDING_INPUTS, NewTask, Rev, TaskOptions, TaskRecord, TaskStatus,
     WorkerChange, millis,
 };
-use crate::error::{Error, Result};
 
-/// What a backend stores for a task's inputs when [`TaskRecord::apply`]
+/// What a backend stores for a task's inputs when [`TaskMachine::apply`](crate::backend::task::TaskMachine::apply)
 /// changed the record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InputEffect<'a> {
@@ -79,7 +79,7 @@ pub fn replacement<'a>(
     (superseded, added)
 }
 
-/// What [`TaskRecord::apply`] decided.
+/// What [`TaskMachine::apply`](crate::backend::task::TaskMachine::apply) decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step<'a> {
     /// Nothing changed: answer the worker with this and store nothing.
@@ -93,7 +93,7 @@ pub enum Step<'a> {
 impl TaskRecord {
     /// A new task's record, created at `now` with the lifetime `options`
     /// give its requested ttl (T8): `working` at `rev` 1.
-    pub fn created(task: &NewTask<'_>, now: i64, options: &TaskOptions) -> Self {
+    pub(crate) fn created(task: &NewTask<'_>, now: i64, options: &TaskOptions) -> Self {
         let lifetime = options.lifetime(now, task.ttl);
         TaskRecord {
             status: TaskStatus::Working,
@@ -115,7 +115,7 @@ impl TaskRecord {
 
     /// Records a change made at `now`: bumps `rev` (T4) and moves
     /// `updated_at` forward, never back. Returns the new `rev`.
-    pub fn bump(&mut self, now: i64) -> Rev {
+    pub(crate) fn bump(&mut self, now: i64) -> Rev {
         self.rev += 1;
         self.updated_at = now.max(self.updated_at);
         self.rev
@@ -130,7 +130,7 @@ impl TaskRecord {
     /// the record as read. Otherwise the record was bumped at `now`; the
     /// backend stores it and those inputs as answered, then answers with
     /// the task as stored (whose `answered` is in request order).
-    pub fn answer<'r, K: AsRef<str>, R>(
+    pub(crate) fn answer<'r, K: AsRef<str>, R>(
         &mut self,
         responses: &'r [(K, R)],
         now: i64,
@@ -161,7 +161,7 @@ impl TaskRecord {
     /// Returns `false` when that is already so: store nothing. Otherwise
     /// the record was bumped at `now`; the backend stores it and marks
     /// every outstanding input spent.
-    pub fn request_cancel(&mut self, mode: CancelMode, now: i64) -> bool {
+    pub(crate) fn request_cancel(&mut self, mode: CancelMode, now: i64) -> bool {
         let status = match mode {
             CancelMode::Cooperative => TaskStatus::Working,
             CancelMode::Immediate => TaskStatus::Cancelled,
@@ -184,7 +184,7 @@ impl TaskRecord {
     /// # Errors
     ///
     /// [`Error::Config`] for a request past [`MAX_OUTSTANDING_INPUTS`].
-    pub fn apply<'a>(
+    pub(crate) fn apply<'a>(
         &mut self,
         change: WorkerChange<'a>,
         key_used: impl Fn(&str) -> bool,

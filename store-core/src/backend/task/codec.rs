@@ -2,11 +2,11 @@
 //! task in one value (sled, Redis).
 //!
 //! A backend that stores a task as one value (rather than rows) reads it,
-//! lets [`StoredTask::client_step`](crate::task::codec::StoredTask::client_step) or
-//! [`StoredTask::worker_step`](crate::task::codec::StoredTask::worker_step) run the shared state
-//! machine on it, and writes [`encode`](crate::task::codec::encode)'s bytes of the new value back,
+//! lets [`StoredTask::client_step`] or
+//! [`StoredTask::worker_step`] run the shared state
+//! machine on it, and writes [`encode`]'s bytes of the new value back,
 //! conditioned on what it read. The format is released (sled's task
-//! format 1) and must not change: a change is a new [`VALUE_VERSION`](crate::task::codec::VALUE_VERSION),
+//! format 1) and must not change: a change is a new [`VALUE_VERSION`],
 //! which older releases refuse.
 //!
 //! Layout, all integers big-endian, byte strings as a `u32` length and the
@@ -33,11 +33,9 @@
 
 use bytes::Bytes;
 
-use super::{
-    Applied, InputEffect, InstanceId, Owner, Step, TaskOptions, TaskRecord, TaskStatus,
-    WorkerChange,
-};
+use super::{InputEffect, Step};
 use crate::error::{Error, Result};
+use crate::task::{Applied, InstanceId, Owner, TaskOptions, TaskRecord, TaskStatus, WorkerChange};
 
 /// The first byte of every encoded task.
 pub const VALUE_VERSION: u8 = 1;
@@ -45,18 +43,12 @@ pub const VALUE_VERSION: u8 = 1;
 /// The leading byte of extension bytes that hold a context (T13).
 const CONTEXT_EXTENSION: u8 = 1;
 
-/// The owner as stored: its 16-byte digest, empty for
-/// [`Owner::Anonymous`].
-pub fn owner_bytes(owner: &Owner) -> Vec<u8> {
-    owner.digest().map_or_else(Vec::new, |d| d.to_vec())
-}
-
 /// A task as stored: the record, its owner and instance, the responses
 /// waiting for the worker (parallel to `record.answered`), and every key
 /// spent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredTask {
-    /// The owner's digest ([`owner_bytes`]).
+    /// The owner's digest ([`owner_key`](super::owner_key)).
     pub owner: Vec<u8>,
     /// The instance that last worked on the task (T11).
     pub instance: [u8; 16],
@@ -69,10 +61,10 @@ pub struct StoredTask {
 }
 
 impl StoredTask {
-    /// A new task's value: `record` as [`TaskRecord::created`] made it.
+    /// A new task's value: `record` as [`TaskMachine::created`](crate::backend::task::TaskMachine::created) made it.
     pub fn new(owner: &Owner, instance: [u8; 16], record: TaskRecord) -> Self {
         Self {
-            owner: owner_bytes(owner),
+            owner: super::owner_key(owner),
             instance,
             record,
             responses: Vec::new(),
@@ -81,7 +73,7 @@ impl StoredTask {
     }
 
     /// Every answer given and not yet taken, `(key, response)`, in request
-    /// order: [`TaskView::answers`](super::TaskView::answers).
+    /// order: [`TaskView::answers`](crate::task::TaskView::answers).
     pub fn answers(&self) -> Vec<(String, Bytes)> {
         self.record
             .answered
@@ -92,7 +84,7 @@ impl StoredTask {
     }
 
     /// Whether the task ever used `key`, in any state (the `key_used` of
-    /// [`TaskRecord::apply`]).
+    /// [`TaskMachine::apply`](crate::backend::task::TaskMachine::apply)).
     pub fn key_used(&self, key: &str) -> bool {
         self.record.outstanding.iter().any(|(k, _)| k == key)
             || self.record.answered.iter().any(|k| k == key)
@@ -178,7 +170,7 @@ impl StoredTask {
         (Some(new), after)
     }
 
-    /// [`TaskRecord::answer`] on this value, keeping each new response
+    /// [`TaskMachine::answer`](crate::backend::task::TaskMachine::answer) on this value, keeping each new response
     /// beside its key (the `change` of an answering
     /// [`client_step`](Self::client_step)). Returns whether anything changed.
     pub fn record_answers(&mut self, responses: &[(&str, &[u8])], now: i64) -> bool {
@@ -199,7 +191,7 @@ impl StoredTask {
         true
     }
 
-    /// A worker's step ([`TaskStore::apply`](super::TaskStore::apply)) by
+    /// A worker's step ([`TaskStore::apply`](crate::task::TaskStore::apply)) by
     /// instance `by` on this value, whose record reads as `seen` at `now`.
     ///
     /// Returns the value to write (`None`: nothing) and what to answer;
@@ -207,7 +199,7 @@ impl StoredTask {
     ///
     /// # Errors
     ///
-    /// As [`TaskRecord::apply`].
+    /// As [`TaskMachine::apply`](crate::backend::task::TaskMachine::apply).
     pub fn worker_step(
         &self,
         seen: &TaskRecord,
