@@ -55,7 +55,6 @@ pub mod conformance;
 #[cfg(feature = "conformance")]
 pub mod testkit;
 
-pub use backend::follow::FollowOptions;
 pub use descriptor::{Backend, Connecting};
 pub use error::{BoxError, Error, Result};
 pub use event::{NewEvent, StoredEvent};
@@ -70,4 +69,4 @@ pub use options::{
     PurgeReport, Retention, StoreOptions, SystemClock,
 };
 pub use presence::{DEFAULT_PRESENCE_LEASE, DEFAULT_PRODUCER_TTL, Presence};
-pub use store::{EventStore, Replay, SessionStore, Store};
+pub use store::{EventStore, FollowOptions, Replay, SessionStore, Store};

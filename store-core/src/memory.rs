@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::backend::dense::{self, DenseStream};
-use crate::backend::follow::{self, FollowOptions, Wakeups};
+use crate::backend::follow::{self, Wakeups};
 use crate::backend::observe;
 use crate::error::{Error, Result};
 use crate::event::{NewEvent, StoredEvent};
@@ -18,6 +18,7 @@ use crate::inspect::{
     HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage, check_list_limit,
 };
 use crate::options::{PurgeReport, Retention, StoreOptions};
+use crate::store::FollowOptions;
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
 use crate::task::{
     Applied, CancelMode, InstanceId, MemoryTaskStore, NewTask, Owner, Rev, TaskId, TaskOptions,

@@ -20,7 +20,6 @@
 //! store is the queue.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,59 +34,8 @@ use crate::backend::observe::{self, FollowGauge};
 use crate::error::Result;
 use crate::event::StoredEvent;
 use crate::id::{STREAM_TOKEN_LEN, StreamToken};
-use crate::store::Replay;
+use crate::store::{FollowOptions, Replay};
 use crate::task::{Rev, TaskDigest, TaskRecord};
-
-/// How a follow ends, besides being dropped or failing.
-///
-/// ```
-/// use std::time::Duration;
-/// use mcp_event_store_core::FollowOptions;
-///
-/// // Hand the client back after 30 s; it resumes with its newest id.
-/// let options = FollowOptions::default().max_hold(Duration::from_secs(30));
-/// assert_eq!(options.max_hold, Some(Duration::from_secs(30)));
-/// // Or as soon as nothing more can come (here: never).
-/// let options = options.until(std::future::pending());
-/// assert!(options.until.is_some());
-/// ```
-#[derive(Default)]
-#[non_exhaustive]
-pub struct FollowOptions {
-    /// End the follow this long after it opened, even if events may still
-    /// come; `None` (the default) follows until dropped.
-    pub max_hold: Option<Duration>,
-    /// End the follow once this resolves: it then reads what is stored
-    /// once more, delivers it and ends, so it never ends in the middle of
-    /// stored events. For a stream nothing more will be appended to, such
-    /// as one whose writer is known gone
-    /// ([`Presence::producer_lost`](crate::Presence::producer_lost)).
-    pub until: Option<BoxFuture<'static, ()>>,
-}
-
-impl fmt::Debug for FollowOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FollowOptions")
-            .field("max_hold", &self.max_hold)
-            .field("until", &self.until.as_ref().map(|_| ".."))
-            .finish()
-    }
-}
-
-impl FollowOptions {
-    /// Ends the follow `hold` after it opened.
-    pub fn max_hold(mut self, hold: Duration) -> Self {
-        self.max_hold = Some(hold);
-        self
-    }
-
-    /// Ends the follow, once it delivered what is stored, when `end`
-    /// resolves (see [`until`](Self::until)).
-    pub fn until(mut self, end: impl Future<Output = ()> + Send + 'static) -> Self {
-        self.until = Some(Box::pin(end));
-        self
-    }
-}
 
 /// Per-stream wake-up counters shared by one store handle's followers.
 ///
