@@ -21,8 +21,8 @@ use crate::options::{PurgeReport, Retention, StoreOptions};
 use crate::store::FollowOptions;
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
 use crate::task::{
-    Applied, CancelMode, InstanceId, MemoryTaskStore, NewTask, Owner, Rev, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, MemoryTaskStore, NewTask, Owner, Rev, TaskDigest,
+    TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 
 const BACKEND: &str = "memory";
@@ -563,13 +563,26 @@ impl TaskStore for MemoryStore {
         self.inner.tasks.request_cancel(id, who, mode).await
     }
 
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        task: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
-        self.inner.tasks.apply(id, by, change).await
+        self.inner.tasks.apply_claimed(task, by, change).await
+    }
+
+    async fn watch_claimed(
+        &self,
+        task: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.watch_claimed(task, after, max_wait).await
+    }
+
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        self.inner.tasks.claim(by, limit).await
     }
 
     async fn watch(
@@ -594,7 +607,7 @@ impl TaskStore for MemoryStore {
         self.inner.tasks.delete(id).await
     }
 
-    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
-        self.inner.tasks.view(id).await
+    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
+        self.inner.tasks.view_claimed(task).await
     }
 }

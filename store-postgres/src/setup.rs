@@ -46,12 +46,26 @@ fn context_migrator() -> Migrator {
     contexts
 }
 
+/// The table recording the task takeover migrations applied (T16 to
+/// T19), apart from the others for the same reason as
+/// [`CONTEXT_MIGRATIONS`].
+pub(crate) const TAKEOVER_MIGRATIONS: &str = "_mes_task_takeover_migrations";
+
+/// The embedded task takeover migrations (`migrations/task_takeover/`),
+/// recorded in [`TAKEOVER_MIGRATIONS`]; they run after the context ones.
+fn takeover_migrator() -> Migrator {
+    let mut takeover = sqlx::migrate!("./migrations/task_takeover");
+    takeover.dangerous_set_table_name(TAKEOVER_MIGRATIONS);
+    takeover
+}
+
 /// The task migration sets, in the order they run: each recorded in a
 /// table of its own, named in refusals.
-fn task_migrators() -> [(Migrator, &'static str, &'static str); 2] {
+fn task_migrators() -> [(Migrator, &'static str, &'static str); 3] {
     [
         (task_migrator(), TASK_MIGRATIONS, "task"),
         (context_migrator(), CONTEXT_MIGRATIONS, "task context"),
+        (takeover_migrator(), TAKEOVER_MIGRATIONS, "task takeover"),
     ]
 }
 

@@ -32,8 +32,8 @@ use mcp_event_store_core::backend::task::{
     TaskDigest, TaskMachine, check_responses, client_call, owner_key,
 };
 use mcp_event_store_core::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskPurgeReport, TaskRecord,
-    TaskStatus, TaskStore, TaskView, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, Takeover, TaskId,
+    TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::postgres::{PgConnection, PgRow};
@@ -64,7 +64,8 @@ SELECT t.owner, t.instance, t.status, t.rev, t.message, t.created_at, t.updated_
                FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq),
        t.context,
        ARRAY(SELECT CASE WHEN k.state = 1 THEN k.response ELSE '\x'::bytea END
-               FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq)
+               FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq),
+       t.max_attempts, t.lapses, t.epoch, t.released, t.checkpoint
   FROM {s}.tasks t WHERE t.digest = $1
 "#;
 
@@ -75,30 +76,33 @@ const LOCK: &str = "SELECT 1 FROM {s}.tasks WHERE digest = $1 FOR UPDATE";
 const SAVE: &str = r#"
 UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
        expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
-       instance = $11, next_seq = $12, context = $15
+       instance = $11, next_seq = $12, context = $15, max_attempts = $16, lapses = $17,
+       epoch = $18, released = $19, checkpoint = $20
  WHERE digest = $13 AND rev = $14
 "#;
 
 /// [`SAVE`] that, when it writes the row, also queues the task's
-/// notification (`$16` the channel, `$17` the payload), which PostgreSQL
+/// notification (`$21` the channel, `$22` the payload), which PostgreSQL
 /// delivers at commit: one round trip for both. It returns one row when
 /// the row was written, none otherwise.
 const SAVE_AND_NOTIFY: &str = r#"
 WITH saved AS (
 UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
        expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
-       instance = $11, next_seq = $12, context = $15
+       instance = $11, next_seq = $12, context = $15, max_attempts = $16, lapses = $17,
+       epoch = $18, released = $19, checkpoint = $20
  WHERE digest = $13 AND rev = $14
 RETURNING 1
 )
-SELECT pg_notify($16, $17)::text FROM saved
+SELECT pg_notify($21, $22)::text FROM saved
 "#;
 
 /// Inserts a task, only under an instance alive at its birth (T11).
 const CREATE: &str = r#"
 INSERT INTO {s}.tasks (digest, owner, status, rev, message, created_at, updated_at,
-       expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq, context)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE, $12, NULL, 0, $13
+       expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq, context,
+       max_attempts, released)
+SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE, $12, NULL, 0, $13, $14, $15
  WHERE EXISTS (SELECT 1 FROM {s}.instances WHERE id = $12 AND alive_until > $6)
 ON CONFLICT (digest) DO NOTHING
 "#;
@@ -160,6 +164,17 @@ DELETE FROM {s}.tasks WHERE digest IN
 
 const FORGET_INSTANCES: &str = "DELETE FROM {s}.instances WHERE alive_until <= $1";
 
+/// Tasks that may wait for a claim (T17), oldest change first; a task
+/// another claim holds locked is skipped (it is being claimed).
+const WAITING: &str = r#"
+SELECT digest FROM {s}.tasks t
+ WHERE max_attempts IS NOT NULL AND status = 0 AND expires_at > $1
+   AND (released OR NOT EXISTS
+        (SELECT 1 FROM {s}.instances i WHERE i.id = t.instance AND i.alive_until > $1))
+ ORDER BY updated_at, digest LIMIT $2
+ FOR UPDATE SKIP LOCKED
+"#;
+
 /// A task statement with the store's schema spliced in.
 fn sql(store: &PostgresStore, template: &str) -> SqlStr {
     render(template, &quote_schema(store.schema()))
@@ -175,6 +190,14 @@ fn to_i64(n: u64) -> i64 {
 
 fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+fn to_u32(n: i32) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::Corrupt(format!("a task counter is {n}")))
+}
+
+fn to_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 // ------------------------------------------------------------ storage
@@ -217,7 +240,22 @@ fn decode(row: &PgRow) -> Result<TaskRow> {
             .try_get::<Option<Vec<u8>>, _>(18)
             .map_err(backend)?
             .map(Into::into),
+        takeover: None,
     };
+    let max_attempts: Option<i32> = row.try_get(20).map_err(backend)?;
+    let takeover = max_attempts
+        .map(|max| -> Result<Takeover> {
+            let mut takeover = Takeover::new(to_u32(max)?, row.try_get(23).map_err(backend)?);
+            takeover.lapses = to_u32(row.try_get(21).map_err(backend)?)?;
+            takeover.epoch = to_u32(row.try_get(22).map_err(backend)?)?;
+            takeover.checkpoint = row
+                .try_get::<Option<Vec<u8>>, _>(24)
+                .map_err(backend)?
+                .map(Into::into);
+            Ok(takeover)
+        })
+        .transpose()?;
+    let record = TaskRecord { takeover, ..record };
     let mut task = TaskRow::new(
         row.try_get(0).map_err(backend)?,
         row.try_get(1).map_err(backend)?,
@@ -317,7 +355,12 @@ impl TaskRows for PgRows<'_> {
             .bind(next_seq)
             .bind(&digest.as_bytes()[..])
             .bind(to_i64(read_rev))
-            .bind(record.context.as_deref());
+            .bind(record.context.as_deref())
+            .bind(record.takeover.as_ref().map(|t| to_i32(t.max_attempts)))
+            .bind(record.takeover.as_ref().map_or(0, |t| to_i32(t.lapses)))
+            .bind(record.takeover.as_ref().map_or(1, |t| to_i32(t.epoch)))
+            .bind(record.takeover.as_ref().is_some_and(|t| t.released))
+            .bind(record.takeover.as_ref().and_then(|t| t.checkpoint.as_deref()));
         let saved = match self.announce {
             Announce::WithSave => query
                 .bind(self.store.notify_channel())
@@ -427,6 +470,26 @@ impl TaskRows for PgRows<'_> {
             .map_err(backend)?
             .rows_affected())
     }
+
+    async fn waiting(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>> {
+        let waiting: Vec<Vec<u8>> = sqlx::query_scalar(sql(self.store, WAITING))
+            .bind(now)
+            .bind(limit)
+            .fetch_all(&mut *self.conn)
+            .await
+            .map_err(backend)?;
+        waiting.iter().map(|digest| stored_digest(digest)).collect()
+    }
+
+    async fn alive(&mut self, id: &InstanceId, now: i64) -> Result<bool> {
+        let alive: Option<i32> = sqlx::query_scalar(sql(self.store, ALIVE))
+            .bind(&id.0[..])
+            .bind(now)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .map_err(backend)?;
+        Ok(alive.is_some())
+    }
 }
 
 /// Queues the notification of a change to `digest` (every task, `None`),
@@ -520,6 +583,8 @@ impl TaskStore for PostgresStore {
             .bind(record.poll_interval_ms.map(to_i64))
             .bind(&task.instance.0[..])
             .bind(task.context)
+            .bind(task.takeover.map(to_i32))
+            .bind(task.queued)
             .execute(self.pool())
             .await
             .map_err(backend)?
@@ -582,14 +647,14 @@ impl TaskStore for PostgresStore {
         Ok(stepped.answer)
     }
 
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        digest: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
         change.check(self.options().max_payload_bytes)?;
-        let digest = id.digest();
+        let digest = *digest;
         let now = self.now();
         let options = *self.task_options();
         let mut tx = begin(self).await?;
@@ -658,11 +723,48 @@ impl TaskStore for PostgresStore {
         }
     }
 
-    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+    async fn view_claimed(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {
         let now = self.now();
         let mut conn = self.pool().acquire().await.map_err(backend)?;
-        let row = load(self, &mut conn, &id.digest()).await?;
+        let row = load(self, &mut conn, digest).await?;
         row.map_or(Ok(None), |row| row.view(now))
+    }
+
+    async fn watch_claimed(
+        &self,
+        digest: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let follows = self.follows();
+        follows.listen().await?;
+        let woken = follows.tasks().subscribe(task_token(digest));
+        let digest = *digest;
+        watch_task(woken, after, deadline, follows.recheck(), || {
+            let store = self.clone();
+            async move {
+                let now = store.now();
+                let mut conn = store.pool().acquire().await.map_err(backend)?;
+                let row = load(&store, &mut conn, &digest).await?;
+                Ok(row.and_then(|row| row.seen(now)))
+            }
+        })
+        .await
+    }
+
+    /// Claims in one transaction: the waiting tasks are locked (`FOR
+    /// UPDATE SKIP LOCKED`, so racing claimants take different tasks), each
+    /// is decided again and written back with its notification.
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        let now = self.now();
+        let mut tx = begin(self).await?;
+        let stepped = rows::claim(&mut self.rows(&mut tx), by, limit, now).await?;
+        tx.commit().await.map_err(backend)?;
+        for claimed in &stepped.answer {
+            self.follows().tasks().wake(&task_token(&claimed.task));
+        }
+        Ok(stepped.answer)
     }
 
     async fn delete(&self, id: &str) -> Result<bool> {
@@ -705,6 +807,7 @@ mod tests {
             ENDED,
             DELETE_PAST_GRACE,
             FORGET_INSTANCES,
+            WAITING,
         ] {
             let rendered = template.replace("{s}", "\"x\"");
             for table in ["tasks", "task_inputs", "instances"] {

@@ -165,7 +165,10 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
     run(&tasks, conn, "task ").await?;
     let mut contexts = sqlx::migrate!("./migrations/task_context");
     contexts.dangerous_set_table_name(CONTEXT_MIGRATIONS);
-    run(&contexts, conn, "task context ").await
+    run(&contexts, conn, "task context ").await?;
+    let mut takeover = sqlx::migrate!("./migrations/task_takeover");
+    takeover.dangerous_set_table_name(TAKEOVER_MIGRATIONS);
+    run(&takeover, conn, "task takeover ").await
 }
 
 /// The table recording the task migrations applied.
@@ -176,6 +179,10 @@ pub(crate) const TASK_MIGRATIONS: &str = "mes_task_migrations";
 /// refuses any row it does not know, so that release keeps serving events
 /// and tasks from a file whose tasks have contexts.
 pub(crate) const CONTEXT_MIGRATIONS: &str = "mes_task_context_migrations";
+
+/// The table recording the task takeover migrations applied (T16 to T19),
+/// apart from the others for the same reason as [`CONTEXT_MIGRATIONS`].
+pub(crate) const TAKEOVER_MIGRATIONS: &str = "mes_task_takeover_migrations";
 
 /// Runs one set of migrations; `what` names the set in a refusal.
 async fn run(migrator: &Migrator, conn: &mut SqliteConnection, what: &str) -> Result<()> {

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions, TaskPurgeReport,
-    TaskRecord, TaskStore, TaskView, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
@@ -281,13 +281,26 @@ impl TaskStore for SqliteStore {
         tasks::request_cancel(self, id, who, mode).await
     }
 
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        task: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
-        tasks::apply(self, id, by, change).await
+        tasks::apply(self, task, by, change).await
+    }
+
+    async fn watch_claimed(
+        &self,
+        task: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        tasks::watch_claimed(self, task, after, max_wait).await
+    }
+
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        tasks::claim(self, by, limit).await
     }
 
     async fn watch(
@@ -312,8 +325,8 @@ impl TaskStore for SqliteStore {
         tasks::delete(self, id).await
     }
 
-    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
-        tasks::view(self, id).await
+    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
+        tasks::view(self, task).await
     }
 }
 

@@ -34,8 +34,8 @@ use mcp_event_store_core::backend::task::{
     OwnedWorkerChange, OwnerKey, TaskDigest, TaskMachine, check_responses, client_call, owner_key,
 };
 use mcp_event_store_core::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskPurgeReport, TaskRecord,
-    TaskStatus, TaskView, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, Takeover, TaskId,
+    TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::sqlite::SqliteConnection;
@@ -72,8 +72,14 @@ pub(crate) enum TaskWrite {
     },
     Apply {
         digest: TaskDigest,
-        by: InstanceId,
+        by: Worker,
         change: OwnedWorkerChange,
+        now: i64,
+    },
+    /// A claim of up to `limit` waiting tasks (T17).
+    Claim {
+        by: InstanceId,
+        limit: usize,
         now: i64,
     },
     Heartbeat {
@@ -95,6 +101,7 @@ pub(crate) enum TaskWrite {
 pub(crate) enum TaskAnswer {
     Record(Option<TaskRecord>),
     Applied(Applied),
+    Claimed(Vec<Claimed>),
     Flag(bool),
     /// A purge step's report, and whether there is more to do.
     Purged(TaskPurgeReport, bool),
@@ -109,7 +116,7 @@ impl TaskWrite {
             | TaskWrite::Cancel { digest, .. }
             | TaskWrite::Apply { digest, .. }
             | TaskWrite::Delete { digest } => hub.wake(&task_token(digest)),
-            TaskWrite::Purge { .. } => hub.wake_all(),
+            TaskWrite::Purge { .. } | TaskWrite::Claim { .. } => hub.wake_all(),
             TaskWrite::Create { .. } | TaskWrite::Heartbeat { .. } => {}
         }
     }
@@ -125,6 +132,10 @@ fn to_i64(n: u64) -> i64 {
 
 fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+fn to_u32(n: i64) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::Corrupt(format!("a task counter is {n}")))
 }
 
 // ------------------------------------------------------------ client side
@@ -152,10 +163,10 @@ pub(crate) async fn try_create(
 
 /// The task as its runtime reads it (T14), from one snapshot on the read
 /// pool.
-pub(crate) async fn view(store: &SqliteStore, id: &TaskId) -> Result<Option<TaskView>> {
+pub(crate) async fn view(store: &SqliteStore, digest: &TaskDigest) -> Result<Option<TaskView>> {
     let now = store.now();
     let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
-    let row = load(&mut tx, &id.digest()).await?;
+    let row = load(&mut tx, digest).await?;
     drop(tx);
     row.map_or(Ok(None), |row| row.view(now))
 }
@@ -209,13 +220,13 @@ pub(crate) async fn request_cancel(
 
 pub(crate) async fn apply(
     store: &SqliteStore,
-    id: &TaskId,
-    by: InstanceId,
+    digest: &TaskDigest,
+    by: Worker,
     change: WorkerChange<'_>,
 ) -> Result<Applied> {
     change.check(store.inner.options.max_payload_bytes)?;
     let write = TaskWrite::Apply {
-        digest: id.digest(),
+        digest: *digest,
         by,
         change: change.to_owned(),
         now: store.now(),
@@ -250,6 +261,47 @@ pub(crate) async fn watch(
         async move { read(&store, &digest, &owner).await }
     })
     .await
+}
+
+/// A watch of the task under `digest` for its runtime, whoever owns it.
+pub(crate) async fn watch_claimed(
+    store: &SqliteStore,
+    digest: &TaskDigest,
+    after: Rev,
+    max_wait: Duration,
+) -> Result<Option<TaskRecord>> {
+    let deadline = tokio::time::Instant::now() + max_wait;
+    let woken = store.inner.task_wakeups.subscribe(task_token(digest));
+    store.inner.watcher.ensure();
+    let digest = *digest;
+    watch_task(woken, after, deadline, store.inner.task_recheck, || {
+        let store = store.clone();
+        async move {
+            let now = store.now();
+            let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
+            let row = load(&mut tx, &digest).await?;
+            drop(tx);
+            Ok(row.and_then(|row| row.seen(now)))
+        }
+    })
+    .await
+}
+
+/// Claims under the write lock: the waiting tasks, each decided again.
+pub(crate) async fn claim(
+    store: &SqliteStore,
+    by: InstanceId,
+    limit: usize,
+) -> Result<Vec<Claimed>> {
+    let write = TaskWrite::Claim {
+        by,
+        limit,
+        now: store.now(),
+    };
+    match task_write(store, write).await? {
+        TaskAnswer::Claimed(claimed) => Ok(claimed),
+        _ => Err(wrong_kind()),
+    }
 }
 
 pub(crate) async fn heartbeat(
@@ -334,7 +386,8 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
     let Some(row) = sqlx::query(
         "SELECT owner, instance, status, rev, message, created_at, updated_at, ttl_ms, \
                 expires_at, purge_at, poll_ms, cancel, outcome, next_seq, \
-                (SELECT alive_until FROM mes_instances i WHERE i.id = t.instance), context \
+                (SELECT alive_until FROM mes_instances i WHERE i.id = t.instance), context, \
+                max_attempts, lapses, epoch, released, checkpoint \
          FROM mes_tasks t WHERE digest = ?1",
     )
     .bind(&digest.as_bytes()[..])
@@ -376,7 +429,22 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
             .try_get::<Option<Vec<u8>>, _>(15)
             .map_err(db_error)?
             .map(Into::into),
+        takeover: None,
     };
+    let max_attempts: Option<i64> = row.try_get(16).map_err(db_error)?;
+    let takeover = max_attempts
+        .map(|max| -> Result<Takeover> {
+            let mut takeover = Takeover::new(to_u32(max)?, row.try_get(19).map_err(db_error)?);
+            takeover.lapses = to_u32(row.try_get(17).map_err(db_error)?)?;
+            takeover.epoch = to_u32(row.try_get(18).map_err(db_error)?)?;
+            takeover.checkpoint = row
+                .try_get::<Option<Vec<u8>>, _>(20)
+                .map_err(db_error)?
+                .map(Into::into);
+            Ok(takeover)
+        })
+        .transpose()?;
+    let record = TaskRecord { takeover, ..record };
     let mut task = TaskRow::new(
         row.try_get(0).map_err(db_error)?,
         row.try_get(1).map_err(db_error)?,
@@ -439,7 +507,9 @@ impl TaskRows for SqliteRows<'_> {
         let saved = sqlx::query(
             "UPDATE mes_tasks SET status = ?1, rev = ?2, message = ?3, updated_at = ?4, \
                     ttl_ms = ?5, expires_at = ?6, purge_at = ?7, poll_ms = ?8, cancel = ?9, \
-                    outcome = ?10, instance = ?11, next_seq = ?12, context = ?15 \
+                    outcome = ?10, instance = ?11, next_seq = ?12, context = ?15, \
+                    max_attempts = ?16, lapses = ?17, epoch = ?18, released = ?19, \
+                    checkpoint = ?20 \
              WHERE digest = ?13 AND rev = ?14",
         )
         .bind(i64::from(record.status.as_u8()))
@@ -457,6 +527,11 @@ impl TaskRows for SqliteRows<'_> {
         .bind(&digest.as_bytes()[..])
         .bind(to_i64(read_rev))
         .bind(record.context.as_deref())
+        .bind(record.takeover.as_ref().map(|t| i64::from(t.max_attempts)))
+        .bind(record.takeover.as_ref().map_or(0, |t| i64::from(t.lapses)))
+        .bind(record.takeover.as_ref().map_or(1, |t| i64::from(t.epoch)))
+        .bind(record.takeover.as_ref().is_some_and(|t| t.released))
+        .bind(record.takeover.as_ref().and_then(|t| t.checkpoint.as_deref()))
         .execute(&mut *self.conn)
         .await
         .map_err(db_error)?
@@ -600,6 +675,34 @@ impl TaskRows for SqliteRows<'_> {
         .rows_affected())
     }
 
+    async fn waiting(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>> {
+        let waiting: Vec<Vec<u8>> = sqlx::query_scalar(
+            "SELECT digest FROM mes_tasks t \
+             WHERE max_attempts IS NOT NULL AND status = 0 AND expires_at > ?1 \
+               AND (released OR NOT EXISTS \
+                   (SELECT 1 FROM mes_instances i \
+                     WHERE i.id = t.instance AND i.alive_until > ?1)) \
+             ORDER BY updated_at, digest LIMIT ?2",
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&mut *self.conn)
+        .await
+        .map_err(db_error)?;
+        waiting.iter().map(|digest| stored_digest(digest)).collect()
+    }
+
+    async fn alive(&mut self, id: &InstanceId, now: i64) -> Result<bool> {
+        let alive: Option<i64> =
+            sqlx::query_scalar("SELECT 1 FROM mes_instances WHERE id = ?1 AND alive_until > ?2")
+                .bind(&id.0[..])
+                .bind(now)
+                .fetch_optional(&mut *self.conn)
+                .await
+                .map_err(db_error)?;
+        Ok(alive.is_some())
+    }
+
     async fn forget_instances(&mut self, now: i64) -> Result<u64> {
         Ok(
             sqlx::query("DELETE FROM mes_instances WHERE alive_until <= ?1")
@@ -701,6 +804,11 @@ impl Writer {
                 .map_err(db_error)?;
                 Ok(TaskAnswer::Flag(renewed.is_some()))
             }
+            TaskWrite::Claim { by, limit, now } => {
+                rows::claim(&mut SqliteRows { conn }, *by, *limit, *now)
+                    .await
+                    .map(|stepped| TaskAnswer::Claimed(stepped.answer))
+            }
             TaskWrite::Purge { now } => rows::purge(&mut SqliteRows { conn }, *now, PURGE_BATCH)
                 .await
                 .map(|(stepped, more)| TaskAnswer::Purged(stepped.answer, more)),
@@ -734,8 +842,9 @@ async fn create(
     let inserted = sqlx::query(
         "INSERT INTO mes_tasks (digest, owner, status, rev, message, created_at, updated_at, \
                  expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq, \
-                 context) \
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, FALSE, ?12, NULL, 0, ?13 \
+                 context, max_attempts, released) \
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, FALSE, ?12, NULL, 0, ?13, ?14, \
+                ?15 \
           WHERE EXISTS (SELECT 1 FROM mes_instances WHERE id = ?12 AND alive_until > ?6) \
          ON CONFLICT (digest) DO NOTHING",
     )
@@ -752,6 +861,8 @@ async fn create(
     .bind(record.poll_interval_ms.map(to_i64))
     .bind(&instance.0[..])
     .bind(record.context.as_deref())
+    .bind(record.takeover.as_ref().map(|t| i64::from(t.max_attempts)))
+    .bind(record.takeover.as_ref().is_some_and(|t| t.released))
     .execute(&mut *conn)
     .await
     .map_err(db_error)?

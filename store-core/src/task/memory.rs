@@ -9,8 +9,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, TaskView, WorkerChange, millis,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange, millis,
 };
 use crate::backend::task::{InputEffect, Step, check_responses, count_ended, replacement};
 use crate::error::{Error, Result};
@@ -86,6 +86,26 @@ impl Task {
             }
         }
         record
+    }
+
+    /// The task as its runtime reads it at `now` (T14), given its
+    /// instance's heartbeat deadline: with every answer not yet taken.
+    fn view(&self, alive_until: Option<i64>, now: i64) -> Option<TaskView> {
+        let seen = self.stored().seen_at(now, alive_until)?;
+        let mut answered: Vec<_> = self
+            .inputs
+            .iter()
+            .filter_map(|(key, input)| match &input.state {
+                InputState::Answered(response) => Some((input.seq, key.clone(), response.clone())),
+                _ => None,
+            })
+            .collect();
+        answered.sort_by_key(|(seq, _, _)| *seq);
+        let answers = answered
+            .into_iter()
+            .map(|(_, key, response)| (key, response))
+            .collect();
+        Some(TaskView::new(self.owner, seen, answers))
     }
 
     /// Marks every outstanding input superseded.
@@ -297,20 +317,23 @@ impl TaskStore for MemoryTaskStore {
         Ok(Some(task.stored()))
     }
 
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        digest: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
         change.check(self.inner.options.max_payload_bytes)?;
         let now = self.now();
         let mut state = self.state();
-        let Some((seen, task)) = state.seen(&id.digest(), None, now) else {
+        let Some((seen, task)) = state.seen(digest, None, now) else {
             return Ok(Applied::Unknown);
         };
         if seen.status.is_terminal() {
             return Ok(Applied::AlreadyTerminal(seen.status));
+        }
+        if task.record.fenced(&by, &task.instance.0) {
+            return Ok(Applied::Fenced);
         }
         let mut record = task.stored();
         let effect = match record.apply(
@@ -365,7 +388,7 @@ impl TaskStore for MemoryTaskStore {
                 }
             }
         }
-        task.instance = by;
+        task.instance = by.instance;
         let rev = task.commit(record);
         Ok(Applied::Changed { rev, answer })
     }
@@ -380,29 +403,43 @@ impl TaskStore for MemoryTaskStore {
         let Some(digest) = TaskDigest::of(id) else {
             return Ok(None);
         };
-        let deadline = tokio::time::Instant::now() + max_wait;
-        loop {
-            let mut changed = {
-                let now = self.now();
-                let mut state = self.state();
-                let Some((seen, task)) = state.seen(&digest, Some(who), now) else {
-                    return Ok(None);
-                };
-                if seen.rev > after {
-                    return Ok(Some(seen));
-                }
-                // Subscribed under the lock of the read: a change after it
-                // is a change this receiver sees.
-                task.changed.subscribe()
-            };
-            tokio::select! {
-                // An error means the task was deleted: the re-read says so.
-                _ = changed.changed() => {}
-                () = tokio::time::sleep_until(deadline) => {
-                    return self.get(id, who).await;
-                }
-            }
+        self.watch_as(&digest, Some(who), after, max_wait).await
+    }
+
+    async fn watch_claimed(
+        &self,
+        digest: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.watch_as(digest, None, after, max_wait).await
+    }
+
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        let now = self.now();
+        let mut state = self.state();
+        if state.instances.get(&by).is_none_or(|until| *until <= now) {
+            return Err(Error::instance_lapsed(&by));
         }
+        let State { tasks, instances } = &mut *state;
+        let mut claimed = Vec::new();
+        for (digest, task) in tasks.iter_mut() {
+            if claimed.len() >= limit {
+                break;
+            }
+            let alive_until = instances.get(&task.instance).copied();
+            let mut record = task.stored();
+            let Some(worker) = record.claim(by, alive_until, now) else {
+                continue;
+            };
+            task.instance = by;
+            task.commit(record);
+            let view = task
+                .view(instances.get(&by).copied(), now)
+                .ok_or_else(|| Error::Corrupt("a task claimed now reads as gone".into()))?;
+            claimed.push(Claimed::new(*digest, worker, view));
+        }
+        Ok(claimed)
     }
 
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
@@ -451,27 +488,51 @@ impl TaskStore for MemoryTaskStore {
         Ok(self.state().tasks.remove(&digest).is_some())
     }
 
-    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+    async fn view_claimed(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {
         let now = self.now();
-        let mut state = self.state();
-        let Some((seen, task)) = state.seen(&id.digest(), None, now) else {
+        let state = self.state();
+        let Some(task) = state.tasks.get(digest) else {
             return Ok(None);
         };
-        let mut answered: Vec<_> = task
-            .inputs
-            .iter()
-            .filter_map(|(key, input)| match &input.state {
-                InputState::Answered(response) => Some((input.seq, key.clone(), response.clone())),
-                _ => None,
-            })
-            .collect();
-        answered.sort_by_key(|(seq, _, _)| *seq);
-        let answers = answered
-            .into_iter()
-            .map(|(_, key, response)| (key, response))
-            .collect();
-        Ok(Some(TaskView::new(task.owner, seen, answers)))
+        Ok(task.view(state.instances.get(&task.instance).copied(), now))
     }
+}
+
+impl MemoryTaskStore {
+    /// A watch of `digest` as `who` sees it (anyone, `None`).
+    async fn watch_as(
+        &self,
+        digest: &TaskDigest,
+        who: Option<&Owner>,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            let mut changed = {
+                let now = self.now();
+                let mut state = self.state();
+                let Some((seen, task)) = state.seen(digest, who, now) else {
+                    return Ok(None);
+                };
+                if seen.rev > after {
+                    return Ok(Some(seen));
+                }
+                // Subscribed under the lock of the read: a change after it
+                // is a change this receiver sees.
+                task.changed.subscribe()
+            };
+            tokio::select! {
+                // An error means the task was deleted: the re-read says so.
+                _ = changed.changed() => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    let now = self.now();
+                    return Ok(self.state().seen(digest, who, now).map(|(seen, _)| seen));
+                }
+            }
+        }
+    }
+
 }
 
 #[cfg(all(test, feature = "conformance"))]
@@ -558,10 +619,10 @@ mod tests {
         ) -> Result<Option<TaskRecord>> {
             self.inner.request_cancel(id, who, mode).await
         }
-        async fn apply(
+        async fn apply_claimed(
             &self,
-            id: &TaskId,
-            by: InstanceId,
+            id: &TaskDigest,
+            by: Worker,
             change: WorkerChange<'_>,
         ) -> Result<Applied> {
             if let (Flaw::ReplaceOnlyAdds, WorkerChange::ReplaceInputs { requests, .. }) =
@@ -571,12 +632,12 @@ mod tests {
                 for (key, request) in requests {
                     applied = self
                         .inner
-                        .apply(id, by, WorkerChange::RequestInput { key, request })
+                        .apply_claimed(id, by, WorkerChange::RequestInput { key, request })
                         .await?;
                 }
                 return Ok(applied);
             }
-            let applied = self.inner.apply(id, by, change).await?;
+            let applied = self.inner.apply_claimed(id, by, change).await?;
             match (self.flaw, applied) {
                 (Flaw::TwoFinishersWin, Applied::AlreadyTerminal(_)) => Ok(Applied::Changed {
                     rev: 0,
@@ -611,8 +672,8 @@ mod tests {
         async fn delete(&self, id: &str) -> Result<bool> {
             self.inner.delete(id).await
         }
-        async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
-            let view = self.inner.view(id).await?;
+        async fn view_claimed(&self, id: &TaskDigest) -> Result<Option<TaskView>> {
+            let view = self.inner.view_claimed(id).await?;
             Ok(view.map(|view| match self.flaw {
                 Flaw::ViewWithoutAnswers => TaskView::new(view.owner, view.record, Vec::new()),
                 _ => view,

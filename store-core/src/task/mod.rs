@@ -71,11 +71,10 @@ use bytes::Bytes;
 use crate::backend::task::{check_key, check_message, check_size};
 use crate::error::{Error, Result};
 
-pub(crate) use id::TaskDigest;
-pub use id::{InstanceId, Owner, TaskId};
+pub use id::{InstanceId, Owner, TaskDigest, TaskId};
 
 pub use memory::MemoryTaskStore;
-pub use record::{TaskRecord, TaskStatus};
+pub use record::{Takeover, TaskRecord, TaskStatus};
 
 /// A task's revision: bumped by every change, never decreasing (T4).
 pub type Rev = u64;
@@ -90,6 +89,11 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
 pub const MAX_OUTSTANDING_INPUTS: usize = 64;
 /// Largest accepted task context, in bytes (T13).
 pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
+/// The runs a [`queued`](NewTask::queued) task gets unless told otherwise
+/// (T16).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// Longest accepted checkpoint, in bytes (T19).
+pub const MAX_CHECKPOINT_BYTES: usize = 1024 * 1024;
 /// Longest accepted principal, in bytes (T3).
 pub const MAX_PRINCIPAL_BYTES: usize = 256;
 
@@ -196,6 +200,12 @@ pub struct NewTask<'a> {
     pub message: Option<&'a str>,
     /// The task's context (T13), at most [`MAX_CONTEXT_BYTES`].
     pub context: Option<&'a [u8]>,
+    /// The most runs the task gets when its instance lapses (T16): `None`
+    /// (the default) for a task that dies with its instance.
+    pub takeover: Option<u32>,
+    /// Created for a worker to claim (T17), not run by `instance`, which
+    /// only creates it: the task waits, `working`, for a claim.
+    pub queued: bool,
 }
 
 impl<'a> NewTask<'a> {
@@ -209,6 +219,8 @@ impl<'a> NewTask<'a> {
             poll_interval: None,
             message: None,
             context: None,
+            takeover: None,
+            queued: false,
         }
     }
 
@@ -237,8 +249,32 @@ impl<'a> NewTask<'a> {
         self
     }
 
-    /// Checks the limits (T7, T13) before any backend work.
+    /// Lets the task outlive its instance (T16): when the instance running
+    /// it lapses, another instance or worker claims it ([`TaskStore::claim`])
+    /// and runs it again, up to `max_attempts` runs in all; after the last
+    /// one's instance lapses, it reads `failed` ("server instance lost").
+    /// The operation must be safe to run again.
+    pub fn takeover(mut self, max_attempts: u32) -> Self {
+        self.takeover = Some(max_attempts);
+        self
+    }
+
+    /// Creates the task for a worker to run (T17): it waits, `working`,
+    /// until a claim ([`TaskStore::claim`]); the creating instance does not
+    /// run it. Implies [`takeover`](Self::takeover) (3 attempts unless set).
+    pub fn queued(mut self) -> Self {
+        self.queued = true;
+        self.takeover.get_or_insert(DEFAULT_MAX_ATTEMPTS);
+        self
+    }
+
+    /// Checks the limits (T7, T13, T16) before any backend work.
     pub fn check(&self) -> Result<()> {
+        if self.takeover == Some(0) {
+            return Err(Error::Config(
+                "a task that may be taken over needs at least one attempt".into(),
+            ));
+        }
         check_message(self.message)?;
         check_size(self.context.map_or(0, <[u8]>::len), MAX_CONTEXT_BYTES)
     }
@@ -315,6 +351,16 @@ pub enum WorkerChange<'a> {
         /// The new status message; `None` keeps the current one.
         message: Option<&'a str>,
     },
+    /// Saves the operation's progress (T19), at most
+    /// [`MAX_CHECKPOINT_BYTES`]: whoever runs the task next (after a
+    /// takeover, or a release) gets the newest one. Only on a task that may
+    /// be taken over.
+    Checkpoint(&'a [u8]),
+    /// Gives the task back (T17): the worker stops running it, and any
+    /// instance or worker may claim it once it is `working` (a task waiting
+    /// for input is claimed once answered), without counting an attempt.
+    /// Only on a task that may be taken over.
+    Release,
 }
 
 impl WorkerChange<'_> {
@@ -330,7 +376,12 @@ impl WorkerChange<'_> {
             WorkerChange::Finish(finish) => {
                 check_size(finish.outcome().map_or(0, <[u8]>::len), max_payload_bytes)
             }
-            WorkerChange::SetPollInterval(_) | WorkerChange::SetTtl(_) => Ok(()),
+            WorkerChange::SetPollInterval(_) | WorkerChange::SetTtl(_) | WorkerChange::Release => {
+                Ok(())
+            }
+            WorkerChange::Checkpoint(checkpoint) => {
+                check_size(checkpoint.len(), MAX_CHECKPOINT_BYTES)
+            }
             WorkerChange::SetContext(context) => check_size(context.len(), MAX_CONTEXT_BYTES),
             WorkerChange::ReplaceInputs { requests, message } => {
                 check_message(*message)?;
@@ -380,6 +431,53 @@ pub enum Applied {
     CancelRequested,
     /// No such task (never created, or purged).
     Unknown,
+    /// The writer's claim is stale (T18): the task was released, or claimed
+    /// since by another instance or worker (a newer epoch). Nothing
+    /// changed; the writer must stop working on the task.
+    Fenced,
+    /// [`WorkerChange::Checkpoint`] or [`WorkerChange::Release`] on a task
+    /// that may not be taken over; nothing changed.
+    NoTakeover,
+}
+
+/// Which runtime works on a task, and under which claim (T18): what a
+/// worker passes to every write ([`TaskStore::apply_claimed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Worker {
+    /// The instance running the task.
+    pub instance: InstanceId,
+    /// The claim's epoch: 1 for the instance that created the task, one
+    /// more for every claim since.
+    pub epoch: u32,
+}
+
+impl Worker {
+    /// The creating instance's claim: epoch 1.
+    pub fn first(instance: InstanceId) -> Self {
+        Self { instance, epoch: 1 }
+    }
+}
+
+/// A task a runtime claimed ([`TaskStore::claim`], T17): its key (the id
+/// is never stored, T2), the claim to write under, and the task as the
+/// runtime reads it, its context (the request to run), its checkpoint and
+/// every answer given so far included.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Claimed {
+    /// The task's key.
+    pub task: TaskDigest,
+    /// The claim every write names.
+    pub worker: Worker,
+    /// The task after the claim.
+    pub view: TaskView,
+}
+
+impl Claimed {
+    /// A claim (for backends).
+    pub fn new(task: TaskDigest, worker: Worker, view: TaskView) -> Self {
+        Self { task, worker, view }
+    }
 }
 
 /// A task as the runtime running it reads it ([`TaskStore::view`], T14):
@@ -527,12 +625,32 @@ pub trait TaskStore: Send + Sync + 'static {
         mode: CancelMode,
     ) -> Result<Option<TaskRecord>>;
 
-    /// Applies a worker's change (T4), made by instance `by`, which becomes
-    /// the task's instance: the instance that last worked on a task is the
-    /// one whose heartbeat keeps it alive (T11). On a task that is terminal,
-    /// or only reads so (expired, orphaned), nothing changes.
-    async fn apply(&self, id: &TaskId, by: InstanceId, change: WorkerChange<'_>)
-    -> Result<Applied>;
+    /// Applies a worker's change (T4), made by instance `by` under the
+    /// creator's claim ([`Worker::first`]); see
+    /// [`apply_claimed`](Self::apply_claimed).
+    async fn apply(
+        &self,
+        id: &TaskId,
+        by: InstanceId,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        self.apply_claimed(&id.digest(), Worker::first(by), change)
+            .await
+    }
+
+    /// Applies a worker's change (T4) to the task under `task`. For a task
+    /// that dies with its instance, `by`'s instance becomes the task's: the
+    /// instance that last worked on a task is the one whose heartbeat keeps
+    /// it alive (T11). For one that may be taken over, `by` must hold the
+    /// current claim, its instance and epoch, or the change is
+    /// [`Applied::Fenced`] (T18). On a task that is terminal, or only reads
+    /// so (expired, orphaned), nothing changes.
+    async fn apply_claimed(
+        &self,
+        task: &TaskDigest,
+        by: Worker,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied>;
 
     /// The task as soon as its `rev` is past `after`, or as it is when
     /// `max_wait` passes; `None` as [`get`](Self::get) (T10). A wake-up
@@ -596,9 +714,48 @@ pub trait TaskStore: Send + Sync + 'static {
     /// # Ok(()) }
     /// ```
     async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
-        let _ = id;
+        self.view_claimed(&id.digest()).await
+    }
+
+    /// [`view`](Self::view) of the task under `task`, for a runtime that
+    /// holds a claim rather than the id (T14, T17). The default refuses
+    /// with [`Error::Config`].
+    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
+        let _ = task;
         Err(Error::Config(
             "this task store cannot read a task for its runtime (T14)".into(),
+        ))
+    }
+
+    /// [`watch`](Self::watch) of the task under `task`, whoever owns it,
+    /// for the runtime running it (T10, T17). The default refuses with
+    /// [`Error::Config`].
+    async fn watch_claimed(
+        &self,
+        task: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let _ = (task, after, max_wait);
+        Err(Error::Config(
+            "this task store cannot watch a task for its runtime (T17)".into(),
+        ))
+    }
+
+    /// Claims up to `limit` tasks that wait for a runtime (T17): tasks that
+    /// may be taken over, `working`, not ended as read, and either released
+    /// (queued for a worker, given back by one) or whose instance lapsed
+    /// with runs left. Each claim is atomic: of instances racing for a
+    /// task, exactly one gets it. The task's instance becomes `by`, its
+    /// epoch grows by one (so the previous holder is fenced, T18), and, if
+    /// its instance lapsed, it counts one more run (T16). `by` must be alive
+    /// ([`Error::InstanceLapsed`] otherwise). A task whose client asked to
+    /// cancel is claimed too: the claimant ends it. The default refuses
+    /// with [`Error::Config`].
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        let _ = (by, limit);
+        Err(Error::Config(
+            "this task store cannot hand tasks over (T17)".into(),
         ))
     }
 }

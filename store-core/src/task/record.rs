@@ -107,6 +107,52 @@ pub struct TaskRecord {
     /// replaced by the worker; never parsed by the store. `None` when the
     /// runtime gave none.
     pub context: Option<Bytes>,
+    /// For a task that may outlive its instance (T16 to T19): its attempts,
+    /// its claim's epoch and its checkpoint. `None` for a task that dies
+    /// with its instance.
+    pub takeover: Option<Takeover>,
+}
+
+/// The state of a task that may be taken over (T16 to T19).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Takeover {
+    /// The most runs the task gets.
+    pub max_attempts: u32,
+    /// The runs whose instance lapsed so far: the task is on run
+    /// `lapses + 1`.
+    pub lapses: u32,
+    /// The current claim's epoch (T18): 1 at creation, one more per claim.
+    pub epoch: u32,
+    /// Nobody runs the task: it was created for a worker, or its worker
+    /// gave it back; it waits for a claim (T17).
+    pub released: bool,
+    /// The newest checkpoint its operation saved (T19).
+    pub checkpoint: Option<Bytes>,
+}
+
+impl Takeover {
+    /// A new task's: run 1 of `max_attempts`, epoch 1, held by its creator
+    /// unless `released` (queued for a worker).
+    pub fn new(max_attempts: u32, released: bool) -> Self {
+        Self {
+            max_attempts,
+            lapses: 0,
+            epoch: 1,
+            released,
+            checkpoint: None,
+        }
+    }
+
+    /// Which run the task is on, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.lapses.saturating_add(1)
+    }
+
+    /// Whether a run is left after the current one.
+    pub fn attempts_left(&self) -> bool {
+        self.attempt() < self.max_attempts
+    }
 }
 
 impl TaskRecord {
@@ -128,7 +174,16 @@ impl TaskRecord {
         if self.status.is_terminal() {
             return Some(self);
         }
-        let lapsed_at = instance_alive_until.unwrap_or(i64::MIN);
+        let mut lapsed_at = instance_alive_until.unwrap_or(i64::MIN);
+        // A task that may be taken over waits for a claim instead while
+        // it has runs left, or when nobody runs it (T16, T17).
+        if self
+            .takeover
+            .as_ref()
+            .is_some_and(|t| t.released || t.attempts_left())
+        {
+            lapsed_at = i64::MAX;
+        }
         let ended = if now >= self.expires_at && self.expires_at <= lapsed_at {
             Some((self.expires_at, EXPIRED_ERROR))
         } else if now >= lapsed_at {
@@ -167,6 +222,7 @@ mod tests {
             outstanding: vec![("k".into(), Bytes::from_static(b"{}"))],
             answered: vec![],
             context: Some(Bytes::from_static(b"ctx")),
+            takeover: None,
         }
     }
 
@@ -201,5 +257,23 @@ mod tests {
         let mut done = record();
         done.status = TaskStatus::Completed;
         assert_eq!(done.clone().seen_at(250, None), Some(done));
+    }
+
+    #[test]
+    fn a_task_that_may_be_taken_over_waits_while_runs_are_left() {
+        let mut task = record();
+        task.takeover = Some(Takeover::new(2, false));
+        // Its instance lapsed on run 1 of 2: it waits for a claim.
+        assert_eq!(task.clone().seen_at(180, Some(150)), Some(task.clone()));
+        // On its last run, a lapse ends it.
+        task.takeover.as_mut().unwrap().lapses = 1;
+        let lost = task.clone().seen_at(180, Some(150)).unwrap();
+        assert_eq!(lost.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
+        // Released (nobody runs it), whatever the runs: it waits.
+        task.takeover.as_mut().unwrap().released = true;
+        assert_eq!(task.clone().seen_at(180, None), Some(task.clone()));
+        // Expiry still ends it.
+        let expired = task.seen_at(200, None).unwrap();
+        assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
     }
 }

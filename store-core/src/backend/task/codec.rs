@@ -35,13 +35,19 @@ use bytes::Bytes;
 
 use super::{InputEffect, Step};
 use crate::error::{Error, Result};
-use crate::task::{Applied, InstanceId, Owner, TaskOptions, TaskRecord, TaskStatus, WorkerChange};
+use crate::task::{
+    Applied, InstanceId, Owner, Takeover, TaskOptions, TaskRecord, TaskStatus, TaskView, Worker,
+    WorkerChange,
+};
 
 /// The first byte of every encoded task.
 pub const VALUE_VERSION: u8 = 1;
 
 /// The leading byte of extension bytes that hold a context (T13).
 const CONTEXT_EXTENSION: u8 = 1;
+/// The leading byte of extension bytes of a task that may be taken over
+/// (T16 to T19): its takeover state, then its optional context.
+const TAKEOVER_EXTENSION: u8 = 2;
 
 /// A task as stored: the record, its owner and instance, the responses
 /// waiting for the worker (parallel to `record.answered`), and every key
@@ -191,8 +197,9 @@ impl StoredTask {
         true
     }
 
-    /// A worker's step ([`TaskStore::apply`](crate::task::TaskStore::apply)) by
-    /// instance `by` on this value, whose record reads as `seen` at `now`.
+    /// A worker's step ([`TaskStore::apply_claimed`](crate::task::TaskStore::apply_claimed))
+    /// by `by` on this value, whose record reads as `seen` at `now`:
+    /// [`Applied::Fenced`] when `by` does not hold the task's claim (T18).
     ///
     /// Returns the value to write (`None`: nothing) and what to answer;
     /// a [`WorkerChange::TakeAnswer`] answers with the response it took.
@@ -203,13 +210,16 @@ impl StoredTask {
     pub fn worker_step(
         &self,
         seen: &TaskRecord,
-        by: InstanceId,
+        by: Worker,
         change: WorkerChange<'_>,
         options: &TaskOptions,
         now: i64,
     ) -> Result<(Option<StoredTask>, Applied)> {
         if seen.status.is_terminal() {
             return Ok((None, Applied::AlreadyTerminal(seen.status)));
+        }
+        if self.record.fenced(&by, &self.instance) {
+            return Ok((None, Applied::Fenced));
         }
         let mut new = self.clone();
         let answer = match new
@@ -228,10 +238,42 @@ impl StoredTask {
             }
             Step::Changed(_) => None,
         };
-        new.instance = by.0;
+        new.instance = by.instance.0;
         new.settle_inputs(&self.record, &self.responses);
         let rev = new.record.rev;
         Ok((Some(new), Applied::Changed { rev, answer }))
+    }
+
+    /// A claim of this value by `by` at `now` (T17), given its instance's
+    /// heartbeat deadline: the value to write (with `by` as its instance)
+    /// and the claim, or `None` when the task does not wait for a runtime.
+    pub fn claim_step(
+        &self,
+        by: InstanceId,
+        alive_until: Option<i64>,
+        now: i64,
+    ) -> Option<(StoredTask, Worker)> {
+        let mut new = self.clone();
+        let worker = new.record.claim(by, alive_until, now)?;
+        new.instance = by.0;
+        Some((new, worker))
+    }
+
+    /// The task as the runtime holding its claim reads it at `now` (T14,
+    /// T17), given its instance's heartbeat deadline.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for a stored owner that is not one.
+    pub fn view(&self, alive_until: Option<i64>, now: i64) -> Result<Option<TaskView>> {
+        let Some(seen) = self.record.clone().seen_at(now, alive_until) else {
+            return Ok(None);
+        };
+        Ok(Some(TaskView::new(
+            super::owner_of(&self.owner)?,
+            seen,
+            self.answers(),
+        )))
     }
 }
 
@@ -267,12 +309,22 @@ pub fn encode(s: &StoredTask) -> Vec<u8> {
     out.push(u8::from(r.cancel_requested));
     put_opt_bytes(&mut out, r.message.as_deref().map(str::as_bytes));
     put_opt_bytes(&mut out, r.outcome.as_deref());
-    match &r.context {
-        None => put_bytes(&mut out, &[]),
-        Some(context) => {
+    match (&r.takeover, &r.context) {
+        (None, None) => put_bytes(&mut out, &[]),
+        (None, Some(context)) => {
             let mut extension = Vec::with_capacity(1 + context.len());
             extension.push(CONTEXT_EXTENSION);
             extension.extend_from_slice(context);
+            put_bytes(&mut out, &extension);
+        }
+        (Some(takeover), context) => {
+            let mut extension = vec![TAKEOVER_EXTENSION];
+            for n in [takeover.max_attempts, takeover.lapses, takeover.epoch] {
+                extension.extend_from_slice(&n.to_be_bytes());
+            }
+            extension.push(u8::from(takeover.released));
+            put_opt_bytes(&mut extension, takeover.checkpoint.as_deref());
+            put_opt_bytes(&mut extension, context.as_deref());
             put_bytes(&mut out, &extension);
         }
     }
@@ -375,10 +427,20 @@ pub fn decode(value: &[u8]) -> Result<StoredTask> {
         .map(|m| String::from_utf8(m.to_vec()).map_err(|_| corrupt()))
         .transpose()?;
     let outcome = r.opt_bytes()?.map(Bytes::copy_from_slice);
-    let context = match r.bytes()? {
-        [CONTEXT_EXTENSION, context @ ..] => Some(Bytes::copy_from_slice(context)),
+    let (context, takeover) = match r.bytes()? {
+        [CONTEXT_EXTENSION, context @ ..] => (Some(Bytes::copy_from_slice(context)), None),
+        [TAKEOVER_EXTENSION, extension @ ..] => {
+            let mut e = Reader(extension);
+            let mut takeover = Takeover::new(e.u32()?, false);
+            takeover.lapses = e.u32()?;
+            takeover.epoch = e.u32()?;
+            takeover.released = e.u8()? != 0;
+            takeover.checkpoint = e.opt_bytes()?.map(Bytes::copy_from_slice);
+            let context = e.opt_bytes()?.map(Bytes::copy_from_slice);
+            (context, Some(takeover))
+        }
         // None, or a later release's extension: skipped.
-        _ => None,
+        _ => (None, None),
     };
     let mut outstanding = Vec::new();
     for _ in 0..r.u32()? {
@@ -415,6 +477,7 @@ pub fn decode(value: &[u8]) -> Result<StoredTask> {
             outstanding,
             answered,
             context,
+            takeover,
         },
         responses,
         spent,
@@ -444,6 +507,7 @@ mod tests {
                 outstanding: vec![("a".into(), Bytes::from_static(b"\xff{"))],
                 answered: vec!["b".into()],
                 context: Some(Bytes::from_static(b"\0ctx")),
+                takeover: None,
             },
         );
         s.responses = vec![Bytes::from_static(b"\0")];
@@ -489,7 +553,7 @@ mod tests {
         let options = TaskOptions::default();
         let take = WorkerChange::TakeAnswer { key: "a" };
         let (taken, applied) = new
-            .worker_step(&new.record, InstanceId([3; 16]), take, &options, 21)
+            .worker_step(&new.record, Worker::first(InstanceId([3; 16])), take, &options, 21)
             .unwrap();
         let taken = taken.expect("an answer was taken");
         assert_eq!(
@@ -508,7 +572,7 @@ mod tests {
             request: b"{}",
         };
         let (none, spent) = taken
-            .worker_step(&taken.record, InstanceId([3; 16]), again, &options, 22)
+            .worker_step(&taken.record, Worker::first(InstanceId([3; 16])), again, &options, 22)
             .unwrap();
         assert!(none.is_none());
         assert_eq!(spent, Applied::KeySpent);
@@ -528,7 +592,7 @@ mod tests {
         let (new, applied) = s
             .worker_step(
                 &seen,
-                InstanceId([1; 16]),
+                Worker::first(InstanceId([1; 16])),
                 finish,
                 &TaskOptions::default(),
                 20,
@@ -594,6 +658,7 @@ mod tests {
                 outstanding: Vec::new(),
                 answered: Vec::new(),
                 context: None,
+                takeover: None,
             },
         );
         let mut want = vec![1u8, 0, 0, 0, 0];

@@ -21,8 +21,8 @@ use bytes::Bytes;
 
 use crate::error::{Error, Result};
 use crate::task::{
-    Applied, CancelMode, MAX_OUTSTANDING_INPUTS, NewTask, Rev, TaskOptions, TaskRecord, TaskStatus,
-    WorkerChange, millis,
+    Applied, CancelMode, InstanceId, MAX_OUTSTANDING_INPUTS, NewTask, Rev, Takeover, TaskOptions,
+    TaskRecord, TaskStatus, Worker, WorkerChange, millis,
 };
 
 /// What a backend stores for a task's inputs when [`TaskMachine::apply`](crate::backend::task::TaskMachine::apply)
@@ -110,7 +110,55 @@ impl TaskRecord {
             outstanding: Vec::new(),
             answered: Vec::new(),
             context: task.context.map(Bytes::copy_from_slice),
+            takeover: task
+                .takeover
+                .map(|max_attempts| Takeover::new(max_attempts, task.queued)),
         }
+    }
+
+    /// Whether `by` may not write to the task, whose instance is `holder`
+    /// (T18): a task that may be taken over takes writes only from the
+    /// current claim, its instance and epoch, and from nobody while it is
+    /// released. A task that dies with its instance takes any writer.
+    pub(crate) fn fenced(&self, by: &Worker, holder: &[u8]) -> bool {
+        self.takeover.as_ref().is_some_and(|takeover| {
+            takeover.released || takeover.epoch != by.epoch || holder != by.instance.0
+        })
+    }
+
+    /// Claims the task for `by` at `now`, given its instance's heartbeat
+    /// deadline (T17): if it may be taken over, reads `working`, and is
+    /// released or its instance lapsed (with a run left, else it reads
+    /// `failed`), the epoch grows by one, a lapse counts one more run, the
+    /// task is no longer released, and `rev` is bumped; the claim to write
+    /// under is returned. `None`, changing nothing, otherwise. The backend
+    /// stores the record with `by` as the task's instance.
+    pub(crate) fn claim(
+        &mut self,
+        by: InstanceId,
+        instance_alive_until: Option<i64>,
+        now: i64,
+    ) -> Option<Worker> {
+        let seen = self.clone().seen_at(now, instance_alive_until)?;
+        if seen.status != TaskStatus::Working {
+            return None;
+        }
+        let lapsed = now >= instance_alive_until.unwrap_or(i64::MIN);
+        let takeover = self.takeover.as_mut()?;
+        if !takeover.released && !lapsed {
+            return None;
+        }
+        if !takeover.released {
+            takeover.lapses += 1;
+        }
+        takeover.released = false;
+        takeover.epoch += 1;
+        let epoch = takeover.epoch;
+        self.bump(now);
+        Some(Worker {
+            instance: by,
+            epoch,
+        })
     }
 
     /// Records a change made at `now`: bumps `rev` (T4) and moves
@@ -246,6 +294,20 @@ impl TaskRecord {
             }
             WorkerChange::ReplaceInputs { requests, message } => {
                 return self.replace_inputs(requests, message, key_used, now);
+            }
+            WorkerChange::Checkpoint(checkpoint) => {
+                let Some(takeover) = self.takeover.as_mut() else {
+                    return Ok(Step::Unchanged(Applied::NoTakeover));
+                };
+                takeover.checkpoint = Some(Bytes::copy_from_slice(checkpoint));
+                InputEffect::None
+            }
+            WorkerChange::Release => {
+                let Some(takeover) = self.takeover.as_mut() else {
+                    return Ok(Step::Unchanged(Applied::NoTakeover));
+                };
+                takeover.released = true;
+                InputEffect::None
             }
         };
         self.bump(now);

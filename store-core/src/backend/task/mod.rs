@@ -29,8 +29,9 @@ pub use machine::{InputEffect, Step, replacement};
 use crate::error::{Error, Result};
 pub use crate::task::id::TaskDigest;
 use crate::task::{
-    CancelMode, EXPIRED_ERROR, Finish, MAX_INPUT_BYTES, MAX_INPUT_KEY_BYTES, MAX_MESSAGE_BYTES,
-    NewTask, Owner, Rev, TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus, WorkerChange,
+    CancelMode, EXPIRED_ERROR, Finish, InstanceId, MAX_INPUT_BYTES, MAX_INPUT_KEY_BYTES,
+    MAX_MESSAGE_BYTES, NewTask, Owner, Rev, TaskOptions, TaskPurgeReport, TaskRecord, TaskStatus,
+    Worker, WorkerChange,
 };
 
 /// The state machine on a [`TaskRecord`], for backends (see [`machine`]).
@@ -63,8 +64,24 @@ pub trait TaskMachine: Sized {
     /// The client asks to cancel (T6); `true` if the record changed.
     fn request_cancel(&mut self, mode: CancelMode, now: i64) -> bool;
 
-    /// A worker's change (T4, T5, T7, T13, T15), given which keys the task
-    /// ever used; what to store for the inputs when it changed.
+    /// Whether `by` may not write to the task, whose instance as stored is
+    /// `holder` (T18): check it before [`apply`](Self::apply), and answer
+    /// [`Applied::Fenced`](crate::task::Applied::Fenced) when it is.
+    fn fenced(&self, by: &Worker, holder: &[u8]) -> bool;
+
+    /// Claims the task for `by` (T17) if it waits for a runtime, given its
+    /// instance's heartbeat deadline: the claim to write under, the record
+    /// changed (store it with `by` as its instance); `None`, unchanged,
+    /// otherwise.
+    fn claim(
+        &mut self,
+        by: InstanceId,
+        instance_alive_until: Option<i64>,
+        now: i64,
+    ) -> Option<Worker>;
+
+    /// A worker's change (T4, T5, T7, T13, T15, T19), given which keys the
+    /// task ever used; what to store for the inputs when it changed.
     fn apply<'a>(
         &mut self,
         change: WorkerChange<'a>,
@@ -107,6 +124,19 @@ impl TaskMachine for TaskRecord {
         now: i64,
     ) -> Result<Step<'a>> {
         TaskRecord::apply(self, change, key_used, options, now)
+    }
+
+    fn fenced(&self, by: &Worker, holder: &[u8]) -> bool {
+        TaskRecord::fenced(self, by, holder)
+    }
+
+    fn claim(
+        &mut self,
+        by: InstanceId,
+        instance_alive_until: Option<i64>,
+        now: i64,
+    ) -> Option<Worker> {
+        TaskRecord::claim(self, by, instance_alive_until, now)
     }
 }
 
@@ -227,6 +257,10 @@ pub enum OwnedWorkerChange {
         /// The new status message, if any.
         message: Option<String>,
     },
+    /// [`WorkerChange::Checkpoint`].
+    Checkpoint(Bytes),
+    /// [`WorkerChange::Release`].
+    Release,
 }
 
 impl OwnedWorkerChange {
@@ -245,6 +279,8 @@ impl OwnedWorkerChange {
                 _ => Finish::Cancelled,
             }),
             Self::SetContext(context) => WorkerChange::SetContext(context),
+            Self::Checkpoint(checkpoint) => WorkerChange::Checkpoint(checkpoint),
+            Self::Release => WorkerChange::Release,
             Self::ReplaceInputs { requests, message } => {
                 pairs.extend(requests.iter().map(|(k, r)| (k.as_str(), &r[..])));
                 WorkerChange::ReplaceInputs {
@@ -279,6 +315,10 @@ impl WorkerChange<'_> {
             WorkerChange::SetContext(context) => {
                 OwnedWorkerChange::SetContext(Bytes::copy_from_slice(context))
             }
+            WorkerChange::Checkpoint(checkpoint) => {
+                OwnedWorkerChange::Checkpoint(Bytes::copy_from_slice(checkpoint))
+            }
+            WorkerChange::Release => OwnedWorkerChange::Release,
             WorkerChange::ReplaceInputs { requests, message } => OwnedWorkerChange::ReplaceInputs {
                 requests: requests
                     .iter()
@@ -311,6 +351,8 @@ mod tests {
             WorkerChange::Finish(Finish::Failed(b"{}")),
             WorkerChange::Finish(Finish::Cancelled),
             WorkerChange::SetContext(b"ctx"),
+            WorkerChange::Checkpoint(b"step 3"),
+            WorkerChange::Release,
             WorkerChange::ReplaceInputs {
                 requests: &requests,
                 message: Some("m"),

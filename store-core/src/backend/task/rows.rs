@@ -22,8 +22,8 @@ use bytes::Bytes;
 use super::{InputEffect, OwnerKey, Step, count_ended, owner_of, replacement};
 use crate::error::{Error, Result};
 use crate::task::{
-    Applied, CancelMode, InstanceId, Rev, TaskDigest, TaskOptions, TaskPurgeReport, TaskRecord,
-    TaskView, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, Rev, TaskDigest, TaskOptions, TaskPurgeReport,
+    TaskRecord, TaskView, Worker, WorkerChange,
 };
 
 /// An input awaiting its answer.
@@ -211,6 +211,15 @@ pub trait TaskRows: Send {
 
     /// Forgets the instances lapsed at `now`; how many.
     async fn forget_instances(&mut self, now: i64) -> Result<u64>;
+
+    /// Up to `limit` tasks that may wait for a claim at `now` (T17): that
+    /// may be taken over, stored `working`, not expired, and released or
+    /// whose instance is not alive; oldest change first. The step checks
+    /// each again, locked.
+    async fn waiting(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>>;
+
+    /// Whether instance `id` is alive at `now`.
+    async fn alive(&mut self, id: &InstanceId, now: i64) -> Result<bool>;
 }
 
 /// What a step answers, and whether it changed the task (so the backend
@@ -321,12 +330,12 @@ pub async fn cancel<R: TaskRows + ?Sized>(
     save_client_change(rows, digest, &row, &record, now).await
 }
 
-/// A worker's change by instance `by`, which becomes the task's instance;
-/// [`TaskStore::apply`](crate::task::TaskStore::apply).
+/// A worker's change by `by`, whose instance becomes the task's;
+/// [`TaskStore::apply_claimed`](crate::task::TaskStore::apply_claimed).
 pub async fn apply<R: TaskRows + ?Sized>(
     rows: &mut R,
     digest: &TaskDigest,
-    by: &InstanceId,
+    by: &Worker,
     change: WorkerChange<'_>,
     options: &TaskOptions,
     now: i64,
@@ -336,6 +345,9 @@ pub async fn apply<R: TaskRows + ?Sized>(
     };
     if seen.status.is_terminal() {
         return Ok(Stepped::unchanged(Applied::AlreadyTerminal(seen.status)));
+    }
+    if row.record.fenced(by, &row.instance) {
+        return Ok(Stepped::unchanged(Applied::Fenced));
     }
     let mut record = row.record.clone();
     let effect = match record.apply(change, |key| row.key_used(key), options, now)? {
@@ -363,7 +375,7 @@ pub async fn apply<R: TaskRows + ?Sized>(
             }
         }
     }
-    rows.save(digest, row.record.rev, &record, &by.0, next_seq)
+    rows.save(digest, row.record.rev, &record, &by.instance.0, next_seq)
         .await?;
     Ok(Stepped {
         answer: Applied::Changed {
@@ -371,6 +383,45 @@ pub async fn apply<R: TaskRows + ?Sized>(
             answer,
         },
         changed: true,
+    })
+}
+
+/// Claims up to `limit` tasks that wait for a runtime for `by` (T17),
+/// each locked and decided again ([`TaskMachine::claim`](super::TaskMachine::claim));
+/// [`TaskStore::claim`](crate::task::TaskStore::claim). [`Stepped::changed`]
+/// is whether it claimed any.
+///
+/// # Errors
+///
+/// [`Error::InstanceLapsed`] when `by` is not alive.
+pub async fn claim<R: TaskRows + ?Sized>(
+    rows: &mut R,
+    by: InstanceId,
+    limit: usize,
+    now: i64,
+) -> Result<Stepped<Vec<Claimed>>> {
+    if !rows.alive(&by, now).await? {
+        return Err(Error::instance_lapsed(&by));
+    }
+    let mut claimed = Vec::new();
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    for digest in rows.waiting(now, limit).await? {
+        let Some(row) = rows.lock(&digest).await? else {
+            continue;
+        };
+        let mut record = row.record.clone();
+        let Some(worker) = record.claim(by, row.alive_until, now) else {
+            continue;
+        };
+        rows.save(&digest, row.record.rev, &record, &by.0, row.next_seq)
+            .await?;
+        let view = TaskView::new(owner_of(&row.owner)?, record, row.answers);
+        claimed.push(Claimed::new(digest, worker, view));
+    }
+    let changed = !claimed.is_empty();
+    Ok(Stepped {
+        answer: claimed,
+        changed,
     })
 }
 
