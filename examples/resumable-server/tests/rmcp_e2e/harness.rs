@@ -334,14 +334,36 @@ impl TaskStore for CountingTasks {
         self.wrote();
         self.inner.request_cancel(id, who, mode).await
     }
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        task: &mcp_event_store::task::TaskDigest,
+        by: mcp_event_store::task::Worker,
         change: WorkerChange<'_>,
     ) -> mcp_event_store::Result<Applied> {
         self.wrote();
-        self.inner.apply(id, by, change).await
+        self.inner.apply_claimed(task, by, change).await
+    }
+    async fn claim(
+        &self,
+        by: InstanceId,
+        limit: usize,
+    ) -> mcp_event_store::Result<Vec<mcp_event_store::task::Claimed>> {
+        self.wrote();
+        self.inner.claim(by, limit).await
+    }
+    async fn view_claimed(
+        &self,
+        task: &mcp_event_store::task::TaskDigest,
+    ) -> mcp_event_store::Result<Option<mcp_event_store::task::TaskView>> {
+        self.inner.view_claimed(task).await
+    }
+    async fn watch_claimed(
+        &self,
+        task: &mcp_event_store::task::TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+        self.inner.watch_claimed(task, after, max_wait).await
     }
     async fn watch(
         &self,

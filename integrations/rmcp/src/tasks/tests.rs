@@ -67,14 +67,36 @@ impl TaskStore for Counting {
         self.wrote();
         self.inner.request_cancel(id, who, mode).await
     }
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        task: &mcp_event_store_core::task::TaskDigest,
+        by: mcp_event_store_core::task::Worker,
         change: WorkerChange<'_>,
     ) -> mcp_event_store_core::Result<Applied> {
         self.wrote();
-        self.inner.apply(id, by, change).await
+        self.inner.apply_claimed(task, by, change).await
+    }
+    async fn claim(
+        &self,
+        by: InstanceId,
+        limit: usize,
+    ) -> mcp_event_store_core::Result<Vec<mcp_event_store_core::task::Claimed>> {
+        self.wrote();
+        self.inner.claim(by, limit).await
+    }
+    async fn view_claimed(
+        &self,
+        task: &mcp_event_store_core::task::TaskDigest,
+    ) -> mcp_event_store_core::Result<Option<mcp_event_store_core::task::TaskView>> {
+        self.inner.view_claimed(task).await
+    }
+    async fn watch_claimed(
+        &self,
+        task: &mcp_event_store_core::task::TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
+        self.inner.watch_claimed(task, after, max_wait).await
     }
     async fn watch(
         &self,
