@@ -36,6 +36,9 @@
 //! | `watch_wake` | a `watch` on handle A of a task; once it waits, `apply(SetMessage)` on handle B: the time from the start of the change until A's watch returns (the change's own cost included). sqlite: A finds B's commit through its `data_version` poll (every 50 ms by default); postgres: `NOTIFY` to A's listener; redis: `PUBLISH` to A's subscriber; memory, sled: an in-process wake-up |
 //! | postgres `raw_wake` | a `pg_notify` on one connection until a `PgListener` on another has it |
 //! | redis `raw_wake` | a `PUBLISH` on one connection until a `SUBSCRIBE`d connection has it |
+//! | `claim` | `TaskStore::claim(worker, 1)` of one queued task (T17), the queue filled untimed, the claimed tasks finished untimed after each sample |
+//! | `raw_claim` | SQLite, PostgreSQL: one `UPDATE … SET epoch = epoch + 1, released = FALSE, instance, rev = rev + 1 WHERE digest = (SELECT … WHERE released ORDER BY updated_at LIMIT 1 [FOR UPDATE SKIP LOCKED]) RETURNING digest` on the store's rows (the store also reads the row with its inputs and its instance, decides in Rust, and checks the claimant's liveness); Redis: one script, `SPOP` of the store's takeover set and `HINCRBY rev` of the task (the store `SSCAN`s, reads the task and its instance, then writes it conditioned on `rev`). Memory and sled: none (the store's claim is the map or tree scan itself) |
+//! | `lapse_to_first_step` | on a manual clock: a task that may be taken over, created under an instance whose 1 s lease then runs out; from the lapse until another instance's `claim` returned it and its re-run's first write (`SetMessage`) did. A runtime adds its claim interval to this |
 //!
 //! Memory, SQLite and sled have no `raw_wake`: their wake-up is in-process
 //! (SQLite across handles: a poll), with no driver mechanism to compare
@@ -54,7 +57,7 @@ use criterion::{
 };
 use futures_util::StreamExt;
 use futures_util::future::join_all;
-use mcp_event_store::StoreOptions;
+use mcp_event_store::{ManualClock, StoreOptions};
 use mcp_event_store_core::backend::task::TaskMachine;
 use mcp_event_store_core::backend::task::codec::{self, StoredTask};
 use mcp_event_store_core::task::conformance::{MemoryTaskHarness, TaskHarness};
@@ -468,6 +471,7 @@ fn memory(c: &mut Criterion, rt: &Runtime) {
     };
     let mut group = group(c, "memory");
     crud(&mut group, rt, &ops, &raw);
+    takeover(&mut group, rt, &harness, &ops, None);
     watch_wake(
         &mut group,
         rt,
@@ -599,6 +603,8 @@ fn sqlite(c: &mut Criterion, rt: &Runtime) {
     });
     let mut group = group(c, "sqlite");
     crud(&mut group, rt, &ops, &raw);
+    let raw_claim = RawClaim::Sqlite(raw.pool.clone());
+    takeover(&mut group, rt, &harness, &ops, Some(&raw_claim));
     watch_wake(&mut group, rt, &a, &b, &ops, Duration::from_millis(2), None);
     group.finish();
     rt.block_on(async {
@@ -759,6 +765,11 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
     });
     let mut group = group(c, "postgres");
     crud(&mut group, rt, &ops, &raw);
+    let raw_claim = RawClaim::Postgres {
+        pool: raw.pool.clone(),
+        schema: harness.schema().to_owned(),
+    };
+    takeover(&mut group, rt, &harness, &ops, Some(&raw_claim));
     // Notified on a channel nobody listens to: the cost of queueing it.
     raw.notify = Some(format!("{}_raw_finish", harness.schema()));
     finish(&mut group, rt, "raw_finish_notify", &raw);
@@ -909,6 +920,13 @@ fn redis_backend(c: &mut Criterion, rt: &Runtime) {
     });
     let mut group = group(c, "redis");
     crud(&mut group, rt, &ops, &raw);
+    let raw_claim = RawClaim::Redis {
+        conn: raw.conn.clone(),
+        index: format!("{}:t1:takeover", harness.prefix()),
+        prefix: harness.prefix().to_owned(),
+        script: redis::Script::new(RAW_REDIS_CLAIM),
+    };
+    takeover(&mut group, rt, &harness, &ops, Some(&raw_claim));
     watch_wake(
         &mut group,
         rt,
@@ -1032,6 +1050,7 @@ fn sled_backend(c: &mut Criterion, rt: &Runtime) {
     });
     let mut group = group(c, "sled");
     crud(&mut group, rt, &ops, &raw);
+    takeover(&mut group, rt, &harness, &ops, None);
     watch_wake(
         &mut group,
         rt,
@@ -1045,6 +1064,207 @@ fn sled_backend(c: &mut Criterion, rt: &Runtime) {
     drop(raw);
     drop(raw_dir);
     rt.block_on(close(harness, a, b, ops));
+}
+
+// ------------------------------------------------------------ takeover
+
+/// The lease of an instance the takeover bench lets lapse (on a manual
+/// clock, so it lapses when the bench says).
+const LAPSING_LEASE: Duration = Duration::from_secs(1);
+
+/// A raw claim: the least work the database does to hand one waiting
+/// task to a worker, on the store's own rows.
+enum RawClaim {
+    /// One `UPDATE … WHERE digest = (SELECT … LIMIT 1) RETURNING digest`
+    /// on a pool of one connection.
+    Sqlite(sqlx::SqlitePool),
+    /// The same with `FOR UPDATE SKIP LOCKED` in the sub-select.
+    Postgres { pool: sqlx::PgPool, schema: String },
+    /// One script: `SPOP` of the store's takeover set, `HINCRBY rev` of the
+    /// task (a set used as a queue; standalone Redis only).
+    Redis {
+        conn: redis::aio::MultiplexedConnection,
+        index: String,
+        prefix: String,
+        script: redis::Script,
+    },
+}
+
+/// The [`RawClaim::Redis`] script. KEYS: the takeover set. ARGV: the
+/// prefix.
+const RAW_REDIS_CLAIM: &str = r#"
+local d = redis.call('SPOP', KEYS[1])
+if not d then return 0 end
+redis.call('HINCRBY', ARGV[1] .. ':t1:{' .. d .. '}:task', 'rev', 1)
+return 1
+"#;
+
+impl RawClaim {
+    /// Claims one waiting task for `worker`; panics if none waits.
+    async fn claim(&self, worker: InstanceId) {
+        let now = common::now_millis();
+        let claimed = match self {
+            RawClaim::Sqlite(pool) => sqlx::query(
+                "UPDATE mes_tasks SET epoch = epoch + 1, released = 0, instance = ?1, \
+                        rev = rev + 1, updated_at = ?2 \
+                 WHERE digest = (SELECT digest FROM mes_tasks \
+                                  WHERE max_attempts IS NOT NULL AND status = 0 AND released \
+                                  ORDER BY updated_at, digest LIMIT 1) \
+                 RETURNING digest",
+            )
+            .bind(&worker.0[..])
+            .bind(now)
+            .fetch_optional(pool)
+            .await
+            .expect("raw claim")
+            .is_some(),
+            RawClaim::Postgres { pool, schema } => sqlx::query(AssertSqlSafe(format!(
+                "UPDATE \"{schema}\".tasks SET epoch = epoch + 1, released = FALSE, \
+                        instance = $1, rev = rev + 1, updated_at = $2 \
+                 WHERE digest = (SELECT digest FROM \"{schema}\".tasks \
+                                  WHERE max_attempts IS NOT NULL AND status = 0 AND released \
+                                  ORDER BY updated_at, digest LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                 RETURNING digest"
+            )))
+            .bind(&worker.0[..])
+            .bind(now)
+            .fetch_optional(pool)
+            .await
+            .expect("raw claim")
+            .is_some(),
+            RawClaim::Redis {
+                conn,
+                index,
+                prefix,
+                script,
+            } => {
+                let n: i64 = script
+                    .key(index)
+                    .arg(prefix)
+                    .invoke_async(&mut conn.clone())
+                    .await
+                    .expect("raw claim");
+                n == 1
+            }
+        };
+        assert!(claimed, "a queued task waits");
+    }
+}
+
+/// `claim` (and `raw_claim`) in tasks per second: `iters` queued tasks are
+/// created untimed, then claimed one `claim(worker, 1)` at a time; the
+/// claimed tasks are then finished, untimed. `lapse_to_first_step`: on a
+/// handle with a manual clock, a task that may be taken over is created
+/// under an instance whose lease then runs out (the clock moves); timed
+/// from there until another instance claimed it and its re-run's first
+/// write (`SetMessage`) returned: what a takeover costs beyond the claim
+/// loop's interval.
+fn takeover<H: TaskHarness>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    rt: &Runtime,
+    harness: &H,
+    ops: &StoreOps<H::Store>,
+    raw: Option<&RawClaim>,
+) {
+    let store = &ops.store;
+    let worker = InstanceId::generate().expect("an instance id");
+    let day = Duration::from_secs(24 * 3600);
+    assert!(
+        rt.block_on(store.heartbeat(worker, day))
+            .expect("heartbeat")
+    );
+    let queue = |n: u64| async move {
+        for _ in 0..n {
+            store
+                .create(NewTask::new(&ops.owner, ops.me).ttl(TTL).queued())
+                .await
+                .expect("create a queued task");
+        }
+    };
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("claim", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                queue(iters).await;
+                let mut claimed = Vec::with_capacity(iters as usize);
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut one = store.claim(worker, 1).await.expect("claim");
+                    claimed.push(one.pop().expect("a queued task waits"));
+                }
+                let elapsed = start.elapsed();
+                for claim in claimed {
+                    let done = WorkerChange::Finish(Finish::Completed(RESULT));
+                    let applied = store
+                        .apply_claimed(&claim.task, claim.worker, done)
+                        .await
+                        .expect("finish");
+                    assert!(matches!(applied, Applied::Changed { .. }), "{applied:?}");
+                }
+                elapsed
+            })
+        })
+    });
+    if let Some(raw) = raw {
+        group.bench_function("raw_claim", |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    queue(iters).await;
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        raw.claim(worker).await;
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+    }
+    let clock = Arc::new(ManualClock::new(common::now_millis() as u64));
+    let manual = rt.block_on(harness.open(StoreOptions::default().clock(clock.clone())));
+    let next = InstanceId::generate().expect("an instance id");
+    assert!(rt.block_on(manual.heartbeat(next, day)).expect("heartbeat"));
+    group.bench_function("lapse_to_first_step", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let gone = InstanceId::generate().expect("an instance id");
+                    assert!(
+                        manual
+                            .heartbeat(gone, LAPSING_LEASE)
+                            .await
+                            .expect("heartbeat")
+                    );
+                    manual
+                        .create(NewTask::new(&ops.owner, gone).ttl(TTL).takeover(3))
+                        .await
+                        .expect("create");
+                    clock.advance(LAPSING_LEASE);
+                    let start = Instant::now();
+                    let claim = manual
+                        .claim(next, 1)
+                        .await
+                        .expect("claim")
+                        .pop()
+                        .expect("the lapsed task waits");
+                    let step = WorkerChange::SetMessage(Some("run 2"));
+                    let applied = manual
+                        .apply_claimed(&claim.task, claim.worker, step)
+                        .await
+                        .expect("first step");
+                    total += start.elapsed();
+                    assert!(matches!(applied, Applied::Changed { .. }), "{applied:?}");
+                    let done = WorkerChange::Finish(Finish::Completed(RESULT));
+                    manual
+                        .apply_claimed(&claim.task, claim.worker, done)
+                        .await
+                        .expect("finish");
+                }
+                total
+            })
+        })
+    });
+    rt.block_on(harness.close(manual));
 }
 
 criterion_group!(benches, tasks);
