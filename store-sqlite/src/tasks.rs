@@ -56,7 +56,7 @@ pub(crate) enum TaskWrite {
         digest: TaskDigest,
         owner: OwnerKey,
         instance: InstanceId,
-        record: TaskRecord,
+        record: Box<TaskRecord>,
     },
     Answer {
         digest: TaskDigest,
@@ -99,7 +99,7 @@ pub(crate) enum TaskWrite {
 
 /// What a [`TaskWrite`] produced.
 pub(crate) enum TaskAnswer {
-    Record(Option<TaskRecord>),
+    Record(Option<Box<TaskRecord>>),
     Applied(Applied),
     Claimed(Vec<Claimed>),
     Flag(bool),
@@ -154,7 +154,7 @@ pub(crate) async fn try_create(
             digest: id.digest(),
             owner: owner_key(task.owner),
             instance: task.instance,
-            record,
+            record: Box::new(record),
         },
     )
     .await
@@ -355,7 +355,7 @@ async fn task_write(store: &SqliteStore, write: TaskWrite) -> Result<TaskAnswer>
 
 fn record_answer(answer: TaskAnswer) -> Result<Option<TaskRecord>> {
     match answer {
-        TaskAnswer::Record(record) => Ok(record),
+        TaskAnswer::Record(record) => Ok(record.map(|record| *record)),
         _ => Err(wrong_kind()),
     }
 }
@@ -770,7 +770,7 @@ impl Writer {
                 now,
             } => rows::answer(&mut SqliteRows { conn }, digest, owner, responses, *now)
                 .await
-                .map(|stepped| TaskAnswer::Record(stepped.answer)),
+                .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
             TaskWrite::Cancel {
                 digest,
                 owner,
@@ -778,7 +778,7 @@ impl Writer {
                 now,
             } => rows::cancel(&mut SqliteRows { conn }, digest, owner, *mode, *now)
                 .await
-                .map(|stepped| TaskAnswer::Record(stepped.answer)),
+                .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
             TaskWrite::Apply {
                 digest,
                 by,
@@ -873,7 +873,7 @@ async fn create(
     .map_err(db_error)?
     .rows_affected();
     if inserted == 1 {
-        return Ok(TaskAnswer::Record(Some(record.clone())));
+        return Ok(TaskAnswer::Record(Some(Box::new(record.clone()))));
     }
     // Nothing written: the id was taken, or the instance is not alive.
     // The writer holds the file, so this reads what the insert saw.
