@@ -163,13 +163,16 @@
 mod events;
 mod sessions;
 mod support;
+mod takeover;
 mod tasks;
 
 pub use events::TowerEventStore;
 pub use sessions::TowerSessionStore;
+pub use takeover::Takeovers;
 pub use tasks::{
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_LEASE, DEFAULT_POLL_INTERVAL,
-    DEFAULT_PURGE_INTERVAL, DEFAULT_TASK_TTL, TowerTaskStore, TowerTaskStoreBuilder,
+    DEFAULT_CLAIM_INTERVAL, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_LEASE,
+    DEFAULT_POLL_INTERVAL, DEFAULT_PURGE_INTERVAL, DEFAULT_TASK_TTL, TowerTaskStore,
+    TowerTaskStoreBuilder,
 };
 
 /// The prefix of the stream ids and session keys the event and session
