@@ -154,22 +154,110 @@
 //!   to `input_required` is refused (`InvalidTransition`), and to `working`
 //!   leaves an `input_required` task so. `set_ttl` on a terminal task
 //!   answers `false` (T4; tower-mcp's memory store allows it).
-//! * **Durable state, not durable execution**: the handler runs in the
-//!   process that created (or resumed) the task; if it dies, the task reads
-//!   `failed` after the lease, and nothing runs it again.
+//! * **Durable state; durable execution on opt-in.** By default the handler
+//!   runs in the process that created (or resumed) the task; if it dies,
+//!   the task reads `failed` after the lease, and nothing runs it again.
+//!   Tasks of the tools a builder opts in may outlive their process:
+//!   [Takeover](#takeover).
+//!
+//! # Takeover
+//!
+//! What tower-mcp 0.25's runtime allows, read from its source:
+//!
+//! * It runs a task's handler in two places only: on `tools/call`, in the
+//!   process that received it (the router spawns the handler right after
+//!   `TaskStore::create_task`), and on a `tasks/update` that answered the
+//!   last outstanding input (`McpRouter::resume_task`, crate-private,
+//!   called from the router's `UpdateTask` arm), in the process that
+//!   received the update, which calls `TaskStore::resume_context` there and
+//!   re-runs the handler from the top. Only that second path runs a task in
+//!   a process that did not start it, and only when a client's answer
+//!   arrives; nothing in tower-mcp re-runs a task whose process died, and
+//!   no public call starts `resume_task`. Its runtime learns of a task only
+//!   through a request naming its id.
+//! * Everything it does to a task is keyed by the task id, which the store
+//!   never keeps (T2, a bearer credential), so a process that claims a
+//!   task (by its digest) cannot hand it to tower-mcp's task runtime.
+//!   This crate does not keep the id anywhere to get round that.
+//! * The router's public `Service` runs a tool as a plain 2026-07-28
+//!   `tools/call` (no task), with `inputResponses`: the same handler, with
+//!   the same arguments and answers, that `resume_task` would run.
+//!
+//! So, with [`TowerTaskStoreBuilder::takeover`] (every tool) or
+//! [`takeover_tools`](TowerTaskStoreBuilder::takeover_tools) (the tools
+//! named), and [`TowerTaskStore::run_takeovers`] given the router:
+//!
+//! * Tasks of those tools are created to be taken over (T16), at most
+//!   `max_attempts` runs in all, held by this process's claim (T18,
+//!   epoch 1). The heartbeat keeps them; when the instance lapses, another
+//!   instance running takeovers claims them (T17, every
+//!   [`claim_every`](TowerTaskStoreBuilder::claim_every)) and has its router
+//!   run the tool again as above, then writes the outcome (result, error,
+//!   or input requests) under its claim. After the last run's instance
+//!   lapses, the task reads `failed` ("server instance lost").
+//! * **Fencing.** Every write to such a task names this process's claim.
+//!   A write from a stale claim (the task was claimed since by another, or
+//!   given back) is refused by the store (`Applied::Fenced`) and reads as
+//!   not applied (`Ok(false)`, as for a terminal task: tower-mcp then drops
+//!   the outcome without overwriting anything), and raises the task's
+//!   token here; a token's guard raises it too when it sees the task
+//!   claimed by another. A handler run through the router is dropped when
+//!   its claim is lost, the task ends (a `tasks/cancel` through any
+//!   instance included), or expires.
+//! * **Parking.** When a handler asks for input, the task is given back
+//!   (T17 release, no run counted) as soon as it is parked: nothing runs
+//!   it. The `tasks/update` that answers it resumes it in whichever
+//!   process it reaches: `resume_context` claims it there (claims are not
+//!   by task, so other tasks claimed with it are run as above) and
+//!   tower-mcp re-runs the handler under that claim; if another instance
+//!   claimed it first, the resume there runs nothing (its token comes
+//!   raised) and that instance runs it.
+//!
+//! Guaranteed: each such task's handler runs **at least once** to an
+//! outcome, and **at most `max_attempts` times** over instance lapses (a
+//! run given back after parking counts none); exactly one outcome is
+//! recorded, by the current claim; a stale process never overwrites it.
+//!
+//! Not guaranteed, and why:
+//!
+//! * **Exactly once**: a handler may have done its work, or part of it,
+//!   when its process died; the next run starts from the top. Opt in only
+//!   tools that are safe to run again. Checkpoints (T19) are in the store,
+//!   but tower-mcp gives a handler no way to save or read one.
+//! * **Live handlers** (`live_task_handler`) are never replayed by
+//!   tower-mcp (it does not even keep their arguments) and park inside
+//!   their own future, which the release after parking would fence: do not
+//!   opt their tools in.
+//! * **A run through the router is a plain call, not tower-mcp's task
+//!   run**: the handler finds no `TaskContext` (no task id to find it by),
+//!   no `notifications/tasks` is pushed for it (clients polling
+//!   `tasks/get` see every change), and a tool with
+//!   `TaskSupportMode::Required` is refused as a plain call, which fails
+//!   the task. The request claims every input capability (roots,
+//!   sampling, elicitation), as tower-mcp's own replay checks none; a
+//!   router error (unknown tool, a capability filter refusing the
+//!   anonymous call) fails the task with that error.
+//! * **Every instance sharing the store should run takeovers**: only this
+//!   adapter, running them, creates tasks to be taken over, but an answer
+//!   reaching an instance that does not run them leaves the task given
+//!   back until one that does claims it (or it expires).
+//! * The store must implement claims: memory, SQLite and PostgreSQL do.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod events;
 mod sessions;
 mod support;
+mod takeover;
 mod tasks;
 
 pub use events::TowerEventStore;
 pub use sessions::TowerSessionStore;
+pub use takeover::Takeovers;
 pub use tasks::{
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_LEASE, DEFAULT_POLL_INTERVAL,
-    DEFAULT_PURGE_INTERVAL, DEFAULT_TASK_TTL, TowerTaskStore, TowerTaskStoreBuilder,
+    DEFAULT_CLAIM_INTERVAL, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_LEASE,
+    DEFAULT_POLL_INTERVAL, DEFAULT_PURGE_INTERVAL, DEFAULT_TASK_TTL, TowerTaskStore,
+    TowerTaskStoreBuilder,
 };
 
 /// The prefix of the stream ids and session keys the event and session

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Finish, InstanceId, MAX_MESSAGE_BYTES, NewTask, Owner, TaskId, TaskRecord,
-    TaskStatus as CoreStatus, TaskStore, TaskView, WorkerChange,
+    Applied, CancelMode, Finish, InstanceId, MAX_MESSAGE_BYTES, NewTask, Owner, TaskDigest, TaskId,
+    TaskRecord, TaskStatus as CoreStatus, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Store};
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,7 @@ use tower_mcp::error::JsonRpcError;
 use tower_mcp::protocol::{InputRequests, InputResponses, TaskObject, TaskStatus};
 
 use crate::support::{iso8601, now_millis, task_error};
+use crate::takeover::{Policy, Runner};
 
 /// The ttl of a task created without one (tower-mcp leaves it to the
 /// store; on the 2026-07-28 protocol the client cannot choose): an hour.
@@ -37,12 +38,16 @@ pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(30);
 /// How often the adapter persists expired and orphaned tasks and deletes
 /// those past their grace ([`TaskStore::purge_expired_tasks`]) by default.
 pub const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(60);
+/// How often an adapter that runs takeovers
+/// ([`TowerTaskStore::run_takeovers`]) asks the store for tasks to take
+/// over ([`TaskStore::claim`]) by default.
+pub const DEFAULT_CLAIM_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The longest a waiter or a token's guard waits before reading its task
 /// again: expiry and a lost instance are decided by reads, not announced.
-const RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const RECHECK: Duration = Duration::from_secs(5);
 /// How long a token's guard waits after a failed read.
-const RETRY: Duration = Duration::from_secs(1);
+pub(crate) const RETRY: Duration = Duration::from_secs(1);
 /// The version of the context this adapter keeps with each task.
 const CONTEXT_VERSION: u32 = 1;
 /// The first byte of a stored answer: its envelope's version.
@@ -55,13 +60,13 @@ const OWNER_DOMAIN: &[u8] = b"mcp-event-store-tower-mcp/owner\0";
 /// What the adapter keeps with each task, as its context (T13): what
 /// tower-mcp asks back and the store does not otherwise keep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-struct Context {
+pub(crate) struct Context {
     #[serde(rename = "v")]
     version: u32,
     /// The tool the task runs.
-    tool: String,
+    pub(crate) tool: String,
     /// The arguments it was called with, as given.
-    arguments: Value,
+    pub(crate) arguments: Value,
     /// The owner exactly as tower-mcp gave it.
     owner: TaskOwner,
     /// The task's protocol `_meta`.
@@ -74,7 +79,7 @@ impl Context {
         serde_json::to_vec(self).map_err(|e| TaskStoreError::Encode(e.to_string()))
     }
 
-    fn decode(bytes: &[u8]) -> Result<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self> {
         #[derive(Deserialize)]
         struct Version {
             #[serde(rename = "v")]
@@ -122,7 +127,7 @@ fn tower_status(status: CoreStatus) -> TaskStatus {
 
 /// `message`, cut to the store's limit on a character boundary: a status
 /// message is for people, and tower-mcp passes long opaque state there.
-fn fit_message(message: &str) -> &str {
+pub(crate) fn fit_message(message: &str) -> &str {
     if message.len() <= MAX_MESSAGE_BYTES {
         return message;
     }
@@ -153,11 +158,11 @@ fn decode_answer(bytes: &[u8]) -> Result<(&[u8], &[u8])> {
     }
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T> {
+pub(crate) fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T> {
     serde_json::from_slice(bytes).map_err(|e| TaskStoreError::Decode(format!("{what}: {e}")))
 }
 
-fn to_json<T: Serialize>(value: &T, what: &str) -> Result<Vec<u8>> {
+pub(crate) fn to_json<T: Serialize>(value: &T, what: &str) -> Result<Vec<u8>> {
     serde_json::to_vec(value).map_err(|e| TaskStoreError::Encode(format!("{what}: {e}")))
 }
 
@@ -211,14 +216,7 @@ impl Live {
 
     /// Every answer given so far, over every round of input.
     fn responses(&self) -> Result<InputResponses> {
-        self.view
-            .answers
-            .iter()
-            .map(|(key, bytes)| {
-                let (_, json) = decode_answer(bytes)?;
-                Ok((key.clone(), parse(json, "a task's answer")?))
-            })
-            .collect()
+        responses(&self.view)
     }
 
     /// Whether the task's token should be raised: cancelled (or asked to
@@ -235,6 +233,17 @@ impl Live {
         let left = self.record().expires_at.saturating_sub(now_millis()).max(0);
         Duration::from_millis(u64::try_from(left).unwrap_or(0) + 1)
     }
+}
+
+/// Every answer of `view` given so far, over every round of input.
+pub(crate) fn responses(view: &TaskView) -> Result<InputResponses> {
+    view.answers
+        .iter()
+        .map(|(key, bytes)| {
+            let (_, json) = decode_answer(bytes)?;
+            Ok((key.clone(), parse(json, "a task's answer")?))
+        })
+        .collect()
 }
 
 fn task_object(id: &str, record: &TaskRecord, context: &Context) -> TaskObject {
@@ -261,8 +270,8 @@ struct Local {
 
 /// What the adapter's handles, its background loops and its tokens' guards
 /// share.
-struct Shared<S: ?Sized> {
-    store: Arc<S>,
+pub(crate) struct Shared<S: ?Sized> {
+    pub(crate) store: Arc<S>,
     /// This process's instance (T11), registered on first use.
     instance: tokio::sync::Mutex<Option<InstanceId>>,
     lease: Duration,
@@ -270,6 +279,43 @@ struct Shared<S: ?Sized> {
     poll_interval: Option<Duration>,
     /// The tokens of the tasks this process created or resumed, by id.
     local: Mutex<HashMap<String, Local>>,
+    /// Which tasks are created so that they may be taken over.
+    pub(crate) policy: Option<Policy>,
+    /// How often [`TowerTaskStore::run_takeovers`] claims.
+    pub(crate) claim_every: Duration,
+    /// The claim this process holds on each task that may be taken over and
+    /// that it runs (T18): every write to it names the claim.
+    claims: Mutex<HashMap<TaskDigest, Worker>>,
+    /// The router that runs the tasks this process claims, while
+    /// [`TowerTaskStore::run_takeovers`]' handle lives.
+    pub(crate) runner: Mutex<Option<Runner>>,
+}
+
+impl<S: ?Sized> Shared<S> {
+    pub(crate) fn claims(&self) -> MutexGuard<'_, HashMap<TaskDigest, Worker>> {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn runner(&self) -> MutexGuard<'_, Option<Runner>> {
+        self.runner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether this process may write to the task under `digest` as
+    /// `record` shows it: always for a task that dies with its instance;
+    /// for one that may be taken over, only under the current claim, held
+    /// here, and not released.
+    pub(crate) fn holds(&self, digest: &TaskDigest, record: &TaskRecord) -> bool {
+        match &record.takeover {
+            None => true,
+            Some(takeover) => {
+                !takeover.released
+                    && self
+                        .claims()
+                        .get(digest)
+                        .is_some_and(|worker| worker.epoch == takeover.epoch)
+            }
+        }
+    }
 }
 
 impl<S: TaskStore + ?Sized> Shared<S> {
@@ -279,7 +325,7 @@ impl<S: TaskStore + ?Sized> Shared<S> {
 
     /// This process's instance, registered with its first heartbeat if it
     /// has none yet.
-    async fn instance(&self) -> Result<InstanceId> {
+    pub(crate) async fn instance(&self) -> Result<InstanceId> {
         let mut current = self.instance.lock().await;
         if let Some(me) = *current {
             return Ok(me);
@@ -291,7 +337,7 @@ impl<S: TaskStore + ?Sized> Shared<S> {
 
     /// A fresh instance in place of `lapsed` (T11: a lapsed instance never
     /// comes back), unless another call replaced it already.
-    async fn renew(&self, lapsed: InstanceId) -> Result<InstanceId> {
+    pub(crate) async fn renew(&self, lapsed: InstanceId) -> Result<InstanceId> {
         let mut current = self.instance.lock().await;
         if let Some(me) = *current
             && me != lapsed
@@ -364,9 +410,93 @@ impl<S: TaskStore + ?Sized> Shared<S> {
         })))
     }
 
+    /// The most runs a task of `tool` gets, if it is created so that it may
+    /// be taken over: the builder opted the tool in, and this process runs
+    /// takeovers (so that it also resumes what it releases).
+    fn takeover_for(&self, tool: &str) -> Option<u32> {
+        let policy = self.policy.as_ref()?;
+        if self.runner().is_none() {
+            return None;
+        }
+        policy.covers(tool).then_some(policy.max_attempts)
+    }
+
+    /// Gives back a task that may be taken over once it parked for input
+    /// (T17): its handler returned, nothing runs it, and whichever instance
+    /// the answers reach claims it then. A task that dies with its instance
+    /// is left as it is.
+    async fn release_parked(&self, task: &TaskId) {
+        let digest = task.digest();
+        let Some(worker) = self.claims().get(&digest).copied() else {
+            return;
+        };
+        match self
+            .apply_claimed(&digest, worker, WorkerChange::Release)
+            .await
+        {
+            Ok(_) => self.drop_claim(&digest, Some(worker)),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "giving back a parked task failed; it is claimed once its instance lapses"
+            ),
+        }
+    }
+
+    /// Applies a change to task `task`: under this process's claim on it if
+    /// it may be taken over (T18), else as this process's instance. A
+    /// change refused as [`Applied::Fenced`] (the task was claimed since by
+    /// another, or released) drops the claim and raises the task's token
+    /// here: this process must stop working on it.
     async fn apply(&self, task: &TaskId, change: WorkerChange<'_>) -> Result<Applied> {
-        let me = self.instance().await?;
-        self.store.apply(task, me, change).await.map_err(task_error)
+        let digest = task.digest();
+        let ends = matches!(change, WorkerChange::Finish(_));
+        let held = self.claims().get(&digest).copied();
+        let applied = match held {
+            Some(worker) => self.store.apply_claimed(&digest, worker, change).await,
+            None => {
+                let me = self.instance().await?;
+                self.store.apply(task, me, change).await
+            }
+        }
+        .map_err(task_error)?;
+        match applied {
+            Applied::Fenced => {
+                self.drop_claim(&digest, held);
+                raise(self, &task.to_string());
+            }
+            Applied::Changed { .. } if ends => self.drop_claim(&digest, held),
+            _ => {}
+        }
+        Ok(applied)
+    }
+
+    /// Applies a change under claim `worker` of the task under `digest`
+    /// (a task this process claimed without its id); a refusal as
+    /// [`Applied::Fenced`] drops the claim.
+    pub(crate) async fn apply_claimed(
+        &self,
+        digest: &TaskDigest,
+        worker: Worker,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        let applied = self
+            .store
+            .apply_claimed(digest, worker, change)
+            .await
+            .map_err(task_error)?;
+        if matches!(applied, Applied::Fenced) {
+            self.drop_claim(digest, Some(worker));
+        }
+        Ok(applied)
+    }
+
+    /// Forgets the claim `worker` on the task under `digest`, unless a newer
+    /// claim of this process replaced it.
+    pub(crate) fn drop_claim(&self, digest: &TaskDigest, worker: Option<Worker>) {
+        let mut claims = self.claims();
+        if worker.is_some() && claims.get(digest).copied() == worker {
+            claims.remove(digest);
+        }
     }
 }
 
@@ -387,6 +517,17 @@ fn token_for<S: TaskStore + ?Sized>(shared: &Arc<Shared<S>>, id: &str) -> Cancel
         },
     );
     token
+}
+
+/// A fresh token for task `id` in this process, replacing (and raising)
+/// any it had: for a run under a new claim, which an old claim's raised
+/// token must not stop.
+fn fresh_token_for<S: TaskStore + ?Sized>(shared: &Arc<Shared<S>>, id: &str) -> CancellationToken {
+    if let Some(old) = shared.local().remove(id) {
+        old.token.cancel();
+        old.guard.abort();
+    }
+    token_for(shared, id)
 }
 
 /// Raises task `id`'s token if this process has one.
@@ -421,7 +562,7 @@ async fn guard<S: TaskStore + ?Sized>(
                 continue;
             }
         };
-        if live.stops_work() {
+        if live.stops_work() || !shared.holds(&live.id.digest(), live.record()) {
             token.cancel();
         }
         if live.record().status.is_terminal() {
@@ -515,6 +656,8 @@ pub struct TowerTaskStoreBuilder<S: ?Sized = dyn Store> {
     heartbeat_interval: Duration,
     lease: Duration,
     purge_every: Option<Duration>,
+    policy: Option<Policy>,
+    claim_every: Duration,
 }
 
 impl<S: ?Sized> fmt::Debug for TowerTaskStoreBuilder<S> {
@@ -525,6 +668,8 @@ impl<S: ?Sized> fmt::Debug for TowerTaskStoreBuilder<S> {
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("lease", &self.lease)
             .field("purge_every", &self.purge_every)
+            .field("takeover", &self.policy)
+            .field("claim_every", &self.claim_every)
             .finish_non_exhaustive()
     }
 }
@@ -539,6 +684,8 @@ impl<S: TaskStore + ?Sized> TowerTaskStore<S> {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             lease: DEFAULT_HEARTBEAT_LEASE,
             purge_every: Some(DEFAULT_PURGE_INTERVAL),
+            policy: None,
+            claim_every: DEFAULT_CLAIM_INTERVAL,
         }
     }
 
@@ -548,7 +695,7 @@ impl<S: TaskStore + ?Sized> TowerTaskStore<S> {
         self.inner.shared.local().len()
     }
 
-    fn shared(&self) -> &Arc<Shared<S>> {
+    pub(crate) fn shared(&self) -> &Arc<Shared<S>> {
         &self.inner.shared
     }
 }
@@ -584,6 +731,42 @@ impl<S: TaskStore + ?Sized> TowerTaskStoreBuilder<S> {
     /// start); `None` leaves it to the application.
     pub fn purge_every(mut self, interval: Option<Duration>) -> Self {
         self.purge_every = interval;
+        self
+    }
+
+    /// Creates every task so that it may outlive its instance (T16), with at
+    /// most `max_attempts` runs in all, once this adapter runs takeovers
+    /// ([`TowerTaskStore::run_takeovers`]); see the
+    /// [crate docs](crate#takeover). Only for tools whose handler is safe to
+    /// run again from the top and is not a live handler (tower-mcp never
+    /// replays those): prefer [`takeover_tools`](Self::takeover_tools).
+    pub fn takeover(mut self, max_attempts: u32) -> Self {
+        self.policy = Some(Policy {
+            max_attempts,
+            tools: None,
+        });
+        self
+    }
+
+    /// As [`takeover`](Self::takeover), for the tasks of the tools named
+    /// only.
+    pub fn takeover_tools<T: Into<String>>(
+        mut self,
+        max_attempts: u32,
+        tools: impl IntoIterator<Item = T>,
+    ) -> Self {
+        self.policy = Some(Policy {
+            max_attempts,
+            tools: Some(tools.into_iter().map(Into::into).collect()),
+        });
+        self
+    }
+
+    /// How often an adapter that runs takeovers asks the store for tasks to
+    /// take over (default [`DEFAULT_CLAIM_INTERVAL`]): a task whose
+    /// instance lapsed is run again within a lease and this interval.
+    pub fn claim_every(mut self, interval: Duration) -> Self {
+        self.claim_every = interval;
         self
     }
 
@@ -628,6 +811,14 @@ impl<S: TaskStore + ?Sized> TowerTaskStoreBuilder<S> {
         if self.purge_every.is_some_and(|every| every.is_zero()) {
             return Err(Error::Config("the purge interval must not be zero".into()));
         }
+        if self.claim_every.is_zero() {
+            return Err(Error::Config("the claim interval must not be zero".into()));
+        }
+        if self.policy.as_ref().is_some_and(|p| p.max_attempts == 0) {
+            return Err(Error::Config(
+                "a task that may be taken over needs at least one attempt".into(),
+            ));
+        }
         let shared = Arc::new(Shared {
             store: self.store,
             instance: tokio::sync::Mutex::new(None),
@@ -635,6 +826,10 @@ impl<S: TaskStore + ?Sized> TowerTaskStoreBuilder<S> {
             default_ttl: self.default_ttl,
             poll_interval: self.poll_interval,
             local: Mutex::default(),
+            policy: self.policy,
+            claim_every: self.claim_every,
+            claims: Mutex::default(),
+            runner: Mutex::default(),
         });
         let mut background = Vec::new();
         let beating = shared.clone();
@@ -701,14 +896,21 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
         }
         .encode()?;
         let ttl = ttl.map_or(shared.default_ttl, Duration::from_millis);
+        let takeover = shared.takeover_for(tool_name);
         let mut me = shared.instance().await?;
         for attempt in 0..2 {
             let mut task = NewTask::new(&bound, me).ttl(ttl).context(&context);
             if let Some(interval) = shared.poll_interval {
                 task = task.poll_interval(interval);
             }
+            if let Some(max_attempts) = takeover {
+                task = task.takeover(max_attempts);
+            }
             match shared.store.create(task).await {
-                Ok((id, _)) => {
+                Ok((id, record)) => {
+                    if record.takeover.is_some() {
+                        shared.claims().insert(id.digest(), Worker::first(me));
+                    }
                     let id = id.to_string();
                     let token = token_for(shared, &id);
                     return Ok((id, token));
@@ -841,8 +1043,12 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
             requests: &pairs,
             message: message.map(fit_message),
         };
-        match self.shared().apply(&task, change).await? {
-            Applied::Changed { .. } => Ok(true),
+        let shared = self.shared();
+        match shared.apply(&task, change).await? {
+            Applied::Changed { .. } => {
+                shared.release_parked(&task).await;
+                Ok(true)
+            }
             Applied::KeySpent => Err(TaskStoreError::InvalidTransition(
                 "input request keys must be unique over a task's lifetime: a key was already \
                  answered or superseded, or a live key was pointed at a different request; use \
@@ -981,8 +1187,27 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
         let Found::Live(live) = shared.read(task_id).await? else {
             return Ok(None);
         };
-        let responses = live.responses()?;
-        let token = token_for(shared, task_id);
+        let mut responses = live.responses()?;
+        let token = if live.record().takeover.is_some()
+            && !shared.holds(&live.id.digest(), live.record())
+        {
+            // A task that may be taken over runs only under a claim: claim
+            // it here if it waits for one (released when it parked, or its
+            // instance lapsed), else leave it to whoever holds it.
+            match crate::takeover::claim_for_resume(shared, &live.id).await? {
+                Some(view) => {
+                    responses = crate::tasks::responses(&view)?;
+                    fresh_token_for(shared, task_id)
+                }
+                None => {
+                    let token = token_for(shared, task_id);
+                    token.cancel();
+                    token
+                }
+            }
+        } else {
+            token_for(shared, task_id)
+        };
         if live.stops_work() {
             token.cancel();
         }
