@@ -195,7 +195,9 @@ pub use scoped::{
     SessionScoped,
 };
 pub use sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL, RmcpSessionStore};
-pub use tasks::{DurableTaskContext, DurableTasks, DurableTasksBuilder};
+pub use tasks::{
+    DurableTaskContext, DurableTasks, DurableTasksBuilder, ResumableCall, ResumableHandler,
+};
 
 use std::sync::Arc;
 

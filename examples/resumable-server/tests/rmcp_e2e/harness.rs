@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use mcp_event_store::rmcp::{Durable, DurableTasks};
 use mcp_event_store::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskPurgeReport, TaskRecord,
-    TaskStore, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store::testing::UrlHarness;
 use tokio_util::sync::CancellationToken;
@@ -334,14 +334,29 @@ impl TaskStore for CountingTasks {
         self.wrote();
         self.inner.request_cancel(id, who, mode).await
     }
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        task: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> mcp_event_store::Result<Applied> {
         self.wrote();
-        self.inner.apply(id, by, change).await
+        self.inner.apply_claimed(task, by, change).await
+    }
+    async fn view_claimed(&self, task: &TaskDigest) -> mcp_event_store::Result<Option<TaskView>> {
+        self.inner.view_claimed(task).await
+    }
+    async fn watch_claimed(
+        &self,
+        task: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+        self.inner.watch_claimed(task, after, max_wait).await
+    }
+    async fn claim(&self, by: InstanceId, limit: usize) -> mcp_event_store::Result<Vec<Claimed>> {
+        self.wrote();
+        self.inner.claim(by, limit).await
     }
     async fn watch(
         &self,
