@@ -238,6 +238,20 @@ pub struct ChildServer {
 
 impl ChildServer {
     pub fn spawn(args: &[String]) -> Self {
+        Self::spawn_until(args, "LISTENING ")
+    }
+
+    /// A worker process (`--worker`): no endpoint, so `url` is empty. It
+    /// is ready once it says `WORKING`.
+    pub fn spawn_worker(args: &[String]) -> Self {
+        let mut args = args.to_vec();
+        args.push("--worker".into());
+        Self::spawn_until(&args, "WORKING")
+    }
+
+    /// The process, once a line of its stdout has `marker`; `url` is what
+    /// follows the marker on that line.
+    fn spawn_until(args: &[String], marker: &'static str) -> Self {
         let mut child = Command::new(std::env::current_exe().expect("the test binary"))
             .args([
                 "--exact",
@@ -256,8 +270,8 @@ impl ChildServer {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Some(at) = line.find("LISTENING ") {
-                    let _ = found.send(line[at + "LISTENING ".len()..].trim().to_owned());
+                if let Some(at) = line.find(marker) {
+                    let _ = found.send(line[at + marker.len()..].trim().to_owned());
                 }
             }
         });
