@@ -158,6 +158,18 @@
 //! Keys and status messages are BYTEA for the same reason stream ids are:
 //! text cannot hold NUL.
 //!
+//! Takeover (T16 to T19) adds to `tasks` the runs allowed (`max_attempts`,
+//! NULL for a task that dies with its instance), the runs whose instance
+//! lapsed (`lapses`), the claim's `epoch`, `released` and the
+//! `checkpoint` (BYTEA), with a partial index on the tasks that may wait
+//! for a claim; its migration is recorded in
+//! `_mes_task_takeover_migrations`, so a release from before it still
+//! opens the schema. A claim is one transaction: it selects the tasks that
+//! wait for a runtime `FOR UPDATE SKIP LOCKED` (a task another claimant
+//! holds locked is left to it, and no two claimants wait on each other),
+//! decides each with the shared state machine, and writes it back as every
+//! step does.
+//!
 //! **One atomic step per mutation.** `answer`, `request_cancel`, `apply`
 //! and `delete` each run one transaction on a pooled connection: one
 //! statement locks the task row (`SELECT … FOR UPDATE`), the next reads it

@@ -360,7 +360,12 @@ impl TaskRows for PgRows<'_> {
             .bind(record.takeover.as_ref().map_or(0, |t| to_i32(t.lapses)))
             .bind(record.takeover.as_ref().map_or(1, |t| to_i32(t.epoch)))
             .bind(record.takeover.as_ref().is_some_and(|t| t.released))
-            .bind(record.takeover.as_ref().and_then(|t| t.checkpoint.as_deref()));
+            .bind(
+                record
+                    .takeover
+                    .as_ref()
+                    .and_then(|t| t.checkpoint.as_deref()),
+            );
         let saved = match self.announce {
             Announce::WithSave => query
                 .bind(self.store.notify_channel())

@@ -11,6 +11,8 @@
 //! <prefix>:t1:{<digest hex>}:task        hash: v (the task), rev (durable tasks)
 //! <prefix>:t1:instance:{<instance hex>}  a task instance's heartbeat deadline
 //! <prefix>:t1:changes                    pub/sub channel (not a key): task changes
+//! <prefix>:t1:takeover                   set: digests (hex) of tasks that may be
+//!                                        taken over, the claim's candidates
 //! ```
 //!
 //! `<token>` is the stream's 24-character token (`[0-9a-v]`), the same text as
@@ -196,6 +198,12 @@ impl Keys {
             self.prefix,
             "?".repeat(32)
         )
+    }
+
+    /// The set of the digests (in hex) of tasks that may be taken over
+    /// (T16): where a claim looks for tasks, in a slot of its own.
+    pub fn takeover_index(&self) -> String {
+        format!("{}:{TASK_LAYOUT}:takeover", self.prefix)
     }
 
     /// The pub/sub channel task changes are published on (the digest in

@@ -305,12 +305,24 @@
 //! | `<prefix>:t1:{<digest>}:task` | hash | `v`: the whole task in core's [`codec`](mcp_event_store_core::backend::task::codec) encoding (owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, and its inputs: outstanding requests, answered responses, spent keys); `rev`: the task's revision in decimal; `c`, when the task has one: its context (T13), a field of its own so that a release from before contexts, which writes only `v` and `rev`, leaves it as it is |
 //! | `<prefix>:t1:instance:{<instance id>}` | string | the instance's heartbeat deadline (store-clock ms) |
 //! | `<prefix>:t1:changes` | pub/sub channel | the digest (hex) of each task that changed |
+//! | `<prefix>:t1:takeover` | set | the digest (hex) of each task that may be taken over (T16): a claim's candidates |
 //!
 //! `<digest>` is the 32 hex digits of the task's digest
 //! (`SHA-256("mcp-event-store/task\0" ‖ id)[..16]`): the id itself is
 //! never stored, not even in a key name (T2), and the principal only as
 //! its digest. The digest is the hash tag, so the id, which the client
 //! chooses only among ids the store issued, picks no slot.
+//!
+//! **Takeover (T16 to T19).** A task that may be taken over keeps its
+//! runs, claim epoch, release flag and checkpoint in `v` (an extension a
+//! release from before takeover skips), and its digest in the
+//! `t1:takeover` set, added before the task is created, so a crash in
+//! between leaves an entry no task backs, which the next claim removes.
+//! A claim `SSCAN`s the set and claims each task that waits for a runtime
+//! with the same conditional write as every step below, so of racing
+//! claimants exactly one writes; a task that ended or is gone leaves the
+//! set then, or when it is deleted. Each claim reads every task still in
+//! the set: claim every second or so, not in a tight loop.
 //!
 //! **One atomic step.** Every mutation (`answer`, `request_cancel`,
 //! `apply`, a purge ending a task) reads the task (`HGET v`) and its

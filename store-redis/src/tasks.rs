@@ -22,8 +22,8 @@ use mcp_event_store_core::backend::task::{
     TaskDigest, TaskMachine, check_responses, client_call, count_ended,
 };
 use mcp_event_store_core::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions, TaskPurgeReport,
-    TaskRecord, TaskStore, TaskView, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 #[cfg(feature = "conformance")]
@@ -318,12 +318,85 @@ impl RedisStore {
         }))
     }
 
-    async fn read_task(&self, digest: &TaskDigest, owner: &[u8]) -> Result<Option<TaskRecord>> {
+    /// The task as `owner` (`None`: anyone) sees it now.
+    async fn read_task(
+        &self,
+        digest: &TaskDigest,
+        owner: Option<&[u8]>,
+    ) -> Result<Option<TaskRecord>> {
         let now = self.now();
         Ok(self
-            .find_task(digest, Some(owner), now)
+            .find_task(digest, owner, now)
             .await?
             .and_then(|found| found.seen))
+    }
+
+    /// A watch of the task as `owner` (`None`: anyone) sees it.
+    async fn watch_as(
+        &self,
+        digest: TaskDigest,
+        owner: Option<Arc<[u8]>>,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        // Registered, and the subscriber subscribed, before the first read.
+        let woken = self.inner.tasks.subscribe(&digest).await;
+        let recheck = self.inner.options.follow_recheck;
+        watch_task(woken, after, deadline, recheck, || {
+            let (store, owner) = (self.clone(), owner.clone());
+            async move {
+                // `close` wakes every watch, which then ends here.
+                store.ensure_open()?;
+                store.read_task(&digest, owner.as_deref()).await
+            }
+        })
+        .await
+    }
+
+    /// One command on the takeover index (`SADD`, `SREM`) for `digest`.
+    async fn index_takeover(&self, command: &str, digest: &TaskDigest) -> Result<()> {
+        let _: i64 = redis::cmd(command)
+            .arg(self.inner.keys.takeover_index())
+            .arg(hex(digest.as_bytes()))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(conn::backend)?;
+        Ok(())
+    }
+
+    /// Claims the task under `digest` for `by` (alive until `mine`) if it
+    /// waits for a runtime; a task that never will again leaves the index.
+    async fn claim_one(
+        &self,
+        digest: &TaskDigest,
+        by: InstanceId,
+        mine: Option<i64>,
+        now: i64,
+    ) -> Result<Option<Claimed>> {
+        let Some(found) = self.find_task(digest, None, now).await? else {
+            self.index_takeover("SREM", digest).await?;
+            return Ok(None);
+        };
+        let done = found
+            .seen
+            .as_ref()
+            .is_none_or(|seen| seen.status.is_terminal());
+        if done || found.stored.record.takeover.is_none() {
+            self.index_takeover("SREM", digest).await?;
+            return Ok(None);
+        }
+        let Some((new, worker)) = found.stored.claim_step(by, found.alive_until, now) else {
+            return Ok(None);
+        };
+        // A lost race (another claim, or any change) leaves it: whoever
+        // changed it holds it or changed what a claim would see.
+        if !self.write_task(digest, &found.stored, &new, now).await? {
+            return Ok(None);
+        }
+        Ok(new
+            .view(mine, now)?
+            .map(|view| Claimed::new(*digest, worker, view)))
     }
 
     /// Runs a task script, waiting for replicas as appends do.
@@ -446,6 +519,11 @@ impl TaskStore for RedisStore {
         {
             return Err(Error::instance_lapsed(&task.instance));
         }
+        if task.takeover.is_some() {
+            // The index first: a crash between leaves an entry a claim
+            // finds stale, never a task no claim can find.
+            self.index_takeover("SADD", &id.digest()).await?;
+        }
         let record = TaskRecord::created(task, now, &self.task_options());
         let stored = StoredTask::new(task.owner, task.instance.0, record.clone());
         let created = self
@@ -470,7 +548,7 @@ impl TaskStore for RedisStore {
         let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        self.read_task(&digest, &owner).await
+        self.read_task(&digest, Some(&owner)).await
     }
 
     async fn answer(
@@ -496,27 +574,26 @@ impl TaskStore for RedisStore {
             .await
     }
 
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        task: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
         change.check(self.inner.options.store.max_payload_bytes)?;
         self.ensure_open()?;
-        let digest = id.digest();
         let now = self.now();
         let options = self.task_options();
-        self.task_step(&digest, None, now, |found| {
+        self.task_step(task, None, now, |found| {
             let Some(Found {
                 stored,
                 seen: Some(seen),
-                ..
+                alive_until,
             }) = found
             else {
                 return Ok((None, Applied::Unknown));
             };
-            stored.worker_step(seen, by, change, &options, now)
+            stored.worker_step(seen, *alive_until, by, change, &options, now)
         })
         .await
     }
@@ -532,20 +609,52 @@ impl TaskStore for RedisStore {
         let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        let owner: Arc<[u8]> = owner.into();
-        let deadline = tokio::time::Instant::now() + max_wait;
-        // Registered, and the subscriber subscribed, before the first read.
-        let woken = self.inner.tasks.subscribe(&digest).await;
-        let recheck = self.inner.options.follow_recheck;
-        watch_task(woken, after, deadline, recheck, || {
-            let (store, owner) = (self.clone(), owner.clone());
-            async move {
-                // `close` wakes every watch, which then ends here.
-                store.ensure_open()?;
-                store.read_task(&digest, &owner).await
+        self.watch_as(digest, Some(owner.into()), after, max_wait)
+            .await
+    }
+
+    async fn watch_claimed(
+        &self,
+        task: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.ensure_open()?;
+        self.watch_as(*task, None, after, max_wait).await
+    }
+
+    /// `SSCAN`s the takeover index and claims each task with the same
+    /// conditional write as every change; see the crate docs, "Tasks".
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        self.ensure_open()?;
+        let now = self.now();
+        let mine = self.alive_until(&by.0).await?;
+        if mine.is_none_or(|until| until <= now) {
+            return Err(Error::instance_lapsed(&by));
+        }
+        let mut claimed = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut scan = redis::pipe();
+            scan.cmd("SSCAN")
+                .arg(self.inner.keys.takeover_index())
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(SCAN_BATCH);
+            let ((next, members),): ((u64, Vec<Vec<u8>>),) = self.read(&scan).await?;
+            for digest in members.iter().filter_map(|m| digest_of_hex(m)) {
+                if claimed.len() >= limit {
+                    return Ok(claimed);
+                }
+                if let Some(claim) = self.claim_one(&digest, by, mine, now).await? {
+                    claimed.push(claim);
+                }
             }
-        })
-        .await
+            cursor = next;
+            if cursor == 0 {
+                return Ok(claimed);
+            }
+        }
     }
 
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
@@ -585,21 +694,13 @@ impl TaskStore for RedisStore {
         Ok(deleted == 1)
     }
 
-    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
         self.ensure_open()?;
-        let Some(Found {
-            stored,
-            seen: Some(seen),
-            ..
-        }) = self.find_task(&id.digest(), None, self.now()).await?
-        else {
+        let now = self.now();
+        let Some(found) = self.find_task(task, None, now).await? else {
             return Ok(None);
         };
-        let owner = match stored.owner.as_slice() {
-            [] => Owner::Anonymous,
-            digest => Owner::Principal(digest.try_into().map_err(|_| corrupt())?),
-        };
-        Ok(Some(TaskView::new(owner, seen, stored.answers())))
+        found.stored.view(found.alive_until, now)
     }
 }
 
@@ -651,6 +752,7 @@ impl RedisStore {
             .await?;
         if deleted == 1 {
             self.inner.tasks.wake(digest);
+            self.index_takeover("SREM", digest).await?;
         }
         Ok(deleted)
     }
@@ -727,6 +829,18 @@ pub(crate) async fn raw_rows(store: &RedisStore) -> Result<Vec<Vec<u8>>> {
             let mut row = key.clone();
             row.extend_from_slice(b" | ");
             let mut pipe = redis::pipe();
+            if kind == "set" {
+                // The takeover index, in a stable order.
+                pipe.cmd("SMEMBERS").arg(&key);
+                let (mut members,): (Vec<Vec<u8>>,) = store.read(&pipe).await?;
+                members.sort();
+                for member in members {
+                    row.extend(member);
+                    row.push(b' ');
+                }
+                rows.push(row);
+                continue;
+            }
             match kind.as_str() {
                 "hash" => pipe.cmd("HGETALL").arg(&key),
                 "string" => pipe.cmd("GET").arg(&key),

@@ -120,6 +120,15 @@
 //! has not taken yet. The purge index entry is written before the task,
 //! so a crash leaves at most a stale entry, which the purge drops.
 //!
+//! **Takeover (T16 to T19).** A task that may be taken over keeps its
+//! runs, claim epoch, release flag and checkpoint in its value too (an
+//! extension a release from before takeover skips). A claim scans the
+//! task tree, decodes each value, and claims a task that waits for a
+//! runtime with the same `compare_and_swap` as every step, so of racing
+//! claimants exactly one swaps. The scan reads every task: fine for the
+//! single-process database sled is, and a reason to claim every second or
+//! so rather than in a tight loop.
+//!
 //! **Durable before return.** A task mutation returns once flushed under
 //! the handle's durability, through the same group flusher as appends: with
 //! [`Durability::Flush`] after the flush covering it, with

@@ -26,8 +26,8 @@ use mcp_event_store_core::backend::task::{
     TaskDigest, TaskMachine, check_responses, client_call, count_ended, owner_key,
 };
 use mcp_event_store_core::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions, TaskPurgeReport,
-    TaskRecord, TaskStore, TaskView, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -175,10 +175,35 @@ impl SledStore {
         Ok(answer)
     }
 
-    async fn read_task(&self, digest: TaskDigest, owner: Vec<u8>) -> Result<Option<TaskRecord>> {
+    /// The task as `owner` (`None`: anyone) sees it now.
+    async fn read_task(
+        &self,
+        digest: TaskDigest,
+        owner: Option<Vec<u8>>,
+    ) -> Result<Option<TaskRecord>> {
         let shared = self.shared()?;
         let now = self.now();
-        blocking(move || shared.read_task(&digest, Some(&owner), now)).await
+        blocking(move || shared.read_task(&digest, owner.as_deref(), now)).await
+    }
+
+    /// A watch of the task as `owner` (`None`: anyone) sees it.
+    async fn watch_as(
+        &self,
+        digest: TaskDigest,
+        owner: Option<Vec<u8>>,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        // The subscription holds the hub, not the database: closing the
+        // last handle still closes it.
+        let woken = self.shared()?.task_wakeups.subscribe(task_token(&digest));
+        let recheck = self.handle.follow_recheck;
+        watch_task(woken, after, deadline, recheck, || {
+            let (store, owner) = (self.clone(), owner.clone());
+            async move { store.read_task(digest, owner).await }
+        })
+        .await
     }
 
     /// A client's step: the owner must match, a terminal task is answered
@@ -258,7 +283,7 @@ impl TaskStore for SledStore {
         let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        self.read_task(digest, owner).await
+        self.read_task(digest, Some(owner)).await
     }
 
     async fn answer(
@@ -302,24 +327,25 @@ impl TaskStore for SledStore {
         .await
     }
 
-    async fn apply(
+    async fn apply_claimed(
         &self,
-        id: &TaskId,
-        by: InstanceId,
+        task: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
         change.check(self.handle.store.max_payload_bytes)?;
-        let digest = id.digest();
+        let digest = *task;
         let now = self.now();
         let change = change.to_owned();
         self.task_write(digest, move |shared| {
             shared.task_step(&digest, now, |found| {
-                let Some((stored, seen, _)) = found else {
+                let Some((stored, seen, alive)) = found else {
                     return Ok((None, Applied::Unknown));
                 };
                 let mut pairs = Vec::new();
                 stored.worker_step(
                     &seen,
+                    alive,
                     by,
                     change.as_change(&mut pairs),
                     &TaskOptions::default(),
@@ -340,16 +366,35 @@ impl TaskStore for SledStore {
         let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
-        let deadline = tokio::time::Instant::now() + max_wait;
-        // The subscription holds the hub, not the database: closing the
-        // last handle still closes it.
-        let woken = self.shared()?.task_wakeups.subscribe(task_token(&digest));
-        let recheck = self.handle.follow_recheck;
-        watch_task(woken, after, deadline, recheck, || {
-            let (store, owner) = (self.clone(), owner.clone());
-            async move { store.read_task(digest, owner).await }
+        self.watch_as(digest, Some(owner), after, max_wait).await
+    }
+
+    async fn watch_claimed(
+        &self,
+        task: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.watch_as(*task, None, after, max_wait).await
+    }
+
+    /// Scans the task tree for tasks that may be taken over, and claims
+    /// each with one compare-and-swap; see the crate docs, "Tasks".
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        let shared = self.shared()?;
+        let now = self.now();
+        let claimed = blocking({
+            let shared = shared.clone();
+            move || shared.claim_tasks(by, limit, now)
         })
-        .await
+        .await?;
+        if !claimed.is_empty() {
+            self.settle(self.flush_after_write(&shared)).await?;
+            for claim in &claimed {
+                shared.task_wakeups.wake(&task_token(&claim.task));
+            }
+        }
+        Ok(claimed)
     }
 
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
@@ -429,23 +474,16 @@ impl TaskStore for SledStore {
         Ok(report)
     }
 
-    async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
+    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
         let shared = self.shared()?;
         let now = self.now();
-        let digest = id.digest();
+        let digest = *task;
         blocking(move || {
             let Some((_, stored)) = shared.load_task(&digest)? else {
                 return Ok(None);
             };
             let alive = shared.alive_until(&stored.instance)?;
-            let Some(seen) = stored.record.clone().seen_at(now, alive) else {
-                return Ok(None);
-            };
-            let owner = match stored.owner.as_slice() {
-                [] => Owner::Anonymous,
-                digest => Owner::Principal(digest.try_into().map_err(|_| corrupt())?),
-            };
-            Ok(Some(TaskView::new(owner, seen, stored.answers())))
+            stored.view(alive, now)
         })
         .await
     }
@@ -471,6 +509,41 @@ impl TaskStore for SledStore {
 }
 
 impl Shared {
+    /// Claims up to `limit` tasks for `by` at `now` (T17): a scan of the
+    /// task tree, skipping tasks that may not be taken over before the
+    /// step, each claim one compare-and-swap of the task's key.
+    fn claim_tasks(&self, by: InstanceId, limit: usize, now: i64) -> Result<Vec<Claimed>> {
+        let mine = self.alive_until(&by.0)?;
+        if mine.is_none_or(|until| until <= now) {
+            return Err(Error::instance_lapsed(&by));
+        }
+        let mut claimed = Vec::new();
+        for entry in self.tasks.iter() {
+            if claimed.len() >= limit {
+                break;
+            }
+            let (key, value) = entry.map_err(backend)?;
+            if decode(&value)?.record.takeover.is_none() {
+                continue;
+            }
+            let digest = TaskDigest(key[..].try_into().map_err(|_| corrupt())?);
+            let (claim, _) = self.task_step(&digest, now, |found| {
+                let Some((stored, _, alive)) = found else {
+                    return Ok((None, None));
+                };
+                let Some((new, worker)) = stored.claim_step(by, alive, now) else {
+                    return Ok((None, None));
+                };
+                let view = new.view(mine, now)?;
+                Ok((Some(new), view.map(|view| (worker, view))))
+            })?;
+            if let Some((worker, view)) = claim {
+                claimed.push(Claimed::new(digest, worker, view));
+            }
+        }
+        Ok(claimed)
+    }
+
     /// Ends (persists as `failed`) up to [`PURGE_BATCH`] tasks of the task
     /// tree from `from` on that read as expired or orphaned; returns where
     /// the next step starts, `None` at the end.

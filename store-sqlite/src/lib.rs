@@ -56,8 +56,9 @@
 //! on `(token, seq)`, indexed on the time), `mes_sessions`, `mes_meta` (the
 //! format version, the stream secret, the incarnation counter),
 //! `mes_migrations` (the embedded migrations applied), and for durable tasks
-//! `mes_tasks`, `mes_task_inputs`, `mes_instances`, `mes_task_migrations`
-//! and `mes_task_context_migrations` (see [Tasks](#tasks)).
+//! `mes_tasks`, `mes_task_inputs`, `mes_instances`, `mes_task_migrations`,
+//! `mes_task_context_migrations` and `mes_task_takeover_migrations` (see
+//! [Tasks](#tasks)).
 //!
 //! ## One writer, many readers
 //!
@@ -274,6 +275,18 @@
 //! file and serves events and tasks; its statements name their columns,
 //! so what it writes leaves a context as it is. A task context migration
 //! of a newer release is refused in turn.
+//!
+//! Takeover (T16 to T19) follows the same path: its migration
+//! (`migrations/task_takeover/`) adds to `mes_tasks` the runs allowed
+//! (`max_attempts`, NULL for a task that dies with its instance), the
+//! runs whose instance lapsed, the claim's epoch, the release flag and the
+//! checkpoint, with a partial index on the tasks that may wait for a
+//! claim, and is recorded in `mes_task_takeover_migrations`. A release
+//! from before it opens the file and reads such a task as one that dies
+//! with its instance. A claim is one step at the writer like every other:
+//! it selects the tasks that wait for a runtime, decides each with the
+//! shared state machine, and writes them back in the same transaction, so
+//! of racing claimants exactly one claims a task.
 //!
 //! # Limits
 //!

@@ -531,7 +531,12 @@ impl TaskRows for SqliteRows<'_> {
         .bind(record.takeover.as_ref().map_or(0, |t| i64::from(t.lapses)))
         .bind(record.takeover.as_ref().map_or(1, |t| i64::from(t.epoch)))
         .bind(record.takeover.as_ref().is_some_and(|t| t.released))
-        .bind(record.takeover.as_ref().and_then(|t| t.checkpoint.as_deref()))
+        .bind(
+            record
+                .takeover
+                .as_ref()
+                .and_then(|t| t.checkpoint.as_deref()),
+        )
         .execute(&mut *self.conn)
         .await
         .map_err(db_error)?

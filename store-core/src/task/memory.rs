@@ -326,13 +326,20 @@ impl TaskStore for MemoryTaskStore {
         change.check(self.inner.options.max_payload_bytes)?;
         let now = self.now();
         let mut state = self.state();
+        let holder_alive_until = state
+            .tasks
+            .get(digest)
+            .and_then(|task| state.instances.get(&task.instance).copied());
         let Some((seen, task)) = state.seen(digest, None, now) else {
             return Ok(Applied::Unknown);
         };
         if seen.status.is_terminal() {
             return Ok(Applied::AlreadyTerminal(seen.status));
         }
-        if task.record.fenced(&by, &task.instance.0) {
+        if task
+            .record
+            .fenced(&by, &task.instance.0, holder_alive_until, now)
+        {
             return Ok(Applied::Fenced);
         }
         let mut record = task.stored();
@@ -532,7 +539,6 @@ impl MemoryTaskStore {
             }
         }
     }
-
 }
 
 #[cfg(all(test, feature = "conformance"))]
@@ -564,11 +570,18 @@ mod tests {
         ReplaceOnlyAdds,
         /// The runtime's view shows no answers.
         ViewWithoutAnswers,
+        /// A write under a stale claim is reported written.
+        UnfencedWrites,
+        /// A claim is a read then a write, not one step: every claimant
+        /// that read the task before the first write claims it too.
+        ClaimsTwice,
     }
 
     struct Flawed {
         inner: MemoryTaskStore,
         flaw: Flaw,
+        /// Every claim made through any handle, for [`Flaw::ClaimsTwice`].
+        claimed: Arc<std::sync::Mutex<Vec<Claimed>>>,
     }
 
     #[async_trait]
@@ -600,7 +613,9 @@ mod tests {
                 Flaw::TwoFinishersWin
                 | Flaw::DeafWatches
                 | Flaw::ReplaceOnlyAdds
-                | Flaw::ViewWithoutAnswers => self.inner.get(id, who).await,
+                | Flaw::ViewWithoutAnswers
+                | Flaw::UnfencedWrites
+                | Flaw::ClaimsTwice => self.inner.get(id, who).await,
             }
         }
         async fn answer(
@@ -639,6 +654,10 @@ mod tests {
             }
             let applied = self.inner.apply_claimed(id, by, change).await?;
             match (self.flaw, applied) {
+                (Flaw::UnfencedWrites, Applied::Fenced) => Ok(Applied::Changed {
+                    rev: 0,
+                    answer: None,
+                }),
                 (Flaw::TwoFinishersWin, Applied::AlreadyTerminal(_)) => Ok(Applied::Changed {
                     rev: 0,
                     answer: None,
@@ -672,6 +691,26 @@ mod tests {
         async fn delete(&self, id: &str) -> Result<bool> {
             self.inner.delete(id).await
         }
+        async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+            let mut claimed = self.inner.claim(by, limit).await?;
+            let mut all = self.claimed.lock().unwrap();
+            all.extend(claimed.iter().cloned());
+            if self.flaw == Flaw::ClaimsTwice {
+                for earlier in all.iter() {
+                    if !claimed.iter().any(|c| c.task == earlier.task) {
+                        claimed.push(Claimed::new(
+                            earlier.task,
+                            Worker {
+                                instance: by,
+                                epoch: earlier.worker.epoch,
+                            },
+                            earlier.view.clone(),
+                        ));
+                    }
+                }
+            }
+            Ok(claimed)
+        }
         async fn view_claimed(&self, id: &TaskDigest) -> Result<Option<TaskView>> {
             let view = self.inner.view_claimed(id).await?;
             Ok(view.map(|view| match self.flaw {
@@ -684,6 +723,7 @@ mod tests {
     struct FlawedHarness {
         memory: MemoryTaskHarness,
         flaw: Flaw,
+        claimed: Arc<std::sync::Mutex<Vec<Claimed>>>,
     }
 
     #[async_trait]
@@ -694,6 +734,7 @@ mod tests {
             Flawed {
                 inner: self.memory.open(options).await,
                 flaw: self.flaw,
+                claimed: self.claimed.clone(),
             }
         }
 
@@ -710,6 +751,7 @@ mod tests {
         let harness = FlawedHarness {
             memory: MemoryTaskHarness::new().await,
             flaw,
+            claimed: Arc::default(),
         };
         let outcome = AssertUnwindSafe(case(harness)).catch_unwind().await;
         assert!(outcome.is_err(), "the task suite let {flaw:?} through");
@@ -765,6 +807,30 @@ mod tests {
     async fn a_view_without_the_answers_fails_the_suite() {
         assert_case_fails(Flaw::ViewWithoutAnswers, |h| async move {
             conformance::view_reads_any_owner_with_every_answer(&h).await
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn unfenced_writes_fail_the_suite() {
+        assert_case_fails(Flaw::UnfencedWrites, |h| async move {
+            conformance::a_stale_claim_is_fenced(&h).await
+        })
+        .await;
+        assert_case_fails(Flaw::UnfencedWrites, |h| async move {
+            conformance::an_input_answered_while_nobody_holds_the_task_resumes_it(&h).await
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_that_is_not_one_step_fails_the_suite() {
+        assert_case_fails(Flaw::ClaimsTwice, |h| async move {
+            conformance::exactly_one_of_racing_instances_claims_a_task(&h).await
+        })
+        .await;
+        assert_case_fails(Flaw::ClaimsTwice, |h| async move {
+            conformance::a_claim_takes_at_most_its_limit(&h).await
         })
         .await;
     }

@@ -15,6 +15,8 @@
 //!   ([`NewTask`], [`WorkerChange`], [`TaskStore::answer`],
 //!   [`TaskStore::request_cancel`]) with their results ([`Applied`],
 //!   [`TaskView`]) (T4 to T6, T13 to T15);
+//! * takeover ([`NewTask::takeover`], [`TaskStore::claim`],
+//!   [`TaskStore::apply_claimed`], [`Claimed`], [`Worker`]) (T16 to T19);
 //! * the limits (T7) and [`TaskOptions`] (T8); a task that expired, or
 //!   whose instance died, reads `failed` (T8, T11), decided when it is
 //!   read, so no sweeper is needed for correctness;
@@ -55,6 +57,46 @@
 //!   it is [`Applied::KeySpent`] and nothing changes. The task is then
 //!   `input_required`, or `working` when the new set is empty. Two
 //!   concurrent replacements never both admit a key.
+//!
+//! # Clauses T16 to T19: tasks that outlive their process
+//!
+//! By default a task dies with its instance (T11). A task created with
+//! [`NewTask::takeover`] may be run again elsewhere, for operations that
+//! are safe to run again; the guarantee is *at least once, with fencing*:
+//! a run may repeat work a dead run already did (the operation must be
+//! idempotent up to its last checkpoint), and a run that lost its claim
+//! can change nothing.
+//!
+//! * **T16 Takeover and bounded runs.** When the instance running such a
+//!   task lapses, the task keeps reading `working` (or `input_required`)
+//!   and waits for a claim, as long as a run is left: `max_attempts` runs
+//!   in all, each lapse counting one ([`Takeover::attempt`]). When the
+//!   last run's instance lapses, it reads `failed` "server instance lost",
+//!   as in T11. The ttl bounds everything (T8).
+//! * **T17 Claims.** [`TaskStore::claim`] hands the tasks that wait for a
+//!   runtime to a live instance: those whose instance lapsed with a run
+//!   left, and those nobody holds, because they were created for a worker
+//!   ([`NewTask::queued`]) or given back ([`WorkerChange::Release`], for
+//!   instance while the task waits for its client's input, so that it
+//!   occupies no worker; it is claimable once answered). Each claim is
+//!   one atomic step: of any number of racing claimants, exactly one gets
+//!   a task. The claim ([`Claimed`]) carries the task's digest (ids are
+//!   never stored, T2), the claim to write under, and the task's
+//!   [`TaskView`]: its context (the request to run, T13), its checkpoint,
+//!   and every answer given and not taken (T14). A cancel requested while
+//!   nobody ran the task is claimed with it; the claimant ends it.
+//! * **T18 Fencing.** Every claim has an epoch: 1 for the creator, one
+//!   more per claim. Every worker write names its claim
+//!   ([`TaskStore::apply_claimed`], a [`Worker`]); on a task that may be
+//!   taken over, a write is refused with [`Applied::Fenced`], changing
+//!   nothing, unless it names the current holder and epoch, the holder is
+//!   alive, and the task is not released. So an instance that comes back
+//!   after it was counted lapsed changes nothing, whether or not another
+//!   instance claimed the task yet.
+//! * **T19 Checkpoints.** [`WorkerChange::Checkpoint`] saves the
+//!   operation's progress, at most [`MAX_CHECKPOINT_BYTES`], byte for
+//!   byte; the next claim returns the newest one
+//!   ([`Takeover::checkpoint`]), so a re-run can skip what is done.
 
 pub(crate) mod id;
 mod memory;

@@ -198,8 +198,9 @@ impl StoredTask {
     }
 
     /// A worker's step ([`TaskStore::apply_claimed`](crate::task::TaskStore::apply_claimed))
-    /// by `by` on this value, whose record reads as `seen` at `now`:
-    /// [`Applied::Fenced`] when `by` does not hold the task's claim (T18).
+    /// by `by` on this value, whose record reads as `seen` at `now` and
+    /// whose instance is alive until `alive_until`: [`Applied::Fenced`] when
+    /// `by` does not hold the task's claim (T18).
     ///
     /// Returns the value to write (`None`: nothing) and what to answer;
     /// a [`WorkerChange::TakeAnswer`] answers with the response it took.
@@ -210,6 +211,7 @@ impl StoredTask {
     pub fn worker_step(
         &self,
         seen: &TaskRecord,
+        alive_until: Option<i64>,
         by: Worker,
         change: WorkerChange<'_>,
         options: &TaskOptions,
@@ -218,7 +220,7 @@ impl StoredTask {
         if seen.status.is_terminal() {
             return Ok((None, Applied::AlreadyTerminal(seen.status)));
         }
-        if self.record.fenced(&by, &self.instance) {
+        if self.record.fenced(&by, &self.instance, alive_until, now) {
             return Ok((None, Applied::Fenced));
         }
         let mut new = self.clone();
@@ -553,7 +555,14 @@ mod tests {
         let options = TaskOptions::default();
         let take = WorkerChange::TakeAnswer { key: "a" };
         let (taken, applied) = new
-            .worker_step(&new.record, Worker::first(InstanceId([3; 16])), take, &options, 21)
+            .worker_step(
+                &new.record,
+                None,
+                Worker::first(InstanceId([3; 16])),
+                take,
+                &options,
+                21,
+            )
             .unwrap();
         let taken = taken.expect("an answer was taken");
         assert_eq!(
@@ -572,7 +581,14 @@ mod tests {
             request: b"{}",
         };
         let (none, spent) = taken
-            .worker_step(&taken.record, Worker::first(InstanceId([3; 16])), again, &options, 22)
+            .worker_step(
+                &taken.record,
+                None,
+                Worker::first(InstanceId([3; 16])),
+                again,
+                &options,
+                22,
+            )
             .unwrap();
         assert!(none.is_none());
         assert_eq!(spent, Applied::KeySpent);
@@ -592,6 +608,7 @@ mod tests {
         let (new, applied) = s
             .worker_step(
                 &seen,
+                None,
                 Worker::first(InstanceId([1; 16])),
                 finish,
                 &TaskOptions::default(),

@@ -116,13 +116,25 @@ impl TaskRecord {
         }
     }
 
-    /// Whether `by` may not write to the task, whose instance is `holder`
-    /// (T18): a task that may be taken over takes writes only from the
-    /// current claim, its instance and epoch, and from nobody while it is
-    /// released. A task that dies with its instance takes any writer.
-    pub(crate) fn fenced(&self, by: &Worker, holder: &[u8]) -> bool {
+    /// Whether `by` may not write to the task at `now`, whose instance is
+    /// `holder`, alive until `holder_alive_until` (T18): a task that may be
+    /// taken over takes writes only from the current claim, its instance
+    /// and epoch, while that instance is alive, and from nobody while it is
+    /// released. So an instance that comes back after it was counted
+    /// lapsed changes nothing, claimed since or not. A task that dies with
+    /// its instance takes any writer.
+    pub(crate) fn fenced(
+        &self,
+        by: &Worker,
+        holder: &[u8],
+        holder_alive_until: Option<i64>,
+        now: i64,
+    ) -> bool {
         self.takeover.as_ref().is_some_and(|takeover| {
-            takeover.released || takeover.epoch != by.epoch || holder != by.instance.0
+            takeover.released
+                || takeover.epoch != by.epoch
+                || holder != by.instance.0
+                || holder_alive_until.is_none_or(|until| until <= now)
         })
     }
 

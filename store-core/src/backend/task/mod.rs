@@ -64,10 +64,12 @@ pub trait TaskMachine: Sized {
     /// The client asks to cancel (T6); `true` if the record changed.
     fn request_cancel(&mut self, mode: CancelMode, now: i64) -> bool;
 
-    /// Whether `by` may not write to the task, whose instance as stored is
-    /// `holder` (T18): check it before [`apply`](Self::apply), and answer
+    /// Whether `by` may not write to the task at `now`, whose instance as
+    /// stored is `holder`, alive until `holder_alive_until` (T18): check it
+    /// before [`apply`](Self::apply), and answer
     /// [`Applied::Fenced`](crate::task::Applied::Fenced) when it is.
-    fn fenced(&self, by: &Worker, holder: &[u8]) -> bool;
+    fn fenced(&self, by: &Worker, holder: &[u8], holder_alive_until: Option<i64>, now: i64)
+    -> bool;
 
     /// Claims the task for `by` (T17) if it waits for a runtime, given its
     /// instance's heartbeat deadline: the claim to write under, the record
@@ -126,8 +128,14 @@ impl TaskMachine for TaskRecord {
         TaskRecord::apply(self, change, key_used, options, now)
     }
 
-    fn fenced(&self, by: &Worker, holder: &[u8]) -> bool {
-        TaskRecord::fenced(self, by, holder)
+    fn fenced(
+        &self,
+        by: &Worker,
+        holder: &[u8],
+        holder_alive_until: Option<i64>,
+        now: i64,
+    ) -> bool {
+        TaskRecord::fenced(self, by, holder, holder_alive_until, now)
     }
 
     fn claim(

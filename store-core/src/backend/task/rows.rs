@@ -346,7 +346,7 @@ pub async fn apply<R: TaskRows + ?Sized>(
     if seen.status.is_terminal() {
         return Ok(Stepped::unchanged(Applied::AlreadyTerminal(seen.status)));
     }
-    if row.record.fenced(by, &row.instance) {
+    if row.record.fenced(by, &row.instance, row.alive_until, now) {
         return Ok(Stepped::unchanged(Applied::Fenced));
     }
     let mut record = row.record.clone();
