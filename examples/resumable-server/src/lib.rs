@@ -51,6 +51,17 @@
 //!   instance lost") on every instance, and a resume on another instance of
 //!   a call it was running ends after what it stored (the client then
 //!   calls again).
+//! * `--worker`: run as a worker: no HTTP endpoint (`--bind` is ignored),
+//!   only the durable-task runtime, which claims `slow_count` tasks from
+//!   the store and runs them (see below);
+//! * `--hand-off`: create `slow_count` tasks queued for workers instead of
+//!   running them on this instance, which then only answers `tasks/*`;
+//! * `--no-takeover`: `slow_count` tasks die with their instance, as
+//!   `confirm_count`'s do (the behaviour before resumable tools);
+//! * `--claim-every-ms MS`: how often an instance or worker looks for
+//!   tasks to claim (default 1000);
+//! * `--max-attempts N`: the most runs a `slow_count` task gets when the
+//!   instances running it die (default 3).
 //!
 //! It has one tool, `slow_count`, which counts to `count` (default 10),
 //! waiting `interval_ms` (default 500) between steps and sending a progress
@@ -85,9 +96,25 @@
 //!
 //! A task lives as long as events are kept (`--max-age`). Any instance
 //! sharing the store answers `tasks/get`, `tasks/update` and `tasks/cancel`
-//! for a task, wherever it runs; the work itself runs on the instance that
-//! created it, and dies with it (the task then reads `failed` once the
-//! lease lapses).
+//! for a task, wherever it runs.
+//!
+//! `slow_count` is a resumable tool: its task outlives the instance that
+//! runs it. Each step is saved as a checkpoint; when the instance dies
+//! (once its lease lapses), any other instance or worker on the store
+//! claims the task and counts on from the last checkpoint, and the result
+//! says so (`counted to 20 (resumed from step 7, attempt 2)`). The task
+//! reads `working` throughout, never `failed`, for up to `--max-attempts`
+//! runs. With `--hand-off` the server runs none itself: workers
+//! (`--worker`, processes with no HTTP endpoint) do:
+//!
+//! ```text
+//! cargo run -p resumable-server --features postgres -- --store postgres://... --hand-off
+//! cargo run -p resumable-server --features postgres -- --store postgres://... --worker
+//! ```
+//!
+//! `confirm_count` (and `slow_count` with `--no-takeover`) runs on the
+//! instance that created it, and dies with it (the task then reads
+//! `failed` once the lease lapses).
 //!
 //! **Owner.** A request's `Authorization` header, whatever it holds, is the
 //! task's owner: only requests with the same header see, answer or cancel
@@ -119,8 +146,10 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
-use mcp_event_store::rmcp::tasks::{TaskExit, TaskOptions};
-use mcp_event_store::rmcp::{Durable, DurableTaskContext, DurableTasks};
+use mcp_event_store::rmcp::tasks::{TaskExit, TaskFuture, TaskOptions};
+use mcp_event_store::rmcp::{
+    Durable, DurableTaskContext, DurableTasks, DurableTasksBuilder, ResumableCall,
+};
 use mcp_event_store::task::Owner;
 use mcp_event_store::{DynStore, Retention, StoreOptions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -168,6 +197,17 @@ pub struct Options {
     /// How long one heartbeat keeps this instance's durable tasks alive;
     /// renewed every third of it.
     pub task_lease: Duration,
+    /// Run as a worker: no HTTP endpoint, only the claim loop running
+    /// `slow_count` tasks from the store.
+    pub worker: bool,
+    /// Queue `slow_count` tasks for workers instead of running them here.
+    pub hand_off: bool,
+    /// `slow_count` tasks die with their instance (not resumable).
+    pub no_takeover: bool,
+    /// How often a runtime with resumable tools looks for tasks to claim.
+    pub claim_every: Duration,
+    /// The most runs a resumable task gets.
+    pub max_attempts: u32,
 }
 
 impl Default for Options {
@@ -184,13 +224,19 @@ impl Default for Options {
             allowed_hosts: Vec::new(),
             metrics: None,
             task_lease: mcp_event_store::rmcp::tasks::DEFAULT_HEARTBEAT_LEASE,
+            worker: false,
+            hand_off: false,
+            no_takeover: false,
+            claim_every: mcp_event_store::rmcp::tasks::DEFAULT_CLAIM_INTERVAL,
+            max_attempts: mcp_event_store::rmcp::tasks::DEFAULT_MAX_ATTEMPTS,
         }
     }
 }
 
 const USAGE: &str = "usage: resumable-server [--store URL] [--bind ADDR] [--stateless] \
 [--poll-every N] [--retry-ms MS] [--max-age SECS] [--max-events N] [--session-check-ms MS] \
-[--follow-hold SECS] [--allow-host HOST]... [--metrics ADDR] [--task-lease-ms MS]";
+[--follow-hold SECS] [--allow-host HOST]... [--metrics ADDR] [--task-lease-ms MS] \
+[--worker] [--hand-off] [--no-takeover] [--claim-every-ms MS] [--max-attempts N]";
 
 /// A positive whole number, or an error naming the option.
 fn positive(flag: &str, value: &str) -> Result<u64, String> {
@@ -276,9 +322,30 @@ impl Options {
                     }
                     options.task_lease = Duration::from_millis(ms);
                 }
+                "--worker" => options.worker = true,
+                "--hand-off" => options.hand_off = true,
+                "--no-takeover" => options.no_takeover = true,
+                "--claim-every-ms" => {
+                    options.claim_every = Duration::from_millis(positive(&flag, &value()?)?);
+                }
+                "--max-attempts" => {
+                    let n = positive(&flag, &value()?)?;
+                    options.max_attempts = u32::try_from(n)
+                        .map_err(|e| format!("--max-attempts {n}: {e}\n{USAGE}"))?;
+                }
                 "-h" | "--help" => return Err(USAGE.into()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             }
+        }
+        if options.worker && (options.hand_off || options.no_takeover) {
+            return Err(format!(
+                "--worker runs resumable tasks: it takes neither --hand-off nor --no-takeover\n{USAGE}"
+            ));
+        }
+        if options.hand_off && options.no_takeover {
+            return Err(format!(
+                "--hand-off needs resumable tasks: drop --no-takeover\n{USAGE}"
+            ));
         }
         Ok(options)
     }
@@ -367,14 +434,74 @@ fn principal(bytes: &[u8]) -> Owner {
 /// [`owner_of`] the request, and expired events, sessions and tasks are
 /// purged every minute.
 pub async fn durable(store: DynStore, options: &Options) -> mcp_event_store::Result<Durable> {
+    let options = options.clone();
     Durable::builder(store)
         .follow_hold(options.follow_hold)
         .session_check_interval(options.session_check)
         .sse_retry(options.retry)
         .lease(options.task_lease)
         .owner(owner_of)
+        .tasks(move |tasks| resumable_tools(tasks, &options))
         .start()
         .await
+}
+
+/// The resumable tools of a server or worker: `slow_count`, unless
+/// `options.no_takeover`, with `options`' attempts, claim interval and
+/// hand-off.
+pub fn resumable_tools(tasks: DurableTasksBuilder, options: &Options) -> DurableTasksBuilder {
+    if options.no_takeover {
+        return tasks;
+    }
+    let tasks = tasks
+        .resumable("slow_count", resumable_count)
+        .max_attempts(options.max_attempts)
+        .claim_every(options.claim_every);
+    if options.hand_off {
+        tasks.hand_off_to_workers()
+    } else {
+        tasks
+    }
+}
+
+/// `slow_count` as a resumable task: its arguments from the stored call,
+/// the count from the last checkpoint on.
+fn resumable_count(task: DurableTaskContext, call: ResumableCall) -> TaskFuture {
+    Box::pin(async move {
+        let args = call.arguments.as_ref();
+        let count = argument(args, "count", 10, MAX_COUNT)?;
+        let interval = Duration::from_millis(argument(args, "interval_ms", 500, MAX_INTERVAL_MS)?);
+        count_in_task(&task, count, interval).await
+    })
+}
+
+/// Runs `slow_count` tasks from the store, as a worker process: no HTTP
+/// endpoint, only the task runtime with the resumable tools, claiming
+/// tasks queued for workers (`--hand-off` servers), given back for input
+/// and answered, or left by instances that died. Until `shutdown`.
+pub async fn work(
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let store = mcp_event_store::connect_with(&options.store, options.store_options()).await?;
+    let tasks = resumable_tools(
+        DurableTasks::builder(store as Arc<dyn mcp_event_store::task::TaskStore>)
+            .owner(owner_of)
+            .heartbeat(options.task_lease / 3, options.task_lease),
+        &options,
+    )
+    .build()
+    .await?;
+    tracing::info!(
+        instance = %tasks.instance(),
+        store = %redact(&options.store),
+        claim_every = ?options.claim_every,
+        "working: running slow_count tasks from the store"
+    );
+    tasks.claim_now().await;
+    shutdown.await;
+    tracing::info!("stopped");
+    Ok(())
 }
 
 fn object_schema(schema: serde_json::Value) -> Arc<JsonObject> {
@@ -446,25 +573,47 @@ fn text_result(text: String) -> CallToolResult {
 
 /// Counts as a durable task: the status message names each step, and a
 /// cancel request stops the count between steps.
+///
+/// In a resumable task each step is saved as the checkpoint before the
+/// status message names it, and a run starts from the last checkpoint: a
+/// run that took over says so in its result (`counted to N (resumed from
+/// step K, attempt A)`).
 async fn count_in_task(
     task: &DurableTaskContext,
     count: u64,
     interval: Duration,
 ) -> Result<CallToolResult, TaskExit> {
+    let from = task
+        .last_checkpoint()
+        .and_then(|saved| std::str::from_utf8(saved).ok()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(count);
+    if task.attempt() > 1 || from > 0 {
+        tracing::info!(task = ?task.task_digest(), from, attempt = task.attempt(), "counting task resumed");
+    }
     let cancelled = task.cancelled();
     tokio::pin!(cancelled);
-    for step in 1..=count {
+    for step in from + 1..=count {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = &mut cancelled => {
-                tracing::info!(task = task.task_id(), step, "counting task cancelled");
+                tracing::info!(task = ?task.task_digest(), step, "counting task cancelled");
                 return Err(TaskExit::Cancelled);
             }
+        }
+        if task.is_resumable() {
+            task.checkpoint(step.to_string()).await?;
         }
         task.set_status_message(format!("step {step} of {count}"))
             .await?;
     }
-    tracing::info!(task = task.task_id(), count, "counting task finished");
+    tracing::info!(task = ?task.task_digest(), count, "counting task finished");
+    if task.attempt() > 1 || from > 0 {
+        return Ok(text_result(format!(
+            "counted to {count} (resumed from step {from}, attempt {})",
+            task.attempt()
+        )));
+    }
     Ok(text_result(format!("counted to {count}")))
 }
 
@@ -500,7 +649,7 @@ async fn confirm_then_count(
         .request_input("confirm", confirm_request(count)?)
         .await?;
     if answer["action"] != "accept" {
-        tracing::info!(task = task.task_id(), action = %answer["action"], "count not confirmed");
+        tracing::info!(task = ?task.task_digest(), action = %answer["action"], "count not confirmed");
         return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
             "not confirmed ({}): nothing counted",
             answer["action"]
@@ -584,6 +733,19 @@ impl ServerHandler for SlowCounter {
                 })
                 .await?;
             tracing::info!(task = %created.task.task_id, count, "confirm_count task created");
+            return Ok(CallToolResponse::Task(created));
+        }
+        if declares_tasks && (self.tasks.is_resumable("slow_count") || self.tasks.hands_off()) {
+            let options = self.task_options(interval, format!("counting to {count}"));
+            let created = self
+                .tasks
+                .spawn_resumable(&context, options, ResumableCall::from(&request))
+                .await?;
+            tracing::info!(
+                count,
+                hand_off = self.tasks.hands_off(),
+                "resumable slow_count task created"
+            );
             return Ok(CallToolResponse::Task(created));
         }
         if declares_tasks {

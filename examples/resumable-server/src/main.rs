@@ -1,5 +1,6 @@
 //! `resumable-server`: the command. Reads the options, sets up logging,
-//! listens, and serves until Ctrl-C or SIGTERM. The server itself is the
+//! listens, and serves until Ctrl-C or SIGTERM (or, with `--worker`, runs
+//! tasks from the store until then). The server itself is the
 //! library (`resumable_server`), which the end-to-end tests drive.
 
 use resumable_server::{Options, serve};
@@ -46,6 +47,13 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    if options.worker {
+        if let Err(error) = resumable_server::work(options, shutdown_signal()).await {
+            eprintln!("error: {error}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let listener = match tokio::net::TcpListener::bind(options.bind).await {
         Ok(listener) => listener,
         Err(error) => {

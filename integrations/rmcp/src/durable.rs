@@ -329,6 +329,39 @@ impl DurableBuilder {
         self
     }
 
+    /// Anything else of the durable-task runtime: resumable tools
+    /// ([`DurableTasksBuilder::resumable`]), handing them off to workers,
+    /// their attempts, the claim interval and bound. The heartbeat, its
+    /// lease and purging are this builder's ([`lease`](Self::lease),
+    /// [`purge_every`](Self::purge_every)) and override the same settings
+    /// made here.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: std::sync::Arc<dyn mcp_event_store_core::Store>) -> mcp_event_store_core::Result<()> {
+    /// use mcp_event_store_rmcp::Durable;
+    /// use rmcp::model::{CallToolResult, ContentBlock};
+    ///
+    /// let durable = Durable::builder(store)
+    ///     .tasks(|tasks| {
+    ///         tasks.resumable("echo", |_task, call| {
+    ///             Box::pin(async move {
+    ///                 let text = format!("{:?}", call.arguments);
+    ///                 Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+    ///             })
+    ///         })
+    ///     })
+    ///     .start()
+    ///     .await?;
+    /// # let _ = durable; Ok(()) }
+    /// ```
+    pub fn tasks(
+        mut self,
+        configure: impl FnOnce(DurableTasksBuilder) -> DurableTasksBuilder,
+    ) -> Self {
+        self.tasks = configure(self.tasks);
+        self
+    }
+
     /// Registers this instance (its presence and its task heartbeat),
     /// builds every piece, and starts the maintenance loop. Needs a tokio
     /// runtime. A lease under 3 ms, or a zero purge interval, is

@@ -68,6 +68,20 @@
 //! [`DurableTasks`] runs the tasks extension (MCP 2026-07-28) over any
 //! `TaskStore`.
 //!
+//! # Tasks that outlive their instance
+//!
+//! A tool registered as resumable ([`DurableTasksBuilder::resumable`],
+//! called with [`DurableTasks::spawn_resumable`]) makes tasks that another
+//! instance, or a worker process with no HTTP endpoint, takes over when the
+//! instance running them dies. The guarantee is **at least once, with
+//! fencing**: the handler may run again (from its last
+//! [checkpoint](DurableTaskContext::checkpoint)), and a stale run is stopped
+//! at its next write, so exactly one outcome is stored. What the handler
+//! does outside the store between two writes must be safe to repeat.
+//! Input requests give the task back until the client answers; the run
+//! that claims it then gets every earlier answer at once. A cancel is
+//! honoured whoever claims the task. Details in the [`tasks`] module.
+//!
 //! [`Durable`] builds all of them; to wire them yourself, [`IntoRmcp`]
 //! makes any `Arc` of a store (a `DynStore` included) either adapter:
 //!
@@ -195,7 +209,9 @@ pub use scoped::{
     SessionScoped,
 };
 pub use sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL, RmcpSessionStore};
-pub use tasks::{DurableTaskContext, DurableTasks, DurableTasksBuilder};
+pub use tasks::{
+    DurableTaskContext, DurableTasks, DurableTasksBuilder, ResumableCall, ResumableHandler,
+};
 
 use std::sync::Arc;
 

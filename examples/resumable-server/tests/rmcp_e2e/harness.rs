@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use mcp_event_store::rmcp::{Durable, DurableTasks};
 use mcp_event_store::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, Rev, TaskId, TaskPurgeReport, TaskRecord,
-    TaskStore, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
+    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store::testing::UrlHarness;
 use tokio_util::sync::CancellationToken;
@@ -238,6 +238,20 @@ pub struct ChildServer {
 
 impl ChildServer {
     pub fn spawn(args: &[String]) -> Self {
+        Self::spawn_until(args, "LISTENING ")
+    }
+
+    /// A worker process (`--worker`): no endpoint, so `url` is empty. It
+    /// is ready once it says `WORKING`.
+    pub fn spawn_worker(args: &[String]) -> Self {
+        let mut args = args.to_vec();
+        args.push("--worker".into());
+        Self::spawn_until(&args, "WORKING")
+    }
+
+    /// The process, once a line of its stdout has `marker`; `url` is what
+    /// follows the marker on that line.
+    fn spawn_until(args: &[String], marker: &'static str) -> Self {
         let mut child = Command::new(std::env::current_exe().expect("the test binary"))
             .args([
                 "--exact",
@@ -256,8 +270,8 @@ impl ChildServer {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if let Some(at) = line.find("LISTENING ") {
-                    let _ = found.send(line[at + "LISTENING ".len()..].trim().to_owned());
+                if let Some(at) = line.find(marker) {
+                    let _ = found.send(line[at + marker.len()..].trim().to_owned());
                 }
             }
         });
@@ -336,34 +350,27 @@ impl TaskStore for CountingTasks {
     }
     async fn apply_claimed(
         &self,
-        task: &mcp_event_store::task::TaskDigest,
-        by: mcp_event_store::task::Worker,
+        task: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> mcp_event_store::Result<Applied> {
         self.wrote();
         self.inner.apply_claimed(task, by, change).await
     }
-    async fn claim(
-        &self,
-        by: InstanceId,
-        limit: usize,
-    ) -> mcp_event_store::Result<Vec<mcp_event_store::task::Claimed>> {
-        self.wrote();
-        self.inner.claim(by, limit).await
-    }
-    async fn view_claimed(
-        &self,
-        task: &mcp_event_store::task::TaskDigest,
-    ) -> mcp_event_store::Result<Option<mcp_event_store::task::TaskView>> {
+    async fn view_claimed(&self, task: &TaskDigest) -> mcp_event_store::Result<Option<TaskView>> {
         self.inner.view_claimed(task).await
     }
     async fn watch_claimed(
         &self,
-        task: &mcp_event_store::task::TaskDigest,
+        task: &TaskDigest,
         after: Rev,
         max_wait: Duration,
     ) -> mcp_event_store::Result<Option<TaskRecord>> {
         self.inner.watch_claimed(task, after, max_wait).await
+    }
+    async fn claim(&self, by: InstanceId, limit: usize) -> mcp_event_store::Result<Vec<Claimed>> {
+        self.wrote();
+        self.inner.claim(by, limit).await
     }
     async fn watch(
         &self,

@@ -44,8 +44,9 @@ macro_rules! task_case {
 
 /// Every case on one backend. Tags add the cases a backend supports beyond
 /// the common ones: `restart` (the store survives the server process),
-/// `shared` (two servers can use the store at once) and `tasks` (durable
-/// tasks across two server processes).
+/// `shared` (two servers can use the store at once), `tasks` (durable
+/// tasks across two server processes) and `takeover` (resumable tasks
+/// taken over from a killed server or worker process).
 macro_rules! e2e_tests {
     ($backend:ident: $fixture:expr $(, $tag:ident)* $(,)?) => {
         mod $backend {
@@ -85,21 +86,26 @@ macro_rules! e2e_tests {
         task_case!($fixture, tasks_without_the_extension_nothing_is_stored, without_the_extension_nothing_is_stored);
         task_case!($fixture, tasks_of_another_owner_are_unknown, another_owner_cannot_see_or_touch_a_task);
     };
+    (@takeover $fixture:expr) => {
+        task_case!($fixture, takeover_a_killed_servers_task_completes_elsewhere_from_its_checkpoint, killed_server_task_is_taken_over);
+        task_case!($fixture, takeover_a_killed_workers_task_completes_on_another_worker, killed_worker_task_is_taken_over);
+    };
 }
 
 e2e_tests!(memory: Fixture::memory());
 #[cfg(feature = "sqlite")]
-e2e_tests!(sqlite: Fixture::on("sqlite"), restart, shared, tasks);
+e2e_tests!(sqlite: Fixture::on("sqlite"), restart, shared, tasks, takeover);
 #[cfg(feature = "postgres")]
-e2e_tests!(postgres: Fixture::on("postgres"), shared, tasks);
+e2e_tests!(postgres: Fixture::on("postgres"), shared, tasks, takeover);
 #[cfg(feature = "redis")]
-e2e_tests!(redis: Fixture::on("redis"), shared, tasks);
+e2e_tests!(redis: Fixture::on("redis"), shared, tasks, takeover);
 #[cfg(feature = "sled")]
 e2e_tests!(sled: Fixture::on("sled"), restart);
 
 /// The server process of the `restart` cases: this test binary, re-executed
 /// with the server's arguments in [`CHILD_ENV`]. It prints
-/// `LISTENING <url>` once it accepts connections, and runs until killed.
+/// `LISTENING <url>` once it accepts connections, and runs until killed;
+/// with `--worker`, it prints `WORKING` and runs tasks until killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the server process of the restart cases; they start it with its arguments"]
 async fn child_server() {
@@ -108,6 +114,13 @@ async fn child_server() {
     };
     let options = server::Options::parse(args.split('\u{1f}').map(str::to_owned))
         .expect("valid server arguments");
+    if options.worker {
+        println!("WORKING");
+        server::work(options, std::future::pending())
+            .await
+            .expect("the worker runs");
+        return;
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a free loopback port");
@@ -209,6 +222,36 @@ fn server_options_set_the_task_lease() {
             .unwrap_err()
             .contains("--task-lease-ms MS")
     );
+}
+
+/// The takeover options: `--worker`, `--hand-off`, `--no-takeover`,
+/// `--claim-every-ms`, `--max-attempts`; contradictions are refused.
+#[test]
+fn server_options_set_takeover() {
+    use std::time::Duration;
+    let parse = |args: &[&str]| server::Options::parse(args.iter().map(|a| a.to_string()));
+    let defaults = parse(&[]).unwrap();
+    assert!(!defaults.worker && !defaults.hand_off && !defaults.no_takeover);
+    assert_eq!(defaults.claim_every, Duration::from_secs(1));
+    assert_eq!(defaults.max_attempts, 3);
+    let options = parse(&["--worker", "--claim-every-ms=250", "--max-attempts", "5"]).unwrap();
+    assert!(options.worker);
+    assert_eq!(options.claim_every, Duration::from_millis(250));
+    assert_eq!(options.max_attempts, 5);
+    assert!(parse(&["--hand-off"]).unwrap().hand_off);
+    assert!(parse(&["--no-takeover"]).unwrap().no_takeover);
+    for bad in [
+        &["--worker", "--hand-off"][..],
+        &["--worker", "--no-takeover"],
+        &["--hand-off", "--no-takeover"],
+        &["--claim-every-ms", "0"],
+        &["--max-attempts", "0"],
+        &["--max-attempts", "99999999999"],
+    ] {
+        let message = parse(bad).unwrap_err();
+        assert!(message.contains("usage:"), "{bad:?}: {message}");
+    }
+    assert!(parse(&["--help"]).unwrap_err().contains("--worker"));
 }
 
 /// `--metrics`: the server's Prometheus endpoint reports the store's

@@ -20,12 +20,32 @@ const ORPHAN_WAIT: Duration = Duration::from_secs(60);
 
 /// A server process on the fixture's store, with the short lease.
 fn spawn(fixture: &Fixture) -> ChildServer {
-    ChildServer::spawn(&[
+    spawn_with(fixture, &[])
+}
+
+/// The server's arguments on the fixture's store: the short lease, a
+/// claim every 100 ms, and `extra`.
+fn arguments(fixture: &Fixture, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
         "--store".to_owned(),
         fixture.url().to_owned(),
         "--task-lease-ms".into(),
         LEASE_MS.to_string(),
-    ])
+        "--claim-every-ms".into(),
+        "100".into(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}
+
+/// A server process as [`spawn`], with `extra` arguments.
+fn spawn_with(fixture: &Fixture, extra: &[&str]) -> ChildServer {
+    ChildServer::spawn(&arguments(fixture, extra))
+}
+
+/// A worker process (`--worker`) on the fixture's store.
+fn spawn_worker(fixture: &Fixture) -> ChildServer {
+    ChildServer::spawn_worker(&arguments(fixture, &[]))
 }
 
 fn status(task: &Value) -> &str {
@@ -165,8 +185,9 @@ pub async fn cancel_on_another_server_stops_the_work(fixture: &Fixture) {
 /// before it died stays `completed` (its outcome was stored). A new server
 /// A' on the same store serves new tasks.
 pub async fn killed_server_tasks_read_failed_elsewhere(fixture: &Fixture) {
-    let a = spawn(fixture);
-    let b = spawn(fixture);
+    // Tasks that die with their instance, as before resumable tools.
+    let a = spawn_with(fixture, &["--no-takeover"]);
+    let b = spawn_with(fixture, &["--no-takeover"]);
     let on_a = TaskClient::new(&a.url);
     let on_b = on_a.on(&b.url);
     let finished = on_a
@@ -191,7 +212,7 @@ pub async fn killed_server_tasks_read_failed_elsewhere(fixture: &Fixture) {
     assert_eq!(still["result"]["status"], "completed", "{still}");
     assert_eq!(result_text(&still["result"]), "counted to 1", "{still}");
 
-    let a2 = spawn(fixture);
+    let a2 = spawn_with(fixture, &["--no-takeover"]);
     let on_a2 = on_a.on(&a2.url);
     let next = on_a2
         .create_task(5, "slow_count", json!({"count": 2, "interval_ms": 1}))
@@ -295,4 +316,97 @@ pub async fn another_owner_cannot_see_or_touch_a_task(fixture: &Fixture) {
     let done = alice_b.until(&id, WAIT, terminal).await;
     assert_eq!(status(&done), "completed", "{done}");
     assert_eq!(result_text(&done), "counted to 3", "{done}");
+}
+
+/// `tasks/get` result, asserting it never reads `failed`: a resumable
+/// task is `working` while it waits for a runtime to take it over.
+fn never_failed(task: &Value) {
+    assert_ne!(status(task), "failed", "{task}");
+}
+
+/// Where a taken-over count resumed: `K` of `counted to N (resumed from
+/// step K, attempt A)`, with `A`.
+fn resumed(task: &Value) -> Option<(u64, u64)> {
+    let text = result_text(task);
+    let rest = text.split_once("(resumed from step ")?.1;
+    let (from, rest) = rest.split_once(", attempt ")?;
+    Some((from.parse().ok()?, rest.trim_end_matches(')').parse().ok()?))
+}
+
+/// (g) Two servers and a worker share the store. A resumable `slow_count`
+/// runs on A, which is killed (SIGKILL) mid-count: once A's lease lapses,
+/// B or the worker takes the task over and counts on from A's last
+/// checkpoint (at least the step last seen), on attempt 2. Polled on B
+/// throughout, the task never reads `failed`.
+pub async fn killed_server_task_is_taken_over(fixture: &Fixture) {
+    let a = spawn(fixture);
+    let b = spawn(fixture);
+    let _worker = spawn_worker(fixture);
+    let on_a = TaskClient::new(&a.url);
+    let on_b = on_a.on(&b.url);
+    let count = 40;
+    let id = on_a
+        .create_task(2, "slow_count", json!({"count": count, "interval_ms": 100}))
+        .await;
+    let seen = on_b
+        .until(&id, WAIT, |t| {
+            never_failed(t);
+            step(t).is_some_and(|n| n >= 3)
+        })
+        .await;
+    a.kill();
+    let seen_step = step(&seen).unwrap();
+
+    let done = on_b
+        .until(&id, ORPHAN_WAIT, |t| {
+            never_failed(t);
+            terminal(t)
+        })
+        .await;
+    assert_eq!(status(&done), "completed", "{done}");
+    let (from, attempt) = resumed(&done).unwrap_or_else(|| panic!("not taken over: {done}"));
+    assert!(
+        from >= seen_step && from < count,
+        "resumed from A's checkpoint (A was seen at step {seen_step}): {done}"
+    );
+    assert_eq!(attempt, 2, "{done}");
+    assert!(
+        result_text(&done).starts_with(&format!("counted to {count} ")),
+        "{done}"
+    );
+}
+
+/// (h) A front end hands its `slow_count` tasks off to workers: worker 1
+/// runs the task and is killed mid-count; worker 2, started after it,
+/// takes it over from worker 1's checkpoint. The front end, polled
+/// throughout, never reads it `failed`.
+pub async fn killed_worker_task_is_taken_over(fixture: &Fixture) {
+    let front = spawn_with(fixture, &["--hand-off"]);
+    let on_front = TaskClient::new(&front.url);
+    let first = spawn_worker(fixture);
+    let count = 40;
+    let id = on_front
+        .create_task(2, "slow_count", json!({"count": count, "interval_ms": 100}))
+        .await;
+    let seen = on_front
+        .until(&id, WAIT, |t| {
+            never_failed(t);
+            step(t).is_some_and(|n| n >= 2)
+        })
+        .await;
+    let second = spawn_worker(fixture);
+    first.kill();
+    let seen_step = step(&seen).unwrap();
+
+    let done = on_front
+        .until(&id, ORPHAN_WAIT, |t| {
+            never_failed(t);
+            terminal(t)
+        })
+        .await;
+    assert_eq!(status(&done), "completed", "{done}");
+    let (from, attempt) = resumed(&done).unwrap_or_else(|| panic!("not taken over: {done}"));
+    assert!(from >= seen_step && from < count, "{done}");
+    assert_eq!(attempt, 2, "{done}");
+    drop(second);
 }

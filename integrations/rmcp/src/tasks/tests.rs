@@ -69,34 +69,34 @@ impl TaskStore for Counting {
     }
     async fn apply_claimed(
         &self,
-        task: &mcp_event_store_core::task::TaskDigest,
-        by: mcp_event_store_core::task::Worker,
+        task: &TaskDigest,
+        by: Worker,
         change: WorkerChange<'_>,
     ) -> mcp_event_store_core::Result<Applied> {
         self.wrote();
         self.inner.apply_claimed(task, by, change).await
     }
-    async fn claim(
-        &self,
-        by: InstanceId,
-        limit: usize,
-    ) -> mcp_event_store_core::Result<Vec<mcp_event_store_core::task::Claimed>> {
-        self.wrote();
-        self.inner.claim(by, limit).await
-    }
     async fn view_claimed(
         &self,
-        task: &mcp_event_store_core::task::TaskDigest,
+        task: &TaskDigest,
     ) -> mcp_event_store_core::Result<Option<mcp_event_store_core::task::TaskView>> {
         self.inner.view_claimed(task).await
     }
     async fn watch_claimed(
         &self,
-        task: &mcp_event_store_core::task::TaskDigest,
+        task: &TaskDigest,
         after: Rev,
         max_wait: Duration,
     ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         self.inner.watch_claimed(task, after, max_wait).await
+    }
+    async fn claim(
+        &self,
+        by: InstanceId,
+        limit: usize,
+    ) -> mcp_event_store_core::Result<Vec<Claimed>> {
+        self.wrote();
+        self.inner.claim(by, limit).await
     }
     async fn watch(
         &self,
@@ -144,6 +144,13 @@ impl ServerHandler for Server {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let options = TaskOptions::new().with_poll_interval_ms(10);
+        if self.tasks.is_resumable(&request.name) || self.tasks.hands_off() {
+            let task = self
+                .tasks
+                .spawn_resumable(&ctx, options, ResumableCall::from(&request))
+                .await?;
+            return Ok(CallToolResponse::Task(task));
+        }
         let task = match request.name.as_ref() {
             // Counts to `to`, saying where it is, then answers the count.
             "count" => {
@@ -695,3 +702,5 @@ async fn an_outcome_over_the_store_limit_fails_the_task_instead_of_hanging() {
     );
     client.cancel().await.unwrap();
 }
+
+mod takeover;

@@ -1,0 +1,427 @@
+//! Resumable tasks across runtimes (T16 to T19): takeover of a lapsed
+//! instance's run with its checkpoint and answers, fencing of the stale
+//! run, cancel across a takeover, a run given back for input and resumed
+//! elsewhere, hand-off to a worker.
+//!
+//! Every runtime here claims only when the test says so
+//! ([`DurableTasks::claim_now`]), and its instance lapses only when the
+//! store's manual clock jumps past its lease: no timing decides anything.
+//! Each step of the `steps` tool waits for a permit of its runtime's gate,
+//! so the test decides how far a run gets.
+
+use std::sync::Mutex as StdMutex;
+
+use mcp_event_store_core::ManualClock;
+use mcp_event_store_core::StoreOptions;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::*;
+
+/// "Must happen eventually" bound; never a latency assertion.
+const EVENTUALLY: Duration = Duration::from_secs(30);
+/// The runtimes' heartbeat interval: no beat happens during a test. (The
+/// lease is twice that; the tasks' ttl, rmcp's default, much longer.)
+const BEAT: Duration = Duration::from_secs(60);
+/// Never, in a test.
+const HOUR: Duration = Duration::from_secs(3600);
+
+type Events = mpsc::UnboundedSender<String>;
+
+/// Says `"<label> dropped"` when a run's future is dropped: finished, or
+/// aborted because it stopped.
+struct Dropped(&'static str, Events);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        let _ = self.1.send(format!("{} dropped", self.0));
+    }
+}
+
+/// The `steps` tool as runtime `label` runs it: with `{"ask": true}` it
+/// first asks for `to` under the key `go`, else it takes `{"to": N}`; then
+/// it counts from its last checkpoint to `to`, each step waiting for a
+/// permit of `gate`, saving the step as its checkpoint and its status
+/// message (`at N`). It answers who ran it, from where and on which attempt.
+fn steps(
+    label: &'static str,
+    gate: Arc<Semaphore>,
+    events: Events,
+) -> impl Fn(DurableTaskContext, ResumableCall) -> TaskFuture + Send + Sync + 'static {
+    move |t, call| {
+        let gate = gate.clone();
+        let events = events.clone();
+        Box::pin(async move {
+            let _dropped = Dropped(label, events.clone());
+            let _ = events.send(format!("{label} started attempt {}", t.attempt()));
+            let arguments = call.arguments.unwrap_or_default();
+            let to = if arguments.get("ask") == Some(&Value::Bool(true)) {
+                let request: InputRequest = serde_json::from_value(json!({
+                    "method": "elicitation/create",
+                    "params": {
+                        "message": "How far?",
+                        "requestedSchema": {"type": "object", "properties": {}}
+                    }
+                }))
+                .unwrap();
+                let answer = t.request_input("go", request).await?;
+                answer["content"]["to"].as_u64().unwrap()
+            } else {
+                arguments["to"].as_u64().unwrap()
+            };
+            let from: u64 = t
+                .last_checkpoint()
+                .map(|c| std::str::from_utf8(c).unwrap().parse().unwrap())
+                .unwrap_or(0);
+            for n in from + 1..=to {
+                gate.acquire().await.unwrap().forget();
+                let _ = events.send(format!("{label} trying {n}"));
+                t.checkpoint(n.to_string()).await?;
+                let _ = events.send(format!("{label} saved {n}"));
+                t.set_status_message(format!("at {n}")).await?;
+            }
+            Ok(ok(format!(
+                "{label} from {from} to {to} on attempt {}",
+                t.attempt()
+            )))
+        })
+    }
+}
+
+/// A store on a manual clock.
+fn clocked() -> (Arc<ManualClock>, Arc<MemoryTaskStore>) {
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let store = Arc::new(MemoryTaskStore::with_options(
+        StoreOptions::default().clock(clock.clone()),
+        mcp_event_store_core::task::TaskOptions::default(),
+    ));
+    (clock, store)
+}
+
+/// One runtime's side of a test: its runtime, its gate, what its runs say.
+struct Runtime {
+    tasks: DurableTasks,
+    gate: Arc<Semaphore>,
+    events: mpsc::UnboundedReceiver<String>,
+    seen: Arc<StdMutex<Vec<String>>>,
+}
+
+impl Runtime {
+    /// A runtime with the `steps` tool, heartbeating every minute on a
+    /// two-minute lease, claiming only when told (its claim loop ticks hourly).
+    async fn start(store: Arc<dyn TaskStore>, label: &'static str) -> Self {
+        Self::start_with(store, label, |b| b).await
+    }
+
+    async fn start_with(
+        store: Arc<dyn TaskStore>,
+        label: &'static str,
+        configure: impl FnOnce(DurableTasksBuilder) -> DurableTasksBuilder,
+    ) -> Self {
+        let gate = Arc::new(Semaphore::new(0));
+        let (sender, events) = mpsc::unbounded_channel();
+        let builder = DurableTasks::builder(store)
+            .owner(by_client_name)
+            .heartbeat(BEAT, 2 * BEAT)
+            .claim_every(HOUR)
+            .watch_wait(Duration::from_millis(50))
+            .resumable("steps", steps(label, gate.clone(), sender));
+        let tasks = configure(builder).build().await.unwrap();
+        Self {
+            tasks,
+            gate,
+            events,
+            seen: Arc::default(),
+        }
+    }
+
+    /// Waits until one of this runtime's runs says `what`.
+    async fn said(&mut self, what: &str) {
+        let seen = self.seen.clone();
+        tokio::time::timeout(EVENTUALLY, async {
+            loop {
+                let event = self.events.recv().await.expect("the runtime lives");
+                seen.lock().unwrap().push(event.clone());
+                if event == what {
+                    return;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("never said {what:?}; said {:?}", self.seen.lock().unwrap()));
+    }
+
+    /// Everything its runs said so far.
+    fn said_so_far(&mut self) -> Vec<String> {
+        while let Ok(event) = self.events.try_recv() {
+            self.seen.lock().unwrap().push(event);
+        }
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Polls until the task satisfies `done`, checking every read with
+/// `always`; for at most [`EVENTUALLY`].
+async fn watch_until(
+    client: &Client,
+    id: &str,
+    always: impl Fn(&DetailedTask),
+    done: impl Fn(&DetailedTask) -> bool,
+) -> DetailedTask {
+    tokio::time::timeout(EVENTUALLY, async {
+        loop {
+            let task = get(client, id).await;
+            always(&task);
+            if done(&task) {
+                return task;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("task {id} never reached the expected state"))
+}
+
+fn at(task: &DetailedTask, n: u64) -> bool {
+    task.task.status_message.as_deref() == Some(&format!("at {n}"))
+}
+
+fn never_failed(task: &DetailedTask) {
+    assert_ne!(task.status(), rmcp::model::TaskStatus::Failed, "{task:?}");
+}
+
+fn completed_text(task: &DetailedTask) -> String {
+    let TaskPayload::Completed { result } = &task.payload else {
+        panic!("expected completed, got {task:?}");
+    };
+    result["content"][0]["text"].as_str().unwrap().to_owned()
+}
+
+async fn answer_go(client: &Client, id: &str, to: u64) {
+    let mut responses = InputResponses::new();
+    responses.insert(
+        "go".into(),
+        json!({"action": "accept", "content": {"to": to}}),
+    );
+    client
+        .peer()
+        .update_task(UpdateTaskParams::new(id.to_owned(), responses))
+        .await
+        .unwrap();
+}
+
+/// A's run asks for input (and is given back), is answered, claimed again
+/// by A, and saves two steps; then A's instance lapses. B claims the task:
+/// its run is attempt 2, gets the answer without asking again, and counts
+/// on from A's checkpoint. `tasks/get` never reads `failed` meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_runtimes_task_is_taken_over_with_its_checkpoint_and_answers() {
+    let (clock, store) = clocked();
+    let mut a = Runtime::start(store.clone(), "A").await;
+    let client = connect(&a.tasks, "alice", true).await;
+    let id = call(&client, "steps", json!({"ask": true}))
+        .await
+        .task
+        .task_id;
+    a.said("A dropped").await; // given back while it waits for input
+    let waiting = watch_until(&client, &id, never_failed, |t| {
+        t.status() == rmcp::model::TaskStatus::InputRequired
+    })
+    .await;
+    assert!(matches!(waiting.payload, TaskPayload::InputRequired { .. }));
+    answer_go(&client, &id, 5).await;
+
+    a.gate.add_permits(2);
+    a.tasks.claim_now().await;
+    a.said("A started attempt 1").await;
+    watch_until(&client, &id, never_failed, |t| at(t, 2)).await;
+    a.said("A saved 2").await;
+
+    // A stalls past its lease; B, alive, takes the task over.
+    clock.advance(3 * BEAT);
+    let mut b = Runtime::start(store.clone(), "B").await;
+    b.gate.add_permits(10);
+    b.tasks.claim_now().await;
+    let done = watch_until(&client, &id, never_failed, terminal).await;
+    assert_eq!(completed_text(&done), "B from 2 to 5 on attempt 2");
+    b.said("B dropped").await;
+    assert!(
+        !b.said_so_far()
+            .iter()
+            .any(|e| e == "B trying 1" || e == "B trying 2"),
+        "B resumed after A's checkpoint: {:?}",
+        b.said_so_far()
+    );
+    client.cancel().await.unwrap();
+}
+
+/// A's run is taken over while it is stuck; once it goes on, its next
+/// write is fenced and the run stops there: its checkpoint is not saved,
+/// and the task keeps B's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_run_is_fenced_and_stops_at_its_next_write() {
+    let (clock, store) = clocked();
+    let mut a = Runtime::start(store.clone(), "A").await;
+    let client = connect(&a.tasks, "alice", true).await;
+    a.gate.add_permits(1);
+    let id = call(&client, "steps", json!({"to": 3})).await.task.task_id;
+    watch_until(&client, &id, never_failed, |t| at(t, 1)).await;
+
+    clock.advance(3 * BEAT);
+    let mut b = Runtime::start(store.clone(), "B").await;
+    b.gate.add_permits(10);
+    b.tasks.claim_now().await;
+    let done = watch_until(&client, &id, never_failed, terminal).await;
+    assert_eq!(completed_text(&done), "B from 1 to 3 on attempt 2");
+    b.said("B dropped").await;
+
+    // A wakes up: its next write is fenced, and the run is stopped.
+    a.gate.add_permits(1);
+    a.said("A trying 2").await;
+    a.said("A dropped").await;
+    assert!(
+        !a.said_so_far().contains(&"A saved 2".to_owned()),
+        "{:?}",
+        a.said_so_far()
+    );
+    let after = get(&client, &id).await;
+    assert_eq!(completed_text(&after), "B from 1 to 3 on attempt 2");
+    client.cancel().await.unwrap();
+}
+
+/// A cancel recorded while the lapsed run was stuck is honoured by the
+/// runtime that claims the task: it ends `cancelled` without running the
+/// tool again. So is a cancel of a task given back while it waits for
+/// input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_is_honoured_across_a_takeover() {
+    let (clock, store) = clocked();
+    let a = Runtime::start(store.clone(), "A").await;
+    let client = connect(&a.tasks, "alice", true).await;
+    a.gate.add_permits(1);
+    let stuck = call(&client, "steps", json!({"to": 3})).await.task.task_id;
+    watch_until(&client, &stuck, never_failed, |t| at(t, 1)).await;
+    let asking = call(&client, "steps", json!({"ask": true}))
+        .await
+        .task
+        .task_id;
+    watch_until(&client, &asking, never_failed, |t| {
+        t.status() == rmcp::model::TaskStatus::InputRequired
+    })
+    .await;
+    for id in [&stuck, &asking] {
+        client
+            .peer()
+            .cancel_task(CancelTaskParams::new(id.clone()))
+            .await
+            .unwrap();
+    }
+
+    clock.advance(3 * BEAT);
+    let mut b = Runtime::start(store.clone(), "B").await;
+    b.gate.add_permits(10);
+    b.tasks.claim_now().await;
+    for id in [&stuck, &asking] {
+        let done = watch_until(&client, id, never_failed, terminal).await;
+        assert_eq!(
+            done.status(),
+            rmcp::model::TaskStatus::Cancelled,
+            "{done:?}"
+        );
+    }
+    assert!(
+        b.said_so_far().is_empty(),
+        "B never ran the tool: {:?}",
+        b.said_so_far()
+    );
+    client.cancel().await.unwrap();
+}
+
+/// A run that asks for input gives the task back and stops: no runtime is
+/// occupied while the client thinks. Answered, the task is claimed by
+/// another runtime (A is alive: this is no takeover, so still attempt 1),
+/// whose run gets the answer at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_given_back_for_input_resumes_on_another_runtime_once_answered() {
+    let (_clock, store) = clocked();
+    let mut a = Runtime::start(store.clone(), "A").await;
+    let mut b = Runtime::start(store.clone(), "B").await;
+    let client = connect(&a.tasks, "alice", true).await;
+    let id = call(&client, "steps", json!({"ask": true}))
+        .await
+        .task
+        .task_id;
+    a.said("A dropped").await;
+    watch_until(&client, &id, never_failed, |t| {
+        t.status() == rmcp::model::TaskStatus::InputRequired
+    })
+    .await;
+    // Nothing to claim while the client thinks.
+    b.tasks.claim_now().await;
+    assert!(b.said_so_far().is_empty(), "{:?}", b.said_so_far());
+
+    answer_go(&client, &id, 2).await;
+    b.gate.add_permits(2);
+    b.tasks.claim_now().await;
+    let done = watch_until(&client, &id, never_failed, terminal).await;
+    assert_eq!(completed_text(&done), "B from 0 to 2 on attempt 1");
+    b.said("B dropped").await;
+    client.cancel().await.unwrap();
+}
+
+/// A front end that hands its tasks off runs nothing: the task waits,
+/// `working`, until a worker's claim loop (here every 20 ms) picks it up.
+/// A worker without the tool fails a task it claims, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_front_end_hands_off_to_a_worker() {
+    let (_clock, store) = clocked();
+    let front = DurableTasks::builder(store.clone())
+        .owner(by_client_name)
+        .hand_off_to_workers()
+        .build()
+        .await
+        .unwrap();
+    assert!(front.hands_off() && !front.is_resumable("steps"));
+    let client = connect(&front, "alice", true).await;
+    let id = call(&client, "steps", json!({"to": 2})).await.task.task_id;
+    let unknown = call(&client, "nowhere", json!({})).await.task.task_id;
+    front.claim_now().await; // a front end claims nothing
+    assert_eq!(
+        get(&client, &id).await.status(),
+        rmcp::model::TaskStatus::Working
+    );
+
+    let mut worker = Runtime::start_with(store.clone(), "W", |b| {
+        b.claim_every(Duration::from_millis(20)).max_running(1)
+    })
+    .await;
+    worker.gate.add_permits(2);
+    let done = watch_until(&client, &id, never_failed, terminal).await;
+    assert_eq!(completed_text(&done), "W from 0 to 2 on attempt 1");
+    let failed = watch_until(&client, &unknown, |_| {}, terminal).await;
+    let TaskPayload::Failed { error } = &failed.payload else {
+        panic!("expected failed, got {failed:?}");
+    };
+    assert!(
+        error["message"].as_str().unwrap().contains("\"nowhere\""),
+        "{error:?}"
+    );
+    worker.said("W dropped").await;
+    client.cancel().await.unwrap();
+}
+
+/// The call stored with a task reads back as it was given.
+#[test]
+fn a_call_round_trips_through_the_task_context() {
+    let mut arguments = JsonObject::new();
+    arguments.insert("to".into(), json!(3));
+    for call in [
+        ResumableCall::new("steps", Some(arguments)),
+        ResumableCall::new("bare", None),
+    ] {
+        let bytes = call.encode().unwrap();
+        assert_eq!(ResumableCall::decode(Some(&bytes)).unwrap(), call);
+    }
+    assert!(ResumableCall::decode(None).is_err());
+    assert!(ResumableCall::decode(Some(b"[]")).is_err());
+    assert!(ResumableCall::decode(Some(br#"{"tool":"x","arguments":3}"#)).is_err());
+}
