@@ -391,8 +391,20 @@ impl RedisStore {
         };
         // A lost race (another claim, or any change) leaves it: whoever
         // changed it holds it or changed what a claim would see.
-        if !self.write_task(digest, &found.stored, &new, now).await? {
-            return Ok(None);
+        match self.write_task(digest, &found.stored, &new, now).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            // The script may have run with its reply lost (a timeout, a
+            // dropped connection): a claim nobody is told of would hold
+            // the task until this instance lapses. Read back: the claim
+            // landed if the task is at its `rev`, under this claim.
+            Err(error) => match self.find_task(digest, None, now).await {
+                Ok(Some(back))
+                    if back.stored.record.rev == new.record.rev
+                        && back.stored.instance == by.0
+                        && back.stored.record.takeover == new.record.takeover => {}
+                _ => return Err(error),
+            },
         }
         Ok(new
             .view(mine, now)?
