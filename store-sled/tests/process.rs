@@ -230,13 +230,29 @@ type Acks = BTreeMap<String, Vec<(EventId, String)>>;
 fn append_then_kill(dir: &Path, env: &[(&str, String)]) -> Acks {
     let mut child = Child::spawn("child_appends_until_killed", dir, env);
     let mut lines = Vec::new();
+    // The churn streams whose writer deleted them at least once, so that
+    // they started again before the kill: counted, not hoped for, since
+    // on a loaded machine the hot writers may get most of the turns.
+    let mut restarted = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while lines.len() < KILL_AFTER_ACKS {
+    while lines.len() < KILL_AFTER_ACKS || restarted.len() < CHURN_STREAMS {
         let left = deadline
             .checked_duration_since(Instant::now())
             .expect("the child acknowledged too little within a minute");
         match child.next_line(left) {
-            Some(line) if line.contains(ACK) => lines.push(line),
+            Some(line) if line.contains(ACK) => {
+                let (_, ack) = line.split_once(ACK).expect("just checked");
+                let mut parts = ack.split(' ');
+                if let (Some(stream), Some(_), Some(payload)) =
+                    (parts.next(), parts.next(), parts.next())
+                {
+                    let i = payload.rsplit('-').next().and_then(|i| i.parse::<u64>().ok());
+                    if stream.starts_with("churn") && i.is_some_and(|i| i >= CHURN_LIFE) {
+                        restarted.insert(stream.to_owned());
+                    }
+                }
+                lines.push(line);
+            }
             Some(_) => {}
             None => panic!("the child stopped after {} acknowledgements", lines.len()),
         }
