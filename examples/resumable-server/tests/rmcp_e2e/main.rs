@@ -112,6 +112,15 @@ async fn child_server() {
     let Ok(args) = std::env::var(CHILD_ENV) else {
         return;
     };
+    // The child's log goes to the inherited stderr: errors by default,
+    // more with RUST_LOG (say `RUST_LOG=mcp_event_store_rmcp=debug`).
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .try_init();
     let options = server::Options::parse(args.split('\u{1f}').map(str::to_owned))
         .expect("valid server arguments");
     if options.worker {
