@@ -72,6 +72,7 @@
 //! `mcp-event-store-tower-mcp`) makes any of them tower-mcp 0.25's event
 //! store, session store and task store; `cargo run -p tower-mcp-server`
 //! runs a tower-mcp server on them (`examples/tower-mcp-server`).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -176,6 +176,7 @@
 //!   stream ends gracefully, waits for the server's `retry` hint (or its
 //!   retry policy), and resumes with the newest `Last-Event-ID` until the
 //!   response arrives.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod codec;
 mod durable;

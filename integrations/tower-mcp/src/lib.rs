@@ -242,6 +242,7 @@
 //!   reaching an instance that does not run them leaves the task given
 //!   back until one that does claims it (or it expires).
 //! * The store must implement claims: memory, SQLite and PostgreSQL do.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
