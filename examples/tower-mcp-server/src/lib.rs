@@ -29,6 +29,15 @@
 //! * `running_counts`: how many counts run in this process now (what a
 //!   cancel through another instance is seen to stop by).
 //!
+//! Options (`tower-mcp-server --help`): `--store URL` (default
+//! `sqlite://mcp-tower-mcp-server.db`), `--bind ADDR` (default
+//! `127.0.0.1:8001`), `--task-lease-ms MS` (default 30000),
+//! `--session-ttl-secs SECS` (default 1800), `--allow-host HOST`. It builds
+//! 183 crates (`cargo tree -e normal`), against 188 for `resumable-server`.
+//! The requests of the durable-tasks curl walk-through
+//! (`docs/tasks-walkthrough.md`) work against two instances of it too; it
+//! wants `Mcp-Name` on `tasks/*` as well.
+//!
 //! The library is what the command runs, and what its end-to-end tests
 //! drive.
 #![deny(missing_docs)]
