@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The README's durable-tasks walk-through (MCP 2026-07-28), as a check: two
-# `resumable-server` instances, A and B, on one SQLite file. A task created
-# on A asks for input; B shows the request, takes the answer, and reads the
-# result. Then A is killed (SIGKILL) mid-task: B reads that task `failed`
+# The durable-tasks walk-through of docs/tasks-walkthrough.md (MCP
+# 2026-07-28), as a check: two `resumable-server` instances, A and B, on
+# one SQLite file. A task created on A asks for input; B shows the request,
+# takes the answer, and reads the result. Then A is killed (SIGKILL) mid-task: B reads that task `failed`
 # once A's lease lapses, while a task A finished before dying stays
 # `completed`; A restarted serves new tasks. Fails unless each step says so.
 #

@@ -611,3 +611,9 @@ pub async fn connect_with(url: &str, options: StoreOptions) -> Result<DynStore> 
         known.join(", ")
     )))
 }
+
+/// The README's Rust snippets, compiled as doc tests (with the features
+/// they use), so that a snippet that stops compiling fails the tests.
+#[cfg(all(doctest, feature = "rmcp", feature = "tower-mcp"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
