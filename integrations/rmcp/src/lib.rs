@@ -220,8 +220,10 @@
 //! serializes it again when it writes the SSE frame. For every message shape
 //! the tests cover (requests, notifications, results of each variant of rmcp's
 //! untagged `ServerResult`, errors, custom methods) the replayed frame is byte
-//! for byte the one sent live. [`decode`] can be asked to check this for a
-//! stored payload with [`replays_exactly`].
+//! for byte the one sent live, also for custom messages that rmcp's
+//! untagged enums would otherwise read as a known type and trim.
+//! [`decode`] can be asked to check this for a stored payload with
+//! [`replays_exactly`].
 //!
 //! # Replay streams and errors in the middle of one
 //!
