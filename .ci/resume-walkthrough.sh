@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The README's curl walk-through, as a check: against a running
-# `resumable-server` (`cargo run -p resumable-server`, session mode), start
-# a slow tool call, drop the connection half way, and resume once with
-# Last-Event-ID while the call is still running. Fails unless that one
+# The curl walk-through of docs/resume-walkthrough.md, as a check: against
+# a running `resumable-server` (`cargo run -p resumable-server`, session
+# mode), start a slow tool call, drop the connection half way, and resume
+# once with Last-Event-ID while the call is still running. Fails unless that one
 # resume streams exactly the missed steps, the ones still to come, and the
 # result.
 #

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The durable-tasks walk-through (MCP 2026-07-28), as a check: two
-# `resumable-server` instances, A and B, on one SQLite file. A task created
-# on A asks for input; B shows the request, takes the answer, and reads the
-# result. Then A is killed (SIGKILL) mid-count: B takes the task over once
-# A's lease lapses and finishes it from A's last checkpoint, and `tasks/get`
-# never reads it `failed`. Then A comes back as a front end that hands its
-# tasks to workers (`--hand-off`), and a worker process (`--worker`, no
-# HTTP) runs them; killed mid-count, its task is finished by B. Last, a
-# task started with `--no-takeover` dies with its instance, as every task
-# did before takeover. Fails unless each step says so.
+# The durable-tasks walk-through of docs/tasks-walkthrough.md (MCP
+# 2026-07-28), as a check: two `resumable-server` instances, A and B, on
+# one SQLite file. A task created on A asks for input; B shows the request,
+# takes the answer, and reads the result. Then A is killed (SIGKILL)
+# mid-count: B takes the task over once A's lease lapses and finishes it
+# from A's last checkpoint, and `tasks/get` never reads it `failed`. Then B
+# stops and A comes back as a front end that hands its tasks to workers
+# (`--hand-off`); a worker process (`--worker`, no HTTP) runs one, is
+# killed mid-count, and a second worker finishes it. Last, a task started
+# with `--no-takeover` dies with its instance, as every task did before
+# takeover. Fails unless each step says so.
 #
 #   bash .ci/tasks-walkthrough.sh path/to/resumable-server [PORT_A] [PORT_B]
 set -euo pipefail

@@ -7,7 +7,8 @@
 //!   as sled allows). Besides criterion's estimate, 1,000 single deliveries
 //!   are timed and their median and 99th percentile written to
 //!   `<criterion dir>/follow/<backend>/latency/percentiles.json` (printed
-//!   too), for the README's table and chart.
+//!   too), for the performance report's table and chart
+//!   (docs/performance.md).
 //! * `follow/<backend>/append/idle_followers/{0,1000}`: appends to one
 //!   stream of a store holding 1,000 other streams, with no follower, then
 //!   (on fresh storage with the same streams) with a follower waiting on

@@ -1,4 +1,5 @@
-//! Draws the README's performance charts from the last criterion run:
+//! Draws the performance report's charts (docs/performance.md) from the
+//! last criterion run:
 //!
 //! * `docs/charts/scale.svg`: the median time to replay the last 100 events
 //!   of one stream against the number of events in the store, per backend,
@@ -228,7 +229,8 @@ fn main() -> Result<(), Failure> {
         )
         .into());
     }
-    // The workspace's docs/charts, beside the README that shows them.
+    // The workspace's docs/charts, beside docs/performance.md, which shows
+    // them.
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/charts");
     std::fs::create_dir_all(&out)?;
     let data = medians(&criterion)?;

@@ -32,6 +32,7 @@
 //!
 //! Most users want the `mcp-event-store` facade crate, which re-exports all
 //! of this beside the backends.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -546,6 +546,7 @@
 //!   default 10), plus one listening connection once it follows or watches
 //!   a task, plus one for task heartbeats once it renews one (so a renewal
 //!   never queues behind a busy pool).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

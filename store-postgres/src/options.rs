@@ -265,34 +265,6 @@ impl PostgresOptions {
         Ok((self, connect))
     }
 
-    /// Takes this crate's own parameters out of a connection URL, applying
-    /// them over these options, and returns the options and the URL left
-    /// for the driver. Every parameter is checked as
-    /// [`from_url`](Self::from_url) checks it (an unknown one is now
-    /// [`Error::Config`]); `application_name` stays in the returned URL
-    /// and leaves [`PostgresOptions::application_name`] as it was.
-    ///
-    /// ```
-    /// # #![allow(deprecated)]
-    /// use mcp_event_store_postgres::{PostgresOptions, Vacuum};
-    ///
-    /// let (options, url) = PostgresOptions::default()
-    ///     .with_url_parameters("postgres://app@db/app?schema=tenant_a&sslmode=require&vacuum=auto")
-    ///     .unwrap();
-    /// assert_eq!(options.schema, "tenant_a");
-    /// assert_eq!(options.vacuum, Vacuum::Auto);
-    /// assert_eq!(url, "postgres://app@db/app?sslmode=require");
-    /// ```
-    #[deprecated(
-        since = "0.1.0",
-        note = "use PostgresOptions::from_url, or PostgresStore::connect_with, which applies the URL over options"
-    )]
-    pub fn with_url_parameters(mut self, url: &str) -> Result<(Self, String)> {
-        let (parameters, driver_url) = split_url(url)?;
-        self.apply_own(&parameters)?;
-        Ok((self, driver_url))
-    }
-
     /// Applies this crate's own parameters.
     fn apply_own(&mut self, parameters: &UrlParameters<'_>) -> Result<()> {
         if let Some(schema) = parameters.schema {
@@ -644,22 +616,5 @@ mod tests {
                 other => panic!("{bad}: expected a config error, got {other:?}"),
             }
         }
-    }
-
-    #[test]
-    #[allow(deprecated)]
-    fn with_url_parameters_is_from_url_keeping_the_driver_url() {
-        let (options, url) = PostgresOptions::default()
-            .vacuum(Vacuum::Auto)
-            .with_url_parameters("postgres://u@h/db?schema=s1&application_name=a&sslmode=disable")
-            .unwrap();
-        assert_eq!(options.schema, "s1");
-        assert_eq!(options.vacuum, Vacuum::Auto);
-        assert_eq!(options.application_name, None);
-        assert_eq!(url, "postgres://u@h/db?application_name=a&sslmode=disable");
-        assert!(matches!(
-            PostgresOptions::default().with_url_parameters("postgres://u@h/db?sslmod=x"),
-            Err(Error::Config(_))
-        ));
     }
 }

@@ -48,19 +48,6 @@ pub const SERVER: ServerSpec = ServerSpec {
     },
 };
 
-/// The environment variable naming the test server.
-#[deprecated(since = "0.1.0", note = "use SERVER.env")]
-pub const URL_ENV: &str = SERVER.env;
-/// The local server tried when the variable is unset.
-#[deprecated(since = "0.1.0", note = "use SERVER.local")]
-pub const LOCAL_URL: &str = SERVER.local;
-/// The image the `testcontainers` feature starts, pinned.
-#[deprecated(
-    since = "0.1.0",
-    note = "use SERVER.container.image and SERVER.container.tag"
-)]
-pub const CONTAINER_IMAGE: (&str, &str) = (SERVER.container.image, SERVER.container.tag);
-
 /// The prefix of every test schema's name.
 pub const SCHEMA_PREFIX: &str = "mcp_test_";
 

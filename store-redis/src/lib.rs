@@ -482,6 +482,7 @@
 //!   [`wait_timeout`](RedisOptions::wait_timeout).
 //! * TTLs longer than about 35 years are not set on the keys (nothing would
 //!   expire anyway).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -61,16 +61,6 @@ pub const SERVER: ServerSpec = ServerSpec {
 /// The start of every test key prefix ([`random_prefix`], [`namespace`]).
 pub const TEST_PREFIX: &str = "mcp-es-test-";
 
-/// The environment variable naming the test server.
-#[deprecated(note = "use `SERVER.env`")]
-pub const URL_VAR: &str = SERVER.env;
-/// The server tried when the variable is unset.
-#[deprecated(note = "use `SERVER.local`")]
-pub const LOCAL_DEFAULT: &str = SERVER.local;
-/// The image used with the `testcontainers` feature (Redis 7, pinned).
-#[deprecated(note = "use `SERVER.container.image` and `SERVER.container.tag`")]
-pub const CONTAINER_IMAGE: (&str, &str) = (SERVER.container.image, SERVER.container.tag);
-
 /// The URL of the Redis server tests should use, found once per process
 /// ([`testkit::find_server`] with [`SERVER`]).
 ///
@@ -95,15 +85,6 @@ fn probe(url: String) -> BoxFuture<'static, std::result::Result<(), String>> {
             .map(drop)
             .map_err(|e| e.to_string())
     })
-}
-
-/// Whether the server at `url` answers `PING` within `within`.
-#[deprecated(note = "`server_url` finds the server through `testkit::find_server`")]
-pub async fn answers(url: &str, within: Duration) -> std::result::Result<(), String> {
-    match tokio::time::timeout(within, probe(url.to_owned())).await {
-        Ok(answer) => answer,
-        Err(_) => Err(format!("no answer within {within:?}")),
-    }
 }
 
 /// A fresh key prefix, `mcp-es-test-<16 random hex digits>`, that nothing

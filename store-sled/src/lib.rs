@@ -434,6 +434,7 @@
 //! [`EventStore::purge_expired`]: mcp_event_store_core::EventStore::purge_expired
 //! [`EventStore::stats`]: mcp_event_store_core::EventStore::stats
 //! [`FollowOptions::max_hold`]: mcp_event_store_core::FollowOptions::max_hold
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

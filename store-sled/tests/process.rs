@@ -246,7 +246,10 @@ fn append_then_kill(dir: &Path, env: &[(&str, String)]) -> Acks {
                 if let (Some(stream), Some(_), Some(payload)) =
                     (parts.next(), parts.next(), parts.next())
                 {
-                    let i = payload.rsplit('-').next().and_then(|i| i.parse::<u64>().ok());
+                    let i = payload
+                        .rsplit('-')
+                        .next()
+                        .and_then(|i| i.parse::<u64>().ok());
                     if stream.starts_with("churn") && i.is_some_and(|i| i >= CHURN_LIFE) {
                         restarted.insert(stream.to_owned());
                     }

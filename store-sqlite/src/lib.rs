@@ -305,6 +305,7 @@
 //!   (one keyed read each), not only those of the task it changed.
 //! * WAL needs shared memory between the processes on the file: one host,
 //!   a local file system (not a network share), not `:memory:`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

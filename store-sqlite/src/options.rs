@@ -223,12 +223,6 @@ impl SqliteOptions {
         self
     }
 
-    /// Sets the shared store options.
-    #[deprecated(note = "renamed `store`, as in every backend's options")]
-    pub fn store_options(self, store: StoreOptions) -> Self {
-        self.store(store)
-    }
-
     /// Sets the durability mode.
     pub fn durability(mut self, durability: Durability) -> Self {
         self.durability = durability;

@@ -29,6 +29,15 @@
 //! * `running_counts`: how many counts run in this process now (what a
 //!   cancel through another instance is seen to stop by).
 //!
+//! Options (`tower-mcp-server --help`): `--store URL` (default
+//! `sqlite://mcp-tower-mcp-server.db`), `--bind ADDR` (default
+//! `127.0.0.1:8001`), `--task-lease-ms MS` (default 30000),
+//! `--session-ttl-secs SECS` (default 1800), `--allow-host HOST`. It builds
+//! 183 crates (`cargo tree -e normal`), against 188 for `resumable-server`.
+//! The requests of the durable-tasks curl walk-through
+//! (`docs/tasks-walkthrough.md`) work against two instances of it too; it
+//! wants `Mcp-Name` on `tasks/*` as well.
+//!
 //! The library is what the command runs, and what its end-to-end tests
 //! drive.
 #![deny(missing_docs)]
@@ -67,8 +76,27 @@ const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 #[derive(Clone, Debug, PartialEq, Eq, clap::Parser)]
 #[command(
     name = "tower-mcp-server",
+    version,
     about = "A tower-mcp server whose sessions, SSE events and durable tasks live in an \
-             mcp-event-store store"
+             mcp-event-store store",
+    long_about = "A tower-mcp 0.25 server whose sessions, SSE events and durable tasks live in \
+                  an mcp-event-store store, named by URL (memory://, sqlite://, postgres://, \
+                  redis://, sled://), at http://ADDR/mcp.\n\n\
+                  Tools: slow_count (counts to `count`, waiting `interval_ms` between steps, \
+                  with a progress notification per step; a task when the client declares the \
+                  tasks extension), confirm_count (asks the client to confirm through an \
+                  elicitation, input key `confirm`, then counts) and running_counts (the \
+                  counts running in this process).\n\n\
+                  Two instances on one PostgreSQL, Redis or SQLite file serve the same \
+                  sessions and tasks. Stop it with Ctrl-C or SIGTERM. Logs go to stderr \
+                  (RUST_LOG, default `info,tower_mcp=warn`).\n\n\
+                  Exit status: 0 after a clean shutdown, 1 when it cannot listen or the store \
+                  fails, 2 on bad arguments.",
+    after_help = "Examples:\n  \
+                  tower-mcp-server\n  \
+                  tower-mcp-server --store postgres://postgres@127.0.0.1/postgres --bind 127.0.0.1:8002\n\n\
+                  Backends other than SQLite need the package's features: \
+                  cargo run -p tower-mcp-server --features full -- --store URL"
 )]
 pub struct Options {
     /// Where to keep sessions, events and tasks: any URL
@@ -85,11 +113,11 @@ pub struct Options {
     pub bind: SocketAddr,
     /// How long one heartbeat keeps this instance alive, renewed every
     /// third of it: a server that dies leaves its running tasks reading
-    /// `failed` this long after.
+    /// `failed` this long after (at least 300).
     #[arg(long, value_name = "MS", default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(300..))]
     pub task_lease_ms: u64,
-    /// How long an idle session lives.
+    /// How long an idle session lives (at least 1).
     #[arg(long, value_name = "SECS", default_value_t = 1_800,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub session_ttl_secs: u64,

@@ -59,6 +59,11 @@
 //!   the session idled, even while another instance serves it: that
 //!   instance's next `save` puts the session back, the events stay gone.
 //!   This crate cannot tell such a purge from a client's `DELETE`.
+//! * **Nor does it invalidate sessions across instances**: an instance
+//!   that holds a session keeps serving it after a `DELETE` on another,
+//!   and writes its record back. Prefer session affinity for 2025-11-25
+//!   clients. Each of these limits is pinned by a test in
+//!   `examples/tower-mcp-server/tests/tower_e2e`.
 //!
 //! # Sessions
 //!
@@ -242,6 +247,7 @@
 //!   reaching an instance that does not run them leaves the task given
 //!   back until one that does claims it (or it expires).
 //! * The store must implement claims: memory, SQLite and PostgreSQL do.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -14,6 +14,62 @@
 //! and [`SessionStore`](crate::SessionStore) with these, exports a
 //! [`Backend`](crate::Backend) descriptor as `BACKEND`, and runs the
 //! conformance suite (feature `conformance`) from its own tests.
+//!
+//! # Every backend crate has the same shape
+//!
+//! So that a diff between two backend crates shows only what the database
+//! makes different, each has the same files with the same jobs:
+//! `options.rs` (`XOptions`: `Default`, `store(StoreOptions)`, `validate()`,
+//! and `from_url`, which owns every URL parameter and refuses an unknown or
+//! repeated one), `setup.rs` (opening, migrations or layout, the format check,
+//! the stream secret), `store.rs` (`connect(url)`, `connect_with(url, options)`
+//! where a parameter given in the URL wins, `close(&self)`, then thin trait
+//! impls), files named for the jobs the database makes different (`append.rs`,
+//! `replay.rs`, `follow.rs`, `purge.rs`, `inspect.rs`, `sessions.rs`), and
+//! `testing.rs` (the conformance harness, feature `conformance`). Crate docs
+//! use the same headings: Connecting, Layout, Durability, Retention,
+//! Following, Inspecting, Format, Limits.
+//!
+//! A new backend is a crate `store-<name>` (a workspace member by its
+//! directory name) that implements the traits with the plumbing in
+//! `mcp_event_store_core::backend`, exports its `BACKEND` descriptor, and
+//! implements `Harness`, `PersistentHarness` and `UrlHarness` on the test kit
+//! (`mcp_event_store_core::testkit`: server discovery, a namespace per test
+//! removed even on panic, a child-process guard, the acknowledged-events
+//! reader); its `tests/conformance.rs` is the one line
+//! `conformance_tests!(<Name>Harness::new(), persistent);`, which runs every
+//! case, the SIGKILL and newer-format cases included; its `tests/tasks.rs`
+//! is the same for the task suite (`task_conformance_tests!`). The facade
+//! then needs the six lines listed under "The descriptor and the lists that
+//! name backends" below. `connect`, the CLI,
+//! the example server (`--features full`), the front-door test and the
+//! end-to-end fixtures (`testing::storage`) then reach it. Two more are
+//! optional: a line in the end-to-end list (which cases it supports: restart,
+//! shared) and a bench module (`benches/src/<name>.rs`, its bulk load and raw
+//! range read); a backend without one is named on stderr and not measured.
+//!
+//! # The descriptor and the lists that name backends
+//!
+//! Each backend crate exports a descriptor, `BACKEND` (an
+//! `mcp_event_store::Backend`: name, URL schemes, facade feature, `connect`),
+//! and the facade keeps one list of them; `mcp_event_store::backends()` names
+//! those compiled in. Adding a backend that `connect` opens takes its crate
+//! and six lines outside it, all in the workspace's root: in `Cargo.toml`,
+//! its `[workspace.dependencies]` line
+//! (`mcp-event-store-<name> = { path = "store-<name>", version = "0.1.0" }`;
+//! the `store-*` members glob already takes the crate), its optional
+//! dependency in the facade (`{ workspace = true, optional = true }`), its
+//! feature (`<name> = ["dep:mcp-event-store-<name>"]`), its entry in
+//! `all-backends` and in `testing` (`"mcp-event-store-<name>?/conformance"`);
+//! and one line in
+//! the `backends!` list in `src/lib.rs`. The rmcp end-to-end fixtures
+//! (`examples/resumable-server/tests/rmcp_e2e/main.rs`) still keep lists of
+//! their own, as do the tower-mcp contract tests
+//! (`integrations/tower-mcp/tests/contracts.rs`) and end-to-end cases
+//! (`examples/tower-mcp-server/tests/tower_e2e/main.rs`), and each server
+//! package a feature per backend. The benches take
+//! their backends from `backends()` and refuse to run one without a module in
+//! `benches/src/` (its bulk load, raw read and cleanup).
 
 pub mod dense;
 pub mod follow;
