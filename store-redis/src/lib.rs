@@ -320,9 +320,10 @@
 //! between leaves an entry no task backs, which the next claim removes.
 //! A claim `SSCAN`s the set and claims each task that waits for a runtime
 //! with the same conditional write as every step below, so of racing
-//! claimants exactly one writes; a task that ended or is gone leaves the
-//! set then, or when it is deleted. Each claim reads every task still in
-//! the set: claim every second or so, not in a tight loop.
+//! claimants exactly one writes. A task leaves the set when it ends, when
+//! it is deleted, or when a claim finds it gone. Each claim reads every
+//! task still in the set, the running ones included (two round trips
+//! each): claim every second or so, not in a tight loop.
 //!
 //! **One atomic step.** Every mutation (`answer`, `request_cancel`,
 //! `apply`, a purge ending a task) reads the task (`HGET v`) and its

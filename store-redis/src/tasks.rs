@@ -457,6 +457,14 @@ impl RedisStore {
             // Published for every handle; this one's watchers need not
             // wait for the message.
             self.inner.tasks.wake(digest);
+            let ended = new.record.status.is_terminal() && !read.record.status.is_terminal();
+            if ended && new.record.takeover.is_some() {
+                // No claim will want it again. An entry left by a failure
+                // here is harmless: the next claim that meets it drops it.
+                if let Err(error) = self.index_takeover("SREM", digest).await {
+                    tracing::debug!(%error, "cannot drop an ended task from the takeover set");
+                }
+            }
         }
         Ok(written == 1)
     }

@@ -523,7 +523,8 @@ impl Shared {
                 break;
             }
             let (key, value) = entry.map_err(backend)?;
-            if decode(&value)?.record.takeover.is_none() {
+            let record = decode(&value)?.record;
+            if record.takeover.is_none() || record.status.is_terminal() {
                 continue;
             }
             let digest = TaskDigest(key[..].try_into().map_err(|_| corrupt())?);

@@ -434,6 +434,11 @@ impl TaskStore for MemoryTaskStore {
             if claimed.len() >= limit {
                 break;
             }
+            // Most tasks never wait for a claim: skip them before the
+            // copy a claim decides on.
+            if task.record.takeover.is_none() || task.record.status.is_terminal() {
+                continue;
+            }
             let alive_until = instances.get(&task.instance).copied();
             let mut record = task.stored();
             let Some(worker) = record.claim(by, alive_until, now) else {
