@@ -370,11 +370,12 @@ impl RedisStore {
     async fn claim_one(
         &self,
         digest: &TaskDigest,
+        found: Option<Found>,
         by: InstanceId,
         mine: Option<i64>,
         now: i64,
     ) -> Result<Option<Claimed>> {
-        let Some(found) = self.find_task(digest, None, now).await? else {
+        let Some(found) = found else {
             self.index_takeover("SREM", digest).await?;
             return Ok(None);
         };
@@ -662,11 +663,24 @@ impl TaskStore for RedisStore {
                 .arg("COUNT")
                 .arg(SCAN_BATCH);
             let ((next, members),): ((u64, Vec<Vec<u8>>),) = self.read(&scan).await?;
-            for digest in members.iter().filter_map(|m| digest_of_hex(m)) {
+            // The batch's tasks are read concurrently (each task and its
+            // instance are in slots of their own, so not one pipeline):
+            // running tasks, which stay in the set, cost the round trips
+            // of one read, not one each.
+            let digests: Vec<TaskDigest> =
+                members.iter().filter_map(|m| digest_of_hex(m)).collect();
+            let mut found = futures_util::stream::iter(digests)
+                .map(|digest| async move {
+                    let found = self.find_task(&digest, None, now).await?;
+                    Ok::<_, Error>((digest, found))
+                })
+                .buffered(PURGE_CONCURRENCY);
+            while let Some(next) = found.next().await {
                 if claimed.len() >= limit {
                     return Ok(claimed);
                 }
-                if let Some(claim) = self.claim_one(&digest, by, mine, now).await? {
+                let (digest, found) = next?;
+                if let Some(claim) = self.claim_one(&digest, found, by, mine, now).await? {
                     claimed.push(claim);
                 }
             }
