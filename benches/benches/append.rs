@@ -22,7 +22,7 @@
 //! | sqlite `raw_indexed_32_writers` | as `raw_32_writers`, into a table laid out like the store's (the same columns, `UNIQUE (stream, seq)` and the `stored_at` index), so each insert does the store's index work |
 //! | sqlite `raw_full_*` | raw inserts under `synchronous=FULL`: one fsync per event |
 //! | sqlite `store_power_loss_*` | the store under `Durability::PowerLoss` (`synchronous=FULL`): one fsync per group commit |
-//! | redis `raw_lua_xadd_32_writers` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
+//! | redis `raw_lua_xadd_{1_writer,32_writers}` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
 //! | sled `raw_flush_each_*` | raw sled insert, then `flush()`, per event (32 writers: 32 concurrent `flush()` calls, which sled shares) |
 //! | `observe/append_wrapper` | what every backend's append adds for tracing and metrics (`observe::append` around a ready future), with no subscriber and no metrics recorder installed, as in an application that installs neither |
 //! | `observe/bare` | the same ready future alone: the baseline |
@@ -419,6 +419,7 @@ fn redis_backend(c: &mut Criterion, rt: &Runtime) {
     let f = store_append(Arc::new(store.clone()));
     one_writer(&mut group, rt, "store_1_writer", &f);
     one_writer(&mut group, rt, "raw_1_writer", &raw);
+    one_writer(&mut group, rt, "raw_lua_xadd_1_writer", &lua);
     many_writers(&mut group, rt, "store_32_writers", &f);
     many_writers(&mut group, rt, "raw_32_writers", &raw);
     many_writers(&mut group, rt, "raw_lua_xadd_32_writers", &lua);

@@ -15,6 +15,7 @@
 //! |---|---|
 //! | `store/<K>` | `replay_events_after`, every event collected |
 //! | `raw/<K>` | the same range read by hand with the backend's driver (`Raw` in this package's library) |
+//! | sled `raw_hop/<K>` | the raw read on tokio's blocking pool, as the store reads (it keeps every sled call off the executor's workers): what the thread hop alone costs |
 //! | sqlite `direct/<K>` | the raw read through SQLite itself (rusqlite, no async driver) on the store's file, on the calling thread: the ceiling |
 //! | sqlite `direct_hop/<K>` | as `direct`, on a thread of its own, the caller awaiting the answer: the ceiling of any async store, which must make one hop |
 
@@ -95,6 +96,12 @@ fn replay_hot_path(c: &mut Criterion) {
                 b.to_async(&rt)
                     .iter(|| async { black_box(raw.read_after(after).await) })
             });
+            if let common::Raw::Sled(raw) = &raw {
+                group.bench_with_input(BenchmarkId::new("raw_hop", k), &after, |b, &after| {
+                    b.to_async(&rt)
+                        .iter(|| async { black_box(raw.read_after_on_blocking_pool(after).await) })
+                });
+            }
             if let Some((direct, thread, token)) = &direct {
                 group.bench_with_input(BenchmarkId::new("direct", k), &after, |b, &after| {
                     b.iter(|| black_box(direct.read_after(after)))

@@ -21,8 +21,9 @@
 //!
 //! Criterion's estimate is of the time per message (per round of 32 for
 //! 32 writers); besides it, a fixed number of calls (2,000 for one writer,
-//! 32 x 200 for 32) is timed call by call before each case and its median
-//! and 99th percentile printed and written to
+//! 32 x 200 for 32, the adapter and its baseline in alternating rounds of a
+//! tenth each) is timed call by call before each pair of cases and its
+//! median and 99th percentile printed and written to
 //! `<criterion dir>/rmcp_delivery/<backend>/<id>/percentiles.json`.
 //!
 //! ```text
@@ -218,21 +219,31 @@ fn delivery(c: &mut Criterion) {
         group.sample_size(20);
         for writers in [1, 32] {
             group.throughput(Throughput::Elements(writers as u64));
-            for (kind, sink) in [
+            let sinks = [
                 ("adapter", Sink::Adapter(adapter.clone(), message.clone())),
                 ("store", Sink::Store(store.clone(), payload.clone())),
-            ] {
-                let id = format!(
+            ];
+            let ids = sinks.each_ref().map(|(kind, _)| {
+                format!(
                     "{kind}_{writers}_writer{}",
                     if writers > 1 { "s" } else { "" }
-                );
-                // Call by call, for the median and the tail.
-                let calls = match (common::quick(), writers) {
-                    (true, _) => 10,
-                    (false, 1) => 2_000,
-                    (false, _) => 200,
-                };
-                let (_, mut times) = rt.block_on(deliver(&sink, &streams, writers, calls));
+                )
+            });
+            // Call by call, for the median and the tail: the adapter and
+            // its baseline in alternating rounds, so that both see the same
+            // machine (and the same growth of the storage).
+            let (rounds, calls) = match (common::quick(), writers) {
+                (true, _) => (1, 10),
+                (false, 1) => (10, 200),
+                (false, _) => (10, 20),
+            };
+            let mut times: [Vec<Duration>; 2] = Default::default();
+            for _ in 0..rounds {
+                for ((_, sink), times) in sinks.iter().zip(&mut times) {
+                    times.extend(rt.block_on(deliver(sink, &streams, writers, calls)).1);
+                }
+            }
+            for (id, mut times) in ids.iter().zip(times) {
                 times.sort();
                 let (median, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
                 println!(
@@ -246,7 +257,7 @@ fn delivery(c: &mut Criterion) {
                     let dir = common::criterion_dir()
                         .join("rmcp_delivery")
                         .join(backend.name())
-                        .join(&id);
+                        .join(id);
                     std::fs::create_dir_all(&dir).expect("the criterion directory");
                     let json = format!(
                         "{{\"backend\":\"{}\",\"writers\":{writers},\"calls\":{},\"p50_ns\":{},\"p99_ns\":{}}}\n",
@@ -257,8 +268,10 @@ fn delivery(c: &mut Criterion) {
                     );
                     std::fs::write(dir.join("percentiles.json"), json).expect("write percentiles");
                 }
+            }
+            for ((_, sink), id) in sinks.iter().zip(&ids) {
                 group.bench_function(id.as_str(), |b| {
-                    b.iter_custom(|iters| rt.block_on(deliver(&sink, &streams, writers, iters)).0)
+                    b.iter_custom(|iters| rt.block_on(deliver(sink, &streams, writers, iters)).0)
                 });
             }
         }
