@@ -16,10 +16,13 @@
 //! | `raw_1_writer` | the raw single insert / `XADD`, one at a time |
 //! | `store_32_writers` | 32 tasks, each appending to its own stream |
 //! | `raw_32_writers` | 32 tasks doing raw single inserts (SQLite: through a pool of one connection; PostgreSQL: 32 connections, each committing its own insert) |
+//! | sqlite `direct_1_writer` | the store's own append statements (its insert, and its trim past 10,000 events) through SQLite itself (rusqlite, no async driver) on a file the store made, on the calling thread: the ceiling |
+//! | sqlite `direct_hop_1_writer` | as `direct_1_writer`, on a thread of its own that the caller awaits: the ceiling of any async store, which must make one hop |
+//! | sqlite `direct_hop_32_writers` | 32 tasks sending their appends to that one thread, each committing by itself (as `raw_32_writers`, without sqlx) |
 //! | sqlite `raw_indexed_32_writers` | as `raw_32_writers`, into a table laid out like the store's (the same columns, `UNIQUE (stream, seq)` and the `stored_at` index), so each insert does the store's index work |
 //! | sqlite `raw_full_*` | raw inserts under `synchronous=FULL`: one fsync per event |
 //! | sqlite `store_power_loss_*` | the store under `Durability::PowerLoss` (`synchronous=FULL`): one fsync per group commit |
-//! | redis `raw_lua_xadd_32_writers` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
+//! | redis `raw_lua_xadd_{1_writer,32_writers}` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
 //! | sled `raw_flush_each_*` | raw sled insert, then `flush()`, per event (32 writers: 32 concurrent `flush()` calls, which sled shares) |
 //! | `observe/append_wrapper` | what every backend's append adds for tracing and metrics (`observe::append` around a ready future), with no subscriber and no metrics recorder installed, as in an application that installs neither |
 //! | `observe/bare` | the same ready future alone: the baseline |
@@ -32,7 +35,7 @@ use std::time::Duration;
 use common::Backend;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
-use mcp_event_store::{DynStore, NewEvent, StoreOptions};
+use mcp_event_store::{DynStore, EventStore, NewEvent, StoreOptions};
 use mcp_event_store_postgres::{PostgresOptions, PostgresStore};
 use mcp_event_store_redis::{RedisOptions, RedisStore};
 use mcp_event_store_sled::{SledOptions, SledStore};
@@ -187,32 +190,102 @@ async fn sqlite_raw(path: &std::path::Path, full: bool, indexed: bool) -> Append
     })
 }
 
+/// Direct SQLite appends (rusqlite, no async driver) on a file the store
+/// made, with the writers' stream rows made by the store: `(on the calling
+/// thread, behind one thread hop)`. Each append is the store's own
+/// statements, committing by itself.
+async fn sqlite_direct(path: &std::path::Path) -> (AppendFn, AppendFn) {
+    let store = SqliteStore::open(path).await.expect("open sqlite");
+    let data = common::payload();
+    let mut streams = Vec::with_capacity(WRITERS);
+    for w in 0..WRITERS {
+        let id = store
+            .store_event(&format!("writer-{w}"), NewEvent::new(&data))
+            .await
+            .expect("the stream row");
+        streams.push((id.token.as_bytes().to_vec(), id.position.major as i64));
+    }
+    store.close().await;
+    let streams: Arc<Vec<(Vec<u8>, i64)>> = Arc::new(streams);
+    let data: Arc<[u8]> = data.into();
+    let max_events = StoreOptions::default()
+        .retention
+        .max_events_per_stream
+        .expect("a default limit") as i64;
+    let conn = Arc::new(std::sync::Mutex::new(common::sqlite::direct_connection(
+        path,
+    )));
+    let (d_streams, d_data) = (streams.clone(), data.clone());
+    let direct: AppendFn = Arc::new(move |writer| {
+        let (conn, streams, data) = (conn.clone(), d_streams.clone(), d_data.clone());
+        Box::pin(async move {
+            let (token, incarnation) = &streams[writer];
+            let conn = conn.lock().expect("the direct connection");
+            common::sqlite::direct_append(
+                &conn,
+                token,
+                *incarnation,
+                &data,
+                common::now_millis(),
+                max_events,
+            );
+        })
+    });
+    let thread = Arc::new(common::sqlite::SqliteThread::spawn(
+        common::sqlite::direct_connection(path),
+    ));
+    let hop: AppendFn = Arc::new(move |writer| {
+        let (thread, streams, data) = (thread.clone(), streams.clone(), data.clone());
+        Box::pin(async move {
+            thread
+                .run(move |conn| {
+                    let (token, incarnation) = &streams[writer];
+                    common::sqlite::direct_append(
+                        conn,
+                        token,
+                        *incarnation,
+                        &data,
+                        common::now_millis(),
+                        max_events,
+                    );
+                })
+                .await;
+        })
+    });
+    (direct, hop)
+}
+
 fn sqlite(c: &mut Criterion, rt: &Runtime) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (process, power_loss, raw_normal, raw_indexed, raw_full) = rt.block_on(async {
-        let process = SqliteStore::open(dir.path().join("process.db"))
+    let (process, power_loss, raw_normal, raw_indexed, raw_full, (direct, direct_hop)) = rt
+        .block_on(async {
+            let process = SqliteStore::open(dir.path().join("process.db"))
+                .await
+                .expect("open sqlite");
+            let power_loss = SqliteStore::open_with(
+                SqliteOptions::new(dir.path().join("power_loss.db"))
+                    .durability(SqliteDurability::PowerLoss),
+            )
             .await
             .expect("open sqlite");
-        let power_loss = SqliteStore::open_with(
-            SqliteOptions::new(dir.path().join("power_loss.db"))
-                .durability(SqliteDurability::PowerLoss),
-        )
-        .await
-        .expect("open sqlite");
-        (
-            process,
-            power_loss,
-            sqlite_raw(&dir.path().join("raw_normal.db"), false, false).await,
-            sqlite_raw(&dir.path().join("raw_indexed.db"), false, true).await,
-            sqlite_raw(&dir.path().join("raw_full.db"), true, false).await,
-        )
-    });
+            (
+                process,
+                power_loss,
+                sqlite_raw(&dir.path().join("raw_normal.db"), false, false).await,
+                sqlite_raw(&dir.path().join("raw_indexed.db"), false, true).await,
+                sqlite_raw(&dir.path().join("raw_full.db"), true, false).await,
+                sqlite_direct(&dir.path().join("direct.db")).await,
+            )
+        });
     let mut group = group(c, "sqlite");
     let f = store_append(Arc::new(process.clone()));
     one_writer(&mut group, rt, "store_1_writer", &f);
     one_writer(&mut group, rt, "raw_1_writer", &raw_normal);
+    one_writer(&mut group, rt, "direct_1_writer", &direct);
+    one_writer(&mut group, rt, "direct_hop_1_writer", &direct_hop);
     many_writers(&mut group, rt, "store_32_writers", &f);
     many_writers(&mut group, rt, "raw_32_writers", &raw_normal);
+    many_writers(&mut group, rt, "direct_hop_32_writers", &direct_hop);
     many_writers(&mut group, rt, "raw_indexed_32_writers", &raw_indexed);
     let f = store_append(Arc::new(power_loss.clone()));
     group.sample_size(10);
@@ -346,6 +419,7 @@ fn redis_backend(c: &mut Criterion, rt: &Runtime) {
     let f = store_append(Arc::new(store.clone()));
     one_writer(&mut group, rt, "store_1_writer", &f);
     one_writer(&mut group, rt, "raw_1_writer", &raw);
+    one_writer(&mut group, rt, "raw_lua_xadd_1_writer", &lua);
     many_writers(&mut group, rt, "store_32_writers", &f);
     many_writers(&mut group, rt, "raw_32_writers", &raw);
     many_writers(&mut group, rt, "raw_lua_xadd_32_writers", &lua);

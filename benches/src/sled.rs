@@ -112,24 +112,38 @@ pub async fn raw(_storage: &Storage, token: StreamToken, probe: &StreamPlan) -> 
 impl Raw {
     /// Every event after `after`: one range.
     pub async fn read_after(&self, after: Position) -> Vec<RawEvent> {
-        let mut start = self.token.clone();
-        start.extend_from_slice(&(after.minor + 1).to_be_bytes());
-        let mut end = self.token.clone();
-        end.extend_from_slice(&u64::MAX.to_be_bytes());
-        self.tree
-            .range(start..end)
-            .map(|entry| {
-                let (key, value) = entry.expect("raw sled read");
-                let seq = u64::from_be_bytes(key[15..23].try_into().expect("key"));
-                let retry = u64::from_be_bytes(value[8..16].try_into().expect("header"));
-                (
-                    dense::position(after.major, seq),
-                    Bytes::copy_from_slice(&value[24..]),
-                    (retry != u64::MAX).then_some(retry as i64),
-                )
-            })
-            .collect()
+        read_range(&self.tree, &self.token, after)
     }
+
+    /// As [`read_after`](Raw::read_after), on tokio's blocking pool, as
+    /// the store reads (it keeps every sled call off the executor's
+    /// workers): the raw read behind the same thread hop.
+    pub async fn read_after_on_blocking_pool(&self, after: Position) -> Vec<RawEvent> {
+        let (tree, token) = (self.tree.clone(), self.token.clone());
+        tokio::task::spawn_blocking(move || read_range(&tree, &token, after))
+            .await
+            .expect("raw sled read task")
+    }
+}
+
+/// Every event of `token` after `after`: one range.
+fn read_range(tree: &sled::Tree, token: &[u8], after: Position) -> Vec<RawEvent> {
+    let mut start = token.to_vec();
+    start.extend_from_slice(&(after.minor + 1).to_be_bytes());
+    let mut end = token.to_vec();
+    end.extend_from_slice(&u64::MAX.to_be_bytes());
+    tree.range(start..end)
+        .map(|entry| {
+            let (key, value) = entry.expect("raw sled read");
+            let seq = u64::from_be_bytes(key[15..23].try_into().expect("key"));
+            let retry = u64::from_be_bytes(value[8..16].try_into().expect("header"));
+            (
+                dense::position(after.major, seq),
+                Bytes::copy_from_slice(&value[24..]),
+                (retry != u64::MAX).then_some(retry as i64),
+            )
+        })
+        .collect()
 }
 
 /// Closes the store and removes its directory.

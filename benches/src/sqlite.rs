@@ -1,6 +1,9 @@
 //! SQLite: the data set written by hand in the store's own tables, through
 //! its triggers; the raw baseline is sqlx's keyset range read on the same
-//! file and table.
+//! file and table. The `direct` baseline ([`Direct`], [`SqliteThread`]) is
+//! the same work through SQLite itself (rusqlite, no async driver): the
+//! distance from the store to it is what the async driver and the store
+//! add, the distance from `raw` to it what sqlx alone adds.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -164,6 +167,163 @@ impl Raw {
                 return out;
             }
         }
+    }
+}
+
+/// The SQL of the raw and direct range reads: one keyset page.
+const PAGE_SQL: &str = "SELECT seq, retry_ms, payload FROM mes_events \
+     WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3";
+
+/// The store's own single append (`store-sqlite`'s `insert_event`): the
+/// sequence number from the stream row, which a trigger moves along.
+pub const APPEND_SQL: &str = "INSERT INTO mes_events (token, seq, stored_at, retry_ms, payload) \
+     SELECT token, last_seq + 1, ?3, ?4, ?5 FROM mes_streams \
+     WHERE token = ?1 AND incarnation = ?2 \
+     RETURNING seq";
+
+/// The store's trim to `max_events_per_stream` after an append.
+pub const TRIM_SQL: &str = "DELETE FROM mes_events WHERE token = ?1 AND seq <= ?2";
+
+/// A rusqlite connection on a store's file, set up as the store sets up
+/// its connections for [`Durability::Process`](mcp_event_store_sqlite::Durability):
+/// WAL (the file's own mode), `synchronous = NORMAL`, a busy timeout.
+pub fn direct_connection(path: &std::path::Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).expect("direct sqlite connection");
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .expect("busy timeout");
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .expect("journal mode");
+    assert_eq!(mode, "wal");
+    conn.execute_batch("PRAGMA synchronous = NORMAL")
+        .expect("synchronous");
+    conn
+}
+
+/// One append as the store makes it, on a direct connection: the store's
+/// insert, then its trim when the stream holds more than `max_events`.
+/// Autocommit, like the store's lone append. Returns the sequence number.
+pub fn direct_append(
+    conn: &rusqlite::Connection,
+    token: &[u8],
+    incarnation: i64,
+    data: &[u8],
+    now: i64,
+    max_events: i64,
+) -> i64 {
+    let seq: i64 = conn
+        .prepare_cached(APPEND_SQL)
+        .expect("prepare append")
+        .query_row(
+            rusqlite::params![token, incarnation, now, None::<i64>, data],
+            |row| row.get(0),
+        )
+        .expect("direct append");
+    if seq > max_events {
+        conn.prepare_cached(TRIM_SQL)
+            .expect("prepare trim")
+            .execute(rusqlite::params![token, seq - max_events])
+            .expect("direct trim");
+    }
+    seq
+}
+
+/// The direct baseline of a replay: the raw range read through rusqlite on
+/// the store's file, on the calling thread.
+pub struct Direct {
+    conn: rusqlite::Connection,
+    token: Vec<u8>,
+}
+
+/// A direct connection of its own on the store's file.
+pub fn direct(storage: &Storage, token: StreamToken) -> Direct {
+    Direct {
+        conn: direct_connection(&storage.path),
+        token: token.as_bytes().to_vec(),
+    }
+}
+
+impl Direct {
+    /// Every event after `after`, page by page, as [`Raw::read_after`].
+    pub fn read_after(&self, after: Position) -> Vec<RawEvent> {
+        direct_read_after(&self.conn, &self.token, after)
+    }
+
+    /// The connection, to move onto a [`SqliteThread`].
+    pub fn into_parts(self) -> (rusqlite::Connection, Vec<u8>) {
+        (self.conn, self.token)
+    }
+}
+
+/// Every event of `token` after `after`, through `conn`, page by page.
+pub fn direct_read_after(
+    conn: &rusqlite::Connection,
+    token: &[u8],
+    after: Position,
+) -> Vec<RawEvent> {
+    let incarnation = after.major;
+    let mut out = Vec::new();
+    let mut after = after.minor as i64;
+    let mut statement = conn.prepare_cached(PAGE_SQL).expect("prepare read");
+    loop {
+        let mut rows = statement
+            .query(rusqlite::params![token, after, RAW_PAGE as i64])
+            .expect("direct sqlite read");
+        let mut n = 0;
+        while let Some(row) = rows.next().expect("a row") {
+            let seq: i64 = row.get(0).expect("seq");
+            let retry: Option<i64> = row.get(1).expect("retry_ms");
+            let data: Vec<u8> = row.get(2).expect("payload");
+            after = seq;
+            n += 1;
+            out.push((
+                dense::position(incarnation, seq as u64),
+                Bytes::from(data),
+                retry,
+            ));
+        }
+        if n < RAW_PAGE {
+            return out;
+        }
+    }
+}
+
+/// A rusqlite connection on a thread of its own: the direct baseline
+/// behind one thread hop, as an async store must make one (a job in over
+/// a channel, the answer back over a oneshot). Dropping it ends the thread.
+pub struct SqliteThread {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+type Job = Box<dyn FnOnce(&mut rusqlite::Connection) + Send>;
+
+impl SqliteThread {
+    /// Moves `conn` onto a new thread.
+    pub fn spawn(mut conn: rusqlite::Connection) -> SqliteThread {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("bench-sqlite-direct".into())
+            .spawn(move || {
+                while let Ok(job) = queue.recv() {
+                    job(&mut conn);
+                }
+            })
+            .expect("a thread");
+        SqliteThread { jobs }
+    }
+
+    /// Runs `f` on the thread; waits for its answer.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut rusqlite::Connection) -> T + Send + 'static,
+    ) -> T {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send(Box::new(move |conn| {
+                let _ = answer.send(f(conn));
+            }))
+            .expect("the direct sqlite thread is running");
+        answered.await.expect("the direct sqlite thread answers")
     }
 }
 

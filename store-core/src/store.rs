@@ -346,36 +346,83 @@ where
     F: FnMut(Position) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Page>> + Send + 'static,
 {
-    struct State<F> {
-        after: Position,
-        fetch_page: F,
-        done: bool,
-    }
-    let state = State {
+    Box::pin(Paged {
         after,
-        fetch_page,
+        fetch_page: Box::new(fetch_page),
+        page: Vec::new().into_iter(),
+        reading: None,
         done: false,
-    };
-    futures_util::stream::try_unfold(state, |mut state| async move {
-        if state.done {
-            return Ok(None);
-        }
-        let page = (state.fetch_page)(state.after).await?;
-        state.done = page.last || page.events.is_empty();
-        if let Some(last) = page.events.last() {
-            state.after = last.id.position;
-        }
-        Ok(Some((
-            futures_util::stream::iter(page.events.into_iter().map(Ok)),
-            state,
-        )))
     })
-    .map(|page: Result<_>| match page {
-        Ok(events) => events.left_stream(),
-        Err(e) => futures_util::stream::once(async { Err(e) }).right_stream(),
-    })
-    .flatten()
-    .boxed()
+}
+
+/// The stream [`paged_replay`] returns: each event straight from the page
+/// being read out, and the next page asked for only once that one is used
+/// up. (A hand-written stream rather than a flattened unfold: the events
+/// pass through no layer per event but this one.)
+struct Paged<F, Fut> {
+    /// Where the next page starts: the newest event of the last page.
+    after: Position,
+    // Boxed, so that the stream is `Unpin` whatever the function.
+    fetch_page: Box<F>,
+    /// The page being read out.
+    page: std::vec::IntoIter<StoredEvent>,
+    /// The read of the next page, once asked for.
+    reading: Option<std::pin::Pin<Box<Fut>>>,
+    /// Set by the last page, or an error: nothing more after `page`.
+    done: bool,
+}
+
+impl<F, Fut> futures_core::Stream for Paged<F, Fut>
+where
+    F: FnMut(Position) -> Fut,
+    Fut: Future<Output = Result<Page>>,
+{
+    type Item = Result<StoredEvent>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        loop {
+            if let Some(event) = this.page.next() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let after = this.after;
+            let fetch_page = &mut this.fetch_page;
+            let reading = this
+                .reading
+                .get_or_insert_with(|| Box::pin(fetch_page(after)));
+            let result = std::task::ready!(reading.as_mut().poll(cx));
+            this.reading = None;
+            match result {
+                Ok(page) => {
+                    this.done = page.last || page.events.is_empty();
+                    if let Some(last) = page.events.last() {
+                        this.after = last.id.position;
+                    }
+                    this.page = page.events.into_iter();
+                }
+                Err(e) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let buffered = self.page.len();
+        if self.done {
+            (buffered, Some(buffered))
+        } else {
+            (buffered, None)
+        }
+    }
 }
 
 #[cfg(test)]
