@@ -233,121 +233,153 @@ impl Default for Options {
     }
 }
 
-const USAGE: &str = "usage: resumable-server [--store URL] [--bind ADDR] [--stateless] \
-[--poll-every N] [--retry-ms MS] [--max-age SECS] [--max-events N] [--session-check-ms MS] \
-[--follow-hold SECS] [--allow-host HOST]... [--metrics ADDR] [--task-lease-ms MS] \
-[--worker] [--hand-off] [--no-takeover] [--claim-every-ms MS] [--max-attempts N]";
+/// The command line, as clap reads it; [`Options`] is what it means.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "resumable-server",
+    version,
+    about = "A resumable MCP server: rmcp's Streamable HTTP transport over axum, every SSE \
+             event and durable task kept in an mcp-event-store store",
+    long_about = "A resumable MCP server: rmcp's Streamable HTTP transport over axum at \
+/mcp, every SSE event and durable task kept in an mcp-event-store store, so a client \
+that lost its connection resumes with Last-Event-ID on any instance sharing the store.\n\n\
+Tools: slow_count counts to `count`, waiting `interval_ms` between steps and sending a \
+progress notification for each, or runs as a durable task when the client declares the \
+tasks extension (a resumable one: taken over from its last step when its server dies); \
+confirm_count runs only as a task and asks the client to confirm the count first.\n\n\
+Stops on Ctrl-C or SIGTERM, finishing the requests under way. Logs go to stderr \
+(RUST_LOG sets the filter, default info). Exits 2 on bad arguments, 1 if the store \
+cannot be opened or the address bound.",
+    after_help = "Examples:\n  \
+resumable-server\n  \
+resumable-server --store postgres://postgres@127.0.0.1/postgres --bind 127.0.0.1:8001\n  \
+resumable-server --store sqlite://tasks.db --hand-off   # a front end for workers\n  \
+resumable-server --store sqlite://tasks.db --worker     # a worker: no HTTP"
+)]
+struct Args {
+    /// Any URL `connect` takes (PostgreSQL, Redis and sled need their feature)
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "sqlite://mcp-resumable-server.db"
+    )]
+    store: String,
+    /// Where to listen
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8000")]
+    bind: SocketAddr,
+    /// No MCP sessions; streams are still stored and resumable
+    #[arg(long)]
+    stateless: bool,
+    /// SEP-1699 polling: end every SSE response after N messages, with a
+    /// `retry:` hint (0: off)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    poll_every: usize,
+    /// The `retry` hint of priming events
+    #[arg(long, value_name = "MS", default_value_t = 3000)]
+    retry_ms: u64,
+    /// Keep events this long; a stream stays bound to its session (and
+    /// resumable) as long [default: 3600]
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    max_age: Option<u64>,
+    /// Keep at most N events per stream [default: 10000]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_events: Option<u64>,
+    /// How often, at most, a session held in memory is looked up in the
+    /// store, so one deleted or expired elsewhere answers 404 here too (0:
+    /// every request) [default: 1000]
+    #[arg(long, value_name = "MS")]
+    session_check_ms: Option<u64>,
+    /// A resume follows its stream live until the call is answered, or this
+    /// long at most (0: a resume ends with what is stored) [default: 300]
+    #[arg(long, value_name = "SECS")]
+    follow_hold: Option<u64>,
+    /// Accept this `Host` header too (repeatable; loopback only by default)
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
+    /// Serve the store's metrics in the Prometheus text format at
+    /// http://ADDR/metrics
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// How long one heartbeat keeps this instance alive (renewed every third
+    /// of it): a server that dies has its resumable tasks taken over this
+    /// long after [default: 30000]
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(3..))]
+    task_lease_ms: Option<u64>,
+    /// No HTTP: run slow_count tasks from the store (queued by --hand-off
+    /// servers, or left by servers that died) until stopped
+    #[arg(long, conflicts_with_all = ["hand_off", "no_takeover"])]
+    worker: bool,
+    /// Queue slow_count tasks for workers instead of running them here
+    #[arg(long, conflicts_with = "no_takeover")]
+    hand_off: bool,
+    /// slow_count tasks die with this server, as before takeover
+    #[arg(long)]
+    no_takeover: bool,
+    /// How often this server or worker looks for tasks to take over
+    /// [default: 1000]
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    claim_every_ms: Option<u64>,
+    /// The most runs a slow_count task gets across servers that die
+    /// [default: 3]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_attempts: Option<u32>,
+}
 
-/// A positive whole number, or an error naming the option.
-fn positive(flag: &str, value: &str) -> Result<u64, String> {
-    match value.parse::<u64>() {
-        Ok(0) => Err(format!("{flag} must be at least 1\n{USAGE}")),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("{flag} {value:?}: {e}\n{USAGE}")),
+impl From<Args> for Options {
+    fn from(args: Args) -> Self {
+        let defaults = Options::default();
+        let mut retention = defaults.retention;
+        if let Some(secs) = args.max_age {
+            retention = retention.max_age(Duration::from_secs(secs));
+        }
+        if let Some(events) = args.max_events {
+            retention = retention.max_events_per_stream(events);
+        }
+        Options {
+            store: args.store,
+            bind: args.bind,
+            stateless: args.stateless,
+            poll_every: (args.poll_every > 0).then_some(args.poll_every),
+            retry: Duration::from_millis(args.retry_ms),
+            retention,
+            session_check: args
+                .session_check_ms
+                .map_or(defaults.session_check, Duration::from_millis),
+            follow_hold: match args.follow_hold {
+                None => defaults.follow_hold,
+                Some(0) => None,
+                Some(secs) => Some(Duration::from_secs(secs)),
+            },
+            allowed_hosts: args.allowed_hosts,
+            metrics: args.metrics,
+            task_lease: args
+                .task_lease_ms
+                .map_or(defaults.task_lease, Duration::from_millis),
+            worker: args.worker,
+            hand_off: args.hand_off,
+            no_takeover: args.no_takeover,
+            claim_every: args
+                .claim_every_ms
+                .map_or(defaults.claim_every, Duration::from_millis),
+            max_attempts: args.max_attempts.unwrap_or(defaults.max_attempts),
+        }
     }
 }
 
 impl Options {
-    /// Parses command-line arguments (without the program name).
+    /// Parses command-line arguments (without the program name); a clap
+    /// error to [`exit`](clap::Error::exit) with (`--help` and `--version`
+    /// among them).
+    pub fn try_parse(args: impl IntoIterator<Item = String>) -> Result<Self, clap::Error> {
+        use clap::Parser;
+        let argv = std::iter::once("resumable-server".to_owned()).chain(args);
+        Args::try_parse_from(argv).map(Self::from)
+    }
+
+    /// [`try_parse`](Self::try_parse), with the error (or the help) as the
+    /// text clap would print.
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
-        let mut options = Self::default();
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((flag, value)) if flag.starts_with("--") => {
-                    (flag.to_owned(), Some(value.to_owned()))
-                }
-                _ => (arg.clone(), None),
-            };
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-            };
-            match flag.as_str() {
-                "--store" => options.store = value()?,
-                "--bind" => {
-                    let bind = value()?;
-                    options.bind = bind.parse().map_err(|e| format!("--bind {bind:?}: {e}"))?;
-                }
-                "--stateless" => options.stateless = true,
-                "--poll-every" => {
-                    let n = value()?;
-                    let n: usize = n.parse().map_err(|e| format!("--poll-every {n:?}: {e}"))?;
-                    options.poll_every = (n > 0).then_some(n);
-                }
-                "--retry-ms" => {
-                    let ms = value()?;
-                    options.retry = Duration::from_millis(
-                        ms.parse().map_err(|e| format!("--retry-ms {ms:?}: {e}"))?,
-                    );
-                }
-                "--max-age" => {
-                    let secs = positive(&flag, &value()?)?;
-                    options.retention = options.retention.max_age(Duration::from_secs(secs));
-                }
-                "--max-events" => {
-                    let events = positive(&flag, &value()?)?;
-                    options.retention = options.retention.max_events_per_stream(events);
-                }
-                "--session-check-ms" => {
-                    let ms = value()?;
-                    options.session_check = Duration::from_millis(
-                        ms.parse()
-                            .map_err(|e| format!("--session-check-ms {ms:?}: {e}"))?,
-                    );
-                }
-                "--follow-hold" => {
-                    let secs = value()?;
-                    let secs: u64 = secs
-                        .parse()
-                        .map_err(|e| format!("--follow-hold {secs:?}: {e}\n{USAGE}"))?;
-                    options.follow_hold = (secs > 0).then(|| Duration::from_secs(secs));
-                }
-                "--allow-host" => options.allowed_hosts.push(value()?),
-                "--metrics" => {
-                    let addr = value()?;
-                    options.metrics = Some(
-                        addr.parse()
-                            .map_err(|e| format!("--metrics {addr:?}: {e}\n{USAGE}"))?,
-                    );
-                }
-                "--task-lease-ms" => {
-                    let ms = positive(&flag, &value()?)?;
-                    if ms < 3 {
-                        return Err(format!(
-                            "--task-lease-ms must be at least 3 (it is renewed every third)\n{USAGE}"
-                        ));
-                    }
-                    options.task_lease = Duration::from_millis(ms);
-                }
-                "--worker" => options.worker = true,
-                "--hand-off" => options.hand_off = true,
-                "--no-takeover" => options.no_takeover = true,
-                "--claim-every-ms" => {
-                    options.claim_every = Duration::from_millis(positive(&flag, &value()?)?);
-                }
-                "--max-attempts" => {
-                    let n = positive(&flag, &value()?)?;
-                    options.max_attempts = u32::try_from(n)
-                        .map_err(|e| format!("--max-attempts {n}: {e}\n{USAGE}"))?;
-                }
-                "-h" | "--help" => return Err(USAGE.into()),
-                other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-            }
-        }
-        if options.worker && (options.hand_off || options.no_takeover) {
-            return Err(format!(
-                "--worker runs resumable tasks: it takes neither --hand-off nor --no-takeover\n{USAGE}"
-            ));
-        }
-        if options.hand_off && options.no_takeover {
-            return Err(format!(
-                "--hand-off needs resumable tasks: drop --no-takeover\n{USAGE}"
-            ));
-        }
-        Ok(options)
+        Self::try_parse(args).map_err(|e| e.render().to_string())
     }
 
     /// The options the store is opened with: the retention.

@@ -40,13 +40,7 @@ async fn main() {
                 .unwrap_or_else(|_| "info,rmcp=warn".into()),
         )
         .init();
-    let options = match Options::parse(std::env::args().skip(1)) {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
+    let options = Options::try_parse(std::env::args().skip(1)).unwrap_or_else(|e| e.exit());
     if options.worker {
         if let Err(error) = resumable_server::work(options, shutdown_signal()).await {
             eprintln!("error: {error}");

@@ -195,12 +195,11 @@ fn server_options_set_retention_and_session_check() {
         let Err(message) = parse(bad) else {
             panic!("{bad:?} accepted");
         };
-        assert!(
-            message.contains("usage:") || message.contains(bad[0]),
-            "{bad:?}: {message}"
-        );
+        // clap's error: what was wrong, naming the option where there is
+        // one ("-5" reads as an argument of its own).
+        assert!(message.starts_with("error:"), "{bad:?}: {message}");
     }
-    assert!(parse(&["--help"]).unwrap_err().contains("--max-age SECS"));
+    assert!(parse(&["--help"]).unwrap_err().contains("--max-age <SECS>"));
 }
 
 /// `--task-lease-ms`: the heartbeat lease of the server's durable tasks
@@ -229,7 +228,7 @@ fn server_options_set_the_task_lease() {
     assert!(
         parse(&["--help"])
             .unwrap_err()
-            .contains("--task-lease-ms MS")
+            .contains("--task-lease-ms <MS>")
     );
 }
 
@@ -258,7 +257,10 @@ fn server_options_set_takeover() {
         &["--max-attempts", "99999999999"],
     ] {
         let message = parse(bad).unwrap_err();
-        assert!(message.contains("usage:"), "{bad:?}: {message}");
+        assert!(
+            message.starts_with("error:") && message.contains(bad[0]),
+            "{bad:?}: {message}"
+        );
     }
     assert!(parse(&["--help"]).unwrap_err().contains("--worker"));
 }
