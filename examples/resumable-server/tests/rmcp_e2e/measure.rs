@@ -4,7 +4,8 @@
 //! look-up on every request (`with_session_check_interval(ZERO)`), beside
 //! rmcp's `LocalSessionManager::has_session` alone.
 //!
-//! Not a test: it prints figures for the README, and runs only when asked:
+//! Not a test: it prints the figures the rmcp crate docs give (`SessionScoped`),
+//! and runs only when asked:
 //!
 //! ```text
 //! cargo test --release -p resumable-server --all-features --test rmcp_e2e -- --ignored --nocapture measure_session_check
