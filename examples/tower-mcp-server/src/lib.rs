@@ -12,7 +12,9 @@
 //! GET stream dropped on one resumes on the other (`Last-Event-ID`), a task
 //! created on one is read, answered and cancelled through the other, and
 //! the tasks of an instance killed mid-task read `failed` on the other one
-//! lease later.
+//! lease later; with `--takeover N` on both, the other one runs a killed
+//! instance's `slow_count` task again instead (from the top: tower-mcp
+//! gives a handler no checkpoints), and it completes.
 //!
 //! Its tools:
 //!
@@ -32,7 +34,8 @@
 //! Options (`tower-mcp-server --help`): `--store URL` (default
 //! `sqlite://mcp-tower-mcp-server.db`), `--bind ADDR` (default
 //! `127.0.0.1:8001`), `--task-lease-ms MS` (default 30000),
-//! `--session-ttl-secs SECS` (default 1800), `--allow-host HOST`. It builds
+//! `--session-ttl-secs SECS` (default 1800), `--allow-host HOST`,
+//! `--takeover N` (off by default). It builds
 //! 183 crates (`cargo tree -e normal`), against 188 for `resumable-server`.
 //! The requests of the durable-tasks curl walk-through
 //! (`docs/tasks-walkthrough.md`) work against two instances of it too; it
@@ -125,6 +128,12 @@ pub struct Options {
     /// accepted.
     #[arg(long = "allow-host", value_name = "HOST")]
     pub allowed_hosts: Vec<String>,
+    /// Let `slow_count` tasks outlive this server: when it dies, another
+    /// server started with this option runs the count again (from the top:
+    /// tower-mcp has no checkpoints), up to N runs in all. Off by default:
+    /// the tasks of a server that dies read `failed`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub takeover: Option<u32>,
 }
 
 impl Options {
@@ -318,23 +327,30 @@ fn running_counts(running: Running) -> Tool {
 /// # Errors
 ///
 /// If the task store cannot register this instance.
-pub async fn app(store: DynStore, options: &Options) -> Result<axum::Router, BoxError> {
+pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     let lease = options.lease();
-    let tasks = TowerTaskStore::builder(store.clone())
-        .heartbeat(lease / 3, lease)
-        .build()
-        .await?;
+    let mut builder = TowerTaskStore::builder(store.clone()).heartbeat(lease / 3, lease);
+    if let Some(runs) = options.takeover {
+        builder = builder
+            .takeover_tools(runs, ["slow_count"])
+            .claim_every(lease / 3);
+    }
+    let tasks = Arc::new(builder.build().await?);
     let running = Running::default();
     let router = McpRouter::new()
         .server_info(
             "mcp-event-store-tower-mcp-server",
             env!("CARGO_PKG_VERSION"),
         )
-        .task_store(Arc::new(tasks))
+        .task_store(tasks.clone())
         .tool(slow_count(running.clone()))
         .tool(confirm_count(running.clone()))
         .tool(running_counts(running))
         .with_tasks();
+    let takeovers = options
+        .takeover
+        .is_some()
+        .then(|| tasks.run_takeovers(router.clone()));
     let mut transport = HttpTransport::new(router)
         .session_store(Arc::new(TowerSessionStore::new(store.clone())))
         .event_store(Arc::new(TowerEventStore::new(store)))
@@ -342,7 +358,19 @@ pub async fn app(store: DynStore, options: &Options) -> Result<axum::Router, Box
     if !options.allowed_hosts.is_empty() {
         transport = transport.allowed_hosts(options.allowed_hosts.clone());
     }
-    Ok(transport.into_router_at("/mcp"))
+    Ok(App {
+        router: transport.into_router_at("/mcp"),
+        takeovers,
+    })
+}
+
+/// The server's HTTP service, and the takeovers it runs (with
+/// `--takeover`), which stop when this is dropped.
+pub struct App {
+    /// The HTTP service: tower-mcp's transport at `/mcp`.
+    pub router: axum::Router,
+    /// The loop claiming lost `slow_count` tasks, if any.
+    pub takeovers: Option<mcp_event_store::tower_mcp::Takeovers>,
 }
 
 /// Opens the store, then serves on `listener` until `shutdown` resolves,
@@ -358,15 +386,17 @@ pub async fn serve(
 ) -> Result<(), BoxError> {
     let store = mcp_event_store::connect(&options.store).await?;
     let purge = PurgeTask::spawn(store.clone(), PURGE_INTERVAL);
-    let app = app(store, &options).await?;
+    let App { router, takeovers } = app(store, &options).await?;
     tracing::info!(
         store = %options.store,
         address = %listener.local_addr()?,
         "serving MCP at /mcp"
     );
-    axum::serve(listener, app)
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await?;
+    // Stops claiming and lets go of the router before the task store.
+    drop(takeovers);
     purge.stop().await;
     Ok(())
 }

@@ -316,3 +316,28 @@ pub async fn tasks_of_a_killed_server_read_failed_on_another(fixture: &Fixture) 
     );
     assert_eq!(get_task(&b.url, &short).await["status"], "completed");
 }
+
+/// With `--takeover`, a `slow_count` task of a killed server is run again
+/// by another server started with it: B, polled throughout, never reads
+/// it `failed`, and reads it `completed` with the count's result.
+pub async fn task_of_a_killed_server_is_taken_over_by_another(fixture: &Fixture) {
+    let a = ChildServer::start_with(fixture.url(), &["--takeover", "3"]);
+    let b = ChildServer::start_with(fixture.url(), &["--takeover", "3"]);
+    let task = start_task(
+        &a.url,
+        "slow_count",
+        json!({"count": 20, "interval_ms": 100}),
+    )
+    .await;
+    counts_until(&a.url, 1).await;
+    a.kill();
+    let done = task_until(&b.url, &task, "completed", |t| {
+        assert_ne!(t["status"], "failed", "a task taken over read failed: {t}");
+        t["status"] == "completed"
+    })
+    .await;
+    assert_eq!(
+        done["result"]["content"][0]["text"], "counted to 20",
+        "{done}"
+    );
+}

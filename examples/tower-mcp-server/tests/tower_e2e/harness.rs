@@ -68,6 +68,18 @@ impl ChildServer {
         ])
     }
 
+    /// A server on `store_url` with `extra` arguments.
+    pub fn start_with(store_url: &str, extra: &[&str]) -> Self {
+        let mut args = vec![
+            "--store".to_owned(),
+            store_url.to_owned(),
+            "--task-lease-ms".to_owned(),
+            TEST_LEASE_MS.to_string(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        Self::spawn(&args)
+    }
+
     fn spawn(args: &[String]) -> Self {
         let mut child = Command::new(std::env::current_exe().expect("the test binary"))
             .args([

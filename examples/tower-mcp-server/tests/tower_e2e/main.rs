@@ -41,6 +41,7 @@ macro_rules! e2e_tests {
             case!(a_session_another_server_holds_outlives_a_delete);
             case!(task_created_on_one_server_is_read_answered_and_cancelled_through_another);
             case!(tasks_of_a_killed_server_read_failed_on_another);
+            case!(task_of_a_killed_server_is_taken_over_by_another);
         }
     };
 }
