@@ -724,7 +724,8 @@ impl TaskStore for RedisStore {
         let Some(digest) = TaskDigest::of(id) else {
             return Ok(false);
         };
-        let deleted = self.delete_task(&digest, None).await?;
+        // Not read first: it may be in the set.
+        let deleted = self.delete_task(&digest, None, true).await?;
         Ok(deleted == 1)
     }
 
@@ -770,8 +771,14 @@ impl RedisStore {
     }
 
     /// Deletes a task (if still at `rev`, when given); 1 deleted, 0 none,
-    /// -1 its `rev` moved on.
-    async fn delete_task(&self, digest: &TaskDigest, rev: Option<Rev>) -> Result<i64> {
+    /// -1 its `rev` moved on. `in_takeover_set`: whether its digest may be
+    /// in the takeover set (then it leaves the set too).
+    async fn delete_task(
+        &self,
+        digest: &TaskDigest,
+        rev: Option<Rev>,
+        in_takeover_set: bool,
+    ) -> Result<i64> {
         let deleted = self
             .task_script(
                 SCRIPTS
@@ -786,7 +793,9 @@ impl RedisStore {
             .await?;
         if deleted == 1 {
             self.inner.tasks.wake(digest);
-            self.index_takeover("SREM", digest).await?;
+            if in_takeover_set {
+                self.index_takeover("SREM", digest).await?;
+            }
         }
         Ok(deleted)
     }
@@ -830,7 +839,12 @@ impl RedisStore {
             let rev = found.stored.record.rev;
             let read = found.stored.clone();
             let Some(seen) = found.seen else {
-                match self.delete_task(digest, Some(rev)).await? {
+                // An ended task that may be taken over left the set when
+                // its end was written; only one that ended unwritten
+                // (expired past its grace before any purge) is still in.
+                let stored = &found.stored.record;
+                let in_set = stored.takeover.is_some() && !stored.status.is_terminal();
+                match self.delete_task(digest, Some(rev), in_set).await? {
                     -1 => continue,
                     deleted => {
                         report.deleted += u64::from(deleted == 1);

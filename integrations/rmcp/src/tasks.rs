@@ -920,6 +920,11 @@ async fn run_claimed(inner: Arc<Inner>, claimed: Claimed, permit: OwnedSemaphore
             attempt,
         ))),
     };
+    // A cancel asked while nobody ran the task ends it, whatever it runs.
+    if view.record.cancel_requested {
+        context.finish(Finish::Cancelled).await;
+        return;
+    }
     let call = match ResumableCall::decode(view.record.context.as_deref()) {
         Ok(call) => call,
         Err(message) => {
@@ -941,10 +946,6 @@ async fn run_claimed(inner: Arc<Inner>, claimed: Claimed, permit: OwnedSemaphore
         context.finish(Finish::Failed(&error_bytes(&error))).await;
         return;
     };
-    if view.record.cancel_requested {
-        context.finish(Finish::Cancelled).await;
-        return;
-    }
     tracing::debug!(task = ?context.digest, tool = %call.tool, attempt, "running a claimed task");
     run(context, move |t| handler(t, call)).await;
     drop(permit);
