@@ -93,7 +93,7 @@ build_images() {
 }
 
 # The test executables of store-postgres and store-redis (their unit tests
-# and each integration test) and core's unit tests, as "crate dir exe".
+# and each integration test) and the conformance crate's unit tests (the test kit's), as "crate dir exe".
 list_tests() {
     cargo test --workspace --all-features --no-run --message-format=json 2>"$work/no-run.log" \
         >"$work/artifacts.json" || { cat "$work/no-run.log" >&2; return 1; }
@@ -104,15 +104,15 @@ list_tests() {
             select(.reason == "compiler-artifact" and .profile.test and .executable != null)
             | (.manifest_path | ltrimstr($root + "/") | rtrimstr("/Cargo.toml")) as $dir
             | select($dir == "store-postgres" or $dir == "store-redis"
-                     or ($dir == "store-core" and (.target.kind | index("lib"))))
+                     or ($dir == "conformance" and (.target.kind | index("lib"))))
             | [$dir, .executable] | @tsv' "$work/artifacts.json" \
         | sort >"$work/tests.tsv"
     # Nothing is rebuilt after `cargo test --workspace --all-features`.
     echo "units rebuilt: $(jq -s '[.[] | select(.reason == "compiler-artifact" and .fresh == false)] | length' "$work/artifacts.json")"
-    for dir in store-postgres store-redis store-core; do
+    for dir in store-postgres store-redis conformance; do
         grep -q "^$dir	" "$work/tests.tsv" || { echo "no test executable of $dir" >&2; return 1; }
     done
-    echo "$(grep -vc '^store-core	' "$work/tests.tsv") test executables of store-postgres and store-redis"
+    echo "$(grep -vc '^conformance	' "$work/tests.tsv") test executables of store-postgres and store-redis"
 }
 
 # Runs one test executable from its package's directory, as cargo does;
@@ -134,7 +134,7 @@ run_suites() {
     local dir exe
     export MCP_EVENT_STORE_TEST_SERVER=container
     while IFS=$'\t' read -r dir exe; do
-        [ "$dir" = store-core ] && continue
+        [ "$dir" = conformance ] && continue
         run_tests "$dir" "$exe"
     done <"$work/tests.tsv"
     for dir in store-postgres store-redis; do
@@ -145,10 +145,10 @@ run_suites() {
 
 run_kit_test() {
     local exe
-    exe=$(awk -F'\t' '$1 == "store-core" { print $2 }' "$work/tests.tsv")
-    run_tests store-core "$exe" --exact "$KIT_TEST" --ignored
+    exe=$(awk -F'\t' '$1 == "conformance" { print $2 }' "$work/tests.tsv")
+    run_tests conformance "$exe" --exact "$KIT_TEST" --ignored
     # Never a silent skip: exactly that test ran.
-    grep -q '^test result: ok. 1 passed' "$work/logs/store-core--$(basename "$exe").log" \
+    grep -q '^test result: ok. 1 passed' "$work/logs/conformance--$(basename "$exe").log" \
         || { echo "$KIT_TEST did not run" >&2; return 1; }
 }
 

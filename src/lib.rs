@@ -67,8 +67,9 @@
 //!
 //! # Guarantees
 //!
-//! Every backend runs the same conformance suite (`store-core/src/conformance`),
-//! one test per case, so these hold for each of them:
+//! Every backend runs the same conformance suite (the crate
+//! `mcp-event-store-conformance`), one test per case, so these hold for each
+//! of them:
 //!
 //! - **C1 Durable before return.** `store_event` returns only once the event is
 //!   stored under the store's durability setting; the id is safe to send.
@@ -200,7 +201,7 @@
 //! append is followed in the same round trip, on the stream's primary, by
 //! `WAIT N M`: `store_event` returns only once N replicas hold the event, and an
 //! acknowledged event survives the primary being killed with `SIGKILL` and a
-//! replica promoted (`store-redis/tests/replicas.rs` does exactly that, and shows
+//! replica promoted (`store-redis/tests/redis/replicas.rs` does exactly that, and shows
 //! events lost without the option). If fewer replicas acknowledge in time, the
 //! append fails with an error saying the event was stored on the primary but may
 //! not survive a failover (retrying stores it again under a new id). Cost,
@@ -536,7 +537,7 @@ macro_rules! backends {
         /// without naming it.
         #[cfg(feature = "testing")]
         pub mod testing {
-            pub use mcp_event_store_core::conformance::UrlHarness;
+            pub use mcp_event_store_conformance::events::UrlHarness;
 
             use crate::Backend;
 
@@ -545,7 +546,7 @@ macro_rules! backends {
             /// `connect`), with its descriptor, in [`backends`](crate::backends)
             /// order. Server-backed storage is a schema or key prefix of its
             /// own on the test server, found as
-            /// `mcp_event_store_core::testkit::find_server` says (never
+            /// `mcp_event_store_conformance::testkit::find_server` says (never
             /// skipping). Call [`UrlHarness::remove`] on each when done.
             pub async fn storages() -> Vec<(&'static Backend, Box<dyn UrlHarness>)> {
                 #[allow(unused_mut)] // with no backend feature on

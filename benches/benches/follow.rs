@@ -28,7 +28,7 @@ use common::Backend;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::StreamExt;
 use mcp_event_store::{DynStore, EventId, FollowOptions, NewEvent, Replay};
-use mcp_event_store_core::conformance::{Harness, MemoryHarness};
+use mcp_event_store_conformance::events::{Harness, MemoryHarness};
 use mcp_event_store_postgres::testing::PostgresHarness;
 use mcp_event_store_redis::testing::RedisHarness;
 use mcp_event_store_sled::testing::SledHarness;

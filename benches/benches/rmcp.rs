@@ -42,7 +42,7 @@ use common::Backend;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use mcp_event_store::rmcp::{RmcpEventStore, decode, encode};
 use mcp_event_store::{DynStore, EventId, NewEvent, StoreOptions, StoredEvent};
-use mcp_event_store_core::conformance::{Harness, MemoryHarness};
+use mcp_event_store_conformance::events::{Harness, MemoryHarness};
 use mcp_event_store_postgres::testing::PostgresHarness;
 use mcp_event_store_redis::testing::RedisHarness;
 use mcp_event_store_sled::testing::SledHarness;

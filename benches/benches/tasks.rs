@@ -58,9 +58,9 @@ use criterion::{
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use mcp_event_store::{ManualClock, StoreOptions};
+use mcp_event_store_conformance::tasks::{MemoryTaskHarness, TaskHarness};
 use mcp_event_store_core::backend::task::TaskMachine;
 use mcp_event_store_core::backend::task::codec::{self, StoredTask};
-use mcp_event_store_core::task::conformance::{MemoryTaskHarness, TaskHarness};
 use mcp_event_store_core::task::{
     Applied, Finish, InstanceId, NewTask, Owner, TaskId, TaskOptions, TaskRecord, TaskStatus,
     TaskStore, WorkerChange,

@@ -21,9 +21,10 @@
 //! * [`MemoryStore`], a complete in-memory backend;
 //! * [`backend`], the plumbing backend crates share (cursor and gap checks,
 //!   follow, spans and metrics, stream tokens), kept out of applications'
-//!   way;
-//! * with the `conformance` feature, the shared test suite
-//!   ([`conformance`]) that every backend passes.
+//!   way.
+//!
+//! The suites every backend passes, and the test kit they run on, are the
+//! crate `mcp-event-store-conformance`.
 //!
 //! Core depends on no MCP framework: the integrations
 //! (`mcp-event-store-rmcp`, `mcp-event-store-tower-mcp`) are crates of
@@ -50,11 +51,6 @@ mod store;
 pub mod backend;
 pub mod observe;
 pub mod task;
-
-#[cfg(feature = "conformance")]
-pub mod conformance;
-#[cfg(feature = "conformance")]
-pub mod testkit;
 
 pub use descriptor::{Backend, Connecting};
 pub use error::{BoxError, Error, Result};

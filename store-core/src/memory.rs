@@ -525,15 +525,6 @@ impl SessionStore for MemoryStore {
     }
 }
 
-impl MemoryStore {
-    /// Every stored task row as bytes, as a raw scan would find them; for
-    /// the conformance suite.
-    #[cfg(feature = "conformance")]
-    pub(crate) fn raw_task_rows(&self) -> Vec<Vec<u8>> {
-        self.inner.tasks.raw_rows()
-    }
-}
-
 /// The tasks of a [`MemoryStore`]: its [`MemoryTaskStore`], one call each.
 #[async_trait]
 impl TaskStore for MemoryStore {

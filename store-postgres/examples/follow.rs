@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use mcp_event_store_core::conformance::Harness;
+use mcp_event_store_conformance::events::Harness;
 use mcp_event_store_core::{EventStore, FollowOptions, NewEvent, Retention, StoreOptions};
 use mcp_event_store_postgres::PostgresStore;
 use mcp_event_store_postgres::testing::{PostgresHarness, server_url};

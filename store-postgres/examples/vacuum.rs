@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use mcp_event_store_core::conformance::Harness;
+use mcp_event_store_conformance::events::Harness;
 use mcp_event_store_core::{EventStore, NewEvent, Retention, StoreOptions};
 use mcp_event_store_postgres::testing::{PostgresHarness, server_url};
 use mcp_event_store_postgres::{PostgresStore, Vacuum};

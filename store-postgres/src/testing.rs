@@ -1,6 +1,6 @@
 //! Test support (feature `conformance`): the test server, a schema per
 //! test, and the conformance harness [`PostgresHarness`], all on
-//! [`mcp_event_store_core::testkit`].
+//! [`mcp_event_store_conformance::testkit`].
 //!
 //! Tests find their server as [`SERVER`] describes, and fail (never skip)
 //! when none answers:
@@ -20,9 +20,9 @@
 
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
-use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_core::task::conformance::{NO_RECHECK, TaskHarness};
-use mcp_event_store_core::testkit::{self, Container, Namespace, ServerSpec};
+use mcp_event_store_conformance::events::{Harness, PersistentHarness, UrlHarness};
+use mcp_event_store_conformance::tasks::{NO_RECHECK, TaskHarness};
+use mcp_event_store_conformance::testkit::{self, Container, Namespace, ServerSpec};
 use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -280,7 +280,7 @@ impl PersistentHarness for PostgresHarness {
     }
 }
 
-/// The task conformance harness ([`task_conformance_tests!`](mcp_event_store_core::task_conformance_tests)):
+/// The task conformance harness ([`task_suite!`](mcp_event_store_conformance::task_suite)):
 /// the same schema per case as [`Harness`]; [`raw_rows`](TaskHarness::raw_rows)
 /// dumps the task tables through a connection of its own.
 #[async_trait]

@@ -1,16 +1,17 @@
 //! Purges and appends lock stream rows in one order (by token), so they
 //! never deadlock (defect 7 of issue 11).
 //!
-//! This file holds one test, so the tracing subscriber it installs for the
-//! whole process sees only this test's warnings: a batched append that the
-//! server refused (a deadlock, say) is retried event by event and logged,
-//! never returned, so the log is where such an error shows.
+//! A test binary of its own, with one test, so the tracing subscriber it
+//! installs for the whole process sees only this test's warnings: a batched
+//! append that the server refused (a deadlock, say) is retried event by
+//! event and logged, never returned, so the log is where such an error
+//! shows.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mcp_event_store_core::conformance::{Harness, test_clock, test_options};
+use mcp_event_store_conformance::events::{Harness, test_clock, test_options};
 use mcp_event_store_core::{EventStore, NewEvent, Retention};
 use mcp_event_store_postgres::testing::PostgresHarness;
 use tracing::field::{Field, Visit};

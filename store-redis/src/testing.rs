@@ -1,6 +1,6 @@
 //! Test support (feature `conformance`): the Redis server the tests use and
 //! the harness that runs the shared conformance suite on it, built on
-//! [`mcp_event_store_core::testkit`].
+//! [`mcp_event_store_conformance::testkit`].
 //!
 //! The server is found as [`testkit::find_server`] says, and the tests fail
 //! (never skip) when none is found:
@@ -21,7 +21,7 @@
 //!
 //! ```ignore
 //! use mcp_event_store_redis::testing::RedisHarness;
-//! mcp_event_store_core::conformance_tests!(RedisHarness::new(), persistent);
+//! mcp_event_store_conformance::event_suite!(RedisHarness::new(), persistent);
 //! ```
 
 use std::sync::{Arc, Mutex};
@@ -29,9 +29,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
-use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_core::task::conformance::{NO_RECHECK, TaskHarness};
-use mcp_event_store_core::testkit::{self, Container, Namespace, ServerSpec};
+use mcp_event_store_conformance::events::{Harness, PersistentHarness, UrlHarness};
+use mcp_event_store_conformance::tasks::{NO_RECHECK, TaskHarness};
+use mcp_event_store_conformance::testkit::{self, Container, Namespace, ServerSpec};
 use mcp_event_store_core::{Result, StoreOptions};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 

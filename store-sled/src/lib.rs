@@ -276,7 +276,7 @@
 //! `store_event` returning to the event reaching the follower, a median of
 //! 55 to 105 us (the follower's task being scheduled and one read on the
 //! blocking pool) and a p99 of about 1 to 3 ms (`cargo test -p
-//! mcp-event-store-sled --test follow -- --ignored --nocapture figures`).
+//! mcp-event-store-sled --test sled -- --ignored --nocapture figures`).
 //!
 //! **What an idle follower costs.** No task, thread, connection or
 //! listener: its own stream (polled by whoever consumes it), a receiver in

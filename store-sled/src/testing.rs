@@ -2,15 +2,15 @@
 //!
 //! ```ignore
 //! use mcp_event_store_sled::testing::SledHarness;
-//! mcp_event_store_core::conformance_tests!(SledHarness::new(), persistent);
-//! mcp_event_store_core::task_conformance_tests!(SledHarness::new());
+//! mcp_event_store_conformance::event_suite!(SledHarness::new(), persistent);
+//! mcp_event_store_conformance::task_suite!(SledHarness::new());
 //! ```
 
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_core::task::conformance::{NO_RECHECK, TaskHarness};
+use mcp_event_store_conformance::events::{Harness, PersistentHarness, UrlHarness};
+use mcp_event_store_conformance::tasks::{NO_RECHECK, TaskHarness};
 use mcp_event_store_core::{Result, StoreOptions};
 
 use crate::shared::blocking;

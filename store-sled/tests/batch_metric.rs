@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use mcp_event_store_conformance::events::{install_test_recorder, recorded_metric};
 use mcp_event_store_core::backend::observe::names::APPEND_BATCH_SIZE;
-use mcp_event_store_core::conformance::{install_test_recorder, recorded_metric};
 use mcp_event_store_core::{EventStore, NewEvent};
 use mcp_event_store_sled::{Durability, SledOptions, SledStore};
 

@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 
 use async_trait::async_trait;
-use mcp_event_store_core::conformance::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_core::task::conformance::{NO_RECHECK, TaskHarness};
+use mcp_event_store_conformance::events::{Harness, PersistentHarness, UrlHarness};
+use mcp_event_store_conformance::tasks::{NO_RECHECK, TaskHarness};
 use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};

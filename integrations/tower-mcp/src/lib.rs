@@ -13,7 +13,7 @@
 //! Store`), or a concrete one (`Arc<SqliteStore>`, ...). They use only the
 //! public contract of `mcp-event-store-core`, so the same code serves
 //! SQLite, PostgreSQL, Redis, sled and memory, and tower-mcp's own contract
-//! suites pass on all five (`tests/contracts.rs`).
+//! suites pass on all five (`tests/adapters/contracts.rs`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {

@@ -13,7 +13,7 @@
 //! A new backend is a crate that implements [`EventStore`](crate::EventStore)
 //! and [`SessionStore`](crate::SessionStore) with these, exports a
 //! [`Backend`](crate::Backend) descriptor as `BACKEND`, and runs the
-//! conformance suite (feature `conformance`) from its own tests.
+//! suites of the crate `mcp-event-store-conformance` from its own tests.
 //!
 //! # Every backend crate has the same shape
 //!
@@ -26,20 +26,24 @@
 //! where a parameter given in the URL wins, `close(&self)`, then thin trait
 //! impls), files named for the jobs the database makes different (`append.rs`,
 //! `replay.rs`, `follow.rs`, `purge.rs`, `inspect.rs`, `sessions.rs`), and
-//! `testing.rs` (the conformance harness, feature `conformance`). Crate docs
+//! `testing.rs` (the harnesses of the conformance suites, feature
+//! `conformance`). Crate docs
 //! use the same headings: Connecting, Layout, Durability, Retention,
 //! Following, Inspecting, Format, Limits.
 //!
 //! A new backend is a crate `store-<name>` (a workspace member by its
 //! directory name) that implements the traits with the plumbing in
 //! `mcp_event_store_core::backend`, exports its `BACKEND` descriptor, and
-//! implements `Harness`, `PersistentHarness` and `UrlHarness` on the test kit
-//! (`mcp_event_store_core::testkit`: server discovery, a namespace per test
-//! removed even on panic, a child-process guard, the acknowledged-events
-//! reader); its `tests/conformance.rs` is the one line
-//! `conformance_tests!(<Name>Harness::new(), persistent);`, which runs every
-//! case, the SIGKILL and newer-format cases included; its `tests/tasks.rs`
-//! is the same for the task suite (`task_conformance_tests!`). The facade
+//! implements `Harness`, `PersistentHarness`, `UrlHarness` and
+//! `TaskHarness` from `mcp-event-store-conformance`,
+//! on its test kit (`mcp_event_store_conformance::testkit`: server discovery,
+//! a namespace per test removed even on panic, a child-process guard, the
+//! acknowledged-events reader). Its tests are one binary,
+//! `tests/<name>/main.rs`, whose `event_suite.rs` is the one line
+//! `event_suite!(<Name>Harness::new(), persistent);`, which runs every case,
+//! the SIGKILL and newer-format cases included, and whose `task_suite.rs` is
+//! the same for the task suite (`task_suite!`). A test that installs a
+//! process-wide recorder or subscriber gets a binary of its own. The facade
 //! then needs the six lines listed under "The descriptor and the lists that
 //! name backends" below. `connect`, the CLI,
 //! the example server (`--features full`), the front-door test and the
@@ -65,7 +69,7 @@
 //! the `backends!` list in `src/lib.rs`. The rmcp end-to-end fixtures
 //! (`examples/resumable-server/tests/rmcp_e2e/main.rs`) still keep lists of
 //! their own, as do the tower-mcp contract tests
-//! (`integrations/tower-mcp/tests/contracts.rs`) and end-to-end cases
+//! (`integrations/tower-mcp/tests/adapters/contracts.rs`) and end-to-end cases
 //! (`examples/tower-mcp-server/tests/tower_e2e/main.rs`), and each server
 //! package a feature per backend. The benches take
 //! their backends from `backends()` and refuse to run one without a module in

@@ -21,7 +21,8 @@
 //!   whose instance died, reads `failed` (T8, T11), decided when it is
 //!   read, so no sweeper is needed for correctness;
 //! * [`MemoryTaskStore`], the reference implementation;
-//! * with the `conformance` feature, the shared suite ([`conformance`]).
+//! * the shared suite every task store passes is in the crate
+//!   `mcp-event-store-conformance` (module `tasks`).
 //!
 //! What backends share to implement it (the state machine written once,
 //! the step of row stores, the one-value codec, the limit checks) is
@@ -101,9 +102,6 @@
 pub(crate) mod id;
 mod memory;
 mod record;
-
-#[cfg(feature = "conformance")]
-pub mod conformance;
 
 use std::time::Duration;
 

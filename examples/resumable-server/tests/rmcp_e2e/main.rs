@@ -5,7 +5,7 @@
 //! Every case runs on every backend compiled in; the list is at the bottom.
 //! Stores come from the facade's `testing::storage`: a temporary file or
 //! directory, or a schema or key prefix of its own on the test server
-//! (found as `mcp_event_store_core::testkit::find_server` says, failing
+//! (found as `mcp_event_store_conformance::testkit::find_server` says, failing
 //! rather than skipping when there is none).
 
 use resumable_server as server;

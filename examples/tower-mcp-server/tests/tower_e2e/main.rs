@@ -7,7 +7,7 @@
 //! feature is on (`--all-features` turns on all three): SQLite (one file),
 //! PostgreSQL and Redis. Stores come from the facade's `testing::storage`:
 //! a temporary file, or a schema or key prefix of its own on the test
-//! server (found as `mcp_event_store_core::testkit::find_server` says,
+//! server (found as `mcp_event_store_conformance::testkit::find_server` says,
 //! failing rather than skipping when there is none). Each server is a child
 //! process, killed by its pid when its guard drops.
 

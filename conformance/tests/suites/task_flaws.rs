@@ -1,0 +1,299 @@
+//! The task suite must fail task stores that break the contract. Each test
+//! here runs cases against a deliberately flawed wrapper of
+//! `MemoryTaskStore` and expects one to panic.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::FutureExt;
+use mcp_event_store_conformance::tasks::{self, MemoryTaskHarness, TaskHarness};
+use mcp_event_store_core::task::*;
+use mcp_event_store_core::{Result, StoreOptions};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Flaw {
+    /// A finisher that finds the task terminal is told it won anyway.
+    TwoFinishersWin,
+    /// Every owner sees every task.
+    IgnoresOwner,
+    /// Reads ignore the ttl.
+    NeverExpires,
+    /// A watch is never woken: it reads again only at its `max_wait`.
+    DeafWatches,
+    /// Replacing the outstanding inputs only adds the new keys, one
+    /// request at a time, superseding nothing.
+    ReplaceOnlyAdds,
+    /// The runtime's view shows no answers.
+    ViewWithoutAnswers,
+    /// A write under a stale claim is reported written.
+    UnfencedWrites,
+    /// A claim is a read then a write, not one step: every claimant
+    /// that read the task before the first write claims it too.
+    ClaimsTwice,
+}
+
+struct Flawed {
+    inner: MemoryTaskStore,
+    flaw: Flaw,
+    /// Every claim made through any handle, for [`Flaw::ClaimsTwice`].
+    claimed: Arc<std::sync::Mutex<Vec<Claimed>>>,
+}
+
+#[async_trait]
+impl TaskStore for Flawed {
+    async fn try_create(&self, id: &TaskId, t: &NewTask<'_>) -> Result<Option<TaskRecord>> {
+        match self.flaw {
+            Flaw::IgnoresOwner => {
+                let mut t = *t;
+                t.owner = &Owner::Anonymous;
+                self.inner.try_create(id, &t).await
+            }
+            _ => self.inner.try_create(id, t).await,
+        }
+    }
+    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
+        match self.flaw {
+            Flaw::IgnoresOwner => self.inner.get(id, &Owner::Anonymous).await,
+            Flaw::NeverExpires => {
+                let record = self.inner.get(id, who).await?;
+                Ok(record.map(|mut r| {
+                    if r.outcome.as_deref() == Some(EXPIRED_ERROR) {
+                        r.status = TaskStatus::Working;
+                    }
+                    r
+                }))
+            }
+            Flaw::TwoFinishersWin
+            | Flaw::DeafWatches
+            | Flaw::ReplaceOnlyAdds
+            | Flaw::ViewWithoutAnswers
+            | Flaw::UnfencedWrites
+            | Flaw::ClaimsTwice => self.inner.get(id, who).await,
+        }
+    }
+    async fn answer(
+        &self,
+        id: &str,
+        who: &Owner,
+        r: &[(&str, &[u8])],
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.answer(id, who, r).await
+    }
+    async fn request_cancel(
+        &self,
+        id: &str,
+        who: &Owner,
+        mode: CancelMode,
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.request_cancel(id, who, mode).await
+    }
+    async fn apply_claimed(
+        &self,
+        id: &TaskDigest,
+        by: Worker,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        if let (Flaw::ReplaceOnlyAdds, WorkerChange::ReplaceInputs { requests, .. }) =
+            (self.flaw, change)
+        {
+            let mut applied = Applied::Unknown;
+            for (key, request) in requests {
+                applied = self
+                    .inner
+                    .apply_claimed(id, by, WorkerChange::RequestInput { key, request })
+                    .await?;
+            }
+            return Ok(applied);
+        }
+        let applied = self.inner.apply_claimed(id, by, change).await?;
+        match (self.flaw, applied) {
+            (Flaw::UnfencedWrites, Applied::Fenced) => Ok(Applied::Changed {
+                rev: 0,
+                answer: None,
+            }),
+            (Flaw::TwoFinishersWin, Applied::AlreadyTerminal(_)) => Ok(Applied::Changed {
+                rev: 0,
+                answer: None,
+            }),
+            (_, applied) => Ok(applied),
+        }
+    }
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        if self.flaw == Flaw::DeafWatches {
+            let now = self.inner.get(id, who).await?;
+            if now.as_ref().is_none_or(|task| task.rev > after) {
+                return Ok(now);
+            }
+            tokio::time::sleep(max_wait).await;
+            return self.inner.get(id, who).await;
+        }
+        self.inner.watch(id, who, after, max_wait).await
+    }
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        self.inner.heartbeat(me, lease).await
+    }
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        self.inner.purge_expired_tasks().await
+    }
+    async fn delete(&self, id: &str) -> Result<bool> {
+        self.inner.delete(id).await
+    }
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        let mut claimed = self.inner.claim(by, limit).await?;
+        let mut all = self.claimed.lock().unwrap();
+        all.extend(claimed.iter().cloned());
+        if self.flaw == Flaw::ClaimsTwice {
+            for earlier in all.iter() {
+                if !claimed.iter().any(|c| c.task == earlier.task) {
+                    claimed.push(Claimed::new(
+                        earlier.task,
+                        Worker {
+                            instance: by,
+                            epoch: earlier.worker.epoch,
+                        },
+                        earlier.view.clone(),
+                    ));
+                }
+            }
+        }
+        Ok(claimed)
+    }
+    async fn view_claimed(&self, id: &TaskDigest) -> Result<Option<TaskView>> {
+        let view = self.inner.view_claimed(id).await?;
+        Ok(view.map(|view| match self.flaw {
+            Flaw::ViewWithoutAnswers => TaskView::new(view.owner, view.record, Vec::new()),
+            _ => view,
+        }))
+    }
+}
+
+struct FlawedHarness {
+    memory: MemoryTaskHarness,
+    flaw: Flaw,
+    claimed: Arc<std::sync::Mutex<Vec<Claimed>>>,
+}
+
+#[async_trait]
+impl TaskHarness for FlawedHarness {
+    type Store = Flawed;
+
+    async fn open(&self, options: StoreOptions) -> Flawed {
+        Flawed {
+            inner: self.memory.open(options).await,
+            flaw: self.flaw,
+            claimed: self.claimed.clone(),
+        }
+    }
+
+    async fn open_without_recheck(&self, options: StoreOptions) -> Flawed {
+        self.open(options).await
+    }
+}
+
+async fn assert_case_fails<F, Fut>(flaw: Flaw, case: F)
+where
+    F: FnOnce(FlawedHarness) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let harness = FlawedHarness {
+        memory: MemoryTaskHarness::new().await,
+        flaw,
+        claimed: Arc::default(),
+    };
+    let outcome = AssertUnwindSafe(case(harness)).catch_unwind().await;
+    assert!(outcome.is_err(), "the task suite let {flaw:?} through");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_winning_finishers_fail_the_suite() {
+    assert_case_fails(Flaw::TwoFinishersWin, |h| async move {
+        tasks::racing_finishers_exactly_one_wins(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::TwoFinishersWin, |h| async move {
+        tasks::every_status_and_operation(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_that_ignores_the_owner_fails_the_suite() {
+    assert_case_fails(Flaw::IgnoresOwner, |h| async move {
+        tasks::wrong_owner_is_indistinguishable_from_unknown(&h).await
+    })
+    .await;
+}
+
+/// On paused time: the case's 30 s guard passes at once, long before
+/// the deaf watch's hour.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_loses_wake_ups_fails_the_suite() {
+    assert_case_fails(Flaw::DeafWatches, |h| async move {
+        tasks::watch_wakes_across_handles(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::DeafWatches, |h| async move {
+        tasks::answer_on_one_handle_wakes_a_watch_on_another(&h).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_that_supersedes_nothing_fails_the_suite() {
+    assert_case_fails(Flaw::ReplaceOnlyAdds, |h| async move {
+        tasks::replacing_inputs_supersedes_and_carries_forward(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::ReplaceOnlyAdds, |h| async move {
+        tasks::racing_replacements_admit_each_key_once(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_view_without_the_answers_fails_the_suite() {
+    assert_case_fails(Flaw::ViewWithoutAnswers, |h| async move {
+        tasks::view_reads_any_owner_with_every_answer(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unfenced_writes_fail_the_suite() {
+    assert_case_fails(Flaw::UnfencedWrites, |h| async move {
+        tasks::a_stale_claim_is_fenced(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::UnfencedWrites, |h| async move {
+        tasks::an_input_answered_while_nobody_holds_the_task_resumes_it(&h).await
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_is_not_one_step_fails_the_suite() {
+    assert_case_fails(Flaw::ClaimsTwice, |h| async move {
+        tasks::exactly_one_of_racing_instances_claims_a_task(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::ClaimsTwice, |h| async move {
+        tasks::a_claim_takes_at_most_its_limit(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_whose_tasks_never_expire_fails_the_suite() {
+    assert_case_fails(Flaw::NeverExpires, |h| async move {
+        tasks::expired_task_reads_failed(&h).await
+    })
+    .await;
+}

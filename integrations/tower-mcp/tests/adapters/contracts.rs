@@ -1,0 +1,123 @@
+//! tower-mcp's own contract suites for external stores
+//! (`tower_mcp::testing::store_contracts`), run against the adapters over
+//! every store: memory (as a `DynStore`, `Arc<dyn Store>`), SQLite,
+//! PostgreSQL, Redis and sled (each as its concrete type).
+//!
+//! The suites call a synchronous `make()` once per check and want an empty,
+//! isolated store each time. Each test opens one piece of private storage
+//! through the backend's test harness (its own schema, key prefix, file or
+//! directory, found as the test kit finds servers: never skipped), and
+//! `make()` hands out an adapter over it with a fresh namespace (events,
+//! sessions) or a fresh adapter (tasks: its list is its own process's
+//! tasks, and task ids are unique store-wide). The suites need real time,
+//! so the stores keep the system clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mcp_event_store_conformance::events::Harness;
+use mcp_event_store_core::{Store, StoreOptions};
+use mcp_event_store_tower_mcp::{TowerEventStore, TowerSessionStore, TowerTaskStore};
+use tower_mcp::testing::store_contracts::{
+    event_store_contract, session_store_contract, task_store_contract, task_store_optional_contract,
+};
+
+/// A fresh namespace per call, so each check of a suite starts empty.
+fn namespaces() -> impl Fn() -> String {
+    let next = AtomicU64::new(0);
+    move || format!("contract-{}/", next.fetch_add(1, Ordering::Relaxed))
+}
+
+async fn events<S: Store + ?Sized>(store: Arc<S>) {
+    let namespace = namespaces();
+    event_store_contract(|| TowerEventStore::new(store.clone()).with_namespace(namespace())).await;
+}
+
+async fn sessions<S: Store + ?Sized>(store: Arc<S>) {
+    let namespace = namespaces();
+    session_store_contract(|| TowerSessionStore::new(store.clone()).with_namespace(namespace()))
+        .await;
+}
+
+fn tasks_of<S: Store + ?Sized>(store: &Arc<S>) -> TowerTaskStore<S> {
+    TowerTaskStore::builder(store.clone())
+        .start()
+        .expect("the default settings are valid")
+}
+
+async fn tasks<S: Store + ?Sized>(store: Arc<S>) {
+    task_store_contract(|| tasks_of(&store)).await;
+}
+
+async fn optional_tasks<S: Store + ?Sized>(store: Arc<S>) {
+    task_store_optional_contract(|| tasks_of(&store)).await;
+}
+
+/// The four suites on one backend, each a test of its own with its own
+/// storage, the adapters over `Arc<$store>`.
+macro_rules! contracts {
+    ($backend:ident, $harness:expr, $store:ty) => {
+        mod $backend {
+            use super::*;
+
+            async fn run<F, Fut>(suite: F)
+            where
+                F: FnOnce(Arc<$store>) -> Fut,
+                Fut: std::future::Future<Output = ()>,
+            {
+                let harness = $harness.await;
+                let store = harness.open(StoreOptions::default()).await;
+                suite(Arc::new(store)).await;
+                Harness::teardown(harness).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn event_store_contract() {
+                run(events::<$store>).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn session_store_contract() {
+                run(sessions::<$store>).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn task_store_contract() {
+                run(tasks::<$store>).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn task_store_optional_contract() {
+                run(optional_tasks::<$store>).await;
+            }
+        }
+    };
+}
+
+// The `DynStore` that `connect` returns.
+contracts!(
+    memory,
+    mcp_event_store_conformance::events::MemoryHarness::new(),
+    dyn Store
+);
+// The concrete store types.
+contracts!(
+    sqlite,
+    mcp_event_store_sqlite::testing::SqliteHarness::new(),
+    mcp_event_store_sqlite::SqliteStore
+);
+contracts!(
+    postgres,
+    mcp_event_store_postgres::testing::PostgresHarness::new(),
+    mcp_event_store_postgres::PostgresStore
+);
+contracts!(
+    redis,
+    mcp_event_store_redis::testing::RedisHarness::new(),
+    mcp_event_store_redis::RedisStore
+);
+contracts!(
+    sled,
+    mcp_event_store_sled::testing::SledHarness::new(),
+    mcp_event_store_sled::SledStore
+);

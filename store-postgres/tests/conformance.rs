@@ -1,7 +1,0 @@
-//! The shared conformance suite against PostgreSQL, the persistent cases
-//! (restart, SIGKILL, newer format) included: one schema per case (found
-//! as `mcp_event_store_postgres::testing` says), dropped afterwards.
-
-use mcp_event_store_postgres::testing::PostgresHarness;
-
-mcp_event_store_core::conformance_tests!(PostgresHarness::new(), persistent);

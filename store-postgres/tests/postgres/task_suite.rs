@@ -1,0 +1,7 @@
+//! The shared task conformance suite (T1 to T11) on PostgreSQL: each case
+//! gets its own schema (found as `mcp_event_store_postgres::testing` says),
+//! dropped afterwards.
+
+use mcp_event_store_postgres::testing::PostgresHarness;
+
+mcp_event_store_conformance::task_suite!(PostgresHarness::new());

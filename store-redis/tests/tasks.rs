@@ -1,5 +1,0 @@
-//! The shared task conformance suite (T1 to T11) on a standalone Redis.
-
-use mcp_event_store_redis::testing::RedisHarness;
-
-mcp_event_store_core::task_conformance_tests!(RedisHarness::new());

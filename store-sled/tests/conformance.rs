@@ -1,7 +1,0 @@
-//! The shared conformance suite (contract C1 to C14) on this backend, each
-//! case in its own temporary directory, reopened from disk for the
-//! persistent cases.
-
-use mcp_event_store_sled::testing::SledHarness;
-
-mcp_event_store_core::conformance_tests!(SledHarness::new(), persistent);

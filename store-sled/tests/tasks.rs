@@ -1,6 +1,0 @@
-//! The shared task conformance suite (T1 to T11) on sled: each case gets
-//! its own temporary database directory.
-
-use mcp_event_store_sled::testing::SledHarness;
-
-mcp_event_store_core::task_conformance_tests!(SledHarness::new());

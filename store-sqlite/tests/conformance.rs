@@ -1,7 +1,0 @@
-//! The shared conformance suite (C1 to C14) on SQLite, in the crate itself,
-//! so `cargo test -p mcp-event-store-sqlite` runs every case. Each case gets
-//! its own temporary database file.
-
-use mcp_event_store_sqlite::testing::SqliteHarness;
-
-mcp_event_store_core::conformance_tests!(SqliteHarness::new(), persistent);
