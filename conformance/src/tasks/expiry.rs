@@ -1,0 +1,152 @@
+//! T8: ttls, expiry and the purge of expired tasks with their inputs.
+
+use std::time::Duration;
+
+use mcp_event_store_core::task::{
+    Applied, EXPIRED_ERROR, Finish, NewTask, TaskStatus, TaskStore, WorkerChange,
+};
+
+use super::TaskHarness;
+use super::support::*;
+
+/// T8: a task past its ttl reads `failed` with "task expired", the worker
+/// can no longer change it, and purging persists exactly what reads showed.
+pub async fn expired_task_reads_failed<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f
+        .create_with(NewTask::new(&f.owner, f.me).ttl(Duration::from_secs(60)))
+        .await;
+    f.request(&task, "k").await;
+    f.clock.advance(Duration::from_millis(59_999));
+    assert_eq!(f.get(&id).await.status, TaskStatus::InputRequired);
+    f.clock.advance(Duration::from_millis(1));
+    let expired = f.get(&id).await;
+    assert_eq!(expired.status, TaskStatus::Failed);
+    assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
+    assert!(expired.outstanding.is_empty());
+    assert_eq!(
+        f.apply(&task, WorkerChange::Finish(Finish::Completed(b"{}")))
+            .await,
+        Applied::AlreadyTerminal(TaskStatus::Failed)
+    );
+    assert_eq!(f.answer(&id, &[("k", b"1")]).await, expired);
+    let report = f.store.purge_expired_tasks().await.unwrap();
+    assert_eq!(report.expired, 1);
+    assert_eq!(
+        f.get(&id).await,
+        expired,
+        "the purge changed what reads show"
+    );
+    assert_eq!(f.store.purge_expired_tasks().await.unwrap().expired, 0);
+    f.close(h).await;
+}
+
+/// T8: a task is deleted one ttl (at most an hour) after it expires, with
+/// its inputs, and reads as unknown from then on, finished or not.
+pub async fn expired_task_is_purged_with_its_inputs_after_grace<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let rows_before = h.raw_rows().await.map(|rows| rows.len());
+    let ttl = Duration::from_secs(60);
+    let (running, running_id) = f.create_with(NewTask::new(&f.owner, f.me).ttl(ttl)).await;
+    let (done, done_id) = f.create_with(NewTask::new(&f.owner, f.me).ttl(ttl)).await;
+    for task in [&running, &done] {
+        f.request(task, "asked").await;
+        f.request(task, "answered").await;
+    }
+    f.answer(&running_id, &[("answered", b"1")]).await;
+    f.apply(&done, WorkerChange::Finish(Finish::Completed(b"{}")))
+        .await;
+    f.clock.advance(ttl + ttl - Duration::from_millis(1));
+    assert_eq!(f.get(&running_id).await.status, TaskStatus::Failed);
+    assert_eq!(
+        f.get(&done_id).await.status,
+        TaskStatus::Completed,
+        "kept for its grace"
+    );
+    f.clock.advance(Duration::from_millis(1));
+    for id in [&running_id, &done_id] {
+        assert_eq!(
+            f.store.get(id, &f.owner).await.unwrap(),
+            None,
+            "past its grace"
+        );
+    }
+    let report = f.store.purge_expired_tasks().await.unwrap();
+    assert_eq!(report.deleted, 2);
+    if let (Some(before), Some(after)) = (rows_before, h.raw_rows().await) {
+        assert_eq!(
+            after.len(),
+            before,
+            "rows of purged tasks are left: {after:?}"
+        );
+    }
+    assert_eq!(f.store.purge_expired_tasks().await.unwrap().deleted, 0);
+    f.close(h).await;
+}
+
+/// T8: a `null` ttl is capped by `max_task_age` (7 days by default).
+pub async fn null_ttl_is_capped<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (_, id) = f.create().await;
+    let created = f.get(&id).await;
+    assert_eq!(created.ttl_ms, None);
+    let week = 7 * DAY;
+    assert_eq!(
+        created.expires_at,
+        created.created_at + week.as_millis() as i64
+    );
+    let step = Duration::from_secs(12 * 60 * 60);
+    for _ in 0..13 {
+        f.clock.advance(step);
+        assert!(f.store.heartbeat(f.me, DAY).await.unwrap());
+    }
+    f.clock.advance(step - Duration::from_millis(1));
+    assert_eq!(f.get(&id).await.status, TaskStatus::Working);
+    f.clock.advance(Duration::from_millis(1));
+    let expired = f.get(&id).await;
+    assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
+    f.clock.advance(Duration::from_secs(3600));
+    assert_eq!(f.store.get(&id, &f.owner).await.unwrap(), None);
+    f.close(h).await;
+}
+
+/// T8: `set_ttl` moves the expiry, still counted from creation.
+pub async fn set_ttl_takes_effect<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (task, id) = f
+        .create_with(NewTask::new(&f.owner, f.me).ttl(Duration::from_secs(60)))
+        .await;
+    let created = f.get(&id).await.created_at;
+    f.apply(&task, WorkerChange::SetTtl(Some(Duration::from_secs(600))))
+        .await;
+    let longer = f.get(&id).await;
+    assert_eq!(longer.ttl_ms, Some(600_000));
+    assert_eq!(longer.expires_at, created + 600_000);
+    f.clock.advance(Duration::from_secs(61));
+    assert_eq!(f.get(&id).await.status, TaskStatus::Working);
+    // Expired 11 s ago, within its grace (one ttl) still readable.
+    f.apply(&task, WorkerChange::SetTtl(Some(Duration::from_secs(50))))
+        .await;
+    let expired = f.get(&id).await;
+    assert_eq!(
+        expired.status,
+        TaskStatus::Failed,
+        "a ttl already past expires the task"
+    );
+    assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
+    f.close(h).await;
+}
+
+/// Registers this file's cases with [`task_suite!`](crate::task_suite).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __task_cases_expiry {
+    ($harness:expr) => {
+        $crate::__task_conformance_cases!($harness;
+            expired_task_reads_failed,
+            expired_task_is_purged_with_its_inputs_after_grace,
+            null_ttl_is_capped,
+            set_ttl_takes_effect,
+        );
+    };
+}
