@@ -9,6 +9,9 @@
 //!   adds `persistent` and implements [`events::PersistentHarness`] to run
 //!   the restart, SIGKILL and format cases (C10, C12) as well;
 //! * [`tasks`]: the task suite, contract T1 to T19, run by [`task_suite!`];
+//!   a persistent backend adds `persistent` and implements
+//!   [`tasks::PersistentTaskHarness`] for the reopen, SIGKILL and
+//!   newer-task-format cases;
 //! * [`testkit`]: what server-backed tests need (finding the server, in a
 //!   container if need be; a namespace per test removed even on panic; a
 //!   child process killed by pid when its guard drops; a reader that checks
@@ -18,7 +21,7 @@
 //! // tests/my_backend/main.rs
 //! mcp_event_store_conformance::event_suite!(MyHarness::new(), persistent);
 //! mod tasks {
-//!     mcp_event_store_conformance::task_suite!(crate::MyHarness::new());
+//!     mcp_event_store_conformance::task_suite!(crate::MyHarness::new(), persistent);
 //! }
 //! ```
 //!

@@ -21,7 +21,7 @@
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use mcp_event_store_conformance::events::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_conformance::tasks::{NO_RECHECK, TaskHarness};
+use mcp_event_store_conformance::tasks::{NO_RECHECK, PersistentTaskHarness, TaskHarness};
 use mcp_event_store_conformance::testkit::{self, Container, Namespace, ServerSpec};
 use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::postgres::PgConnection;
@@ -374,4 +374,52 @@ impl TaskHarness for PostgresHarness {
     async fn teardown(self) {
         Harness::teardown(self).await;
     }
+}
+
+/// The task format is the newest task migration (`migrations/tasks`),
+/// recorded in the schema's `_mes_task_migrations`, which a release checks
+/// on connect.
+#[async_trait]
+impl PersistentTaskHarness for PostgresHarness {
+    fn task_format_version(&self) -> u64 {
+        newest_task_migration() as u64
+    }
+
+    /// Records a newer release's task migration (a row past this release's
+    /// newest), or takes every such row away for this release's format.
+    async fn set_task_format_version(&self, version: u64) {
+        let newest = newest_task_migration();
+        let version = i64::try_from(version).expect("a task migration version within BIGINT");
+        let mut conn = PgConnection::connect(&self.url)
+            .await
+            .expect("connect to mark the task format");
+        let table = format!("\"{}\"._mes_task_migrations", self.schema());
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {table} WHERE version > $1"
+        )))
+        .bind(newest)
+        .execute(&mut conn)
+        .await
+        .expect("take newer task migrations away");
+        if version > newest {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {table} (version, description, success, checksum, execution_time) \
+                 VALUES ($1, 'a newer release (test)', TRUE, '\\x00', 0)"
+            )))
+            .bind(version)
+            .execute(&mut conn)
+            .await
+            .expect("record a newer task migration");
+        }
+        conn.close().await.expect("close the raw connection");
+    }
+}
+
+/// The newest task migration this release embeds.
+fn newest_task_migration() -> i64 {
+    sqlx::migrate!("./migrations/tasks")
+        .iter()
+        .map(|migration| migration.version)
+        .max()
+        .expect("the task migrations")
 }

@@ -907,6 +907,29 @@ pub(crate) async fn raw_rows(store: &RedisStore) -> Result<Vec<Vec<u8>>> {
     Ok(rows)
 }
 
+/// Rewrites the first byte (the format) of every task value under the
+/// store's prefix: how the conformance suite ages stored tasks to another
+/// release's format.
+#[cfg(feature = "conformance")]
+pub(crate) async fn set_task_format(store: &RedisStore, version: u8) -> Result<()> {
+    let pattern = store.inner.keys.all_pattern();
+    for keys in store.scan_all(&pattern).await? {
+        for key in keys.into_iter().filter(|key| key.ends_with(b":task")) {
+            let mut pipe = redis::pipe();
+            pipe.cmd("HGET").arg(&key).arg("v");
+            let (value,): (Option<Vec<u8>>,) = store.read(&pipe).await?;
+            let Some(mut value) = value.filter(|value| !value.is_empty()) else {
+                continue;
+            };
+            value[0] = version;
+            let mut pipe = redis::pipe();
+            pipe.cmd("HSET").arg(&key).arg("v").arg(value).ignore();
+            store.read::<()>(&pipe).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Every byte string in `value`, space-separated.
 #[cfg(feature = "conformance")]
 fn flatten(value: Value, out: &mut Vec<u8>) {

@@ -30,7 +30,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use mcp_event_store_conformance::events::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_conformance::tasks::{NO_RECHECK, TaskHarness};
+use mcp_event_store_conformance::tasks::{NO_RECHECK, PersistentTaskHarness, TaskHarness};
 use mcp_event_store_conformance::testkit::{self, Container, Namespace, ServerSpec};
 use mcp_event_store_core::{Result, StoreOptions};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -364,6 +364,27 @@ impl TaskHarness for RedisHarness {
 
     async fn teardown(self) {
         Harness::teardown(self).await;
+    }
+}
+
+/// Redis has no task format marker to check on connect: each task's value
+/// starts with its format (core's `codec::VALUE_VERSION`), checked when the
+/// task is read or written.
+#[async_trait]
+impl PersistentTaskHarness for RedisHarness {
+    fn task_format_version(&self) -> u64 {
+        u64::from(mcp_event_store_core::backend::task::codec::VALUE_VERSION)
+    }
+
+    /// Rewrites the format byte of every task value under the prefix, as a
+    /// release writing that format would have stored them.
+    async fn set_task_format_version(&self, version: u64) {
+        let version = u8::try_from(version).expect("task value formats are one byte");
+        let store = Harness::open(self, StoreOptions::default()).await;
+        crate::tasks::set_task_format(&store, version)
+            .await
+            .unwrap_or_else(|e| panic!("rewriting the tasks under {} failed: {e}", self.prefix()));
+        store.close().await;
     }
 }
 

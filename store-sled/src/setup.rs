@@ -492,6 +492,21 @@ fn clear_format_1_records(db: &sled::Db) -> Result<()> {
 /// registry notes the close, so the next open here retries the same way.
 #[cfg(feature = "conformance")]
 pub(crate) fn write_format_version(path: &Path, version: u32) -> Result<()> {
+    write_meta_version(path, META_FORMAT, version)
+}
+
+/// Records `version` as the task format of the database at `path`, as
+/// [`write_format_version`] does the format: for the harness's task format
+/// check (T12).
+#[cfg(feature = "conformance")]
+pub(crate) fn write_task_format(path: &Path, version: u32) -> Result<()> {
+    write_meta_version(path, META_TASK_FORMAT, version)
+}
+
+/// Writes one version record of the metadata tree; see
+/// [`write_format_version`].
+#[cfg(feature = "conformance")]
+fn write_meta_version(path: &Path, key: &str, version: u32) -> Result<()> {
     let canonical = std::fs::canonicalize(path).map_err(backend)?;
     let mut registry = lock(&REGISTRY);
     if registry
@@ -514,8 +529,7 @@ pub(crate) fn write_format_version(path: &Path, version: u32) -> Result<()> {
         }
     };
     let written = open_meta(&db, &canonical).and_then(|meta| {
-        meta.insert(META_FORMAT, &version.to_be_bytes())
-            .map_err(backend)?;
+        meta.insert(key, &version.to_be_bytes()).map_err(backend)?;
         db.flush().map_err(backend)
     });
     drop(db);

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use mcp_event_store_conformance::events::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_conformance::tasks::{NO_RECHECK, TaskHarness};
+use mcp_event_store_conformance::tasks::{NO_RECHECK, PersistentTaskHarness, TaskHarness};
 use mcp_event_store_core::{Result, StoreOptions};
 
 use crate::shared::blocking;
@@ -202,5 +202,29 @@ impl TaskHarness for SledHarness {
 
     async fn teardown(self) {
         Harness::teardown(self).await;
+    }
+}
+
+/// The task format is the metadata tree's `task_format` record, which a
+/// release checks on open.
+#[async_trait]
+impl PersistentTaskHarness for SledHarness {
+    fn task_format_version(&self) -> u64 {
+        u64::from(crate::tasks::TASK_FORMAT)
+    }
+
+    /// Rewrites the `task_format` record, with sled directly.
+    ///
+    /// # Panics
+    ///
+    /// If the database is open in this process, or cannot be written.
+    async fn set_task_format_version(&self, version: u64) {
+        let version = u32::try_from(version).expect("sled task formats are u32");
+        let path = self.path().to_owned();
+        blocking(move || crate::setup::write_task_format(&path, version))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("set the task format of {:?} to {version}: {e}", self.path())
+            });
     }
 }

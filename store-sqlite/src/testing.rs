@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 use mcp_event_store_conformance::events::{Harness, PersistentHarness, UrlHarness};
-use mcp_event_store_conformance::tasks::{NO_RECHECK, TaskHarness};
+use mcp_event_store_conformance::tasks::{NO_RECHECK, PersistentTaskHarness, TaskHarness};
 use mcp_event_store_core::{Result, StoreOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -264,4 +264,47 @@ pub fn watcher(store: &SqliteStore) -> WatcherProbe {
 /// [`SqliteOptions::read_connections`].
 pub fn read_connections(store: &SqliteStore) -> u32 {
     store.inner.readers.size()
+}
+
+/// The task format is the newest task migration (`migrations/tasks`),
+/// recorded in `mes_task_migrations`, which a release checks on open.
+#[async_trait]
+impl PersistentTaskHarness for SqliteHarness {
+    fn task_format_version(&self) -> u64 {
+        newest_task_migration() as u64
+    }
+
+    /// Records a newer release's task migration (a row past this release's
+    /// newest), or takes every such row away for this release's format.
+    async fn set_task_format_version(&self, version: u64) {
+        let newest = newest_task_migration();
+        let version = i64::try_from(version).expect("a task migration version within INTEGER");
+        let mut conn = self.raw().await;
+        sqlx::query("DELETE FROM mes_task_migrations WHERE version > ?1")
+            .bind(newest)
+            .execute(&mut conn)
+            .await
+            .expect("take newer task migrations away");
+        if version > newest {
+            sqlx::query(
+                "INSERT INTO mes_task_migrations \
+                 (version, description, success, checksum, execution_time) \
+                 VALUES (?1, 'a newer release (test)', TRUE, X'00', 0)",
+            )
+            .bind(version)
+            .execute(&mut conn)
+            .await
+            .expect("record a newer task migration");
+        }
+        conn.close().await.expect("close the raw connection");
+    }
+}
+
+/// The newest task migration this release embeds.
+fn newest_task_migration() -> i64 {
+    sqlx::migrate!("./migrations/tasks")
+        .iter()
+        .map(|migration| migration.version)
+        .max()
+        .expect("the task migrations")
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use mcp_event_store_core::task::{
-    Applied, EXPIRED_ERROR, Finish, NewTask, TaskStatus, TaskStore, WorkerChange,
+    Applied, EXPIRED_ERROR, Finish, InstanceId, NewTask, TaskStatus, TaskStore, WorkerChange,
 };
 
 use super::TaskHarness;
@@ -137,12 +137,85 @@ pub async fn set_ttl_takes_effect<H: TaskHarness>(h: &H) {
     f.close(h).await;
 }
 
+/// T8: a purge of more tasks than a backend handles in one step (1,300,
+/// where steps are 500) goes in several steps and still ends, misses
+/// none and counts each once: tasks of a live instance past their ttl
+/// expire, those of a lapsed one are orphaned, and past the grace every
+/// task goes with its inputs; the lapsed instance is forgotten once its
+/// tasks are ended, and nothing of them is left in the storage.
+pub async fn a_purge_of_many_tasks_goes_in_steps_and_misses_none<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let short = InstanceId::generate().unwrap();
+    assert!(
+        f.store
+            .heartbeat(short, Duration::from_secs(30))
+            .await
+            .unwrap()
+    );
+    let rows_before = h.raw_rows().await.map(|rows| rows.len());
+    let (expiring, lost) = (700u64, 600u64);
+    let ttl = Duration::from_secs(60);
+    let mut ids = Vec::new();
+    for n in 0..expiring + lost {
+        let me = if n < expiring { f.me } else { short };
+        let (task, id) = f.create_with(NewTask::new(&f.owner, me).ttl(ttl)).await;
+        let key = format!("k{n}");
+        let request = WorkerChange::RequestInput {
+            key: &key,
+            request: b"{}",
+        };
+        let applied = f.store.apply(&task, me, request).await.unwrap();
+        assert!(is_changed(&applied), "{applied:?}");
+        ids.push(id);
+    }
+    // The short instance lapses at 30 s, the ttl ends at 60 s.
+    f.clock.advance(ttl);
+    let report = f.store.purge_expired_tasks().await.unwrap();
+    assert_eq!(
+        (
+            report.expired,
+            report.orphaned,
+            report.deleted,
+            report.instances
+        ),
+        (expiring, lost, 0, 1),
+        "the first purge: {report:?}"
+    );
+    for id in ids.iter().step_by(97).chain(ids.last()) {
+        let task = f.get(id).await;
+        assert_eq!(task.status, TaskStatus::Failed, "{id}");
+        assert!(task.outstanding.is_empty(), "{id}");
+    }
+    // Past the grace (one ttl), every task goes, with its inputs.
+    f.clock.advance(ttl);
+    let report = f.store.purge_expired_tasks().await.unwrap();
+    assert_eq!(
+        report.deleted,
+        expiring + lost,
+        "the second purge: {report:?}"
+    );
+    let report = f.store.purge_expired_tasks().await.unwrap();
+    assert_eq!(report, Default::default(), "nothing is left to purge");
+    for id in ids.iter().step_by(97) {
+        assert_eq!(f.store.get(id, &f.owner).await.unwrap(), None, "{id}");
+    }
+    if let (Some(before), Some(after)) = (rows_before, h.raw_rows().await) {
+        assert_eq!(
+            after.len(),
+            before - 1,
+            "only the live instance is left of what the tasks added"
+        );
+    }
+    f.close(h).await;
+}
+
 /// Registers this file's cases with [`task_suite!`](crate::task_suite).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __task_cases_expiry {
     ($harness:expr) => {
         $crate::__task_conformance_cases!($harness;
+            a_purge_of_many_tasks_goes_in_steps_and_misses_none,
             expired_task_reads_failed,
             expired_task_is_purged_with_its_inputs_after_grace,
             null_ttl_is_capped,

@@ -1,5 +1,7 @@
 //! The task conformance suite: every backend's [`TaskStore`] runs every
-//! case (contract T1 to T11, and T13 to T19).
+//! case (contract T1 to T19), a file per clause group; a persistent store
+//! also runs the reopen, SIGKILL and newer-format cases
+//! ([`PersistentTaskHarness`]).
 //!
 //! As with the event suite ([`crate::events`]), each case is a plain
 //! async function over a [`TaskHarness`], and
@@ -10,8 +12,8 @@
 //! mcp_event_store_conformance::task_suite!(MyTaskHarness::new());
 //! ```
 //!
-//! The cases run on [`ManualClock`]s and assume the
-//! store's [`TaskOptions`] are the defaults. None asserts a latency: a
+//! The cases run on [`ManualClock`](mcp_event_store_core::ManualClock)s
+//! and assume the store's [`TaskOptions`] are the defaults. None asserts a latency: a
 //! wake-up case watches through a handle that re-reads only when woken
 //! ([`TaskHarness::open_without_recheck`]) with a `max_wait` of an hour,
 //! so a lost wake-up fails it at a generous deadline while a working one
@@ -23,6 +25,7 @@ mod identity;
 mod input;
 mod instances;
 mod limits;
+mod persistent;
 mod runtime;
 mod states;
 mod support;
@@ -35,6 +38,7 @@ pub use identity::*;
 pub use input::*;
 pub use instances::*;
 pub use limits::*;
+pub use persistent::*;
 pub use runtime::*;
 pub use states::*;
 pub use takeover::*;
@@ -45,6 +49,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use mcp_event_store_core::StoreOptions;
 use mcp_event_store_core::task::{MemoryTaskStore, TaskOptions, TaskStore};
+
+use crate::events::PersistentHarness;
 
 /// What a backend provides so the task suite can run against it.
 ///
@@ -89,6 +95,29 @@ pub trait TaskHarness: Send + Sync + 'static {
         Self: Sized,
     {
     }
+}
+
+/// What a persistent task store adds so the suite can reopen it, kill a
+/// process writing to it and age its task format: the `persistent` task
+/// cases (T1, T12) need it.
+///
+/// It is the event harness's [`PersistentHarness`] on the same storage
+/// (its [`locator`](PersistentHarness::locator),
+/// [`attach`](PersistentHarness::attach) and
+/// [`try_open`](PersistentHarness::try_open) serve both suites), plus where
+/// the task format is recorded.
+#[async_trait]
+pub trait PersistentTaskHarness: TaskHarness + PersistentHarness {
+    /// The task format this release writes, as this backend numbers it (a
+    /// task migration's version, a metadata value, a value's format byte).
+    fn task_format_version(&self) -> u64;
+
+    /// Records `version` as the format of this storage's tasks exactly
+    /// where a release writing that version would (a task migration row,
+    /// a metadata key, the format byte of every stored task value), with
+    /// no handle open; [`task_format_version`](Self::task_format_version)
+    /// puts back what this release wrote.
+    async fn set_task_format_version(&self, version: u64);
 }
 
 /// The harness for [`MemoryTaskStore`]: every `open` hands out a new handle
@@ -164,7 +193,10 @@ pub const NO_RECHECK: Duration = Duration::from_secs(3600);
 /// Generates one `#[tokio::test]` per task conformance case for a harness.
 ///
 /// `$harness` is an expression evaluating to a future of the harness (an
-/// `async` constructor call), evaluated afresh for each case.
+/// `async` constructor call), evaluated afresh for each case. Add
+/// `persistent` for stores that survive a reopen (the harness then also
+/// implements [`PersistentTaskHarness`]), to run the reopen, SIGKILL and
+/// newer-task-format cases too.
 ///
 /// Each file of cases registers its own cases beside their code, and a
 /// test of this crate fails if a case is written but not registered.
@@ -181,6 +213,10 @@ macro_rules! task_suite {
         $crate::__task_cases_instances!($harness);
         $crate::__task_cases_runtime!($harness);
         $crate::__task_cases_takeover!($harness);
+    };
+    ($harness:expr, persistent) => {
+        $crate::task_suite!($harness);
+        $crate::__task_cases_persistent!($harness);
     };
 }
 
@@ -212,6 +248,7 @@ mod registration {
         ("input", include_str!("input.rs")),
         ("cancel", include_str!("cancel.rs")),
         ("limits", include_str!("limits.rs")),
+        ("persistent", include_str!("persistent.rs")),
         ("expiry", include_str!("expiry.rs")),
         ("watch", include_str!("watch.rs")),
         ("instances", include_str!("instances.rs")),
@@ -249,10 +286,11 @@ mod registration {
             let cases = defined(source);
             assert!(!cases.is_empty(), "{file}.rs defines no cases");
             for case in cases {
-                assert_eq!(
-                    registered.iter().filter(|word| **word == case).count(),
-                    1,
-                    "{file}.rs defines {case} but its __task_cases_{file} macro does not register it once"
+                // Registered twice, it would define one test twice, which
+                // does not compile.
+                assert!(
+                    registered.contains(&case),
+                    "{file}.rs defines {case} but its __task_cases_{file} macro does not register it"
                 );
                 assert!(all.insert(case.clone()), "{case} is defined twice");
             }

@@ -34,15 +34,16 @@
 //! A new backend is a crate `store-<name>` (a workspace member by its
 //! directory name) that implements the traits with the plumbing in
 //! `mcp_event_store_core::backend`, exports its `BACKEND` descriptor, and
-//! implements `Harness`, `PersistentHarness`, `UrlHarness` and
-//! `TaskHarness` from `mcp-event-store-conformance`,
+//! implements `Harness`, `PersistentHarness`, `UrlHarness`, `TaskHarness`
+//! and `PersistentTaskHarness` from `mcp-event-store-conformance`,
 //! on its test kit (`mcp_event_store_conformance::testkit`: server discovery,
 //! a namespace per test removed even on panic, a child-process guard, the
 //! acknowledged-events reader). Its tests are one binary,
 //! `tests/<name>/main.rs`, whose `event_suite.rs` is the one line
 //! `event_suite!(<Name>Harness::new(), persistent);`, which runs every case,
 //! the SIGKILL and newer-format cases included, and whose `task_suite.rs` is
-//! the same for the task suite (`task_suite!`). A test that installs a
+//! the same for the task suite (`task_suite!(<Name>Harness::new(),
+//! persistent)`). A test that installs a
 //! process-wide recorder or subscriber gets a binary of its own. The facade
 //! then needs the six lines listed under "The descriptor and the lists that
 //! name backends" below. `connect`, the CLI,

@@ -4,4 +4,4 @@
 
 use mcp_event_store_postgres::testing::PostgresHarness;
 
-mcp_event_store_conformance::task_suite!(PostgresHarness::new());
+mcp_event_store_conformance::task_suite!(PostgresHarness::new(), persistent);

@@ -343,5 +343,5 @@ async fn check_and_listings_reach_every_master() {
 mod tasks {
     use super::cluster_harness;
 
-    mcp_event_store_conformance::task_suite!(cluster_harness());
+    mcp_event_store_conformance::task_suite!(cluster_harness(), persistent);
 }

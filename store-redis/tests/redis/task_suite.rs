@@ -2,4 +2,4 @@
 
 use mcp_event_store_redis::testing::RedisHarness;
 
-mcp_event_store_conformance::task_suite!(RedisHarness::new());
+mcp_event_store_conformance::task_suite!(RedisHarness::new(), persistent);

@@ -228,54 +228,6 @@ async fn tasks_leave_an_older_releases_keys_alone() {
     mcp_event_store_conformance::events::Harness::teardown(harness).await;
 }
 
-/// A purge walks more than one `SCAN` batch (500) and its bounded steps
-/// end, deleting every task and, once lapsed, its instance: nothing of
-/// the task family is left.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_purge_of_many_steps_ends_and_leaves_no_key() {
-    const TASKS: usize = 1_300;
-    let harness = RedisHarness::new().await;
-    let clock = test_clock();
-    let store = RedisStore::connect_with(harness.url(), harness.options(test_options(&clock)))
-        .await
-        .unwrap();
-    let me = InstanceId::generate().unwrap();
-    assert!(store.heartbeat(me, Duration::from_secs(30)).await.unwrap());
-    let owner = Owner::Anonymous;
-    let mut ids = Vec::new();
-    for i in 0..TASKS {
-        let (task, _) = store
-            .create(NewTask::new(&owner, me).ttl(Duration::from_secs(1)))
-            .await
-            .unwrap();
-        if i % 2 == 0 {
-            store
-                .apply(&task, me, WorkerChange::Finish(Finish::Completed(b"{}")))
-                .await
-                .unwrap();
-        }
-        ids.push(task.to_string());
-    }
-    let mut admin = raw(harness.url()).await;
-    let family = format!("{}:t1:*", harness.prefix());
-    assert_eq!(snapshot(&mut admin, &family).await.len(), TASKS + 1);
-
-    clock.advance(Duration::from_millis(1_500));
-    let report = store.purge_expired_tasks().await.unwrap();
-    assert_eq!(report.expired, (TASKS / 2) as u64);
-    assert_eq!(report.deleted, 0);
-    clock.advance(Duration::from_secs(60));
-    let report = store.purge_expired_tasks().await.unwrap();
-    assert_eq!(report.deleted, TASKS as u64);
-    assert_eq!(report.instances, 1, "the instance lapsed after 30 s");
-    assert_eq!(snapshot(&mut admin, &family).await, vec![]);
-    for id in ids.iter().step_by(97) {
-        assert_eq!(store.get(id, &owner).await.unwrap(), None);
-    }
-    store.close().await;
-    mcp_event_store_conformance::events::Harness::teardown(harness).await;
-}
-
 /// A task stored by a newer release (another value version) is refused
 /// with `IncompatibleFormat`, and a garbled one with `Corrupt`, never a
 /// panic or a wrong task; the worker's calls are refused the same way and

@@ -3,4 +3,4 @@
 
 use mcp_event_store_sled::testing::SledHarness;
 
-mcp_event_store_conformance::task_suite!(SledHarness::new());
+mcp_event_store_conformance::task_suite!(SledHarness::new(), persistent);

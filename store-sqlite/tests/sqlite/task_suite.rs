@@ -3,4 +3,4 @@
 
 use mcp_event_store_sqlite::testing::SqliteHarness;
 
-mcp_event_store_conformance::task_suite!(SqliteHarness::new());
+mcp_event_store_conformance::task_suite!(SqliteHarness::new(), persistent);
