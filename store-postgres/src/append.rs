@@ -27,9 +27,10 @@ use sqlx::postgres::PgPool;
 use sqlx::{Row, SqlStr};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::PostgresStore;
+use crate::error::{NAME, backend};
 use crate::options::{APPEND_BATCH_BYTES, APPEND_BATCH_EVENTS, APPEND_BATCHES_IN_FLIGHT};
 use crate::replay::stored_number;
-use crate::store::{NAME, PostgresStore, backend};
 
 /// Appends one event to `stream_id` (`store_event`): alone or batched with
 /// concurrent appends, then wakes this handle's followers of the stream

@@ -44,7 +44,8 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::store::{NAME, PostgresStore};
+use crate::PostgresStore;
+use crate::error::NAME;
 
 /// Follows the stream of `last_event_id` (`follow_events_after`): the
 /// replay after it, then each new event as wake-ups prompt re-reads.

@@ -11,10 +11,11 @@ use mcp_event_store_core::{
     StreamPage,
 };
 
+use crate::PostgresStore;
+use crate::error::{NAME, backend};
 use crate::options::{STATS_BATCH, Vacuum};
 use crate::replay::decode_id;
 use crate::setup::{AUTOVACUUM_ON, TRACK_COUNTS_ON, VacuumSettings, table_reset};
-use crate::store::{NAME, PostgresStore, backend};
 
 fn corrupt_summary() -> Error {
     Error::Corrupt(

@@ -551,6 +551,7 @@
 #![forbid(unsafe_code)]
 
 mod append;
+mod error;
 mod follow;
 mod inspect;
 mod options;
@@ -559,6 +560,7 @@ mod replay;
 mod sessions;
 mod setup;
 mod sql;
+mod state;
 mod store;
 mod tasks;
 

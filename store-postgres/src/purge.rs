@@ -21,9 +21,9 @@ use mcp_event_store_core::backend::validate_stream_id;
 use mcp_event_store_core::{PurgeReport, Result};
 use sqlx::Row;
 
+use crate::PostgresStore;
+use crate::error::backend;
 use crate::options::BATCH;
-use crate::store::PostgresStore;
-use crate::store::backend;
 
 /// One piece of retention work on one stream: raise `first_seq` to
 /// `new_first` and delete the rows in `[lo, hi)`.

@@ -14,7 +14,8 @@ use mcp_event_store_core::backend::{
 };
 use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
 
-use crate::store::{PostgresStore, backend};
+use crate::PostgresStore;
+use crate::error::backend;
 
 /// Opens a replay after the event id `raw` (`replay_events_after`): the
 /// first page comes with the cursor check, in one round trip.

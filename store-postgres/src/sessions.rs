@@ -10,7 +10,8 @@ use sqlx::Executor;
 use mcp_event_store_core::Result;
 use mcp_event_store_core::backend::validate_session_id;
 
-use crate::store::{PostgresStore, backend};
+use crate::PostgresStore;
+use crate::error::backend;
 
 /// Stores `state` under `session_id` until `ttl` has passed
 /// (`put_session`).

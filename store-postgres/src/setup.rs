@@ -11,9 +11,9 @@ use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::{Error, Result};
 
 use crate::FORMAT_VERSION;
+use crate::error::{NAME, backend};
 use crate::options::{DEFAULT_APPLICATION_NAME, PostgresOptions, Vacuum, quote_schema};
 use crate::sql::{self, render};
-use crate::store::{NAME, backend};
 
 /// The embedded migrations: the schema's history, and its format version.
 pub(crate) static MIGRATOR: Migrator = sqlx::migrate!("./migrations");

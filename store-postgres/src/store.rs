@@ -2,24 +2,27 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 
+#[cfg(doc)]
+use mcp_event_store_core::Error;
 use mcp_event_store_core::backend::{StreamKey, observe};
-use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
+    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
     Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
 
 use crate::append::{Batcher, Limits};
+use crate::error::NAME;
 use crate::follow::{Follows, Notifier, channel};
-use crate::options::{MAX_PAGE_SIZE, PostgresOptions, VACUUM_MIN_ROWS, Vacuum, quote_schema};
+use crate::options::{MAX_PAGE_SIZE, PostgresOptions, Vacuum, quote_schema};
 use crate::sql::Sql;
+use crate::state::Inner;
 use crate::{append, follow, inspect, purge, replay, sessions, setup};
 
 /// An [`EventStore`] and [`SessionStore`] on PostgreSQL.
@@ -40,33 +43,7 @@ use crate::{append, follow, inspect, purge, replay, sessions, setup};
 /// ```
 #[derive(Clone)]
 pub struct PostgresStore {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
-    pool: PgPool,
-    sql: Sql,
-    key: StreamKey,
-    options: StoreOptions,
-    schema: String,
-    page_size: i64,
-    /// Whether purges vacuum the store's tables.
-    vacuum: Vacuum,
-    /// Rows this handle's purges deleted since it last vacuumed.
-    deleted_since_vacuum: AtomicU64,
-    /// Runs appends alone or batched with concurrent ones.
-    batcher: Batcher,
-    /// The wake-up hub and the listener of this handle's follows.
-    follows: Follows,
-    /// Announces this handle's appends to other handles.
-    notifier: Notifier,
-    /// How long tasks live.
-    tasks: TaskOptions,
-    /// The task heartbeat's own connection (a pool of one, connecting on
-    /// the first heartbeat): a renewal never waits behind the calls that
-    /// fill the main pool, so a busy instance is not taken for a dead one
-    /// (T11).
-    heartbeats: PgPool,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -177,11 +154,6 @@ impl PostgresStore {
         &self.inner.pool
     }
 
-    /// The connection task heartbeats renew on.
-    pub(crate) fn heartbeats(&self) -> &PgPool {
-        &self.inner.heartbeats
-    }
-
     /// The schema holding the store's tables.
     pub fn schema(&self) -> &str {
         &self.inner.schema
@@ -202,68 +174,6 @@ impl PostgresStore {
     /// names). See the crate docs, "Following".
     pub fn notify_channel(&self) -> &str {
         self.inner.follows.channel()
-    }
-
-    /// The statements, with this store's schema spliced in.
-    pub(crate) fn sql(&self) -> &Sql {
-        &self.inner.sql
-    }
-
-    /// The schema's stream key.
-    pub(crate) fn key(&self) -> &StreamKey {
-        &self.inner.key
-    }
-
-    /// Events one replay page reads at most.
-    pub(crate) fn page_size(&self) -> i64 {
-        self.inner.page_size
-    }
-
-    /// Runs this handle's appends.
-    pub(crate) fn batcher(&self) -> &Batcher {
-        &self.inner.batcher
-    }
-
-    /// This handle's wake-up hub and listener.
-    pub(crate) fn follows(&self) -> &Follows {
-        &self.inner.follows
-    }
-
-    /// Announces this handle's appends to other handles.
-    pub(crate) fn notifier(&self) -> &Notifier {
-        &self.inner.notifier
-    }
-
-    /// How long this handle's tasks live.
-    pub(crate) fn task_options(&self) -> &TaskOptions {
-        &self.inner.tasks
-    }
-
-    /// The store clock's time, in milliseconds.
-    pub(crate) fn now(&self) -> i64 {
-        self.inner.options.clock.now_millis()
-    }
-
-    /// Counts rows a purge deleted and says whether, under
-    /// [`Vacuum::Auto`], enough have gone since the last vacuum to weigh
-    /// one (see [`purge::vacuum_if_due`]).
-    pub(crate) fn add_deleted(&self, rows: u64) -> Option<u64> {
-        let total = self
-            .inner
-            .deleted_since_vacuum
-            .fetch_add(rows, Ordering::Relaxed)
-            .saturating_add(rows);
-        (self.inner.vacuum == Vacuum::Auto && total >= VACUUM_MIN_ROWS).then_some(total)
-    }
-
-    /// Starts counting afresh after a vacuum that covered `rows` deletions.
-    pub(crate) fn vacuumed(&self, rows: u64) {
-        // Deletions that raced with the vacuum stay counted.
-        let _ = self.inner.deleted_since_vacuum.fetch_update(
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-            |n| Some(n.saturating_sub(rows)),
-        );
     }
 }
 
@@ -340,17 +250,5 @@ impl SessionStore for PostgresStore {
 
     async fn delete_session(&self, session_id: &str) -> Result<bool> {
         sessions::delete(self, session_id).await
-    }
-}
-
-/// The backend name in errors, spans and metrics.
-pub(crate) const NAME: &str = crate::BACKEND.name;
-
-/// Wraps a driver error, keeping it as the source; a call on a closed pool
-/// is [`Error::Closed`].
-pub(crate) fn backend(e: sqlx::Error) -> Error {
-    match e {
-        sqlx::Error::PoolClosed => Error::Closed,
-        e => Error::backend(NAME, e),
     }
 }

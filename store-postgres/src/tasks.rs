@@ -39,10 +39,11 @@ use mcp_event_store_core::{Error, Result};
 use sqlx::postgres::{PgConnection, PgRow};
 use sqlx::{Postgres, Row, SqlStr, Transaction};
 
+use crate::PostgresStore;
+use crate::error::backend;
 use crate::follow::task_payload;
 use crate::options::quote_schema;
 use crate::sql::render;
-use crate::store::{PostgresStore, backend};
 
 /// Tasks a purge step ends or deletes at most, so one transaction never
 /// holds many row locks for long.

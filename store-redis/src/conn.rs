@@ -8,7 +8,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::options::NAME;
+use crate::error::{NAME, backend};
 
 /// Where to connect, as parsed from the URL.
 #[derive(Debug, PartialEq, Eq)]
@@ -124,11 +124,6 @@ impl ConnectionLike for Conn {
             Self::Cluster(c) => c.get_db(),
         }
     }
-}
-
-/// Maps a driver error, keeping it as the source.
-pub fn backend(e: redis::RedisError) -> Error {
-    Error::backend(NAME, e)
 }
 
 /// `WAIT` arguments for writes that must reach replicas: (replicas, ms).

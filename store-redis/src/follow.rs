@@ -37,8 +37,8 @@ use tokio::task::AbortHandle;
 
 use crate::RedisStore;
 use crate::conn::Conn;
+use crate::error::NAME;
 use crate::keys::Keys;
-use crate::options::NAME;
 use crate::wire::{entry_id, parse_entry_id};
 
 /// How long one `XREAD` blocks at most. Bounds how long a watcher stays

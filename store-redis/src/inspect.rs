@@ -17,7 +17,7 @@ use mcp_event_store_core::{
 use redis::Value;
 
 use crate::conn::{self, Master, Node};
-use crate::options::NAME;
+use crate::error::NAME;
 use crate::scripts::SCRIPTS;
 use crate::{FORMAT_VERSION, RedisStore};
 

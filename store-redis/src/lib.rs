@@ -489,6 +489,7 @@
 
 mod append;
 mod conn;
+mod error;
 mod follow;
 mod inspect;
 mod keys;
@@ -498,6 +499,7 @@ mod replay;
 mod scripts;
 mod sessions;
 mod setup;
+mod state;
 mod store;
 mod tasks;
 mod wire;
@@ -530,7 +532,7 @@ pub use store::RedisStore;
 /// assert!(mcp_event_store_redis::BACKEND.opens("valkey+cluster://h1:7000,h2:7001"));
 /// ```
 pub const BACKEND: Backend = Backend {
-    name: options::NAME,
+    name: error::NAME,
     schemes: URL_SCHEMES,
     feature: "redis",
     connect: |url, options| {

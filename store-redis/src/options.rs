@@ -8,9 +8,6 @@ use mcp_event_store_core::{Error, Result, StoreOptions};
 use crate::conn::{Target, Wait};
 use crate::keys::validate_prefix;
 
-/// The backend name in errors, traces and metrics.
-pub(crate) const NAME: &str = "redis";
-
 /// Every URL scheme [`RedisStore::connect`](crate::RedisStore::connect)
 /// accepts. The `+cluster` forms open a Redis Cluster; `redis+unix`,
 /// `valkey+unix` and `unix` a unix socket; `rediss` and `valkeys` TLS (when

@@ -7,7 +7,8 @@ use mcp_event_store_core::backend::validate_stream_id;
 use mcp_event_store_core::{PurgeReport, Result};
 
 use crate::RedisStore;
-use crate::conn::{self, Conn, backend};
+use crate::conn::{self, Conn};
+use crate::error::backend;
 use crate::options::{
     GONE_MARKER_TTL, PURGE_CONCURRENCY, PURGE_TRIM_BUDGET, SCAN_BATCH, SECRET_ATTEMPTS,
 };

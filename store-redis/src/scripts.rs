@@ -32,8 +32,9 @@ use mcp_event_store_core::{Error, Result};
 use redis::{Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, ToRedisArgs, Value};
 
 use crate::RedisStore;
-use crate::conn::{backend, check_replicas};
-use crate::options::{MAX_PEXPIRE_MS, NAME};
+use crate::conn::check_replicas;
+use crate::error::{NAME, backend};
+use crate::options::MAX_PEXPIRE_MS;
 
 /// Shared by the append and purge scripts: removes a stream's oldest entries
 /// while a limit is exceeded. The age limit may remove every entry; the count

@@ -10,7 +10,8 @@ use mcp_event_store_core::{Error, Result};
 use redis::FromRedisValue;
 
 use crate::RedisStore;
-use crate::options::{NAME, SECRET_ATTEMPTS};
+use crate::error::NAME;
+use crate::options::SECRET_ATTEMPTS;
 use crate::scripts::{SCRIPTS, ttl_arg};
 use crate::setup::secret_kept_changing;
 

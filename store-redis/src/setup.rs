@@ -25,11 +25,12 @@ use mcp_event_store_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 
-use crate::conn::{self, Conn, Target, Wait, backend, check_replicas};
+use crate::conn::{self, Conn, Target, Wait, check_replicas};
+use crate::error::{NAME, backend};
 use crate::follow::{Follow, Source};
 use crate::keys::Keys;
-use crate::options::{MIN_REDIS_VERSION, NAME, SECRET_ATTEMPTS};
-use crate::store::Inner;
+use crate::options::{MIN_REDIS_VERSION, SECRET_ATTEMPTS};
+use crate::state::Inner;
 use crate::tasks::TaskWakeups;
 use crate::{FORMAT_VERSION, RedisOptions, RedisStore};
 

@@ -3,24 +3,23 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use mcp_event_store_core::backend::{StreamKey, observe};
+#[cfg(doc)]
+use mcp_event_store_core::Error;
+use mcp_event_store_core::backend::observe;
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
+    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
     Retention, SessionStore, StoreStats, StreamCursor, StreamPage,
 };
-use redis::{FromRedisValue, Pipeline};
 
-use crate::conn::{Conn, Wait, backend};
-use crate::follow::Follow;
-use crate::keys::Keys;
-use crate::options::NAME;
-use crate::setup::{self, Secret};
-use crate::{RedisOptions, purge};
+use crate::conn::Conn;
+use crate::error::NAME;
+use crate::state::Inner;
+use crate::{RedisOptions, purge, setup};
 
 /// An [`EventStore`] and [`SessionStore`] on Redis Streams.
 ///
@@ -31,19 +30,6 @@ use crate::{RedisOptions, purge};
 #[derive(Clone)]
 pub struct RedisStore {
     pub(crate) inner: Arc<Inner>,
-}
-
-/// What the clones of one handle share.
-pub(crate) struct Inner {
-    pub(crate) conn: Conn,
-    pub(crate) keys: Keys,
-    pub(crate) secret: Secret,
-    pub(crate) options: RedisOptions,
-    pub(crate) follow: Follow,
-    /// The task watchers' wake-ups and their subscriber.
-    pub(crate) tasks: crate::tasks::TaskWakeups,
-    /// Set by [`RedisStore::close`].
-    pub(crate) closed: AtomicBool,
 }
 
 impl fmt::Debug for RedisStore {
@@ -198,54 +184,5 @@ impl SessionStore for RedisStore {
     async fn delete_session(&self, session_id: &str) -> Result<bool> {
         self.ensure_open()?;
         self.session_delete(session_id).await
-    }
-}
-
-/// What the job files share.
-impl RedisStore {
-    /// [`Error::Closed`] once [`close`](Self::close) was called.
-    pub(crate) fn ensure_open(&self) -> Result<()> {
-        if self.inner.closed.load(Ordering::SeqCst) {
-            return Err(Error::Closed);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn conn(&self) -> Conn {
-        self.inner.conn.clone()
-    }
-
-    /// The stream secret this handle uses now.
-    pub(crate) fn key(&self) -> StreamKey {
-        self.inner.secret.current()
-    }
-
-    /// `WAIT` arguments, if appends wait for replicas.
-    pub(crate) fn wait(&self) -> Wait {
-        self.inner.options.wait()
-    }
-
-    pub(crate) fn now(&self) -> i64 {
-        self.inner.options.store.clock.now_millis()
-    }
-
-    pub(crate) fn page_size(&self) -> usize {
-        self.inner.options.store.page_size
-    }
-
-    /// Runs a read-only pipeline, retrying once if the connection dropped
-    /// under it (reads are idempotent; appends are never retried). Refused
-    /// once the handle is closed, so the later pages of a replay are too.
-    pub(crate) async fn read<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
-        self.ensure_open()?;
-        let mut conn = self.conn();
-        match pipe.query_async(&mut conn).await {
-            Ok(value) => Ok(value),
-            Err(e) if e.is_connection_dropped() || (e.is_io_error() && !e.is_timeout()) => {
-                tracing::debug!(error = %e, "connection lost during a read; retrying once");
-                pipe.query_async(&mut conn).await.map_err(backend)
-            }
-            Err(e) => Err(backend(e)),
-        }
     }
 }

@@ -33,8 +33,9 @@ use tokio::task::AbortHandle;
 
 use crate::RedisStore;
 use crate::conn;
+use crate::error::{NAME, backend};
 use crate::keys::{digest_of_hex, hex};
-use crate::options::{MAX_PEXPIRE_MS, NAME, PURGE_CONCURRENCY, SCAN_BATCH};
+use crate::options::{MAX_PEXPIRE_MS, PURGE_CONCURRENCY, SCAN_BATCH};
 use crate::scripts::{Call, SCRIPTS};
 
 /// How much longer than the store's clock says a key must live Redis keeps
@@ -361,7 +362,7 @@ impl RedisStore {
             .arg(hex(digest.as_bytes()))
             .query_async(&mut self.conn())
             .await
-            .map_err(conn::backend)?;
+            .map_err(backend)?;
         Ok(())
     }
 

@@ -35,7 +35,8 @@ use mcp_event_store_conformance::testkit::{self, Container, Namespace, ServerSpe
 use mcp_event_store_core::{Result, StoreOptions};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::conn::{Conn, Target, backend};
+use crate::conn::{Conn, Target};
+use crate::error::backend;
 use crate::keys::Keys;
 use crate::{FORMAT_VERSION, RedisOptions, RedisStore};
 

@@ -11,9 +11,10 @@ use mcp_event_store_core::backend::{StreamToken, observe};
 use mcp_event_store_core::{Error, EventId, NewEvent, Result, Retention};
 
 use crate::SledStore;
+use crate::error::{NAME, backend};
 use crate::flusher::{Ack, Publish, flushed, wait_flushed};
 use crate::keys::{self, EVENT_HEADER_LEN};
-use crate::shared::{NAME, Shared, Slot, StreamMeta, backend, blocking};
+use crate::shared::{Shared, Slot, StreamMeta, blocking};
 
 /// How an append learns its event is durable; `None` for relaxed handles.
 pub(crate) type Durable = Option<Ack>;

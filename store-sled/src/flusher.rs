@@ -40,8 +40,9 @@ use mcp_event_store_core::backend::{StreamToken, observe};
 use mcp_event_store_core::{Error, Result as StoreResult};
 use tokio::sync::oneshot;
 
+use crate::error::NAME;
 use crate::keys::META_RELAXED;
-use crate::shared::{NAME, Slot, lock};
+use crate::shared::{Slot, lock};
 
 /// The outcome of one flush, shared by everyone who waited on it.
 pub(crate) type FlushResult = Result<(), FlushError>;
@@ -482,7 +483,7 @@ mod tests {
 
     use mcp_event_store_core::{EventStore, NewEvent};
 
-    use crate::store::test_support::{Unpause, replayed_after, until};
+    use crate::test_support::{Unpause, replayed_after, until};
     use crate::{SledOptions, SledStore};
 
     /// Leader/follower: with no flush running, an append flushes on its own

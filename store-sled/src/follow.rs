@@ -10,8 +10,9 @@ use mcp_event_store_core::backend::{Page, StreamToken, observe};
 use mcp_event_store_core::{Error, EventId, FollowOptions, Replay, Result};
 
 use crate::SledStore;
+use crate::error::NAME;
 use crate::replay::{PageReader, position_in, start_replay};
-use crate::shared::{NAME, Shared, Slot};
+use crate::shared::{Shared, Slot};
 
 /// A replay that stays open: [`EventStore::follow_events_after`](mcp_event_store_core::EventStore::follow_events_after).
 pub(crate) async fn follow_events_after(
@@ -128,7 +129,7 @@ mod tests {
     use mcp_event_store_core::{Error, EventStore, FollowOptions, NewEvent};
 
     use super::follow_on;
-    use crate::store::test_support::{Unpause, until};
+    use crate::test_support::{Unpause, until};
     use crate::{SledOptions, SledStore};
 
     /// The safety net: a follower that never gets a wake-up (subscribed to

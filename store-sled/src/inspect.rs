@@ -18,9 +18,10 @@ use mcp_event_store_core::{
 };
 
 use crate::SledStore;
+use crate::error::{NAME, backend};
 use crate::keys::{self, META_FORMAT};
 use crate::options::Durability;
-use crate::shared::{NAME, Shared, backend, blocking};
+use crate::shared::{Shared, blocking};
 
 /// Stream records read per step of a walk, so a walk over any number of
 /// streams holds at most this many keys at once.
@@ -225,7 +226,7 @@ mod tests {
     use mcp_event_store_core::{EventStore, NewEvent, StoreStats};
 
     use crate::keys;
-    use crate::store::test_support::{Unpause, until};
+    use crate::test_support::{Unpause, until};
     use crate::{SledOptions, SledStore};
 
     /// Totals and listings count what replays may see: an event written

@@ -439,6 +439,7 @@
 #![forbid(unsafe_code)]
 
 mod append;
+mod error;
 mod flusher;
 mod follow;
 mod inspect;
@@ -449,8 +450,11 @@ mod replay;
 mod sessions;
 mod setup;
 mod shared;
+mod state;
 mod store;
 mod tasks;
+#[cfg(test)]
+mod test_support;
 
 #[cfg(feature = "conformance")]
 pub mod testing;
@@ -475,7 +479,7 @@ pub use crate::store::SledStore;
 /// assert!(mcp_event_store_sled::BACKEND.opens("sled:///var/lib/app/events"));
 /// ```
 pub const BACKEND: Backend = Backend {
-    name: shared::NAME,
+    name: error::NAME,
     schemes: &["sled"],
     feature: "sled",
     connect: |url, options| {

@@ -9,8 +9,9 @@ use mcp_event_store_core::backend::{StreamToken, observe, validate_stream_id};
 use mcp_event_store_core::{PurgeReport, Result, Retention};
 
 use crate::SledStore;
+use crate::error::{NAME, backend};
 use crate::keys;
-use crate::shared::{NAME, Shared, Slot, StreamMeta, backend, blocking};
+use crate::shared::{Shared, Slot, StreamMeta, blocking};
 
 /// Entries handled per scan step in a purge, so no step holds much memory
 /// or holds a stream's lock for long.

@@ -12,8 +12,9 @@ use mcp_event_store_core::backend::{Page, StreamToken, observe, paged_replay, va
 use mcp_event_store_core::{Error, EventId, Position, Replay, Result, StoredEvent};
 
 use crate::SledStore;
+use crate::error::{NAME, backend};
 use crate::keys::{self, EVENT_HEADER_LEN};
-use crate::shared::{Incarnations, NAME, Shared, Slot, StreamMeta, backend, blocking, lock};
+use crate::shared::{Incarnations, Shared, Slot, StreamMeta, blocking, lock};
 
 /// Payloads at least this long are handed out without copying.
 const ZERO_COPY_MIN: usize = 1024;
@@ -336,7 +337,7 @@ mod tests {
     use mcp_event_store_core::backend::dense;
     use mcp_event_store_core::{Error, EventId, EventStore, NewEvent};
 
-    use crate::store::test_support::replayed_after;
+    use crate::test_support::replayed_after;
     use crate::{SledOptions, SledStore};
 
     /// The crash-reissue trap: an event that is written but not yet flushed

@@ -8,9 +8,10 @@ use mcp_event_store_core::backend::validate_session_id;
 use mcp_event_store_core::{Error, Result};
 
 use crate::SledStore;
+use crate::error::backend;
 use crate::keys;
 use crate::purge::PURGE_BATCH;
-use crate::shared::{Shared, backend, blocking, lock};
+use crate::shared::{Shared, blocking, lock};
 
 /// Stores a session: [`SessionStore::put_session`](mcp_event_store_core::SessionStore::put_session).
 pub(crate) async fn put_session(

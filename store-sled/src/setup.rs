@@ -23,6 +23,7 @@ use mcp_event_store_core::backend::{StreamKey, StreamToken};
 use mcp_event_store_core::{Error, Result};
 
 use crate::FORMAT_VERSION;
+use crate::error::backend;
 use crate::flusher::Flusher;
 use crate::keys::{
     self, META_CREATED_BY, META_ERA, META_FLOOR, META_FORMAT, META_LOOSEST, META_MIGRATED,
@@ -30,7 +31,7 @@ use crate::keys::{
     TREE_STREAM_AGE, TREE_STREAMS, TREE_STREAMS_V1, TREE_TASK_INSTANCES, TREE_TASK_PURGE,
     TREE_TASKS,
 };
-use crate::shared::{Incarnations, Shared, SlotMap, backend, lock};
+use crate::shared::{Incarnations, Shared, SlotMap, lock};
 use crate::tasks::{META_TASK_FORMAT, TASK_FORMAT};
 
 /// Every tree this crate has ever written.

@@ -13,7 +13,6 @@
 //! side, so appends and replays would stall behind every flush.
 
 use std::collections::HashMap;
-use std::error::Error as StdError;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,12 +22,10 @@ use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::backend::{StreamKey, StreamToken};
 use mcp_event_store_core::{Error, Result};
 
+use crate::error::{NAME, backend};
 use crate::flusher::Flusher;
 use crate::keys::{self, META_LOOSEST, META_RELAXED, StreamRecord};
 use crate::setup::Closer;
-
-/// The backend name in errors and traces.
-pub(crate) const NAME: &str = "sled";
 
 /// How a database hands out and judges incarnations (see the crate docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,11 +94,6 @@ where
         Ok(result) => result,
         Err(e) => Err(Error::backend(NAME, e)),
     }
-}
-
-/// A sled error as the contract's backend error, source kept.
-pub(crate) fn backend(e: impl Into<Box<dyn StdError + Send + Sync>>) -> Error {
-    Error::backend(NAME, e)
 }
 
 /// The in-memory state of one stream: the authority for sequence numbers

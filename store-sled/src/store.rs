@@ -3,21 +3,24 @@
 //! named for each job.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+#[cfg(doc)]
+use mcp_event_store_core::Error;
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
+    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
     Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
 
-use crate::flusher::{FlushResult, wait_flushed};
+use crate::flusher::wait_flushed;
 use crate::options::{Durability, SledOptions, SledUrl};
 use crate::shared::{Shared, blocking};
+use crate::state::Handle;
 use crate::{append, follow, inspect, purge, replay, sessions};
 
 /// An [`EventStore`] and [`SessionStore`] in a sled database.
@@ -28,20 +31,6 @@ use crate::{append, follow, inspect, purge, replay, sessions};
 #[derive(Clone)]
 pub struct SledStore {
     pub(crate) handle: Arc<Handle>,
-}
-
-/// One handle, shared by its clones: its options, and the database until
-/// [`SledStore::close`].
-pub(crate) struct Handle {
-    /// `None` once closed.
-    shared: RwLock<Option<Arc<Shared>>>,
-    /// The database directory (canonical).
-    path: PathBuf,
-    pub(crate) store: StoreOptions,
-    pub(crate) durability: Durability,
-    pub(crate) follow_recheck: Duration,
-    /// Whether this handle's limits are recorded (see `Shared::note_limits`).
-    pub(crate) limits_noted: AtomicBool,
 }
 
 impl fmt::Debug for SledStore {
@@ -194,48 +183,6 @@ impl SledStore {
     pub async fn flush(&self) -> Result<()> {
         wait_flushed(self.shared()?.flusher.request(None)).await
     }
-
-    /// The database, or [`Error::Closed`] once this handle is closed.
-    pub(crate) fn shared(&self) -> Result<Arc<Shared>> {
-        self.handle
-            .shared
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or(Error::Closed)
-    }
-
-    /// Waits for durability if this handle's setting asks for it.
-    pub(crate) async fn settle(
-        &self,
-        wait: Option<tokio::sync::oneshot::Receiver<FlushResult>>,
-    ) -> Result<()> {
-        match wait {
-            Some(wait) => wait_flushed(wait).await,
-            None => Ok(()),
-        }
-    }
-
-    pub(crate) fn relaxed(&self) -> bool {
-        matches!(self.handle.durability, Durability::Interval(_))
-    }
-
-    /// A flush to wait for after a write other than an append, in `Flush` mode.
-    pub(crate) fn flush_after_write(
-        &self,
-        shared: &Shared,
-    ) -> Option<tokio::sync::oneshot::Receiver<FlushResult>> {
-        if self.relaxed() {
-            shared.flusher.mark_dirty();
-            None
-        } else {
-            Some(shared.flusher.request(None))
-        }
-    }
-
-    pub(crate) fn now(&self) -> i64 {
-        self.handle.store.clock.now_millis()
-    }
 }
 
 #[async_trait]
@@ -305,43 +252,5 @@ impl SessionStore for SledStore {
 
     async fn delete_session(&self, session_id: &str) -> Result<bool> {
         sessions::delete_session(self, session_id).await
-    }
-}
-
-/// Helpers for this crate's unit tests.
-#[cfg(test)]
-pub(crate) mod test_support {
-    use std::time::Duration;
-
-    use futures_util::TryStreamExt;
-    use mcp_event_store_core::{EventId, EventStore, Result};
-
-    use super::SledStore;
-    use crate::flusher::Flusher;
-
-    /// The ids a replay after `id` yields, to its end.
-    pub(crate) async fn replayed_after(store: &SledStore, id: &EventId) -> Result<Vec<EventId>> {
-        let replay = store.replay_events_after(&id.to_string()).await?;
-        let events: Vec<_> = replay.events.try_collect().await?;
-        Ok(events.into_iter().map(|e| e.id).collect())
-    }
-
-    /// Waits (up to ten seconds) until `done` holds.
-    pub(crate) async fn until(mut done: impl FnMut() -> bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !done() {
-            assert!(std::time::Instant::now() < deadline, "timed out");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    /// Releases paused flushes when dropped, also when an assertion fails,
-    /// so a held blocking task lets the runtime shut down.
-    pub(crate) struct Unpause<'a>(pub(crate) &'a Flusher);
-
-    impl Drop for Unpause<'_> {
-        fn drop(&mut self) {
-            self.0.pause(false);
-        }
     }
 }

@@ -32,8 +32,9 @@ use mcp_event_store_core::task::{
 use mcp_event_store_core::{Error, Result};
 
 use crate::SledStore;
+use crate::error::backend;
 use crate::keys;
-use crate::shared::{Shared, backend, blocking};
+use crate::shared::{Shared, blocking};
 
 /// The tasks' own format, in the metadata under [`META_TASK_FORMAT`]
 /// (the event format, `FORMAT_VERSION`, is unchanged by tasks).

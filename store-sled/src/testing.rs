@@ -185,7 +185,7 @@ impl TaskHarness for SledHarness {
             let mut rows = Vec::new();
             for tree in [&shared.tasks, &shared.task_purge, &shared.task_instances] {
                 for entry in tree.iter() {
-                    let (key, value) = entry.map_err(crate::shared::backend)?;
+                    let (key, value) = entry.map_err(crate::error::backend)?;
                     let mut row = key.to_vec();
                     row.push(b'|');
                     row.extend_from_slice(&value);

@@ -12,10 +12,9 @@ use mcp_event_store_core::{Error, EventId, NewEvent, Position, Result};
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::SqliteStore;
-use crate::options::NAME;
+use crate::error::{NAME, db_error};
 use crate::purge::trim_stream;
 use crate::replay::to_incarnation;
-use crate::store::db_error;
 use crate::writer::{Answer, Append, Known, Reply, Write, Writer, padded};
 
 pub(crate) async fn store_event(

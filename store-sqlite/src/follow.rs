@@ -6,7 +6,7 @@ use mcp_event_store_core::backend::follow;
 use mcp_event_store_core::{Error, EventId, EventStore, FollowOptions, Replay, Result};
 
 use crate::SqliteStore;
-use crate::options::NAME;
+use crate::error::NAME;
 
 pub(crate) async fn follow_events_after(
     store: &SqliteStore,

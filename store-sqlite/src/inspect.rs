@@ -26,8 +26,8 @@ use mcp_event_store_core::{
 use sqlx::Row;
 
 use crate::SqliteStore;
-use crate::options::{Durability, NAME};
-use crate::store::db_error;
+use crate::error::{NAME, db_error};
+use crate::options::Durability;
 
 /// Stream rows summed by one statement of [`stats`].
 const STATS_PAGE: i64 = 512;

@@ -310,6 +310,7 @@
 #![forbid(unsafe_code)]
 
 mod append;
+mod error;
 mod follow;
 mod inspect;
 mod options;
@@ -317,6 +318,7 @@ mod purge;
 mod replay;
 mod sessions;
 mod setup;
+mod state;
 mod store;
 mod tasks;
 mod watcher;
@@ -343,7 +345,7 @@ pub use store::SqliteStore;
 /// assert!(mcp_event_store_sqlite::BACKEND.opens("sqlite://events.db"));
 /// ```
 pub const BACKEND: Backend = Backend {
-    name: options::NAME,
+    name: error::NAME,
     schemes: &["sqlite"],
     feature: "sqlite",
     connect: |url, options| {

@@ -9,8 +9,6 @@ use std::time::Duration;
 use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{Error, Result, StoreOptions};
 
-/// The backend name in errors, traces and metrics.
-pub(crate) const NAME: &str = "sqlite";
 /// Default [`SqliteOptions::busy_timeout`].
 pub(crate) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default [`SqliteOptions::read_connections`].

@@ -12,8 +12,7 @@ use sqlx::{Connection, Row};
 use tokio::sync::oneshot;
 
 use crate::SqliteStore;
-use crate::options::NAME;
-use crate::store::db_error;
+use crate::error::{NAME, db_error};
 use crate::writer::{Command, Reply, Write, Writer};
 
 /// Rows one purge transaction deletes at most.

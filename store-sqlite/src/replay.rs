@@ -16,8 +16,7 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use crate::SqliteStore;
-use crate::options::NAME;
-use crate::store::db_error;
+use crate::error::{NAME, db_error};
 
 pub(crate) async fn replay_events_after(
     store: &SqliteStore,

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use mcp_event_store_core::Result;
 
 use crate::SqliteStore;
-use crate::store::db_error;
+use crate::error::db_error;
 use crate::writer::{Reply, Write, Writer};
 
 pub(crate) async fn put_session(

@@ -17,8 +17,8 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 
 use crate::FORMAT_VERSION;
-use crate::options::{NAME, SqliteOptions};
-use crate::store::db_error;
+use crate::error::{NAME, db_error};
+use crate::options::SqliteOptions;
 
 /// An opened database, brought to this release's format: what the store
 /// is built from.

@@ -7,22 +7,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use mcp_event_store_core::backend::StreamKey;
+#[cfg(doc)]
+use mcp_event_store_core::Error;
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
+    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
     TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
+    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
+    Retention, SessionStore, StoreStats, StreamCursor, StreamPage,
 };
-use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::options::{Durability, NAME, SqliteOptions, WRITER_QUEUE};
+use crate::options::{SqliteOptions, WRITER_QUEUE};
+use crate::state::Inner;
 use crate::watcher::Watcher;
-use crate::writer::{Command, Reply, Write, Writer};
+use crate::writer::{Command, Writer};
 use crate::{append, follow, inspect, purge, replay, sessions, setup, tasks};
 
 /// An event store (and session store) in one SQLite database file.
@@ -33,30 +34,6 @@ use crate::{append, follow, inspect, purge, replay, sessions, setup, tasks};
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     pub(crate) inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Inner {
-    pub(crate) key: StreamKey,
-    pub(crate) options: StoreOptions,
-    pub(crate) readers: SqlitePool,
-    pub(crate) writer: mpsc::Sender<Command>,
-    /// This handle's followers; the writer wakes them after its commits.
-    pub(crate) wakeups: Arc<Wakeups>,
-    /// This handle's task watchers; the writer wakes them after its
-    /// commits.
-    pub(crate) task_wakeups: Arc<Wakeups>,
-    /// How often a task watcher re-reads its task without a wake-up: the
-    /// safety net should a wake-up be missed.
-    pub(crate) task_recheck: Duration,
-    /// How long tasks live.
-    pub(crate) task_options: TaskOptions,
-    /// Finds other handles' and processes' writes while anyone follows.
-    pub(crate) watcher: Watcher,
-    /// How often a follower re-reads without a wake-up.
-    pub(crate) follow_recheck: Duration,
-    /// What the store was opened to survive, for the health check.
-    pub(crate) durability: Durability,
 }
 
 impl SqliteStore {
@@ -157,27 +134,6 @@ impl SqliteStore {
         // end.
         self.inner.wakeups.wake_all();
         self.inner.task_wakeups.wake_all();
-    }
-
-    /// Queues a write for the writer task and waits for its answer, which
-    /// comes only after the write is committed.
-    pub(crate) async fn write<T>(
-        &self,
-        reply: impl FnOnce(oneshot::Sender<Result<T>>) -> Reply,
-        write: Write,
-    ) -> Result<T> {
-        let (sender, answer) = oneshot::channel();
-        self.inner
-            .writer
-            .send(Command::Write(write, reply(sender)))
-            .await
-            .map_err(|_| Error::Closed)?;
-        answer.await.map_err(|_| Error::Closed)?
-    }
-
-    /// The store clock's time, in milliseconds.
-    pub(crate) fn now(&self) -> i64 {
-        self.inner.options.clock.now_millis()
     }
 }
 
@@ -327,14 +283,5 @@ impl TaskStore for SqliteStore {
 
     async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
         tasks::view(self, task).await
-    }
-}
-
-/// A database error as the store reports it.
-pub(crate) fn db_error(e: sqlx::Error) -> Error {
-    match e {
-        // The read pool is closed only by `SqliteStore::close`.
-        sqlx::Error::PoolClosed => Error::Closed,
-        e => Error::backend(NAME, e),
     }
 }

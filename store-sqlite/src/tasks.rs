@@ -42,7 +42,7 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::SqliteStore;
-use crate::store::db_error;
+use crate::error::db_error;
 use crate::writer::{Reply, Write, Writer};
 
 /// Tasks a purge step ends or deletes at most, so one transaction never

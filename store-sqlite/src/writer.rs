@@ -29,7 +29,7 @@ use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::options::NAME;
+use crate::error::NAME;
 use crate::purge::PurgeJob;
 use crate::tasks::{TaskAnswer, TaskWrite};
 

@@ -22,12 +22,18 @@
 //! `options.rs` (`XOptions`: `Default`, `store(StoreOptions)`, `validate()`,
 //! and `from_url`, which owns every URL parameter and refuses an unknown or
 //! repeated one), `setup.rs` (opening, migrations or layout, the format check,
-//! the stream secret), `store.rs` (`connect(url)`, `connect_with(url, options)`
-//! where a parameter given in the URL wins, `close(&self)`, then thin trait
-//! impls), files named for the jobs the database makes different (`append.rs`,
-//! `replay.rs`, `follow.rs`, `purge.rs`, `inspect.rs`, `sessions.rs`), and
-//! `testing.rs` (the harnesses of the conformance suites, feature
-//! `conformance`). Crate docs
+//! the stream secret), `store.rs` (the front door: the public store type,
+//! `connect(url)`, `connect_with(url, options)` where a parameter given in the
+//! URL wins, `close(&self)`, then thin trait impls), `state.rs` (what the
+//! clones of one handle share, and the crate-internal accessors the job files
+//! reach it through), `error.rs` (`NAME`, the backend's name in errors, spans
+//! and metrics, and the mapping of driver errors to [`Error`](crate::Error)),
+//! files named for the jobs the database makes different (`append.rs`,
+//! `replay.rs`, `follow.rs`, `purge.rs`, `inspect.rs`, `sessions.rs`,
+//! `tasks.rs`), and `testing.rs` (the harnesses of the conformance suites,
+//! feature `conformance`). The job files take what they share from
+//! `state.rs` and `error.rs` and name the store type through the crate root;
+//! nothing imports from `store.rs` but `lib.rs`. Crate docs
 //! use the same headings: Connecting, Layout, Durability, Retention,
 //! Following, Inspecting, Format, Limits.
 //!

@@ -1,0 +1,78 @@
+//! What the clones of one [`RedisStore`] share ([`Inner`]: the connection,
+//! the keys, the stream secret, the options, the follow watcher and the
+//! task wake-ups), and the plumbing the job files reach it through.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use mcp_event_store_core::backend::StreamKey;
+use mcp_event_store_core::{Error, Result};
+use redis::{FromRedisValue, Pipeline};
+
+use crate::conn::{Conn, Wait};
+use crate::error::backend;
+use crate::follow::Follow;
+use crate::keys::Keys;
+use crate::setup::Secret;
+use crate::{RedisOptions, RedisStore};
+
+/// What the clones of one handle share.
+pub(crate) struct Inner {
+    pub(crate) conn: Conn,
+    pub(crate) keys: Keys,
+    pub(crate) secret: Secret,
+    pub(crate) options: RedisOptions,
+    pub(crate) follow: Follow,
+    /// The task watchers' wake-ups and their subscriber.
+    pub(crate) tasks: crate::tasks::TaskWakeups,
+    /// Set by [`RedisStore::close`].
+    pub(crate) closed: AtomicBool,
+}
+
+/// What the job files share.
+impl RedisStore {
+    /// [`Error::Closed`] once [`close`](Self::close) was called.
+    pub(crate) fn ensure_open(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn conn(&self) -> Conn {
+        self.inner.conn.clone()
+    }
+
+    /// The stream secret this handle uses now.
+    pub(crate) fn key(&self) -> StreamKey {
+        self.inner.secret.current()
+    }
+
+    /// `WAIT` arguments, if appends wait for replicas.
+    pub(crate) fn wait(&self) -> Wait {
+        self.inner.options.wait()
+    }
+
+    pub(crate) fn now(&self) -> i64 {
+        self.inner.options.store.clock.now_millis()
+    }
+
+    pub(crate) fn page_size(&self) -> usize {
+        self.inner.options.store.page_size
+    }
+
+    /// Runs a read-only pipeline, retrying once if the connection dropped
+    /// under it (reads are idempotent; appends are never retried). Refused
+    /// once the handle is closed, so the later pages of a replay are too.
+    pub(crate) async fn read<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
+        self.ensure_open()?;
+        let mut conn = self.conn();
+        match pipe.query_async(&mut conn).await {
+            Ok(value) => Ok(value),
+            Err(e) if e.is_connection_dropped() || (e.is_io_error() && !e.is_timeout()) => {
+                tracing::debug!(error = %e, "connection lost during a read; retrying once");
+                pipe.query_async(&mut conn).await.map_err(backend)
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! What the clones of one [`SqliteStore`] share ([`Inner`]: the stream key,
+//! the read pool, the writer's queue, the wake-ups and the watcher), and the
+//! plumbing the job files reach it through.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_event_store_core::backend::StreamKey;
+use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::task::TaskOptions;
+use mcp_event_store_core::{Error, Result, StoreOptions};
+use sqlx::sqlite::SqlitePool;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::SqliteStore;
+use crate::options::Durability;
+use crate::watcher::Watcher;
+use crate::writer::{Command, Reply, Write};
+
+/// What the clones of one handle share.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) key: StreamKey,
+    pub(crate) options: StoreOptions,
+    pub(crate) readers: SqlitePool,
+    pub(crate) writer: mpsc::Sender<Command>,
+    /// This handle's followers; the writer wakes them after its commits.
+    pub(crate) wakeups: Arc<Wakeups>,
+    /// This handle's task watchers; the writer wakes them after its
+    /// commits.
+    pub(crate) task_wakeups: Arc<Wakeups>,
+    /// How often a task watcher re-reads its task without a wake-up: the
+    /// safety net should a wake-up be missed.
+    pub(crate) task_recheck: Duration,
+    /// How long tasks live.
+    pub(crate) task_options: TaskOptions,
+    /// Finds other handles' and processes' writes while anyone follows.
+    pub(crate) watcher: Watcher,
+    /// How often a follower re-reads without a wake-up.
+    pub(crate) follow_recheck: Duration,
+    /// What the store was opened to survive, for the health check.
+    pub(crate) durability: Durability,
+}
+
+impl SqliteStore {
+    /// Queues a write for the writer task and waits for its answer, which
+    /// comes only after the write is committed.
+    pub(crate) async fn write<T>(
+        &self,
+        reply: impl FnOnce(oneshot::Sender<Result<T>>) -> Reply,
+        write: Write,
+    ) -> Result<T> {
+        let (sender, answer) = oneshot::channel();
+        self.inner
+            .writer
+            .send(Command::Write(write, reply(sender)))
+            .await
+            .map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The store clock's time, in milliseconds.
+    pub(crate) fn now(&self) -> i64 {
+        self.inner.options.clock.now_millis()
+    }
+}
