@@ -38,4 +38,7 @@ pub mod events;
 pub mod tasks;
 pub mod testkit;
 
+#[cfg(test)]
+mod registration;
+
 pub use events::MemoryHarness;

@@ -366,84 +366,30 @@ pub(crate) async fn tick() {
 
 #[cfg(test)]
 mod registration {
-    //! Every case a file defines is registered by that file's macro, once,
-    //! and every file's macro is part of `event_suite!`.
-
-    use std::collections::HashSet;
-
-    const FILES: &[(&str, &str)] = &[
-        ("replay", include_str!("replay.rs")),
-        ("ids", include_str!("ids.rs")),
-        ("input", include_str!("input.rs")),
-        ("concurrency", include_str!("concurrency.rs")),
-        ("retention", include_str!("retention.rs")),
-        ("sessions", include_str!("sessions.rs")),
-        ("sharing", include_str!("sharing.rs")),
-        ("restart", include_str!("restart.rs")),
-        ("follow", include_str!("follow.rs")),
-        ("inspect", include_str!("inspect.rs")),
-        ("oldest", include_str!("oldest.rs")),
-    ];
-
-    /// The names of the `pub async fn`s generic over a harness.
-    fn defined(source: &str) -> Vec<String> {
-        source
-            .lines()
-            .filter_map(|line| line.strip_prefix("pub async fn "))
-            .filter(|rest| rest.contains("Harness"))
-            .map(|rest| rest.split(['<', '(']).next().unwrap_or_default().to_owned())
-            .collect()
-    }
-
-    /// The identifiers in the file's registration macro.
-    fn registered(file: &str, source: &str) -> Vec<String> {
-        let start = format!("macro_rules! __conformance_{file} {{");
-        let body = &source[source
-            .find(&start)
-            .unwrap_or_else(|| panic!("{file}.rs registers no cases"))..];
-        body.split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .filter(|word| !word.is_empty())
-            .map(str::to_owned)
-            .collect()
-    }
+    //! Every case a file defines is registered by that file's macro, and
+    //! every file's macro is part of `event_suite!`.
 
     #[test]
-    fn every_case_is_registered_once_by_its_file() {
-        let mut all = HashSet::new();
-        for (file, source) in FILES {
-            let registered = registered(file, source);
-            let cases = defined(source);
-            assert!(!cases.is_empty(), "{file}.rs defines no cases");
-            for case in cases {
-                assert!(
-                    registered.contains(&case),
-                    "{file}.rs defines {case} but its __conformance_{file} macro does not register it"
-                );
-                assert!(all.insert(case.clone()), "{case} is defined twice");
-            }
+    fn every_case_is_registered_and_every_file_runs() {
+        crate::registration::Suite {
+            name: "event_suite",
+            module: include_str!("mod.rs"),
+            file_macro: "__conformance_",
+            files: &[
+                ("replay", include_str!("replay.rs")),
+                ("ids", include_str!("ids.rs")),
+                ("input", include_str!("input.rs")),
+                ("concurrency", include_str!("concurrency.rs")),
+                ("retention", include_str!("retention.rs")),
+                ("sessions", include_str!("sessions.rs")),
+                ("sharing", include_str!("sharing.rs")),
+                ("restart", include_str!("restart.rs")),
+                ("follow", include_str!("follow.rs")),
+                ("inspect", include_str!("inspect.rs")),
+                ("oldest", include_str!("oldest.rs")),
+            ],
+            dir: "events",
         }
-    }
-
-    #[test]
-    fn every_file_is_part_of_the_suite() {
-        let suite = include_str!("mod.rs");
-        let macro_start = suite.find("macro_rules! event_suite").unwrap();
-        let suite = &suite[macro_start..];
-        for (file, _) in FILES {
-            assert!(
-                suite.contains(&format!("__conformance_{file}!($harness)")),
-                "event_suite! never runs {file}.rs"
-            );
-        }
-        let on_disk = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/events"))
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-            .filter(|name| !["mod.rs", "support.rs"].contains(&name.as_str()))
-            .count();
-        assert_eq!(
-            on_disk,
-            FILES.len(),
-            "a case file is missing from this test's list"
-        );
+        .check();
     }
 }

@@ -138,34 +138,15 @@ const CRASH_DEADLINE: Duration = Duration::from_secs(120);
 /// `module` is the `module_path!()` of the test, so the child (this test
 /// binary running [`sigkill_child_appender`] alone) can be named.
 pub async fn acknowledged_events_survive_sigkill<H: PersistentHarness>(h: &H, module: &str) {
-    use std::io::BufRead;
-
     let child_test = crate::testkit::test_path(module, "sigkill_child_appender");
-    let mut command = crate::testkit::test_child(&child_test).expect("the test binary's path");
-    command
-        .env(CRASH_LOCATOR_ENV, h.locator())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit());
-    let mut child = crate::testkit::ChildGuard::spawn(&mut command).expect("start the child");
-    let stdout = child.take_stdout().expect("the child's stdout");
-
-    // Whole lines only: a line cut by the kill was never acknowledged.
-    let (lines, mut received) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        let mut reader = std::io::BufReader::new(stdout);
-        let mut line = String::new();
-        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
-            if line.ends_with('\n') && lines.send(std::mem::take(&mut line)).is_err() {
-                return;
-            }
-            line.clear();
-        }
-    });
-
+    let locator = h.locator();
+    let mut child =
+        crate::testkit::ChildLines::spawn(&child_test, &[(CRASH_LOCATOR_ENV, &locator)])
+            .expect("start the child");
     let mut log = crate::testkit::AckLog::default();
     let deadline = tokio::time::Instant::now() + CRASH_DEADLINE;
     while log.acknowledged() < ACKS_BEFORE_KILL {
-        match tokio::time::timeout_at(deadline, received.recv()).await {
+        match child.next_line(deadline).await {
             Ok(Some(line)) => {
                 log.record_line(&line);
             }
@@ -179,9 +160,8 @@ pub async fn acknowledged_events_survive_sigkill<H: PersistentHarness>(h: &H, mo
             ),
         }
     }
-    child.kill();
     // What it printed before it died was acknowledged too.
-    while let Some(line) = received.recv().await {
+    for line in child.kill().await {
         log.record_line(&line);
     }
 

@@ -237,86 +237,30 @@ macro_rules! __task_conformance_cases {
 
 #[cfg(test)]
 mod registration {
-    //! Every case a file defines is registered by that file's macro, once,
-    //! and every file's macro is part of `task_suite!`.
-
-    use std::collections::HashSet;
-
-    const FILES: &[(&str, &str)] = &[
-        ("identity", include_str!("identity.rs")),
-        ("states", include_str!("states.rs")),
-        ("input", include_str!("input.rs")),
-        ("cancel", include_str!("cancel.rs")),
-        ("limits", include_str!("limits.rs")),
-        ("persistent", include_str!("persistent.rs")),
-        ("expiry", include_str!("expiry.rs")),
-        ("watch", include_str!("watch.rs")),
-        ("instances", include_str!("instances.rs")),
-        ("runtime", include_str!("runtime.rs")),
-        ("takeover", include_str!("takeover.rs")),
-    ];
-
-    /// The names of the `pub async fn`s generic over a harness.
-    fn defined(source: &str) -> Vec<String> {
-        source
-            .lines()
-            .filter_map(|line| line.strip_prefix("pub async fn "))
-            .filter(|rest| rest.contains("Harness"))
-            .map(|rest| rest.split(['<', '(']).next().unwrap_or_default().to_owned())
-            .collect()
-    }
-
-    /// The identifiers in the file's registration macro.
-    fn registered(file: &str, source: &str) -> Vec<String> {
-        let start = format!("macro_rules! __task_cases_{file} {{");
-        let body = &source[source
-            .find(&start)
-            .unwrap_or_else(|| panic!("{file}.rs registers no cases"))..];
-        body.split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .filter(|word| !word.is_empty())
-            .map(str::to_owned)
-            .collect()
-    }
+    //! Every case a file defines is registered by that file's macro, and
+    //! every file's macro is part of `task_suite!`.
 
     #[test]
-    fn every_case_is_registered_once_by_its_file() {
-        let mut all = HashSet::new();
-        for (file, source) in FILES {
-            let registered = registered(file, source);
-            let cases = defined(source);
-            assert!(!cases.is_empty(), "{file}.rs defines no cases");
-            for case in cases {
-                // Registered twice, it would define one test twice, which
-                // does not compile.
-                assert!(
-                    registered.contains(&case),
-                    "{file}.rs defines {case} but its __task_cases_{file} macro does not register it"
-                );
-                assert!(all.insert(case.clone()), "{case} is defined twice");
-            }
+    fn every_case_is_registered_and_every_file_runs() {
+        crate::registration::Suite {
+            name: "task_suite",
+            module: include_str!("mod.rs"),
+            file_macro: "__task_cases_",
+            files: &[
+                ("identity", include_str!("identity.rs")),
+                ("states", include_str!("states.rs")),
+                ("input", include_str!("input.rs")),
+                ("cancel", include_str!("cancel.rs")),
+                ("limits", include_str!("limits.rs")),
+                ("persistent", include_str!("persistent.rs")),
+                ("expiry", include_str!("expiry.rs")),
+                ("watch", include_str!("watch.rs")),
+                ("instances", include_str!("instances.rs")),
+                ("runtime", include_str!("runtime.rs")),
+                ("takeover", include_str!("takeover.rs")),
+            ],
+            dir: "tasks",
         }
-    }
-
-    #[test]
-    fn every_file_is_part_of_the_suite() {
-        let suite = include_str!("mod.rs");
-        let macro_start = suite.find("macro_rules! task_suite").unwrap();
-        let suite = &suite[macro_start..];
-        for (file, _) in FILES {
-            assert!(
-                suite.contains(&format!("__task_cases_{file}!($harness)")),
-                "task_suite! never runs {file}.rs"
-            );
-        }
-        let on_disk = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/tasks"))
-            .unwrap()
-            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-            .filter(|name| !["mod.rs", "support.rs"].contains(&name.as_str()))
-            .count();
-        assert_eq!(
-            on_disk,
-            FILES.len(),
-            "a case file is missing from this test's list"
-        );
+        .check();
     }
 }

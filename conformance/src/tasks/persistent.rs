@@ -154,28 +154,11 @@ fn crash_owner() -> Owner {
 /// `module` is the `module_path!()` of the test, so the child (this test
 /// binary running [`task_sigkill_child`] alone) can be named.
 pub async fn acknowledged_tasks_survive_sigkill<H: PersistentTaskHarness>(h: &H, module: &str) {
-    use std::io::BufRead;
-
     let child_test = crate::testkit::test_path(module, "task_sigkill_child");
-    let mut command = crate::testkit::test_child(&child_test).expect("the test binary's path");
-    command
-        .env(TASK_CRASH_LOCATOR_ENV, h.locator())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit());
-    let mut child = crate::testkit::ChildGuard::spawn(&mut command).expect("start the child");
-    let stdout = child.take_stdout().expect("the child's stdout");
-    let (lines, mut received) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        let mut reader = std::io::BufReader::new(stdout);
-        let mut line = String::new();
-        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
-            // Whole lines only: a line cut by the kill was never printed.
-            if line.ends_with('\n') && lines.send(std::mem::take(&mut line)).is_err() {
-                return;
-            }
-            line.clear();
-        }
-    });
+    let locator = h.locator();
+    let mut child =
+        crate::testkit::ChildLines::spawn(&child_test, &[(TASK_CRASH_LOCATOR_ENV, &locator)])
+            .expect("start the child");
     let parse = |line: &str| -> Option<(String, u64)> {
         // libtest may print "test <name> ... " before the first line.
         let rest = &line[line.find("TASK ")? + 5..];
@@ -185,7 +168,7 @@ pub async fn acknowledged_tasks_survive_sigkill<H: PersistentTaskHarness>(h: &H,
     let mut acked = Vec::new();
     let deadline = tokio::time::Instant::now() + TASK_CRASH_DEADLINE;
     while acked.len() < TASKS_BEFORE_KILL {
-        match tokio::time::timeout_at(deadline, received.recv()).await {
+        match child.next_line(deadline).await {
             Ok(Some(line)) => acked.extend(parse(&line)),
             Ok(None) => panic!(
                 "the child {child_test} ended after {} tasks (run it alone to see why)",
@@ -197,9 +180,8 @@ pub async fn acknowledged_tasks_survive_sigkill<H: PersistentTaskHarness>(h: &H,
             ),
         }
     }
-    child.kill();
     // What it printed before it died was acknowledged too.
-    while let Some(line) = received.recv().await {
+    for line in child.kill().await {
         acked.extend(parse(&line));
     }
 

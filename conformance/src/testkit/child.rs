@@ -109,3 +109,64 @@ pub fn test_child(name: &str) -> io::Result<Command> {
     ]);
     Ok(command)
 }
+
+/// A test of this binary run as a child ([`test_child`]) whose stdout is
+/// read whole line by whole line: how a SIGKILL case hears what its child
+/// acknowledged. A line the kill cut short was never printed whole, so it
+/// is never delivered.
+#[derive(Debug)]
+pub struct ChildLines {
+    child: ChildGuard,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl ChildLines {
+    /// Starts test `name` (its full path: see [`test_path`]) with these
+    /// environment variables, its stdout read on a thread of its own and
+    /// its stderr shown.
+    pub fn spawn(name: &str, env: &[(&str, &str)]) -> io::Result<Self> {
+        use std::io::BufRead;
+
+        let mut command = test_child(name)?;
+        command
+            .envs(env.iter().copied())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        let mut child = ChildGuard::spawn(&mut command)?;
+        let stdout = child
+            .take_stdout()
+            .ok_or_else(|| io::Error::other("the child's stdout was not piped"))?;
+        let (sender, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            let mut reader = io::BufReader::new(stdout);
+            let mut line = String::new();
+            while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                if line.ends_with('\n') && sender.send(std::mem::take(&mut line)).is_err() {
+                    return;
+                }
+                line.clear();
+            }
+        });
+        Ok(Self { child, lines })
+    }
+
+    /// The next whole line: `Ok(None)` once the child has closed its
+    /// stdout (it ended), `Err` if none came before `deadline`.
+    pub async fn next_line(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<String>, tokio::time::error::Elapsed> {
+        tokio::time::timeout_at(deadline, self.lines.recv()).await
+    }
+
+    /// Kills the child with SIGKILL and returns the whole lines it printed
+    /// before it died that were not read yet: what it acknowledged too.
+    pub async fn kill(mut self) -> Vec<String> {
+        self.child.kill();
+        let mut rest = Vec::new();
+        while let Some(line) = self.lines.recv().await {
+            rest.push(line);
+        }
+        rest
+    }
+}

@@ -24,7 +24,7 @@ mod namespace;
 mod server;
 
 pub use acks::{Ack, AckLog};
-pub use child::{ChildGuard, test_child, test_path};
+pub use child::{ChildGuard, ChildLines, test_child, test_path};
 pub use namespace::{Cleanup, Namespace, random_suffix};
 pub use server::{
     CONTAINER_LABEL, Container, ImageRef, Probe, SERVER_SOURCE_ENV, ServerSource, ServerSpec,
