@@ -79,7 +79,7 @@ SELECT token, incarnation, last_seq FROM s
 /// holding that lock.
 ///
 /// $1 the tokens (hex text).
-const NOTIFY: &str = r#"
+pub(crate) const NOTIFY: &str = r#"
 SELECT set_config('synchronous_commit', 'off', true), pg_notify('{c}', t)
   FROM unnest($1::text[]) t
 "#;
@@ -149,7 +149,7 @@ RETURNING old.first_seq, st.last_seq, st.clean_seq, st.incarnation
 /// delete only event rows of streams it updated.
 ///
 /// $1 tokens, $2 incarnations, $3 new first seqs, $4 lo, $5 hi.
-const TRIM: &str = r#"
+pub(crate) const TRIM: &str = r#"
 WITH u AS (
     SELECT * FROM unnest($1::bytea[], $2::int8[], $3::int8[], $4::int8[], $5::int8[])
         AS u(token, incarnation, new_first, lo, hi)

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use mcp_event_store_core::task::{
     Applied, Finish, InstanceId, NewTask, Owner, TaskStatus, TaskStore, WorkerChange,
 };
@@ -56,6 +58,20 @@ pub async fn tasks_survive_a_reopen<H: PersistentTaskHarness>(h: &H) {
         before[0].outstanding.len(),
         1,
         "one input still outstanding"
+    );
+    assert_eq!(
+        before[0].context.as_deref(),
+        Some(&b"{\"tool\":\"ask\"}"[..])
+    );
+    let view = store
+        .view_claimed(&asking.digest())
+        .await
+        .unwrap()
+        .expect("the runtime's view of the task");
+    assert_eq!(
+        view.answers,
+        vec![("r".to_owned(), Bytes::from_static(b"{\"yes\":true}"))],
+        "the answer after the reopen"
     );
     assert_eq!(
         before[2]
