@@ -26,7 +26,7 @@ pub(crate) const TASK_MIGRATIONS: &str = "_mes_task_migrations";
 
 /// The embedded task migrations (`migrations/tasks/`), recorded in
 /// [`TASK_MIGRATIONS`].
-fn task_migrator() -> Migrator {
+pub(crate) fn task_migrator() -> Migrator {
     let mut tasks = sqlx::migrate!("./migrations/tasks");
     tasks.dangerous_set_table_name(TASK_MIGRATIONS);
     tasks

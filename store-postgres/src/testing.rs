@@ -377,8 +377,9 @@ impl TaskHarness for PostgresHarness {
 }
 
 /// The task format is the newest task migration (`migrations/tasks`),
-/// recorded in the schema's `_mes_task_migrations`, which a release checks
-/// on connect.
+/// recorded in the schema's
+/// [`TASK_MIGRATIONS`](crate::setup::TASK_MIGRATIONS), which a release
+/// checks on connect.
 #[async_trait]
 impl PersistentTaskHarness for PostgresHarness {
     fn task_format_version(&self) -> u64 {
@@ -393,7 +394,7 @@ impl PersistentTaskHarness for PostgresHarness {
         let mut conn = PgConnection::connect(&self.url)
             .await
             .expect("connect to mark the task format");
-        let table = format!("\"{}\"._mes_task_migrations", self.schema());
+        let table = format!("\"{}\".{}", self.schema(), crate::setup::TASK_MIGRATIONS);
         sqlx::query(AssertSqlSafe(format!(
             "DELETE FROM {table} WHERE version > $1"
         )))
@@ -415,9 +416,9 @@ impl PersistentTaskHarness for PostgresHarness {
     }
 }
 
-/// The newest task migration this release embeds.
+/// The newest task migration this release runs.
 fn newest_task_migration() -> i64 {
-    sqlx::migrate!("./migrations/tasks")
+    crate::setup::task_migrator()
         .iter()
         .map(|migration| migration.version)
         .max()

@@ -160,9 +160,7 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
             ));
         }
     }
-    let mut tasks = sqlx::migrate!("./migrations/tasks");
-    tasks.dangerous_set_table_name(TASK_MIGRATIONS);
-    run(&tasks, conn, "task ").await?;
+    run(&task_migrator(), conn, "task ").await?;
     let mut contexts = sqlx::migrate!("./migrations/task_context");
     contexts.dangerous_set_table_name(CONTEXT_MIGRATIONS);
     run(&contexts, conn, "task context ").await?;
@@ -173,6 +171,14 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
 
 /// The table recording the task migrations applied.
 pub(crate) const TASK_MIGRATIONS: &str = "mes_task_migrations";
+
+/// The embedded task migrations (`migrations/tasks/`), recorded in
+/// [`TASK_MIGRATIONS`].
+pub(crate) fn task_migrator() -> Migrator {
+    let mut tasks = sqlx::migrate!("./migrations/tasks");
+    tasks.dangerous_set_table_name(TASK_MIGRATIONS);
+    tasks
+}
 
 /// The table recording the task context migrations applied (T13): apart
 /// from [`TASK_MIGRATIONS`], whose check in a release of task format 1

@@ -267,7 +267,8 @@ pub fn read_connections(store: &SqliteStore) -> u32 {
 }
 
 /// The task format is the newest task migration (`migrations/tasks`),
-/// recorded in `mes_task_migrations`, which a release checks on open.
+/// recorded in [`TASK_MIGRATIONS`](crate::setup::TASK_MIGRATIONS), which a
+/// release checks on open.
 #[async_trait]
 impl PersistentTaskHarness for SqliteHarness {
     fn task_format_version(&self) -> u64 {
@@ -279,18 +280,20 @@ impl PersistentTaskHarness for SqliteHarness {
     async fn set_task_format_version(&self, version: u64) {
         let newest = newest_task_migration();
         let version = i64::try_from(version).expect("a task migration version within INTEGER");
+        let table = crate::setup::TASK_MIGRATIONS;
         let mut conn = self.raw().await;
-        sqlx::query("DELETE FROM mes_task_migrations WHERE version > ?1")
-            .bind(newest)
-            .execute(&mut conn)
-            .await
-            .expect("take newer task migrations away");
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM {table} WHERE version > ?1"
+        )))
+        .bind(newest)
+        .execute(&mut conn)
+        .await
+        .expect("take newer task migrations away");
         if version > newest {
-            sqlx::query(
-                "INSERT INTO mes_task_migrations \
-                 (version, description, success, checksum, execution_time) \
-                 VALUES (?1, 'a newer release (test)', TRUE, X'00', 0)",
-            )
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {table} (version, description, success, checksum, execution_time) \
+                 VALUES (?1, 'a newer release (test)', TRUE, X'00', 0)"
+            )))
             .bind(version)
             .execute(&mut conn)
             .await
@@ -300,9 +303,9 @@ impl PersistentTaskHarness for SqliteHarness {
     }
 }
 
-/// The newest task migration this release embeds.
+/// The newest task migration this release runs.
 fn newest_task_migration() -> i64 {
-    sqlx::migrate!("./migrations/tasks")
+    crate::setup::task_migrator()
         .iter()
         .map(|migration| migration.version)
         .max()
