@@ -72,9 +72,8 @@
 //! [`hand_off_to_workers`](DurableTasksBuilder::hand_off_to_workers), waits
 //! for a worker. Every runtime with resumable tools (that does not hand
 //! them off) claims waiting tasks ([`TaskStore::claim`]) every
-//! [`claim_every`](DurableTasksBuilder::claim_every) and at each heartbeat,
-//! running at most [`max_running`](DurableTasksBuilder::max_running) at
-//! once: tasks queued for workers, tasks given back for input and since
+//! [`claim_every`](DurableTasksBuilder::claim_every), running at most
+//! [`max_running`](DurableTasksBuilder::max_running) at once: tasks queued for workers, tasks given back for input and since
 //! answered, and tasks whose instance lapsed with runs left. A worker is
 //! such a runtime in a process that serves no HTTP at all.
 //!
@@ -176,7 +175,7 @@ pub type ResumableHandler = dyn Fn(DurableTaskContext, ResumableCall) -> TaskFut
 /// The request a resumable task runs: the tool's name and its arguments,
 /// kept with the task (its context, T13) so that whichever runtime claims
 /// the task can run it again.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct ResumableCall {
     /// The tool's name, as registered with [`DurableTasksBuilder::resumable`].
@@ -196,27 +195,13 @@ impl ResumableCall {
 
     /// The context bytes stored with the task: `{"tool":..,"arguments":..}`.
     fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
-        serde_json::to_vec(&serde_json::json!({
-            "tool": self.tool,
-            "arguments": self.arguments,
-        }))
+        serde_json::to_vec(self)
     }
 
     /// The call a task's context holds.
     fn decode(context: Option<&[u8]>) -> Result<Self, String> {
         let context = context.ok_or("the task has no context to run it from")?;
-        let value: Value = serde_json::from_slice(context)
-            .map_err(|e| format!("the task's context is not JSON: {e}"))?;
-        let tool = value["tool"]
-            .as_str()
-            .ok_or("the task's context names no tool")?
-            .to_owned();
-        let arguments = match &value["arguments"] {
-            Value::Null => None,
-            Value::Object(arguments) => Some(arguments.clone()),
-            other => return Err(format!("the task's arguments are not an object: {other}")),
-        };
-        Ok(Self { tool, arguments })
+        serde_json::from_slice(context).map_err(|e| format!("the task's context is no call: {e}"))
     }
 }
 
@@ -347,7 +332,7 @@ impl DurableTasksBuilder {
 
     /// How often this runtime looks for tasks to claim, when it has
     /// resumable tools and does not hand them off; default
-    /// [`DEFAULT_CLAIM_INTERVAL`]. It also looks at each heartbeat.
+    /// [`DEFAULT_CLAIM_INTERVAL`].
     pub fn claim_every(mut self, interval: Duration) -> Self {
         self.claim_interval = interval;
         self
@@ -685,11 +670,9 @@ impl DurableTasks {
     }
 
     /// One heartbeat of this runtime's instance (T11), for a maintenance
-    /// loop that is not the runtime's own; with resumable tools, then one
-    /// round of claims.
+    /// loop that is not the runtime's own (the claim loop runs anyway).
     pub(crate) async fn beat(&self) {
         self.inner.beat().await;
-        Inner::claim_now(&self.inner).await;
     }
 
     /// Claims and starts what waits for a runtime now, as the claim loop
@@ -723,24 +706,14 @@ impl DurableTasks {
     {
         require_tasks(ctx)?;
         let owner = (self.inner.owner)(ctx);
-        let mut new = NewTask::new(&owner, self.inner.instance());
-        new.ttl = options.ttl_ms.map(Duration::from_millis);
-        new.poll_interval = options.poll_interval_ms.map(Duration::from_millis);
-        new.message = options.status_message.as_deref();
+        let new = with_options(NewTask::new(&owner, self.inner.instance()), &options);
         let (id, record, _) = self
             .inner
             .create(new)
             .await
             .map_err(|e| store_error("create", e))?;
         let task = to_task(&id.to_string(), &record);
-        let context = DurableTaskContext {
-            digest: id.digest(),
-            id: Some((id, id.to_string())),
-            owner,
-            inner: self.inner.clone(),
-            run: None,
-        };
-        tokio::spawn(run(context, operation));
+        tokio::spawn(run(self.context(&id, owner, None), operation));
         Ok(CreateTaskResult::new(task))
     }
 
@@ -780,9 +753,7 @@ impl DurableTasks {
         if self.inner.hand_off {
             new = new.queued();
         }
-        new.ttl = options.ttl_ms.map(Duration::from_millis);
-        new.poll_interval = options.poll_interval_ms.map(Duration::from_millis);
-        new.message = options.status_message.as_deref();
+        let new = with_options(new, &options);
         let (id, record, instance) = self.inner.create(new).await.map_err(|e| match e {
             Error::PayloadTooLarge { size, max } => ErrorData::invalid_params(
                 format!("the call's arguments are {size} bytes, the limit is {max}"),
@@ -792,21 +763,22 @@ impl DurableTasks {
         })?;
         let task = to_task(&id.to_string(), &record);
         if let (Some(handler), false) = (handler, self.inner.hand_off) {
-            let context = DurableTaskContext {
-                digest: id.digest(),
-                id: Some((id, id.to_string())),
-                owner,
-                inner: self.inner.clone(),
-                run: Some(Arc::new(Run::new(
-                    Worker::first(instance),
-                    None,
-                    Vec::new(),
-                    1,
-                ))),
-            };
+            let first_run = Run::new(Worker::first(instance), None, Vec::new(), 1);
+            let context = self.context(&id, owner, Some(Arc::new(first_run)));
             tokio::spawn(run(context, move |t| handler(t, call)));
         }
         Ok(CreateTaskResult::new(task))
+    }
+
+    /// The context of a task this runtime just created.
+    fn context(&self, id: &TaskId, owner: Owner, run: Option<Arc<Run>>) -> DurableTaskContext {
+        DurableTaskContext {
+            digest: id.digest(),
+            id: Some(id.to_string()),
+            owner,
+            inner: self.inner.clone(),
+            run,
+        }
     }
 
     /// `tasks/get`: the task as the caller's owner sees it; -32602 when it
@@ -964,14 +936,17 @@ where
     let mut operation = tokio::spawn(operation(context));
     let ended = match stop {
         None => operation.await,
+        // The stop first: an operation that returns because its run
+        // stopped (a stopped write returns an error) is not the task's end.
         Some(mut stop) => tokio::select! {
-            ended = &mut operation => ended,
+            biased;
             why = stop.wait_for(Option::is_some) => {
                 operation.abort();
                 let why = why.ok().and_then(|why| *why);
                 tracing::debug!(task = ?finisher.digest, ?why, "task run stopped");
                 return;
             }
+            ended = &mut operation => ended,
         },
     };
     let outcome = match ended {
@@ -993,6 +968,15 @@ where
             finisher.finish(Finish::Failed(&error_bytes(&error))).await;
         }
     }
+}
+
+/// `new` with the ttl, poll interval and status message a `tools/call`
+/// asked for.
+fn with_options<'a>(mut new: NewTask<'a>, options: &'a TaskOptions) -> NewTask<'a> {
+    new.ttl = options.ttl_ms.map(Duration::from_millis);
+    new.poll_interval = options.poll_interval_ms.map(Duration::from_millis);
+    new.message = options.status_message.as_deref();
+    new
 }
 
 fn error_bytes(error: &ErrorData) -> Vec<u8> {
@@ -1052,9 +1036,9 @@ impl Run {
 #[derive(Clone)]
 pub struct DurableTaskContext {
     digest: TaskDigest,
-    /// The id and its text, when this runtime created the task (a claim
-    /// knows only the digest: ids are never stored).
-    id: Option<(TaskId, String)>,
+    /// The id, when this runtime created the task (a claim knows only the
+    /// digest: ids are never stored).
+    id: Option<String>,
     owner: Owner,
     inner: Arc<Inner>,
     /// For a resumable task: the claim this run holds.
@@ -1076,7 +1060,7 @@ impl DurableTaskContext {
     /// the task only by its digest ([`task_digest`](Self::task_digest)):
     /// the id is the client's credential and is never stored.
     pub fn task_id(&self) -> Option<&str> {
-        self.id.as_ref().map(|(_, text)| text.as_str())
+        self.id.as_deref()
     }
 
     /// The digest the store keys this task by: the same on every runtime
@@ -1109,7 +1093,8 @@ impl DurableTaskContext {
     /// `MAX_CHECKPOINT_BYTES`: a run that takes the task over later starts
     /// with it as its [`last_checkpoint`](Self::last_checkpoint). An error
     /// on a task that is not resumable. If another runtime has claimed the
-    /// task since, this run is stopped here (it never returns).
+    /// task since, this run is stopped: the operation is aborted (a clone
+    /// of this context used outside it gets an error).
     pub async fn checkpoint(&self, checkpoint: impl AsRef<[u8]>) -> Result<(), ErrorData> {
         if self.run.is_none() {
             return Err(ErrorData::internal_error(
@@ -1135,55 +1120,47 @@ impl DurableTaskContext {
     }
 
     /// One write to the store: under this run's claim for a resumable
-    /// task, else as the runtime's instance.
+    /// task, else as the runtime's instance (the first claim of a task that
+    /// is not taken over).
     async fn apply(&self, change: WorkerChange<'_>) -> mcp_event_store_core::Result<Applied> {
-        match (&self.run, &self.id) {
-            (Some(run), _) => {
-                self.inner
-                    .store
-                    .apply_claimed(&self.digest, run.worker, change)
-                    .await
-            }
-            (None, Some((id, _))) => {
-                self.inner
-                    .store
-                    .apply(id, self.inner.instance(), change)
-                    .await
-            }
-            (None, None) => {
-                self.inner
-                    .store
-                    .apply_claimed(&self.digest, Worker::first(self.inner.instance()), change)
-                    .await
-            }
-        }
+        let by = self
+            .run
+            .as_ref()
+            .map_or_else(|| Worker::first(self.inner.instance()), |run| run.worker);
+        self.inner
+            .store
+            .apply_claimed(&self.digest, by, change)
+            .await
     }
 
     /// [`apply`](Self::apply) from within the operation: a fenced write
-    /// stops the run (and never returns).
+    /// stops the run (and is returned as `Fenced`, which the callers turn
+    /// into an error).
     async fn operation_write(
         &self,
         change: WorkerChange<'_>,
     ) -> mcp_event_store_core::Result<Applied> {
-        match self.apply(change).await? {
-            Applied::Fenced if self.run.is_some() => match self.stop(Stop::Fenced).await {},
-            applied => Ok(applied),
+        let applied = self.apply(change).await?;
+        if applied == Applied::Fenced {
+            self.stop(Stop::Fenced);
         }
+        Ok(applied)
     }
 
-    /// Stops this run: the runner aborts the operation, which waits here
-    /// until it does, and writes nothing more.
-    async fn stop(&self, why: Stop) -> std::convert::Infallible {
+    /// Stops this run: the runner aborts the operation and writes nothing
+    /// more. The caller returns at once, with whatever it returns when the
+    /// run stopped: the abort ends the operation, and a clone of the
+    /// context held elsewhere is not left waiting.
+    fn stop(&self, why: Stop) {
         if let Some(run) = &self.run {
             run.stop.send_replace(Some(why));
         }
-        std::future::pending().await
     }
 
     /// The task now, as the runtime reads it.
     async fn read(&self) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         match (&self.run, &self.id) {
-            (None, Some((_, text))) => self.inner.store.get(text, &self.owner).await,
+            (None, Some(text)) => self.inner.store.get(text, &self.owner).await,
             _ => Ok(self
                 .inner
                 .store
@@ -1197,7 +1174,7 @@ impl DurableTaskContext {
     async fn watch(&self, after: Rev) -> mcp_event_store_core::Result<Option<TaskRecord>> {
         let wait = self.inner.watch_wait;
         match (&self.run, &self.id) {
-            (None, Some((_, text))) => self.inner.store.watch(text, &self.owner, after, wait).await,
+            (None, Some(text)) => self.inner.store.watch(text, &self.owner, after, wait).await,
             _ => {
                 self.inner
                     .store
@@ -1207,13 +1184,14 @@ impl DurableTaskContext {
         }
     }
 
-    /// Stops the run if `record` shows another claim holds the task.
-    async fn check_fenced(&self, record: &TaskRecord) {
-        if let Some(run) = &self.run
-            && run.fenced_by(record)
-        {
-            match self.stop(Stop::Fenced).await {}
+    /// Stops the run if `record` shows another claim holds the task, and
+    /// says whether it did.
+    fn check_fenced(&self, record: &TaskRecord) -> bool {
+        let fenced = self.run.as_ref().is_some_and(|run| run.fenced_by(record));
+        if fenced {
+            self.stop(Stop::Fenced);
         }
+        fenced
     }
 
     async fn finish(&self, finish: Finish<'_>) {
@@ -1247,7 +1225,7 @@ impl DurableTaskContext {
     /// In a resumable task, a key answered before (in an earlier run)
     /// returns its answer at once, without asking again. Otherwise the
     /// request is stored and the task given back: this run stops here
-    /// (the call never returns), no runtime is occupied while the client
+    /// (the operation is aborted), no runtime is occupied while the client
     /// thinks, and once the client answers, a runtime claims the task and
     /// runs the operation again, this call then returning the answer.
     ///
@@ -1292,7 +1270,12 @@ impl DurableTaskContext {
                 .await
                 .map_err(|e| internal(e.to_string()))?
             {
-                Applied::Changed { .. } => match self.stop(Stop::Parked).await {},
+                Applied::Changed { .. } => {
+                    self.stop(Stop::Parked);
+                    Err(internal(format!(
+                        "the task waits for input {key:?}; it runs again once answered"
+                    )))
+                }
                 other => Err(internal(format!(
                     "cannot give the task back while it waits for input: {other:?}"
                 ))),
@@ -1353,12 +1336,11 @@ impl DurableTaskContext {
     /// `true` once the client asked to cancel, or the task already ended
     /// or is gone (expired, lost, purged): either way the work is moot. A
     /// failed read counts as no request. In a resumable task that another
-    /// runtime has claimed since, this run is stopped here.
+    /// runtime has claimed since, this run is stopped (and `true`).
     pub async fn is_cancel_requested(&self) -> bool {
         match self.read().await {
             Ok(Some(record)) => {
-                self.check_fenced(&record).await;
-                record.cancel_requested || record.status.is_terminal()
+                self.check_fenced(&record) || record.cancel_requested || record.status.is_terminal()
             }
             Ok(None) => true,
             Err(error) => {
@@ -1371,14 +1353,17 @@ impl DurableTaskContext {
     /// Resolves once the client asks to cancel (at once if it has), or the
     /// task ends or is gone. Pair it with `tokio::select!`; an operation
     /// that stops should return [`TaskExit::Cancelled`]. In a resumable
-    /// task, a newer claim seen while waiting stops this run.
+    /// task, a newer claim seen while waiting stops this run (and this
+    /// resolves).
     pub async fn cancelled(&self) {
         let mut rev: Rev = 0;
         loop {
             match self.watch(rev).await {
                 Ok(Some(record)) => {
-                    self.check_fenced(&record).await;
-                    if record.cancel_requested || record.status.is_terminal() {
+                    if self.check_fenced(&record)
+                        || record.cancel_requested
+                        || record.status.is_terminal()
+                    {
                         return;
                     }
                     rev = record.rev;

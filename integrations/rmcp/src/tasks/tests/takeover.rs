@@ -42,6 +42,9 @@ impl Drop for Dropped {
 /// it counts from its last checkpoint to `to`, each step waiting for a
 /// permit of `gate`, saving the step as its checkpoint and its status
 /// message (`at N`). It answers who ran it, from where and on which attempt.
+/// With `{"helper": true}` each checkpoint is saved by a task the run
+/// spawns with a clone of its context, which says `"<label> helper
+/// stopped"` if the save fails.
 fn steps(
     label: &'static str,
     gate: Arc<Semaphore>,
@@ -68,6 +71,7 @@ fn steps(
             } else {
                 arguments["to"].as_u64().unwrap()
             };
+            let in_helper = arguments.get("helper") == Some(&Value::Bool(true));
             let from: u64 = t
                 .last_checkpoint()
                 .map(|c| std::str::from_utf8(c).unwrap().parse().unwrap())
@@ -75,7 +79,20 @@ fn steps(
             for n in from + 1..=to {
                 gate.acquire().await.unwrap().forget();
                 let _ = events.send(format!("{label} trying {n}"));
-                t.checkpoint(n.to_string()).await?;
+                if in_helper {
+                    let (helper, events) = (t.clone(), events.clone());
+                    tokio::spawn(async move {
+                        let saved = helper.checkpoint(n.to_string()).await;
+                        if saved.is_err() {
+                            let _ = events.send(format!("{label} helper stopped"));
+                        }
+                        saved
+                    })
+                    .await
+                    .unwrap()?;
+                } else {
+                    t.checkpoint(n.to_string()).await?;
+                }
                 let _ = events.send(format!("{label} saved {n}"));
                 t.set_status_message(format!("at {n}")).await?;
             }
@@ -285,6 +302,40 @@ async fn a_stale_run_is_fenced_and_stops_at_its_next_write() {
     );
     let after = get(&client, &id).await;
     assert_eq!(completed_text(&after), "B from 1 to 3 on attempt 2");
+    client.cancel().await.unwrap();
+}
+
+/// A stale run's context used outside the run (by a task the run spawned)
+/// is not left waiting once the run is fenced: while B holds the task, A's
+/// helper's write is fenced and returns an error, and A's run is stopped
+/// all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_runs_context_held_elsewhere_returns() {
+    let (clock, store) = clocked();
+    let mut a = Runtime::start(store.clone(), "A").await;
+    let client = connect(&a.tasks, "alice", true).await;
+    a.gate.add_permits(1);
+    let arguments = json!({"to": 3, "helper": true});
+    let id = call(&client, "steps", arguments).await.task.task_id;
+    watch_until(&client, &id, never_failed, |t| at(t, 1)).await;
+
+    clock.advance(3 * BEAT);
+    let mut b = Runtime::start(store.clone(), "B").await;
+    b.tasks.claim_now().await;
+    b.said("B started attempt 2").await;
+
+    // A wakes up while B holds the task: its helper's write is fenced.
+    a.gate.add_permits(1);
+    a.said("A helper stopped").await;
+    a.said("A dropped").await;
+    assert!(
+        !a.said_so_far().contains(&"A saved 2".to_owned()),
+        "{:?}",
+        a.said_so_far()
+    );
+    b.gate.add_permits(10);
+    let done = watch_until(&client, &id, never_failed, terminal).await;
+    assert_eq!(completed_text(&done), "B from 1 to 3 on attempt 2");
     client.cancel().await.unwrap();
 }
 
