@@ -377,9 +377,8 @@ impl TaskHarness for PostgresHarness {
 }
 
 /// The task format is the newest task migration (`migrations/tasks`),
-/// recorded in the schema's
-/// [`TASK_MIGRATIONS`](crate::setup::TASK_MIGRATIONS), which a release
-/// checks on connect.
+/// recorded in the schema's `_mes_task_migrations`, which a release checks
+/// on connect.
 #[async_trait]
 impl PersistentTaskHarness for PostgresHarness {
     fn task_format_version(&self) -> u64 {

@@ -267,8 +267,7 @@ pub fn read_connections(store: &SqliteStore) -> u32 {
 }
 
 /// The task format is the newest task migration (`migrations/tasks`),
-/// recorded in [`TASK_MIGRATIONS`](crate::setup::TASK_MIGRATIONS), which a
-/// release checks on open.
+/// recorded in `mes_task_migrations`, which a release checks on open.
 #[async_trait]
 impl PersistentTaskHarness for SqliteHarness {
     fn task_format_version(&self) -> u64 {
