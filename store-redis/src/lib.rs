@@ -317,7 +317,11 @@
 //! runs, claim epoch, release flag and checkpoint in `v` (an extension a
 //! release from before takeover skips), and its digest in the
 //! `t1:takeover` set, added before the task is created, so a crash in
-//! between leaves an entry no task backs, which the next claim removes.
+//! between leaves an entry no task backs, which the next claim removes;
+//! and added again after it, because a claim running meanwhile may have
+//! read the entry before the task was written and removed it as one of
+//! those (a claim that removes an entry also reads the task once more
+//! and puts the entry back if the task is there).
 //! A claim `SSCAN`s the set and claims each task that waits for a runtime
 //! with the same conditional write as every step below, so of racing
 //! claimants exactly one writes. A task leaves the set when it ends, when

@@ -366,6 +366,68 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Claims into `claimed`, for `by` (alive until `mine`), the tasks of
+    /// the takeover index that wait for a runtime, up to `limit`.
+    async fn claim_into(
+        &self,
+        by: InstanceId,
+        mine: Option<i64>,
+        now: i64,
+        limit: usize,
+        claimed: &mut Vec<Claimed>,
+    ) -> Result<()> {
+        let mut cursor = 0u64;
+        loop {
+            let mut scan = redis::pipe();
+            scan.cmd("SSCAN")
+                .arg(self.inner.keys.takeover_index())
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(SCAN_BATCH);
+            let ((next, members),): ((u64, Vec<Vec<u8>>),) = self.read(&scan).await?;
+            // The batch's tasks are read concurrently (each task and its
+            // instance are in slots of their own, so not one pipeline):
+            // running tasks, which stay in the set, cost the round trips
+            // of one read, not one each.
+            let digests: Vec<TaskDigest> =
+                members.iter().filter_map(|m| digest_of_hex(m)).collect();
+            let mut found = futures_util::stream::iter(digests)
+                .map(|digest| async move {
+                    let found = self.find_task(&digest, None, now).await?;
+                    Ok::<_, Error>((digest, found))
+                })
+                .buffered(PURGE_CONCURRENCY);
+            while let Some(next) = found.next().await {
+                if claimed.len() >= limit {
+                    return Ok(());
+                }
+                let (digest, found) = next?;
+                if let Some(claim) = self.claim_one(&digest, found, by, mine, now).await? {
+                    claimed.push(claim);
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Drops `digest`, found with no task, from the takeover index. The
+    /// index entry of a task being created is written before the task
+    /// (see [`TaskStore::try_create`]), so the task may have appeared
+    /// since the read: it is read again after the `SREM`, and put back if
+    /// it is there. With the creator's own `SADD` after the task, an entry
+    /// is never lost: whichever of the two `SADD`s follows this `SREM`
+    /// puts it back.
+    async fn drop_stale_takeover(&self, digest: &TaskDigest) -> Result<()> {
+        self.index_takeover("SREM", digest).await?;
+        if self.load_task(digest).await?.is_some() {
+            self.index_takeover("SADD", digest).await?;
+        }
+        Ok(())
+    }
+
     /// Claims the task under `digest` for `by` (alive until `mine`) if it
     /// waits for a runtime; a task that never will again leaves the index.
     async fn claim_one(
@@ -377,7 +439,7 @@ impl RedisStore {
         now: i64,
     ) -> Result<Option<Claimed>> {
         let Some(found) = found else {
-            self.index_takeover("SREM", digest).await?;
+            self.drop_stale_takeover(digest).await?;
             return Ok(None);
         };
         let done = found
@@ -541,10 +603,11 @@ impl TaskStore for RedisStore {
         {
             return Err(Error::instance_lapsed(&task.instance));
         }
+        let digest = id.digest();
         if task.takeover.is_some() {
             // The index first: a crash between leaves an entry a claim
             // finds stale, never a task no claim can find.
-            self.index_takeover("SADD", &id.digest()).await?;
+            self.index_takeover("SADD", &digest).await?;
         }
         let record = TaskRecord::created(task, now, &self.task_options());
         let stored = StoredTask::new(task.owner, task.instance.0, record.clone());
@@ -553,7 +616,7 @@ impl TaskStore for RedisStore {
                 SCRIPTS
                     .task_create
                     .call()
-                    .key(self.inner.keys.task(&id.digest()))
+                    .key(self.inner.keys.task(&digest))
                     .arg(encode_value(&stored))
                     .arg(record.rev)
                     .arg(task_backstop(&record, now))
@@ -561,8 +624,17 @@ impl TaskStore for RedisStore {
                     .arg(record.context.as_deref().unwrap_or_default()),
                 "the task",
             )
-            .await?;
-        Ok((created == 1).then_some(record))
+            .await;
+        if task.takeover.is_some() && !matches!(created, Ok(0)) {
+            // And again after it (also when the reply was lost: the task
+            // may be there): a claim that read the index before the task
+            // was written may have dropped the entry as stale meanwhile.
+            let indexed = self.index_takeover("SADD", &digest).await;
+            let created = created?;
+            indexed?;
+            return Ok((created == 1).then_some(record));
+        }
+        Ok((created? == 1).then_some(record))
     }
 
     async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
@@ -655,40 +727,19 @@ impl TaskStore for RedisStore {
             return Err(Error::instance_lapsed(&by));
         }
         let mut claimed = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let mut scan = redis::pipe();
-            scan.cmd("SSCAN")
-                .arg(self.inner.keys.takeover_index())
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(SCAN_BATCH);
-            let ((next, members),): ((u64, Vec<Vec<u8>>),) = self.read(&scan).await?;
-            // The batch's tasks are read concurrently (each task and its
-            // instance are in slots of their own, so not one pipeline):
-            // running tasks, which stay in the set, cost the round trips
-            // of one read, not one each.
-            let digests: Vec<TaskDigest> =
-                members.iter().filter_map(|m| digest_of_hex(m)).collect();
-            let mut found = futures_util::stream::iter(digests)
-                .map(|digest| async move {
-                    let found = self.find_task(&digest, None, now).await?;
-                    Ok::<_, Error>((digest, found))
-                })
-                .buffered(PURGE_CONCURRENCY);
-            while let Some(next) = found.next().await {
-                if claimed.len() >= limit {
-                    return Ok(claimed);
-                }
-                let (digest, found) = next?;
-                if let Some(claim) = self.claim_one(&digest, found, by, mine, now).await? {
-                    claimed.push(claim);
-                }
+        match self.claim_into(by, mine, now, limit, &mut claimed).await {
+            Ok(()) => Ok(claimed),
+            // The claims made are this instance's now: dropping them would
+            // leave their tasks held by a live instance that runs none.
+            Err(error) if !claimed.is_empty() => {
+                tracing::warn!(
+                    %error,
+                    claimed = claimed.len(),
+                    "a claim failed part way; the tasks claimed so far are returned"
+                );
+                Ok(claimed)
             }
-            cursor = next;
-            if cursor == 0 {
-                return Ok(claimed);
-            }
+            Err(error) => Err(error),
         }
     }
 

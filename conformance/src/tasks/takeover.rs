@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::events::test_options;
@@ -121,6 +122,79 @@ pub async fn exactly_one_of_racing_instances_claims_a_task<H: TaskHarness>(h: &H
         "a task that dies with its instance is not taken over"
     );
     assert!(f.store.claim(racers[0], 16).await.unwrap().is_empty());
+    for handle in handles {
+        match Arc::try_unwrap(handle) {
+            Ok(handle) => h.close(handle).await,
+            Err(_) => panic!("a racer kept a handle"),
+        }
+    }
+    f.close(h).await;
+}
+
+/// T16, T17: a claim that runs while tasks are being created never loses
+/// one. Two instances claim over and over on handles of their own while
+/// another creates tasks that may be taken over; once the creator lapses,
+/// every one of its tasks is claimed, each once. (A store that indexes
+/// the tasks to claim apart from the tasks must not let a claim that
+/// reads the index before a task is written drop the task from it.)
+pub async fn a_claim_racing_creates_loses_no_task<H: TaskHarness>(h: &H) {
+    const TASKS: usize = 100;
+    let f = fixture(h).await;
+    let creator = instance(&f.store, LEASE).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(tokio::sync::Barrier::new(3));
+    let mut racers = tokio::task::JoinSet::new();
+    let mut handles = vec![];
+    for _ in 0..2 {
+        let handle = Arc::new(h.open(test_options(&f.clock)).await);
+        let racer = instance(&*handle, DAY).await;
+        let (store, stop, started) = (handle.clone(), stop.clone(), started.clone());
+        racers.spawn(async move {
+            let mut first = Some(started);
+            while !stop.load(Ordering::Relaxed) {
+                let claimed = store.claim(racer, 16).await.unwrap();
+                assert!(claimed.is_empty(), "nothing lapsed yet: {claimed:?}");
+                if let Some(started) = first.take() {
+                    started.wait().await;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        handles.push(handle);
+    }
+    // Both racers have claimed once; from here on they claim between (and,
+    // where the store awaits, during) the creates.
+    started.wait().await;
+    let mut tasks = HashSet::new();
+    for _ in 0..TASKS {
+        let (task, _) = f
+            .create_with(NewTask::new(&f.owner, creator).takeover(2))
+            .await;
+        tasks.insert(task.digest());
+        tokio::task::yield_now().await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    while let Some(done) = racers.join_next().await {
+        done.unwrap();
+    }
+    f.clock.advance(LEASE);
+    let taker = instance(&f.store, DAY).await;
+    let mut claimed = HashSet::new();
+    loop {
+        let batch = f.store.claim(taker, 64).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for claim in batch {
+            assert!(claimed.insert(claim.task), "claimed twice: {claim:?}");
+        }
+    }
+    let lost = tasks.difference(&claimed).count();
+    assert_eq!(
+        lost, 0,
+        "{lost} of {TASKS} tasks created while claims ran were never claimed"
+    );
+    assert_eq!(claimed, tasks);
     for handle in handles {
         match Arc::try_unwrap(handle) {
             Ok(handle) => h.close(handle).await,
@@ -539,6 +613,7 @@ macro_rules! __task_cases_takeover {
     ($harness:expr) => {
         $crate::__task_conformance_cases!($harness;
             exactly_one_of_racing_instances_claims_a_task,
+            a_claim_racing_creates_loses_no_task,
             a_stale_claim_is_fenced,
             runs_are_bounded,
             a_checkpoint_survives_a_takeover,

@@ -790,8 +790,10 @@ pub trait TaskStore: Send + Sync + 'static {
     /// epoch grows by one (so the previous holder is fenced, T18), and, if
     /// its instance lapsed, it counts one more run (T16). `by` must be alive
     /// ([`Error::InstanceLapsed`] otherwise). A task whose client asked to
-    /// cancel is claimed too: the claimant ends it. The default refuses
-    /// with [`Error::Config`].
+    /// cancel is claimed too: the claimant ends it. A store that claims
+    /// task by task and fails part way returns the claims it made (an
+    /// `Err` would leave their tasks held by a live instance that runs
+    /// none of them). The default refuses with [`Error::Config`].
     async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let _ = (by, limit);
         Err(Error::Config(
