@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mcp_event_store::testing::UrlHarness;
@@ -49,12 +50,16 @@ pub const CHILD_ENV: &str = "TOWER_MCP_SERVER_E2E_ARGS";
 /// of a killed server ends soon.
 pub const TEST_LEASE_MS: u64 = 1_500;
 
+/// The most lines of a server's log kept to print when a case fails.
+const LOG_LINES: usize = 400;
+
 /// The server in a child process (this test binary, re-executed to run
 /// `child_server`) on a free loopback port, killed by its pid when
-/// dropped.
+/// dropped. Its log (stderr) is kept, and printed if the case fails.
 pub struct ChildServer {
     child: Child,
     pub url: String,
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl ChildServer {
@@ -91,9 +96,22 @@ impl ChildServer {
             ])
             .env(CHILD_ENV, args.join("\u{1f}"))
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn the server process");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let keeping = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let mut kept = keeping.lock().unwrap_or_else(|p| p.into_inner());
+                if kept.len() == LOG_LINES {
+                    kept.remove(0);
+                }
+                kept.push(line);
+            }
+        });
         let stdout = child.stdout.take().expect("piped stdout");
         let (found, url) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -107,6 +125,7 @@ impl ChildServer {
         let mut server = Self {
             child,
             url: String::new(),
+            log,
         };
         server.url = url
             .recv_timeout(Duration::from_secs(60))
@@ -126,5 +145,15 @@ impl Drop for ChildServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            eprintln!(
+                "--- log of the server at {} (pid {}), last {} lines:\n{}",
+                self.url,
+                self.child.id(),
+                log.len(),
+                log.join("\n")
+            );
+        }
     }
 }

@@ -62,6 +62,20 @@ async fn child_server() {
     let Ok(args) = std::env::var(CHILD_ENV) else {
         return;
     };
+    // The child's log goes to its stderr, which the test keeps and prints
+    // if the case fails: warnings, and the store and adapter at debug
+    // (claims, fences, lapses), or what RUST_LOG says.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                "warn,mcp_event_store_tower_mcp=debug,mcp_event_store_redis=debug,\
+                 mcp_event_store_sqlite=debug,mcp_event_store_postgres=debug"
+                    .into()
+            }),
+        )
+        .try_init();
     let options = tower_mcp_server::Options::parse(args.split('\u{1f}').map(str::to_owned))
         .expect("valid server arguments");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
