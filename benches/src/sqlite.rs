@@ -197,6 +197,13 @@ pub fn direct_connection(path: &std::path::Path) -> rusqlite::Connection {
     assert_eq!(mode, "wal");
     conn.execute_batch("PRAGMA synchronous = NORMAL")
         .expect("synchronous");
+    // As the store's page threads: cached statements are not planned again
+    // each time a parameter is bound anew (the page's `LIMIT` is one).
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )
+    .expect("query planner stability guarantee");
     conn
 }
 
