@@ -14,3 +14,9 @@ pub(crate) fn db_error(e: sqlx::Error) -> Error {
         e => Error::backend(NAME, e),
     }
 }
+
+/// An error of SQLite itself (rusqlite, on the replay page threads) as the
+/// store reports it.
+pub(crate) fn sqlite_error(e: rusqlite::Error) -> Error {
+    Error::backend(NAME, e)
+}

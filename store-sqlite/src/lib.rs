@@ -63,8 +63,9 @@
 //! ## One writer, many readers
 //!
 //! The file is in **WAL mode**. One **writer task** per handle owns one
-//! connection; a pool of read connections serves replays, lookups and
-//! inspection. Appends from every stream queue at the writer, which commits
+//! connection; replay pages are read on threads of the handle's own, each
+//! with a connection through SQLite itself (see [Replay](#replay)), and a
+//! pool of read connections serves lookups, tasks and inspection. Appends from every stream queue at the writer, which commits
 //! whatever is waiting in one transaction (group commit; consecutive
 //! appends become one multi-row insert) and answers each caller only after
 //! the commit: under [`Durability::PowerLoss`] many appends share one fsync
@@ -91,10 +92,20 @@
 //! ## Replay
 //!
 //! Replay is one indexed seek plus a range read per page on the
-//! `(token, seq)` index; each page is read in one statement with the
-//! stream's row, so a replay whose stream is deleted and started again
+//! `(token, seq)` index; each page is read in one read transaction with
+//! the stream's row, so a replay whose stream is deleted and started again
 //! under it ends in [`Error::EventsPurged`], never in events of the new
 //! life.
+//!
+//! Pages are read through SQLite itself (rusqlite), not through sqlx: each
+//! page is one hop to a thread of the handle's, which holds a `query_only`
+//! connection with the page statements prepared once, and the events come
+//! back built. Threads start as replays need them, up to
+//! [`SqliteOptions::read_connections`], and end when the handle is closed
+//! or dropped. sqlx's pool, worker thread and row decoding made a page
+//! cost four to seven times what SQLite takes to read it; this path stays
+//! within one thread hop of it (the replay bench's `direct_hop`). Both
+//! drivers link the one SQLite library.
 //!
 //! ## Tasks
 //!
@@ -314,6 +325,7 @@ mod error;
 mod follow;
 mod inspect;
 mod options;
+mod pages;
 mod purge;
 mod replay;
 mod sessions;

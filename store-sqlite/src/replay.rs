@@ -6,17 +6,15 @@
 
 use std::sync::Arc;
 
+use crate::SqliteStore;
+use crate::error::{NAME, db_error, sqlite_error};
 use bytes::Bytes;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
 use mcp_event_store_core::backend::{
     Page, StreamToken, observe, paged_replay, retry_from_millis, validate_stream_id,
 };
 use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
-
-use crate::SqliteStore;
-use crate::error::{NAME, db_error};
+use rusqlite::OptionalExtension;
 
 pub(crate) async fn replay_events_after(
     store: &SqliteStore,
@@ -159,43 +157,12 @@ impl SqliteStore {
         token: StreamToken,
         incarnation: u64,
         after: i64,
-    ) -> Result<(Option<(String, DenseStream)>, Vec<StoredEvent>)> {
-        let rows = sqlx::query(
-            "SELECT * FROM (SELECT seq, retry_ms, payload, NULL, NULL, NULL, NULL \
-                 FROM mes_events WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3) \
-             UNION ALL \
-             SELECT NULL, NULL, NULL, stream_id, incarnation, last_seq, \
-                 (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
-             FROM mes_streams WHERE token = ?1",
-        )
-        .bind(&token.as_bytes()[..])
-        .bind(after)
-        .bind(self.inner.options.page_size as i64)
-        .fetch_all(&self.inner.readers)
-        .await
-        .map_err(db_error)?;
-        let mut stream = None;
-        let mut events = Vec::with_capacity(rows.len());
-        for row in rows {
-            let stream_id: Option<String> = row.try_get(3).map_err(db_error)?;
-            match stream_id {
-                Some(stream_id) => {
-                    let incarnation: i64 = row.try_get(4).map_err(db_error)?;
-                    let last_seq: i64 = row.try_get(5).map_err(db_error)?;
-                    let first_retained: Option<i64> = row.try_get(6).map_err(db_error)?;
-                    stream = Some((
-                        stream_id,
-                        DenseStream {
-                            incarnation: to_incarnation(incarnation)?,
-                            last_seq: to_seq(last_seq)?,
-                            first_retained: first_retained.map(to_seq).transpose()?,
-                        },
-                    ));
-                }
-                None => events.push(event_from_row(token, incarnation, &row)?),
-            }
-        }
-        Ok((stream, events))
+    ) -> Result<PageWithStream> {
+        let limit = i64::try_from(self.inner.options.page_size).unwrap_or(i64::MAX);
+        self.inner
+            .pages
+            .run(move |conn| read_page(conn, token, incarnation, after, limit))
+            .await
     }
 
     /// A replay page after the first, checked for gaps (C5) against the
@@ -236,15 +203,105 @@ impl SqliteStore {
     }
 }
 
+/// What [`SqliteStore::page_with_stream`] reads, on a page thread: the
+/// stream's row, then the page, in one read transaction, so one snapshot.
+fn read_page(
+    conn: &rusqlite::Connection,
+    token: StreamToken,
+    incarnation: u64,
+    after: i64,
+    limit: i64,
+) -> Result<PageWithStream> {
+    let token_bytes = &token.as_bytes()[..];
+    read_snapshot(conn, || {
+        let stream = conn
+            .prepare_cached(STREAM_ROW)
+            .map_err(sqlite_error)?
+            .query_row([token_bytes], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, i64>(2)?,
+                    row.get::<_, Option<i64>>(3)?,
+                ))
+            })
+            .optional()
+            .map_err(sqlite_error)?
+            .map(|(stream_id, incarnation, last_seq, first_retained)| {
+                Ok::<_, Error>((
+                    stream_id,
+                    DenseStream {
+                        incarnation: to_incarnation(incarnation)?,
+                        last_seq: to_seq(last_seq)?,
+                        first_retained: first_retained.map(to_seq).transpose()?,
+                    },
+                ))
+            })
+            .transpose()?;
+        let mut events = Vec::new();
+        if stream.is_some() {
+            let mut statement = conn.prepare_cached(PAGE).map_err(sqlite_error)?;
+            let mut rows = statement
+                .query(rusqlite::params![token_bytes, after, limit])
+                .map_err(sqlite_error)?;
+            while let Some(row) = rows.next().map_err(sqlite_error)? {
+                events.push(event_from_row(token, incarnation, row)?);
+            }
+        }
+        Ok((stream, events))
+    })
+}
+
+/// Runs `read` in one read transaction on `conn`: every statement in it
+/// sees the same snapshot. (`BEGIN` and `COMMIT` as cached statements:
+/// rusqlite's transaction parses them anew each time.)
+fn read_snapshot<T>(conn: &rusqlite::Connection, read: impl FnOnce() -> Result<T>) -> Result<T> {
+    if !conn.is_autocommit() {
+        // A read that failed part way left its transaction open.
+        conn.execute_batch("ROLLBACK").map_err(sqlite_error)?;
+    }
+    conn.prepare_cached("BEGIN")
+        .and_then(|mut begin| begin.execute([]))
+        .map_err(sqlite_error)?;
+    let read = read();
+    let ended = conn
+        .prepare_cached("COMMIT")
+        .and_then(|mut commit| commit.execute([]));
+    let value = read?;
+    ended.map_err(sqlite_error)?;
+    Ok(value)
+}
+
+/// A stream's row: its id, incarnation, newest and oldest retained
+/// sequence numbers.
+const STREAM_ROW: &str = "SELECT stream_id, incarnation, last_seq, \
+         (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
+     FROM mes_streams WHERE token = ?1";
+
+/// A page of a stream's events after a sequence number.
+const PAGE: &str = "SELECT seq, retry_ms, payload FROM mes_events \
+     WHERE token = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3";
+
+/// A page of events, and the stream's row (its id and state) if it exists.
+type PageWithStream = (Option<(String, DenseStream)>, Vec<StoredEvent>);
+
 /// An event of incarnation `incarnation` from a row whose first columns are
 /// `seq, retry_ms, payload`.
-fn event_from_row(token: StreamToken, incarnation: u64, row: &SqliteRow) -> Result<StoredEvent> {
-    let seq: i64 = row.try_get(0).map_err(db_error)?;
-    let retry: Option<i64> = row.try_get(1).map_err(db_error)?;
-    let payload: Vec<u8> = row.try_get(2).map_err(db_error)?;
+fn event_from_row(
+    token: StreamToken,
+    incarnation: u64,
+    row: &rusqlite::Row<'_>,
+) -> Result<StoredEvent> {
+    let seq: i64 = row.get(0).map_err(sqlite_error)?;
+    let retry: Option<i64> = row.get(1).map_err(sqlite_error)?;
+    let payload = row
+        .get_ref(2)
+        .map_err(sqlite_error)?
+        .as_bytes()
+        .map_err(|e| Error::Corrupt(format!("event {seq}'s payload: {e}")))?;
     Ok(StoredEvent {
         id: EventId::new(token, dense::position(incarnation, to_seq(seq)?)),
-        data: Bytes::from(payload),
+        data: Bytes::copy_from_slice(payload),
         retry: retry_from_millis(retry),
     })
 }

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::SqliteStore;
 use crate::options::Durability;
+use crate::pages::PageReaders;
 use crate::watcher::Watcher;
 use crate::writer::{Command, Reply, Write};
 
@@ -23,6 +24,8 @@ pub(crate) struct Inner {
     pub(crate) key: StreamKey,
     pub(crate) options: StoreOptions,
     pub(crate) readers: SqlitePool,
+    /// Replay pages, read through SQLite itself on threads of their own.
+    pub(crate) pages: PageReaders,
     pub(crate) writer: mpsc::Sender<Command>,
     /// This handle's followers; the writer wakes them after its commits.
     pub(crate) wakeups: Arc<Wakeups>,

@@ -21,6 +21,7 @@ use mcp_event_store_core::{
 use tokio::sync::{mpsc, oneshot};
 
 use crate::options::{SqliteOptions, WRITER_QUEUE};
+use crate::pages::PageReaders;
 use crate::state::Inner;
 use crate::watcher::Watcher;
 use crate::writer::{Command, Writer};
@@ -97,6 +98,11 @@ impl SqliteStore {
                 key: opened.key,
                 options: options.store,
                 readers: opened.readers,
+                pages: PageReaders::new(
+                    &options.path,
+                    options.busy_timeout,
+                    usize::try_from(options.read_connections).unwrap_or(usize::MAX),
+                ),
                 writer: sender,
                 watcher: Watcher::new(
                     opened.connect,
@@ -129,6 +135,7 @@ impl SqliteStore {
             let _ = done.await;
         }
         self.inner.readers.close().await;
+        self.inner.pages.close().await;
         self.inner.watcher.close();
         // Followers and task watchers re-read, find the store closed, and
         // end.

@@ -1,0 +1,160 @@
+//! The replay read path: each page read through SQLite itself (rusqlite),
+//! on threads the store owns, with no async driver in between.
+//!
+//! A replay page is one indexed range read; through sqlx's pool, worker
+//! thread and row decoding it cost several times what SQLite takes to run
+//! it (see the `direct` baselines of the replay bench). Here a page is one
+//! hop to a thread that holds its own connection and cached statement, and
+//! the events come back built. Every other statement still goes through
+//! sqlx: writes through the one writer, other reads through the read pool.
+//!
+//! The threads are started as replays need them, up to
+//! [`SqliteOptions::read_connections`](crate::SqliteOptions::read_connections),
+//! each with one connection to the file, which is already in WAL mode
+//! (setup saw to that): readers never wait for the writer. A connection is
+//! `query_only`: this path cannot write.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use mcp_event_store_core::{Error, Result};
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::oneshot;
+
+use crate::error::{NAME, sqlite_error};
+
+/// A read run on a page thread's connection.
+type Job = Box<dyn FnOnce(&Connection) + Send>;
+
+/// The page threads of one handle (shared by its clones).
+#[derive(Debug)]
+pub(crate) struct PageReaders {
+    path: PathBuf,
+    busy_timeout: Duration,
+    max_threads: usize,
+    /// Threads waiting for a job.
+    idle: Arc<AtomicUsize>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// `None` once closed.
+    queue: Option<Sender<Job>>,
+    jobs: Arc<Mutex<Receiver<Job>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl PageReaders {
+    /// Page threads for the database at `path` (opened, migrated and in
+    /// WAL mode), at most `max_threads` of them; none runs yet.
+    pub(crate) fn new(path: &Path, busy_timeout: Duration, max_threads: usize) -> Self {
+        let (queue, jobs) = std::sync::mpsc::channel();
+        Self {
+            path: path.to_owned(),
+            busy_timeout,
+            max_threads: max_threads.max(1),
+            idle: Arc::default(),
+            state: Mutex::new(State {
+                queue: Some(queue),
+                jobs: Arc::new(Mutex::new(jobs)),
+                threads: Vec::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `read` on a page thread's connection and waits for its answer.
+    /// [`Error::Closed`] once the handle is closed.
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Box::new(move |conn| {
+            let _ = reply.send(read(conn));
+        }))?;
+        answer.await.map_err(|_| {
+            Error::backend(
+                NAME,
+                "a replay page read ended without an answer (its thread panicked)",
+            )
+        })?
+    }
+
+    fn submit(&self, job: Job) -> Result<()> {
+        let mut state = self.state();
+        let queue = state.queue.clone().ok_or(Error::Closed)?;
+        if self.idle.load(Ordering::Acquire) == 0 && state.threads.len() < self.max_threads {
+            // Opened here, not on the thread, so that a file that cannot be
+            // opened is this call's error. Once per thread, a few dozen
+            // microseconds.
+            let conn = open(&self.path, self.busy_timeout)?;
+            let (jobs, idle) = (state.jobs.clone(), self.idle.clone());
+            let thread = std::thread::Builder::new()
+                .name("mcp-event-store-sqlite-pages".into())
+                .spawn(move || serve(&conn, &jobs, &idle))
+                .map_err(|e| Error::backend(NAME, e))?;
+            state.threads.push(thread);
+        }
+        queue.send(job).map_err(|_| Error::Closed)
+    }
+
+    /// Stops taking reads; waits for the threads to finish the reads queued
+    /// before and close their connections.
+    pub(crate) async fn close(&self) {
+        let threads = {
+            let mut state = self.state();
+            state.queue = None;
+            std::mem::take(&mut state.threads)
+        };
+        if threads.is_empty() {
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        })
+        .await;
+    }
+}
+
+/// A page thread: runs jobs until every sender is gone (closed or dropped).
+fn serve(conn: &Connection, jobs: &Mutex<Receiver<Job>>, idle: &AtomicUsize) {
+    loop {
+        idle.fetch_add(1, Ordering::AcqRel);
+        let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
+        idle.fetch_sub(1, Ordering::AcqRel);
+        let Ok(job) = job else { return };
+        // A job that panics drops its reply (its caller gets an error);
+        // the thread and its connection go on.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(conn)));
+    }
+}
+
+/// A read connection to the store's file.
+fn open(path: &Path, busy_timeout: Duration) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(sqlite_error)?;
+    conn.busy_timeout(busy_timeout).map_err(sqlite_error)?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(sqlite_error)?;
+    // The query planner stability guarantee: a cached statement is never
+    // prepared again because a parameter was bound anew. Without it SQLite
+    // re-plans the page statement on every use (its `LIMIT` is a bound
+    // parameter), which costs more than reading a short page.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )
+    .map_err(sqlite_error)?;
+    Ok(conn)
+}
