@@ -158,3 +158,85 @@ fn open(path: &Path, busy_timeout: Duration) -> Result<Connection> {
     .map_err(sqlite_error)?;
     Ok(conn)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A WAL database file with one table, and page readers on it.
+    fn readers(dir: &tempfile::TempDir, threads: usize) -> PageReaders {
+        let path = dir.path().join("pages.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; CREATE TABLE t (n INTEGER); INSERT INTO t VALUES (7);",
+        )
+        .unwrap();
+        PageReaders::new(&path, Duration::from_secs(1), threads)
+    }
+
+    fn read_n(conn: &Connection) -> Result<i64> {
+        conn.query_row("SELECT n FROM t", [], |row| row.get(0))
+            .map_err(sqlite_error)
+    }
+
+    #[tokio::test]
+    async fn reads_run_on_at_most_the_threads_allowed_and_close_ends_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let readers = Arc::new(readers(&dir, 2));
+        let mut reads = tokio::task::JoinSet::new();
+        for _ in 0..16 {
+            let readers = readers.clone();
+            reads.spawn(async move { readers.run(read_n).await });
+        }
+        while let Some(read) = reads.join_next().await {
+            assert_eq!(read.unwrap().unwrap(), 7);
+        }
+        let started = readers.state().threads.len();
+        assert!((1..=2).contains(&started), "{started} threads");
+        readers.close().await;
+        assert!(readers.state().threads.is_empty());
+        assert!(matches!(readers.run(read_n).await, Err(Error::Closed)));
+    }
+
+    #[tokio::test]
+    async fn a_connection_only_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let readers = readers(&dir, 1);
+        let write = readers
+            .run(|conn| {
+                conn.execute("INSERT INTO t VALUES (8)", [])
+                    .map_err(sqlite_error)
+            })
+            .await;
+        assert!(matches!(write, Err(Error::Backend { .. })), "{write:?}");
+        assert_eq!(readers.run(read_n).await.unwrap(), 7);
+        readers.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_read_that_panics_is_an_error_and_the_thread_reads_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let readers = readers(&dir, 1);
+        let panicked = readers
+            .run(|_| -> Result<()> { panic!("a bug in a read") })
+            .await;
+        let Err(Error::Backend { source, .. }) = panicked else {
+            panic!("{panicked:?}")
+        };
+        assert!(source.to_string().contains("panicked"), "{source}");
+        assert_eq!(readers.run(read_n).await.unwrap(), 7);
+        assert_eq!(readers.state().threads.len(), 1);
+        readers.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_file_that_cannot_be_opened_is_the_reads_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let readers = PageReaders::new(&dir.path().join("missing.db"), Duration::from_secs(1), 1);
+        assert!(matches!(
+            readers.run(read_n).await,
+            Err(Error::Backend { .. })
+        ));
+        readers.close().await;
+    }
+}
