@@ -1,13 +1,13 @@
 //! Replay and lookup (C3, C4, C5): one indexed seek and a range read per
-//! page on the `(token, seq)` index, each page read in one statement with
-//! the stream's row, so a replay whose stream is deleted and started again
-//! under it ends in [`Error::EventsPurged`], never in events of the new
-//! life.
+//! page on the `(token, seq)` index, each page read in one read
+//! transaction with the stream's row, so a replay whose stream is deleted
+//! and started again under it ends in [`Error::EventsPurged`], never in
+//! events of the new life. Both run on the page threads ([`crate::pages`]).
 
 use std::sync::Arc;
 
 use crate::SqliteStore;
-use crate::error::{NAME, db_error, sqlite_error};
+use crate::error::{NAME, sqlite_error};
 use bytes::Bytes;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
 use mcp_event_store_core::backend::{
@@ -131,18 +131,32 @@ pub(crate) async fn get_stream_id_for_event_id(
         return Ok(None);
     };
     // The event is retained in the stream's current incarnation: an id
-    // of an earlier life of the stream finds nothing.
-    sqlx::query_scalar(
-        "SELECT s.stream_id FROM mes_events e JOIN mes_streams s ON s.token = e.token \
-         WHERE e.token = ?1 AND e.seq = ?2 AND s.incarnation = ?3",
-    )
-    .bind(&id.token.as_bytes()[..])
-    .bind(seq)
-    .bind(incarnation)
-    .fetch_optional(&store.inner.readers)
-    .await
-    .map_err(db_error)
+    // of an earlier life of the stream finds nothing. On a page thread, as
+    // a resume's replay that usually follows.
+    let token = id.token;
+    store
+        .inner
+        .pages
+        .run(move |conn| {
+            conn.prepare_cached(STREAM_OF_EVENT)
+                .and_then(|mut statement| {
+                    statement
+                        .query_row(
+                            rusqlite::params![&token.as_bytes()[..], seq, incarnation],
+                            |row| row.get(0),
+                        )
+                        .optional()
+                })
+                .map_err(sqlite_error)
+        })
+        .await
 }
+
+/// The id of the stream that holds an event, in the stream's current
+/// incarnation.
+const STREAM_OF_EVENT: &str = "SELECT s.stream_id FROM mes_events e \
+     JOIN mes_streams s ON s.token = e.token \
+     WHERE e.token = ?1 AND e.seq = ?2 AND s.incarnation = ?3";
 
 impl SqliteStore {
     /// One page of a stream's events after sequence number `after`, read in
