@@ -194,8 +194,8 @@
 //! * **Appends through this handle** (or a clone of it) wake their stream's
 //!   followers from the writer task, right after the commit that made them
 //!   visible and before `store_event` returns. Expect a follower to have the
-//!   event within about a millisecond of `store_event` returning (one read
-//!   on the read pool).
+//!   event within about a millisecond of `store_event` returning (one page
+//!   read on a page thread).
 //! * **Appends by another handle or process** are found by this handle's
 //!   *watcher*: one task with one dedicated connection that reads
 //!   `PRAGMA data_version` every [`SqliteOptions::follow_poll_interval`]
@@ -212,8 +212,8 @@
 //! **What an idle follower costs:** no connection and no task of its own:
 //! a registration in the handle's wake-up hub and its suspended stream,
 //! plus one indexed read per re-check interval. A thousand idle followers
-//! share the read pool ([`SqliteOptions::read_connections`]) and one
-//! watcher. The watcher runs only while the handle has at least one
+//! share the page threads (at most [`SqliteOptions::read_connections`])
+//! and one watcher. The watcher runs only while the handle has at least one
 //! follower or task watcher: the first follow (or task `watch`) starts it,
 //! and it ends (closing its connection) at its first poll after the last
 //! one is dropped, or at once when the handle is closed or dropped. An idle store pays nothing.

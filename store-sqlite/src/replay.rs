@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use crate::SqliteStore;
-use crate::error::{NAME, sqlite_error};
 use bytes::Bytes;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
 use mcp_event_store_core::backend::{
@@ -15,6 +13,9 @@ use mcp_event_store_core::backend::{
 };
 use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
 use rusqlite::OptionalExtension;
+
+use crate::SqliteStore;
+use crate::error::{NAME, sqlite_error};
 
 pub(crate) async fn replay_events_after(
     store: &SqliteStore,
@@ -159,13 +160,13 @@ const STREAM_OF_EVENT: &str = "SELECT s.stream_id FROM mes_events e \
      WHERE e.token = ?1 AND e.seq = ?2 AND s.incarnation = ?3";
 
 impl SqliteStore {
-    /// One page of a stream's events after sequence number `after`, read in
-    /// one statement (so one snapshot) with the stream's row: its id and
-    /// state, for the cursor and gap checks. The events are named under
+    /// One page of a stream's events after sequence number `after`, read on
+    /// a page thread in one read transaction (so one snapshot) with the
+    /// stream's row: its id and state, for the cursor and gap checks. The events are named under
     /// `incarnation`, the cursor's; they are only used when the row says
     /// that is the stream's current incarnation (every event of a token
     /// belongs to the current row: a stream's events go before or with its
-    /// row). `None` for the row: no such stream.
+    /// row). `None` for the row: no such stream, and then no events.
     async fn page_with_stream(
         &self,
         token: StreamToken,
