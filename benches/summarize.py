@@ -83,3 +83,42 @@ for b in backends:
     for full_id, (ns, elems) in sorted(data.items()):
         if full_id.startswith(f"append/{b}/"):
             print(f"| {b} | {full_id.split('/', 2)[2]} | {rate(ns, elems)} | {fmt_time(ns)} |")
+for full_id, (ns, elems) in sorted(data.items()):
+    if full_id.startswith("append/disk/"):
+        print(f"| disk | {full_id.split('/', 2)[2]} | {rate(ns, elems)} | {fmt_time(ns)} |")
+
+print("\nSQLite replay against SQLite itself (median per replay)\n")
+print("| K | store | direct_hop | direct | store/direct_hop | store/direct |")
+print("|---|---|---|---|---|---|")
+for k in ("1", "10", "100", "1000", "10000"):
+    s, h, d = (data.get(f"replay/sqlite/{v}/{k}") for v in ("store", "direct_hop", "direct"))
+    if s and h and d:
+        print(f"| {int(k):,} | {fmt_time(s[0])} | {fmt_time(h[0])} | {fmt_time(d[0])} "
+              f"| {s[0] / h[0]:.2f} | {s[0] / d[0]:.2f} |")
+
+
+def percentiles():
+    for dirpath, _, files in os.walk(os.path.join(root, "rmcp_delivery")):
+        if "percentiles.json" in files:
+            with open(os.path.join(dirpath, "percentiles.json")) as f:
+                yield os.path.basename(dirpath), json.loads(f.readline())
+
+
+rows = sorted(percentiles(), key=lambda r: (backends.index(r[1]["backend"]) if r[1]["backend"] in backends else 99, r[0]))
+if rows:
+    print("\nDelivery latency through the rmcp adapter (`store_event` as rmcp calls it, call by call)\n")
+    print("| backend | case | p50 | p99 |")
+    print("|---|---|---|---|")
+    for case, p in rows:
+        print(f"| {p['backend']} | {case} | {fmt_time(p['p50_ns'])} | {fmt_time(p['p99_ns'])} |")
+
+http = os.path.join(root, "http_load")
+if os.path.isdir(http):
+    print("\nHTTP load (the example server, one process; `cargo bench --bench http`)\n")
+    print("| store | calls | resumed | server CPU per message | per call | call p50 | call p99 |")
+    print("|---|---|---|---|---|---|---|")
+    for name in sorted(os.listdir(http)):
+        with open(os.path.join(http, name)) as f:
+            h = json.loads(f.readline())
+        print(f"| {name[:-5]} | {h['calls']:,} | {h['resumed']:,} | {h['cpu_per_message_us']:.0f} us "
+              f"| {h['cpu_per_call_ms']:.2f} ms | {h['call_p50_s']:.3f} s | {h['call_p99_s']:.3f} s |")

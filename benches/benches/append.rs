@@ -26,6 +26,8 @@
 //! | sled `raw_flush_each_*` | raw sled insert, then `flush()`, per event (32 writers: 32 concurrent `flush()` calls, which sled shares) |
 //! | `observe/append_wrapper` | what every backend's append adds for tracing and metrics (`observe::append` around a ready future), with no subscriber and no metrics recorder installed, as in an application that installs neither |
 //! | `observe/bare` | the same ready future alone: the baseline |
+//! | `disk/overwrite_4k_fdatasync` | the disk's own price of durability: one 4 KiB write over the same block and `fdatasync`, in the temporary directory the SQLite and sled benches use |
+//! | `disk/append_4k_fdatasync` | the same, each write growing the file (as a WAL grows) |
 
 use mcp_event_store_benches as common;
 
@@ -500,5 +502,47 @@ fn observe_overhead(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, append, observe_overhead);
+/// What the disk itself charges for durability, to read the durable
+/// figures against: a 4 KiB write and `fdatasync` in a file beside the
+/// benches' SQLite and sled files (the temporary directory), as a WAL
+/// commit or a sled flush does at the least. `overwrite_4k` writes the same
+/// block each time (no metadata to journal); `append_4k` grows the file,
+/// as a WAL does until it is reset (truncated every 1,024 writes).
+fn disk(c: &mut Criterion) {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let block = [0x5a_u8; 4096];
+    let mut group = c.benchmark_group("append/disk");
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
+    group.sample_size(20);
+    group.throughput(Throughput::Elements(1));
+    let mut file = std::fs::File::create(dir.path().join("overwrite")).expect("a file");
+    file.write_all(&block).expect("the first block");
+    file.sync_all().expect("fsync");
+    group.bench_function("overwrite_4k_fdatasync", |b| {
+        b.iter(|| {
+            file.seek(SeekFrom::Start(0)).expect("seek");
+            file.write_all(&block).expect("write");
+            file.sync_data().expect("fdatasync");
+        })
+    });
+    let mut file = std::fs::File::create(dir.path().join("append")).expect("a file");
+    let mut written = 0u32;
+    group.bench_function("append_4k_fdatasync", |b| {
+        b.iter(|| {
+            if written == 1024 {
+                file.set_len(0).expect("truncate");
+                file.seek(SeekFrom::Start(0)).expect("seek");
+                written = 0;
+            }
+            file.write_all(&block).expect("write");
+            file.sync_data().expect("fdatasync");
+            written += 1;
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, append, observe_overhead, disk);
 criterion_main!(benches);
