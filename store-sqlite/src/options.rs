@@ -54,6 +54,15 @@ impl Durability {
             Durability::PowerLoss => sqlx::sqlite::SqliteSynchronous::Full,
         }
     }
+
+    /// The same, as the value of `PRAGMA synchronous` (the writer's
+    /// connection).
+    pub(crate) fn synchronous_pragma(self) -> &'static str {
+        match self {
+            Durability::Process => "NORMAL",
+            Durability::PowerLoss => "FULL",
+        }
+    }
 }
 
 /// Everything [`SqliteStore::open_with`](crate::SqliteStore::open_with) and

@@ -92,7 +92,7 @@ impl SqliteStore {
             task_wakeups.clone(),
             options.tasks,
         );
-        tokio::spawn(writer.run(receiver));
+        writer.spawn(receiver)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 key: opened.key,
