@@ -95,9 +95,9 @@ pub struct SqliteOptions {
     /// holding a lock on the file (the write lock, a first open's migration).
     /// Default 5 s.
     pub busy_timeout: Duration,
-    /// Connections in the read pool (lookups, tasks, inspection), and the
-    /// most threads reading replay pages, each with a connection of its
-    /// own. Default 4.
+    /// Connections in the read pool (lookups, sessions, inspection), and
+    /// the most threads reading replay pages and tasks, each with a
+    /// connection of its own. Default 4.
     pub read_connections: u32,
     /// Most appends committed in one transaction. Default 512.
     pub max_batch: usize,

@@ -1,18 +1,33 @@
-//! The one task that writes: group commit for appends, bounded purges.
+//! The one thread that writes: group commit for appends, bounded purges.
 //!
 //! SQLite allows one writer at a time, and every commit under
-//! `synchronous=FULL` costs an fsync. Funnelling all writes through one task
-//! that owns one connection lets appends that arrive together share one
-//! transaction and one fsync: the writer takes everything queued, runs it in
-//! a single `BEGIN IMMEDIATE ... COMMIT`, and only then answers each caller.
-//! Consecutive appends in a group become one multi-row `INSERT` (a statement
-//! is a round trip to sqlx's SQLite thread, which is what bounds the rate
-//! when a commit costs no fsync). A token collision fails only its own
-//! append; a database error rolls the group back and each write is retried
-//! alone, so one bad write cannot sink its neighbours.
+//! `synchronous=FULL` costs an fsync. Funnelling all writes through one
+//! thread that owns one connection lets appends that arrive together share
+//! one transaction and one fsync: the writer takes everything queued (up to
+//! `max_batch`), runs it in a single `BEGIN IMMEDIATE ... COMMIT`, wakes the
+//! followers and task watchers of what it changed, and only then answers
+//! each caller. Consecutive appends in a group become one multi-row
+//! `INSERT`, so a group costs a few statements however many appends it
+//! holds. A token collision fails only its own append; a database error
+//! rolls the group back and each write is retried alone, so one bad write
+//! cannot sink its neighbours.
+//!
+//! The writer is an OS thread of its own (`mcp-event-store-sqlite-writer`)
+//! with a connection through SQLite itself (rusqlite; every statement is
+//! prepared once and cached), not a task on an async driver: a write is one
+//! hop from the caller to the thread (a tokio channel the thread waits on
+//! blocking) and one back (a oneshot), where sqlx's connection made every
+//! statement a further round trip to its own worker thread. The connection
+//! is opened as the store's others are (see [`open`]): the file's WAL mode,
+//! `synchronous` per [`Durability`](crate::Durability), the busy timeout,
+//! foreign keys off. A write that panics is answered with an error, with
+//! the rest of its group not yet committed; the writer rolls back what it
+//! left open and serves on.
 //!
 //! Purges run here too, in small transactions interleaved with append
-//! groups, so retention never stalls appends for long.
+//! groups, so retention never stalls appends for long. `Close` is answered
+//! once the connection is closed; writes queued after it, and every write
+//! once the thread has ended, fail with [`Error::Closed`].
 //!
 //! What each write does is in the file for its job: [`crate::append`],
 //! [`crate::purge`] (stream deletes and purges), [`crate::sessions`],
@@ -66,6 +81,9 @@ pub(crate) enum Write {
     },
     /// A task mutation: one atomic step under the write lock.
     Task(Box<TaskWrite>),
+    /// A write that panics: the writer's recovery under test.
+    #[cfg(test)]
+    Panic,
 }
 
 /// One event to append.
@@ -194,6 +212,8 @@ impl Writer {
             }
             Write::Task(task) => task.wake(&self.task_wakeups),
             Write::PutSession { .. } | Write::DeleteSession { .. } => {}
+            #[cfg(test)]
+            Write::Panic => {}
         }
     }
 
@@ -411,6 +431,8 @@ impl Writer {
                 self.delete_session(session_id, *now).map(Answer::Flag)
             }
             Write::Task(task) => self.task(task, in_transaction).map(Answer::Task),
+            #[cfg(test)]
+            Write::Panic => panic!("a bug in a write"),
         }
     }
 
@@ -504,4 +526,126 @@ fn record_batch<'a>(writes: impl Iterator<Item = (&'a Write, &'a Result<Answer>)
 /// The spare rows are bound to NULL and match nothing.
 pub(crate) fn padded(rows: usize) -> usize {
     rows.next_power_of_two().max(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use mcp_event_store_core::backend::StreamKey;
+    use mcp_event_store_core::{EventStore, NewEvent};
+
+    use super::*;
+    use crate::SqliteStore;
+
+    fn append(key: &StreamKey, stream_id: &str) -> Write {
+        Write::Append(Append {
+            token: key.token(stream_id),
+            stream_id: stream_id.into(),
+            data: b"x".to_vec(),
+            retry_ms: None,
+            now: 1,
+        })
+    }
+
+    fn events(conn: &Connection) -> i64 {
+        conn.query_row("SELECT count(*) FROM mes_events", [], |row| row.get(0))
+            .unwrap()
+    }
+
+    /// Runs `writes` as one group; their answers, in order.
+    fn group(writer: &mut Writer, writes: Vec<Write>) -> Vec<Result<Position>> {
+        let (group, answers): (Vec<_>, Vec<_>) = writes
+            .into_iter()
+            .map(|write| {
+                let (reply, answer) = oneshot::channel();
+                ((write, Reply::Position(reply)), answer)
+            })
+            .unzip();
+        writer.commit_group(group);
+        answers
+            .into_iter()
+            .map(|mut answer| answer.try_recv().expect("answered"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_write_that_panics_is_an_error_and_the_writer_writes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("w.db")).await.unwrap();
+        let panicked = store.write(Reply::Unit, Write::Panic).await;
+        let Err(Error::Backend { source, .. }) = panicked else {
+            panic!("{panicked:?}")
+        };
+        assert!(source.to_string().contains("panicked"), "{source}");
+        let id = store.store_event("s", NewEvent::new(b"x")).await.unwrap();
+        assert_eq!(
+            store
+                .get_stream_id_for_event_id(&id.to_string())
+                .await
+                .unwrap(),
+            Some("s".into())
+        );
+        store.close().await;
+        assert!(matches!(
+            store.store_event("s", NewEvent::new(b"x")).await,
+            Err(Error::Closed)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_group_with_a_write_that_panics_is_rolled_back_and_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        SqliteStore::open(&path).await.unwrap().close().await;
+        let conn = open(&path, std::time::Duration::from_secs(1), "NORMAL").unwrap();
+        let mut writer = Writer::new(
+            conn,
+            Retention::unbounded(),
+            512,
+            Arc::default(),
+            Arc::default(),
+            TaskOptions::default(),
+        );
+        let key = StreamKey::generate().unwrap();
+        let answers = group(
+            &mut writer,
+            vec![
+                append(&key, "a"),
+                append(&key, "b"),
+                Write::Panic,
+                append(&key, "a"),
+            ],
+        );
+        assert_eq!(answers.len(), 4);
+        for answer in &answers {
+            assert!(matches!(answer, Err(Error::Backend { .. })), "{answer:?}");
+        }
+        assert!(writer.conn.is_autocommit(), "the group was rolled back");
+        assert_eq!(events(&writer.conn), 0);
+        let answers = group(&mut writer, vec![append(&key, "a"), append(&key, "a")]);
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(events(&writer.conn), 2);
+    }
+
+    #[tokio::test]
+    async fn the_writer_connection_is_opened_as_the_durability_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        SqliteStore::open(&path).await.unwrap().close().await;
+        for (synchronous, level) in [("NORMAL", 1), ("FULL", 2)] {
+            let conn = open(&path, std::time::Duration::from_secs(1), synchronous).unwrap();
+            let read = |pragma: &str| -> i64 {
+                conn.pragma_query_value(None, pragma, |row| row.get(0))
+                    .unwrap()
+            };
+            assert_eq!(read("synchronous"), level);
+            assert_eq!(read("foreign_keys"), 0);
+            assert_eq!(read("busy_timeout"), 1000);
+        }
+        let missing = open(
+            &dir.path().join("missing.db"),
+            std::time::Duration::from_secs(1),
+            "NORMAL",
+        );
+        assert!(matches!(missing, Err(Error::Backend { .. })));
+    }
 }
