@@ -55,16 +55,18 @@ pub(crate) async fn open(options: &SqliteOptions) -> Result<Opened> {
         .map_err(db_error)?;
     switch_to_wal(&mut setup, options.busy_timeout).await?;
     let key = prepare(&mut setup).await?;
-    // The file is in WAL mode and migrated: the sqlx connection that saw
-    // to it is done, and the writer's own connection takes over.
-    if let Err(e) = setup.close().await {
-        tracing::warn!(error = %e, "closing the sqlite setup connection failed");
-    }
+    // The file is in WAL mode and migrated: the writer's own connection
+    // takes over from the sqlx connection that saw to it, opened first so
+    // that the file is never left without a connection (whose last close
+    // would checkpoint the WAL).
     let writer = crate::writer::open(
         &options.path,
         options.busy_timeout,
         options.durability.synchronous_pragma(),
     )?;
+    if let Err(e) = setup.close().await {
+        tracing::warn!(error = %e, "closing the sqlite setup connection failed");
+    }
 
     let readers = SqlitePoolOptions::new()
         .max_connections(options.read_connections)
