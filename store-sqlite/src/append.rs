@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use mcp_event_store_core::backend::{StreamToken, dense, observe, retry_to_millis};
 use mcp_event_store_core::{Error, EventId, NewEvent, Position, Result};
-use sqlx::{AssertSqlSafe, Row};
+use rusqlite::{OptionalExtension, ToSql, params, params_from_iter};
 
 use crate::SqliteStore;
-use crate::error::{NAME, db_error};
+use crate::error::{NAME, sqlite_error};
 use crate::purge::trim_stream;
 use crate::replay::to_incarnation;
 use crate::writer::{Answer, Append, Known, Reply, Write, Writer, padded};
@@ -51,35 +51,29 @@ impl Writer {
     /// incarnation of the store-wide counter; the counter moves in the same
     /// statement (a trigger), under SQLite's write lock, so two writers,
     /// even in two processes, never take the same one.
-    async fn ensure_stream(
-        &mut self,
-        token: StreamToken,
-        stream_id: &str,
-        now: i64,
-    ) -> Result<Known> {
-        let row = sqlx::query(
-            "INSERT INTO mes_streams (token, stream_id, incarnation, last_seq, bytes, updated_at) \
-             VALUES (?1, ?2, (SELECT value + 1 FROM mes_meta WHERE key = 'last_incarnation'), \
-                 0, 0, ?3) \
-             ON CONFLICT (token) DO UPDATE SET token = excluded.token \
-             RETURNING stream_id, incarnation, bytes",
-        )
-        .bind(&token.as_bytes()[..])
-        .bind(stream_id)
-        .bind(now)
-        .fetch_one(&mut self.conn)
-        .await
-        .map_err(db_error)?;
-        let stored_stream: &str = row.try_get(0).map_err(db_error)?;
+    fn ensure_stream(&mut self, token: StreamToken, stream_id: &str, now: i64) -> Result<Known> {
+        let (stored_stream, incarnation, bytes): (String, i64, i64) = self
+            .conn
+            .prepare_cached(
+                "INSERT INTO mes_streams (token, stream_id, incarnation, last_seq, bytes, \
+                     updated_at) \
+                 VALUES (?1, ?2, (SELECT value + 1 FROM mes_meta WHERE key = 'last_incarnation'), \
+                     0, 0, ?3) \
+                 ON CONFLICT (token) DO UPDATE SET token = excluded.token \
+                 RETURNING stream_id, incarnation, bytes",
+            )
+            .and_then(|mut statement| {
+                statement.query_row(params![&token.as_bytes()[..], stream_id, now], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+            })
+            .map_err(sqlite_error)?;
         if stored_stream != stream_id {
             return Err(Error::Corrupt(format!(
                 "stream token collision between {stored_stream:?} and {stream_id:?}"
             )));
         }
-        let known = Known {
-            incarnation: row.try_get(1).map_err(db_error)?,
-            bytes: row.try_get(2).map_err(db_error)?,
-        };
+        let known = Known { incarnation, bytes };
         self.remember(token, known);
         Ok(known)
     }
@@ -87,11 +81,7 @@ impl Writer {
     /// Appends one event. In the steady state this is one statement: the
     /// sequence number comes from the stream row (if it is still the
     /// incarnation this writer knows), and a trigger moves the row along.
-    pub(crate) async fn append(
-        &mut self,
-        append: &Append,
-        in_transaction: bool,
-    ) -> Result<Position> {
+    pub(crate) fn append(&mut self, append: &Append, in_transaction: bool) -> Result<Position> {
         let Append {
             token,
             ref stream_id,
@@ -101,34 +91,28 @@ impl Writer {
         } = *append;
         let mut known = match self.known.get(&token) {
             Some(known) => *known,
-            None => self.ensure_stream(token, stream_id, now).await?,
+            None => self.ensure_stream(token, stream_id, now)?,
         };
-        let mut seq = self
-            .insert_event(token, known.incarnation, data, retry_ms, now)
-            .await?;
+        let mut seq = self.insert_event(token, known.incarnation, data, retry_ms, now)?;
         if seq.is_none() {
             // The row went away (deleted or expired, perhaps by another
             // process, and perhaps started again under a new incarnation)
             // since this writer last saw it.
             self.known.remove(&token);
-            known = self.ensure_stream(token, stream_id, now).await?;
-            seq = self
-                .insert_event(token, known.incarnation, data, retry_ms, now)
-                .await?;
+            known = self.ensure_stream(token, stream_id, now)?;
+            seq = self.insert_event(token, known.incarnation, data, retry_ms, now)?;
         }
         let seq =
             seq.ok_or_else(|| Error::Corrupt("stream row vanished during an append".into()))?;
         known.bytes += data.len() as i64;
         self.remember(token, known);
         match trim_stream(
-            &mut self.conn,
+            &self.conn,
             &token.as_bytes()[..],
             seq,
             known.bytes,
             self.retention,
-        )
-        .await
-        {
+        ) {
             Ok((_, Some(bytes))) => self.remember(token, Known { bytes, ..known }),
             Ok((_, None)) => {}
             Err(e) if in_transaction => return Err(e),
@@ -146,8 +130,8 @@ impl Writer {
     /// sequence numbers are assigned here, in arrival order. Returns one
     /// answer per write; a token collision fails only its own write, while a
     /// database error fails them all (and the caller rolls the group back).
-    pub(crate) async fn append_run(&mut self, appends: &[&Append]) -> Vec<Result<Answer>> {
-        match self.try_append_run(appends).await {
+    pub(crate) fn append_run(&mut self, appends: &[&Append]) -> Vec<Result<Answer>> {
+        match self.try_append_run(appends) {
             Ok(answers) => answers,
             Err(e) => {
                 let e = Arc::new(e);
@@ -159,7 +143,7 @@ impl Writer {
         }
     }
 
-    async fn try_append_run(
+    fn try_append_run(
         &mut self,
         appends: &[&Append],
     ) -> std::result::Result<Vec<Result<Answer>>, Error> {
@@ -173,13 +157,16 @@ impl Writer {
                 .collect()
         };
         for chunk in tokens.chunks(MAX_ROWS) {
-            let sql = select_streams_sql(chunk.len());
-            let mut query = sqlx::query(AssertSqlSafe(sql));
-            for i in 0..padded(chunk.len()) {
-                query = query.bind(chunk.get(i).map(|t| &t.as_bytes()[..]));
-            }
-            for row in query.fetch_all(&mut self.conn).await.map_err(db_error)? {
-                let token: Vec<u8> = row.try_get(0).map_err(db_error)?;
+            let mut statement = self
+                .conn
+                .prepare_cached(&select_streams_sql(chunk.len()))
+                .map_err(sqlite_error)?;
+            let marks = (0..padded(chunk.len())).map(|i| chunk.get(i).map(|t| &t.as_bytes()[..]));
+            let mut rows = statement
+                .query(params_from_iter(marks))
+                .map_err(sqlite_error)?;
+            while let Some(row) = rows.next().map_err(sqlite_error)? {
+                let token: Vec<u8> = row.get(0).map_err(sqlite_error)?;
                 let token = chunk
                     .iter()
                     .find(|t| t.as_bytes()[..] == token[..])
@@ -188,10 +175,10 @@ impl Writer {
                 streams.insert(
                     token,
                     RunStream {
-                        stream_id: row.try_get(1).map_err(db_error)?,
-                        incarnation: row.try_get(2).map_err(db_error)?,
-                        last_seq: row.try_get(3).map_err(db_error)?,
-                        bytes: row.try_get(4).map_err(db_error)?,
+                        stream_id: row.get(1).map_err(sqlite_error)?,
+                        incarnation: row.get(2).map_err(sqlite_error)?,
+                        last_seq: row.get(3).map_err(sqlite_error)?,
+                        bytes: row.get(4).map_err(sqlite_error)?,
                     },
                 );
             }
@@ -205,20 +192,27 @@ impl Writer {
             let stream = match streams.entry(append.token) {
                 Entry::Occupied(known) => known.into_mut(),
                 Entry::Vacant(new) => {
-                    let incarnation: i64 = sqlx::query_scalar(
-                        "INSERT INTO mes_streams \
-                             (token, stream_id, incarnation, last_seq, bytes, updated_at) \
-                         VALUES (?1, ?2, \
-                             (SELECT value + 1 FROM mes_meta WHERE key = 'last_incarnation'), \
-                             0, 0, ?3) \
-                         RETURNING incarnation",
-                    )
-                    .bind(&append.token.as_bytes()[..])
-                    .bind(&append.stream_id[..])
-                    .bind(append.now)
-                    .fetch_one(&mut self.conn)
-                    .await
-                    .map_err(db_error)?;
+                    let incarnation: i64 = self
+                        .conn
+                        .prepare_cached(
+                            "INSERT INTO mes_streams \
+                                 (token, stream_id, incarnation, last_seq, bytes, updated_at) \
+                             VALUES (?1, ?2, \
+                                 (SELECT value + 1 FROM mes_meta WHERE key = 'last_incarnation'), \
+                                 0, 0, ?3) \
+                             RETURNING incarnation",
+                        )
+                        .and_then(|mut statement| {
+                            statement.query_row(
+                                params![
+                                    &append.token.as_bytes()[..],
+                                    &append.stream_id,
+                                    append.now
+                                ],
+                                |row| row.get(0),
+                            )
+                        })
+                        .map_err(sqlite_error)?;
                     new.insert(RunStream {
                         stream_id: append.stream_id.to_owned(),
                         incarnation,
@@ -241,23 +235,26 @@ impl Writer {
         }
 
         for chunk in rows.chunks(MAX_ROWS) {
-            let sql = insert_events_sql(chunk.len());
-            let mut query = sqlx::query(AssertSqlSafe(sql));
+            let mut statement = self
+                .conn
+                .prepare_cached(&insert_events_sql(chunk.len()))
+                .map_err(sqlite_error)?;
+            let mut mark = 0;
+            let mut bind = |value: &dyn ToSql| {
+                mark += 1;
+                statement.raw_bind_parameter(mark, value)
+            };
             for i in 0..padded(chunk.len()) {
                 let row = chunk.get(i);
-                query = query
-                    .bind(row.map(|(token, _, _)| &token.as_bytes()[..]))
-                    .bind(row.map(|(_, seq, _)| *seq))
-                    .bind(row.map(|(_, _, a)| a.now))
-                    .bind(row.and_then(|(_, _, a)| a.retry_ms))
-                    .bind(row.map(|(_, _, a)| &a.data[..]));
+                bind(&row.map(|(token, _, _)| &token.as_bytes()[..]))
+                    .and_then(|()| bind(&row.map(|(_, seq, _)| *seq)))
+                    .and_then(|()| bind(&row.map(|(_, _, a)| a.now)))
+                    .and_then(|()| bind(&row.and_then(|(_, _, a)| a.retry_ms)))
+                    .and_then(|()| bind(&row.map(|(_, _, a)| &a.data[..])))
+                    .map_err(sqlite_error)?;
             }
-            let inserted = query
-                .execute(&mut self.conn)
-                .await
-                .map_err(db_error)?
-                .rows_affected();
-            if inserted != chunk.len() as u64 {
+            let inserted = statement.raw_execute().map_err(sqlite_error)?;
+            if inserted != chunk.len() {
                 return Err(Error::Corrupt(format!(
                     "inserted {inserted} of {} events",
                     chunk.len()
@@ -270,13 +267,12 @@ impl Writer {
                 continue;
             };
             let (_, bytes) = trim_stream(
-                &mut self.conn,
+                &self.conn,
                 &token.as_bytes()[..],
                 stream.last_seq,
                 stream.bytes,
                 self.retention,
-            )
-            .await?;
+            )?;
             self.remember(
                 token,
                 Known {
@@ -290,28 +286,30 @@ impl Writer {
 
     /// Inserts an event after the stream's newest, if the stream row is
     /// still in `incarnation`; `None` if it is not (or is gone).
-    async fn insert_event(
-        &mut self,
+    fn insert_event(
+        &self,
         token: StreamToken,
         incarnation: i64,
         data: &[u8],
         retry_ms: Option<i64>,
         now: i64,
     ) -> Result<Option<i64>> {
-        sqlx::query_scalar(
-            "INSERT INTO mes_events (token, seq, stored_at, retry_ms, payload) \
-             SELECT token, last_seq + 1, ?3, ?4, ?5 FROM mes_streams \
-             WHERE token = ?1 AND incarnation = ?2 \
-             RETURNING seq",
-        )
-        .bind(&token.as_bytes()[..])
-        .bind(incarnation)
-        .bind(now)
-        .bind(retry_ms)
-        .bind(data)
-        .fetch_optional(&mut self.conn)
-        .await
-        .map_err(db_error)
+        self.conn
+            .prepare_cached(
+                "INSERT INTO mes_events (token, seq, stored_at, retry_ms, payload) \
+                 SELECT token, last_seq + 1, ?3, ?4, ?5 FROM mes_streams \
+                 WHERE token = ?1 AND incarnation = ?2 \
+                 RETURNING seq",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row(
+                        params![&token.as_bytes()[..], incarnation, now, retry_ms, data],
+                        |row| row.get(0),
+                    )
+                    .optional()
+            })
+            .map_err(sqlite_error)
     }
 }
 

@@ -146,8 +146,8 @@ pub(crate) async fn list_streams(
 }
 
 /// The format version the file holds, and the settings of this
-/// handle's connections (all opened with the same options, the
-/// writer's included) that decide what a returned append survives and
+/// handle's connections (all opened with the same options; the writer's,
+/// opened through rusqlite, with the same `synchronous`) that decide what a returned append survives and
 /// whether the WAL stays bounded.
 pub(crate) async fn check(store: &SqliteStore) -> Result<HealthReport> {
     let mut conn = store.inner.readers.acquire().await.map_err(db_error)?;

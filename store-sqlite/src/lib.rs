@@ -62,10 +62,14 @@
 //!
 //! ## One writer, many readers
 //!
-//! The file is in **WAL mode**. One **writer task** per handle owns one
-//! connection; replay pages are read on threads of the handle's own, each
+//! The file is in **WAL mode**. One **writer thread** per handle owns one
+//! connection, through SQLite itself (rusqlite, no async driver), and makes
+//! every write: appends, stream deletes, purges, sessions and task steps.
+//! Replay pages and task reads run on threads of the handle's own, each
 //! with a connection through SQLite itself (see [Replay](#replay)), and a
-//! pool of read connections serves lookups, tasks and inspection. Appends from every stream queue at the writer, which commits
+//! pool of read connections (sqlx) serves lookups, sessions and inspection.
+//! A write is one hop to the writer thread and one back. Appends from every
+//! stream queue at the writer, which commits
 //! whatever is waiting in one transaction (group commit; consecutive
 //! appends become one multi-row insert) and answers each caller only after
 //! the commit: under [`Durability::PowerLoss`] many appends share one fsync
@@ -126,7 +130,7 @@
 //! * `mes_instances`: each runtime instance's heartbeat deadline.
 //!
 //! **One atomic step per mutation.** Every task mutation goes through the
-//! handle's writer task, like an append: it reads the task, decides with
+//! handle's writer thread, like an append: it reads the task, decides with
 //! the state machine every backend shares, and writes the row back
 //! conditioned on the `rev` it read, all inside one transaction that holds
 //! SQLite's write lock from the read to the commit (`BEGIN IMMEDIATE`, or
@@ -144,8 +148,8 @@
 //! Lifetimes come from [`SqliteOptions::tasks`].
 //!
 //! **Watching.** `get` and `watch` read one snapshot (the task, its inputs
-//! and its instance's deadline) from the read pool. A change through this
-//! handle wakes its watchers from the writer task, right after the commit.
+//! and its instance's deadline) on a page thread. A change through this
+//! handle wakes its watchers from the writer thread, right after the commit.
 //! A change through another handle or process is found by the handle's one
 //! follow watcher (see [Following](#following)): while anyone follows or
 //! watches, it reads `PRAGMA data_version` every
@@ -192,7 +196,7 @@
 //! queues up per follower.
 //!
 //! * **Appends through this handle** (or a clone of it) wake their stream's
-//!   followers from the writer task, right after the commit that made them
+//!   followers from the writer thread, right after the commit that made them
 //!   visible and before `store_event` returns. Expect a follower to have the
 //!   event within about a millisecond of `store_event` returning (one page
 //!   read on a page thread).

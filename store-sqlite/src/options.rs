@@ -54,6 +54,15 @@ impl Durability {
             Durability::PowerLoss => sqlx::sqlite::SqliteSynchronous::Full,
         }
     }
+
+    /// The same, as the value of `PRAGMA synchronous` (the writer's
+    /// connection).
+    pub(crate) fn synchronous_pragma(self) -> &'static str {
+        match self {
+            Durability::Process => "NORMAL",
+            Durability::PowerLoss => "FULL",
+        }
+    }
 }
 
 /// Everything [`SqliteStore::open_with`](crate::SqliteStore::open_with) and
@@ -86,9 +95,9 @@ pub struct SqliteOptions {
     /// holding a lock on the file (the write lock, a first open's migration).
     /// Default 5 s.
     pub busy_timeout: Duration,
-    /// Connections in the read pool (lookups, tasks, inspection), and the
-    /// most threads reading replay pages, each with a connection of its
-    /// own. Default 4.
+    /// Connections in the read pool (lookups, sessions, inspection), and
+    /// the most threads reading replay pages and tasks, each with a
+    /// connection of its own. Default 4.
     pub read_connections: u32,
     /// Most appends committed in one transaction. Default 512.
     pub max_batch: usize,

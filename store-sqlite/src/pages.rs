@@ -5,8 +5,10 @@
 //! thread and row decoding it cost several times what SQLite takes to run
 //! it (see the `direct` baselines of the replay bench). Here a page is one
 //! hop to a thread that holds its own connection and cached statement, and
-//! the events come back built. Every other statement still goes through
-//! sqlx: writes through the one writer, other reads through the read pool.
+//! the events come back built. Task reads (one snapshot of a task and its
+//! inputs) run here too. Writes go through SQLite itself as well, on the
+//! writer's thread ([`crate::writer`]); other reads go through sqlx's read
+//! pool.
 //!
 //! The threads are started as replays need them, up to
 //! [`SqliteOptions::read_connections`](crate::SqliteOptions::read_connections),

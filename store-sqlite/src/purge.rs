@@ -1,5 +1,5 @@
 //! Retention (C8): deleting a stream, and `purge_expired` run by the
-//! writer in bounded steps (age, then sessions, then the count and byte
+//! writer thread in bounded steps (age, then sessions, then the count and byte
 //! limits), each one short transaction interleaved with append groups; and
 //! the trim that appends apply inline.
 
@@ -7,12 +7,11 @@ use std::collections::HashSet;
 
 use mcp_event_store_core::backend::{StreamToken, observe, validate_stream_id};
 use mcp_event_store_core::{Error, PurgeReport, Result, Retention};
-use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, Row};
+use rusqlite::{Connection, OptionalExtension, Params, params};
 use tokio::sync::oneshot;
 
 use crate::SqliteStore;
-use crate::error::{NAME, db_error};
+use crate::error::{NAME, sqlite_error};
 use crate::writer::{Command, Reply, Write, Writer};
 
 /// Rows one purge transaction deletes at most.
@@ -75,71 +74,59 @@ impl Writer {
     /// transaction, or in one of its own): a row without its events is
     /// fine, but events without their row would collide with the next life
     /// of the stream.
-    pub(crate) async fn delete_stream(
+    pub(crate) fn delete_stream(
         &mut self,
         token: StreamToken,
         in_transaction: bool,
     ) -> Result<u64> {
         self.known.remove(&token);
         if in_transaction {
-            return delete_stream_rows(&mut self.conn, token).await;
+            return delete_stream_rows(&self.conn, token);
         }
-        let mut tx = self
-            .conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(db_error)?;
-        let deleted = delete_stream_rows(&mut tx, token).await?;
-        tx.commit().await.map_err(db_error)?;
-        Ok(deleted)
+        self.in_transaction(|writer| delete_stream_rows(&writer.conn, token))
     }
 
     /// One bounded transaction of purge work; `true` when the purge is done.
-    pub(crate) async fn purge_step(&mut self, job: &mut PurgeJob) -> Result<bool> {
+    pub(crate) fn purge_step(&mut self, job: &mut PurgeJob) -> Result<bool> {
         // Purging changes byte counts behind the hints' back.
         self.known.clear();
-        let mut tx = self
-            .conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(db_error)?;
-        let done_with_phase = match &mut job.phase {
-            PurgePhase::Age => match self.retention.expiry_cutoff_millis(job.now) {
-                None => true,
-                Some(cutoff) => {
-                    let (events, streams) = purge_aged_events(&mut tx, cutoff).await?;
-                    job.report.events += events;
-                    job.report.streams += streams;
-                    events < PURGE_BATCH as u64
-                }
-            },
-            PurgePhase::Sessions => {
-                let removed = sqlx::query(
-                    "DELETE FROM mes_sessions WHERE rowid IN \
-                     (SELECT rowid FROM mes_sessions WHERE expires_at <= ?1 LIMIT ?2)",
-                )
-                .bind(job.now)
-                .bind(PURGE_BATCH)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?
-                .rows_affected();
-                job.report.sessions += removed;
-                removed < PURGE_BATCH as u64
-            }
-            PurgePhase::Limits { after_token } => {
-                let (events, next) = enforce_limits(&mut tx, after_token, self.retention).await?;
-                job.report.events += events;
-                match next {
-                    Some(next) => {
-                        *after_token = next;
-                        false
-                    }
+        let retention = self.retention;
+        let done_with_phase = self.in_transaction(|writer| {
+            let conn = &writer.conn;
+            Ok(match &mut job.phase {
+                PurgePhase::Age => match retention.expiry_cutoff_millis(job.now) {
                     None => true,
+                    Some(cutoff) => {
+                        let (events, streams) = purge_aged_events(conn, cutoff)?;
+                        job.report.events += events;
+                        job.report.streams += streams;
+                        events < PURGE_BATCH as u64
+                    }
+                },
+                PurgePhase::Sessions => {
+                    let removed = conn
+                        .prepare_cached(
+                            "DELETE FROM mes_sessions WHERE rowid IN \
+                             (SELECT rowid FROM mes_sessions WHERE expires_at <= ?1 LIMIT ?2)",
+                        )
+                        .and_then(|mut statement| statement.execute(params![job.now, PURGE_BATCH]))
+                        .map_err(sqlite_error)? as u64;
+                    job.report.sessions += removed;
+                    removed < PURGE_BATCH as u64
                 }
-            }
-        };
-        tx.commit().await.map_err(db_error)?;
+                PurgePhase::Limits { after_token } => {
+                    let (events, next) = enforce_limits(conn, after_token, retention)?;
+                    job.report.events += events;
+                    match next {
+                        Some(next) => {
+                            *after_token = next;
+                            false
+                        }
+                        None => true,
+                    }
+                }
+            })
+        })?;
         if done_with_phase {
             job.phase = match job.phase {
                 PurgePhase::Age => PurgePhase::Sessions,
@@ -153,82 +140,81 @@ impl Writer {
     }
 }
 
+/// Runs a cached statement that changes rows; returns how many it changed.
+fn execute(conn: &Connection, sql: &str, params: impl Params) -> Result<u64> {
+    conn.prepare_cached(sql)
+        .and_then(|mut statement| statement.execute(params))
+        .map(|changed| changed as u64)
+        .map_err(sqlite_error)
+}
+
 /// Deletes a stream's row, then its events (so the delete trigger has no
 /// counters left to update); the caller holds a transaction.
-async fn delete_stream_rows(conn: &mut SqliteConnection, token: StreamToken) -> Result<u64> {
-    sqlx::query("DELETE FROM mes_streams WHERE token = ?1")
-        .bind(&token.as_bytes()[..])
-        .execute(&mut *conn)
-        .await
-        .map_err(db_error)?;
-    Ok(sqlx::query("DELETE FROM mes_events WHERE token = ?1")
-        .bind(&token.as_bytes()[..])
-        .execute(&mut *conn)
-        .await
-        .map_err(db_error)?
-        .rows_affected())
+fn delete_stream_rows(conn: &Connection, token: StreamToken) -> Result<u64> {
+    let token = &token.as_bytes()[..];
+    execute(conn, "DELETE FROM mes_streams WHERE token = ?1", [token])?;
+    execute(conn, "DELETE FROM mes_events WHERE token = ?1", [token])
 }
 
 /// Deletes up to one batch of events older than `cutoff` (the delete trigger
 /// keeps byte counts right) and removes streams left with no events.
-async fn purge_aged_events(conn: &mut SqliteConnection, cutoff: i64) -> Result<(u64, u64)> {
-    let tokens: Vec<Vec<u8>> = sqlx::query_scalar(
-        "DELETE FROM mes_events WHERE rowid IN \
-         (SELECT rowid FROM mes_events WHERE stored_at < ?1 ORDER BY stored_at LIMIT ?2) \
-         RETURNING token",
-    )
-    .bind(cutoff)
-    .bind(PURGE_BATCH)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db_error)?;
+fn purge_aged_events(conn: &Connection, cutoff: i64) -> Result<(u64, u64)> {
+    let tokens: Vec<Vec<u8>> = conn
+        .prepare_cached(
+            "DELETE FROM mes_events WHERE rowid IN \
+             (SELECT rowid FROM mes_events WHERE stored_at < ?1 ORDER BY stored_at LIMIT ?2) \
+             RETURNING token",
+        )
+        .and_then(|mut statement| {
+            statement
+                .query_map(params![cutoff, PURGE_BATCH], |row| row.get(0))?
+                .collect()
+        })
+        .map_err(sqlite_error)?;
     let events = tokens.len() as u64;
     let touched: HashSet<Vec<u8>> = tokens.into_iter().collect();
     let mut streams = 0;
     for token in touched {
-        streams += sqlx::query(
+        streams += execute(
+            conn,
             "DELETE FROM mes_streams WHERE token = ?1 \
              AND NOT EXISTS (SELECT 1 FROM mes_events WHERE token = ?1)",
-        )
-        .bind(&token)
-        .execute(&mut *conn)
-        .await
-        .map_err(db_error)?
-        .rows_affected();
+            [&token],
+        )?;
     }
     Ok((events, streams))
 }
 
 /// Trims every stream over the count or byte limit, a batch of streams at a
 /// time in token order. Returns the events removed and where to continue.
-async fn enforce_limits(
-    conn: &mut SqliteConnection,
+fn enforce_limits(
+    conn: &Connection,
     after_token: &[u8],
     retention: Retention,
 ) -> Result<(u64, Option<Vec<u8>>)> {
     if retention.max_events_per_stream.is_none() && retention.max_bytes_per_stream.is_none() {
         return Ok((0, None));
     }
-    let rows = sqlx::query(
-        "SELECT token, last_seq, bytes FROM mes_streams WHERE token > ?1 ORDER BY token LIMIT ?2",
-    )
-    .bind(after_token)
-    .bind(LIMIT_SCAN_BATCH)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db_error)?;
+    let rows: Vec<(Vec<u8>, i64, i64)> = conn
+        .prepare_cached(
+            "SELECT token, last_seq, bytes FROM mes_streams WHERE token > ?1 \
+             ORDER BY token LIMIT ?2",
+        )
+        .and_then(|mut statement| {
+            statement
+                .query_map(params![after_token, LIMIT_SCAN_BATCH], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })?
+                .collect()
+        })
+        .map_err(sqlite_error)?;
+    let more = rows.len() as i64 == LIMIT_SCAN_BATCH;
     let mut removed = 0;
     let mut last = None;
-    for row in &rows {
-        let token: Vec<u8> = row.try_get(0).map_err(db_error)?;
-        let last_seq: i64 = row.try_get(1).map_err(db_error)?;
-        let bytes: i64 = row.try_get(2).map_err(db_error)?;
-        removed += trim_stream(conn, &token, last_seq, bytes, retention)
-            .await?
-            .0;
+    for (token, last_seq, bytes) in rows {
+        removed += trim_stream(conn, &token, last_seq, bytes, retention)?.0;
         last = Some(token);
     }
-    let more = rows.len() as i64 == LIMIT_SCAN_BATCH;
     Ok((removed, if more { last } else { None }))
 }
 
@@ -237,8 +223,8 @@ async fn enforce_limits(
 /// the caller believes the stream holds; the real count is read before any
 /// byte-limit deletion. Returns the events removed and, if it was read, the
 /// stream's real byte count afterwards.
-pub(crate) async fn trim_stream(
-    conn: &mut SqliteConnection,
+pub(crate) fn trim_stream(
+    conn: &Connection,
     token: &[u8],
     last_seq: i64,
     bytes_hint: i64,
@@ -248,7 +234,7 @@ pub(crate) async fn trim_stream(
     if let Some(max) = retention.max_events_per_stream {
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         if last_seq > max {
-            removed += delete_through(conn, token, last_seq - max).await?;
+            removed += delete_through(conn, token, last_seq - max)?;
         }
     }
     let Some(max) = retention.max_bytes_per_stream else {
@@ -259,32 +245,33 @@ pub(crate) async fn trim_stream(
         return Ok((removed, None));
     }
     loop {
-        let bytes: i64 = sqlx::query_scalar("SELECT bytes FROM mes_streams WHERE token = ?1")
-            .bind(token)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db_error)?
+        let bytes: i64 = conn
+            .prepare_cached("SELECT bytes FROM mes_streams WHERE token = ?1")
+            .and_then(|mut statement| statement.query_row([token], |row| row.get(0)).optional())
+            .map_err(sqlite_error)?
             .unwrap_or(0);
         if bytes <= max {
             return Ok((removed, Some(bytes)));
         }
-        let sizes = sqlx::query(
-            "SELECT seq, length(payload) FROM mes_events WHERE token = ?1 AND seq < ?2 \
-             ORDER BY seq LIMIT 256",
-        )
-        .bind(token)
-        .bind(last_seq)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db_error)?;
+        let sizes: Vec<(i64, i64)> = conn
+            .prepare_cached(
+                "SELECT seq, length(payload) FROM mes_events WHERE token = ?1 AND seq < ?2 \
+                 ORDER BY seq LIMIT 256",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_map(params![token, last_seq], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })?
+                    .collect()
+            })
+            .map_err(sqlite_error)?;
         let mut cut = None;
         let mut excess = bytes - max;
-        for row in &sizes {
+        for (seq, len) in sizes {
             if excess <= 0 {
                 break;
             }
-            let seq: i64 = row.try_get(0).map_err(db_error)?;
-            let len: i64 = row.try_get(1).map_err(db_error)?;
             excess -= len;
             cut = Some(seq);
         }
@@ -292,20 +279,16 @@ pub(crate) async fn trim_stream(
             // Only the newest event is left; it stays.
             return Ok((removed, Some(bytes)));
         };
-        removed += delete_through(conn, token, cut).await?;
+        removed += delete_through(conn, token, cut)?;
     }
 }
 
 /// Deletes a stream's events up to and including `seq` (the delete trigger
 /// keeps its byte count right). Returns how many went.
-async fn delete_through(conn: &mut SqliteConnection, token: &[u8], seq: i64) -> Result<u64> {
-    Ok(
-        sqlx::query("DELETE FROM mes_events WHERE token = ?1 AND seq <= ?2")
-            .bind(token)
-            .bind(seq)
-            .execute(&mut *conn)
-            .await
-            .map_err(db_error)?
-            .rows_affected(),
+fn delete_through(conn: &Connection, token: &[u8], seq: i64) -> Result<u64> {
+    execute(
+        conn,
+        "DELETE FROM mes_events WHERE token = ?1 AND seq <= ?2",
+        params![token, seq],
     )
 }

@@ -1,13 +1,14 @@
 //! The session store: session state by id with a deadline, written by the
-//! writer task and read from the read pool.
+//! writer thread and read from the read pool.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use mcp_event_store_core::Result;
+use rusqlite::{OptionalExtension, params};
 
 use crate::SqliteStore;
-use crate::error::db_error;
+use crate::error::{db_error, sqlite_error};
 use crate::writer::{Reply, Write, Writer};
 
 pub(crate) async fn put_session(
@@ -58,34 +59,33 @@ pub(crate) async fn delete_session(store: &SqliteStore, session_id: &str) -> Res
 }
 
 impl Writer {
-    pub(crate) async fn put_session(
+    pub(crate) fn put_session(
         &mut self,
         session_id: &str,
         state: &[u8],
         expires_at: i64,
     ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO mes_sessions (session_id, state, expires_at) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (session_id) DO UPDATE SET state = excluded.state, \
-                 expires_at = excluded.expires_at",
-        )
-        .bind(session_id)
-        .bind(state)
-        .bind(expires_at)
-        .execute(&mut self.conn)
-        .await
-        .map_err(db_error)?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO mes_sessions (session_id, state, expires_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (session_id) DO UPDATE SET state = excluded.state, \
+                     expires_at = excluded.expires_at",
+            )
+            .and_then(|mut statement| statement.execute(params![session_id, state, expires_at]))
+            .map_err(sqlite_error)?;
         Ok(())
     }
 
-    pub(crate) async fn delete_session(&mut self, session_id: &str, now: i64) -> Result<bool> {
-        let expires_at: Option<i64> = sqlx::query_scalar(
-            "DELETE FROM mes_sessions WHERE session_id = ?1 RETURNING expires_at",
-        )
-        .bind(session_id)
-        .fetch_optional(&mut self.conn)
-        .await
-        .map_err(db_error)?;
+    pub(crate) fn delete_session(&mut self, session_id: &str, now: i64) -> Result<bool> {
+        let expires_at: Option<i64> = self
+            .conn
+            .prepare_cached("DELETE FROM mes_sessions WHERE session_id = ?1 RETURNING expires_at")
+            .and_then(|mut statement| {
+                statement
+                    .query_row([session_id], |row| row.get(0))
+                    .optional()
+            })
+            .map_err(sqlite_error)?;
         Ok(expires_at.is_some_and(|at| at > now))
     }
 }

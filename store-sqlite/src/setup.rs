@@ -25,8 +25,8 @@ use crate::options::SqliteOptions;
 pub(crate) struct Opened {
     /// How every connection of the handle is opened (the watcher's too).
     pub(crate) connect: SqliteConnectOptions,
-    /// The writer task's connection.
-    pub(crate) writer: SqliteConnection,
+    /// The writer thread's connection (through SQLite itself, rusqlite).
+    pub(crate) writer: rusqlite::Connection,
     /// The read pool.
     pub(crate) readers: SqlitePool,
     /// The secret that keys stream tokens.
@@ -34,8 +34,9 @@ pub(crate) struct Opened {
 }
 
 /// Opens the file `options` names (creating it if missing), puts it in WAL
-/// mode, runs the embedded migrations, checks the format version, loads
-/// the stream secret and opens the read pool.
+/// mode, runs the embedded migrations, checks the format version and loads
+/// the stream secret (on a sqlx connection, which sqlx's migrator needs),
+/// then opens the writer's connection and the read pool.
 pub(crate) async fn open(options: &SqliteOptions) -> Result<Opened> {
     // sqlx sets the busy timeout when it opens a connection, before its
     // first statement, so every statement waits for a lock held by
@@ -49,11 +50,23 @@ pub(crate) async fn open(options: &SqliteOptions) -> Result<Opened> {
         .busy_timeout(options.busy_timeout)
         .foreign_keys(false);
 
-    let mut writer = SqliteConnection::connect_with(&connect)
+    let mut setup = SqliteConnection::connect_with(&connect)
         .await
         .map_err(db_error)?;
-    switch_to_wal(&mut writer, options.busy_timeout).await?;
-    let key = prepare(&mut writer).await?;
+    switch_to_wal(&mut setup, options.busy_timeout).await?;
+    let key = prepare(&mut setup).await?;
+    // The file is in WAL mode and migrated: the writer's own connection
+    // takes over from the sqlx connection that saw to it, opened first so
+    // that the file is never left without a connection (whose last close
+    // would checkpoint the WAL).
+    let writer = crate::writer::open(
+        &options.path,
+        options.busy_timeout,
+        options.durability.synchronous_pragma(),
+    )?;
+    if let Err(e) = setup.close().await {
+        tracing::warn!(error = %e, "closing the sqlite setup connection failed");
+    }
 
     let readers = SqlitePoolOptions::new()
         .max_connections(options.read_connections)

@@ -46,7 +46,7 @@ pub(crate) struct Inner {
 }
 
 impl SqliteStore {
-    /// Queues a write for the writer task and waits for its answer, which
+    /// Queues a write for the writer thread and waits for its answer, which
     /// comes only after the write is committed.
     pub(crate) async fn write<T>(
         &self,

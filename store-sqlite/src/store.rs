@@ -92,7 +92,7 @@ impl SqliteStore {
             task_wakeups.clone(),
             options.tasks,
         );
-        tokio::spawn(writer.run(receiver));
+        writer.spawn(receiver)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 key: opened.key,
@@ -120,8 +120,9 @@ impl SqliteStore {
         })
     }
 
-    /// Finishes queued writes, then closes the writer, the read pool, the
-    /// replay page threads (waiting for them) and the follow watcher. Later calls on any clone fail with [`Error::Closed`];
+    /// Finishes queued writes, then closes the writer (its thread answers
+    /// once its connection is closed), the read pool, the replay page
+    /// threads (waiting for them) and the follow watcher. Later calls on any clone fail with [`Error::Closed`];
     /// open follows end with it. Closing again does nothing.
     pub async fn close(&self) {
         let (reply, done) = oneshot::channel();

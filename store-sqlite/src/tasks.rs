@@ -1,27 +1,30 @@
 //! The task store (SEP-2663 durable tasks): `mes_tasks`, `mes_task_inputs`
 //! and `mes_instances`.
 //!
-//! Every mutation is one [`TaskWrite`] for the writer task, which runs it as
-//! one transaction under SQLite's write lock (`BEGIN IMMEDIATE`, or the
+//! Every mutation is one [`TaskWrite`] for the writer thread, which runs it
+//! as one transaction under SQLite's write lock (`BEGIN IMMEDIATE`, or the
 //! group's transaction when it shares a group commit): the step every row
 //! store shares ([`rows`]) reads the task, lets the state machine decide,
 //! and writes the row, with the inputs the machine names, back conditioned
 //! on the `rev` just read; this file holds only the statements
-//! ([`TaskRows`] for the writer's connection). Holding the write lock from the read to the commit makes
-//! the step atomic across handles and processes (T4); `create` and
-//! `heartbeat` are single statements. The caller is answered after the
-//! commit (T1).
+//! ([`TaskRows`] for the writer's rusqlite connection, whose statements run
+//! synchronously, so the shared step's future is ready at its first poll).
+//! Holding the write lock from the read to the commit makes the step atomic
+//! across handles and processes (T4); `create` and `heartbeat` are single
+//! statements. The caller is answered after the commit (T1).
 //!
-//! Reads (`get`, `watch`) use the read pool, in one read transaction, so a
-//! task and its inputs come from one snapshot. The writer wakes this
-//! handle's watchers after each commit that changed their task. Changes
-//! made through other handles and processes are found by the handle's one
-//! follow watcher ([`crate::watcher`]), which polls `PRAGMA data_version`
-//! while anyone follows or watches and, when another connection committed,
-//! wakes every task watcher to re-read its task's `rev` (T10). Each watcher
-//! also re-reads every `follow_recheck`, should a wake-up be missed.
+//! Reads (`get`, `watch`) run on the replay page threads
+//! ([`crate::pages`]), in one read transaction, so a task and its inputs
+//! come from one snapshot. The writer wakes this handle's watchers after
+//! each commit that changed their task. Changes made through other handles
+//! and processes are found by the handle's one follow watcher
+//! ([`crate::watcher`]), which polls `PRAGMA data_version` while anyone
+//! follows or watches and, when another connection committed, wakes every
+//! task watcher to re-read its task's `rev` (T10). Each watcher also
+//! re-reads every `follow_recheck`, should a wake-up be missed.
 
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,11 +41,10 @@ use mcp_event_store_core::task::{
     TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
-use sqlx::sqlite::SqliteConnection;
-use sqlx::{AssertSqlSafe, Row};
+use rusqlite::{Connection, OptionalExtension, Params, params};
 
 use crate::SqliteStore;
-use crate::error::db_error;
+use crate::error::{NAME, sqlite_error};
 use crate::writer::{Reply, Write, Writer};
 
 /// Tasks a purge step ends or deletes at most, so one transaction never
@@ -161,13 +163,10 @@ pub(crate) async fn try_create(
     .and_then(record_answer)
 }
 
-/// The task as its runtime reads it (T14), from one snapshot on the read
-/// pool.
+/// The task as its runtime reads it (T14), from one snapshot.
 pub(crate) async fn view(store: &SqliteStore, digest: &TaskDigest) -> Result<Option<TaskView>> {
     let now = store.now();
-    let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
-    let row = load(&mut tx, digest).await?;
-    drop(tx);
+    let row = snapshot(store, digest).await?;
     row.map_or(Ok(None), |row| row.view(now))
 }
 
@@ -278,9 +277,7 @@ pub(crate) async fn watch_claimed(
         let store = store.clone();
         async move {
             let now = store.now();
-            let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
-            let row = load(&mut tx, &digest).await?;
-            drop(tx);
+            let row = snapshot(&store, &digest).await?;
             Ok(row.and_then(|row| row.seen(now)))
         }
     })
@@ -364,111 +361,127 @@ fn wrong_kind() -> Error {
     Error::Corrupt("the writer answered a task write with the wrong kind".into())
 }
 
-/// The task as `owner` sees it now, read from one snapshot on the read
-/// pool.
+/// The task as `owner` sees it now, read from one snapshot.
 async fn read(
     store: &SqliteStore,
     digest: &TaskDigest,
     owner: &[u8],
 ) -> Result<Option<TaskRecord>> {
     let now = store.now();
-    let mut tx = store.inner.readers.begin().await.map_err(db_error)?;
-    let row = load(&mut tx, digest).await?;
-    drop(tx);
+    let row = snapshot(store, digest).await?;
     Ok(row.and_then(|row| row.read_by(owner, now)))
+}
+
+/// The task under `digest` as stored now, read from one snapshot (a read
+/// transaction) on a page thread.
+async fn snapshot(store: &SqliteStore, digest: &TaskDigest) -> Result<Option<TaskRow>> {
+    let digest = *digest;
+    store
+        .inner
+        .pages
+        .run(move |conn| {
+            let snapshot = conn.unchecked_transaction().map_err(sqlite_error)?;
+            load(&snapshot, &digest)
+        })
+        .await
 }
 
 // ------------------------------------------------------------ storage
 
 /// Reads a task, its inputs and its instance's deadline; on the writer's
-/// connection inside its transaction, or on a read transaction.
-async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option<TaskRow>> {
-    let Some(row) = sqlx::query(
-        "SELECT owner, instance, status, rev, message, created_at, updated_at, ttl_ms, \
-                expires_at, purge_at, poll_ms, cancel, outcome, next_seq, \
-                (SELECT alive_until FROM mes_instances i WHERE i.id = t.instance), context, \
-                max_attempts, lapses, epoch, released, checkpoint \
-         FROM mes_tasks t WHERE digest = ?1",
-    )
-    .bind(&digest.as_bytes()[..])
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(db_error)?
-    else {
+/// connection inside its transaction, or on a page thread's inside a read
+/// transaction.
+fn load(conn: &Connection, digest: &TaskDigest) -> Result<Option<TaskRow>> {
+    let mut statement = conn
+        .prepare_cached(
+            "SELECT owner, instance, status, rev, message, created_at, updated_at, ttl_ms, \
+                    expires_at, purge_at, poll_ms, cancel, outcome, next_seq, \
+                    (SELECT alive_until FROM mes_instances i WHERE i.id = t.instance), context, \
+                    max_attempts, lapses, epoch, released, checkpoint \
+             FROM mes_tasks t WHERE digest = ?1",
+        )
+        .map_err(sqlite_error)?;
+    let mut rows = statement
+        .query([&digest.as_bytes()[..]])
+        .map_err(sqlite_error)?;
+    let Some(row) = rows.next().map_err(sqlite_error)? else {
         return Ok(None);
     };
-    let status: i64 = row.try_get(2).map_err(db_error)?;
+    let status: i64 = row.get(2).map_err(sqlite_error)?;
     let status = u8::try_from(status)
         .ok()
         .and_then(TaskStatus::from_u8)
         .ok_or_else(|| Error::Corrupt(format!("a task has the unknown status {status}")))?;
     let record = TaskRecord {
         status,
-        rev: to_u64(row.try_get(3).map_err(db_error)?),
-        message: row.try_get(4).map_err(db_error)?,
-        created_at: row.try_get(5).map_err(db_error)?,
-        updated_at: row.try_get(6).map_err(db_error)?,
+        rev: to_u64(row.get(3).map_err(sqlite_error)?),
+        message: row.get(4).map_err(sqlite_error)?,
+        created_at: row.get(5).map_err(sqlite_error)?,
+        updated_at: row.get(6).map_err(sqlite_error)?,
         ttl_ms: row
-            .try_get::<Option<i64>, _>(7)
-            .map_err(db_error)?
+            .get::<_, Option<i64>>(7)
+            .map_err(sqlite_error)?
             .map(to_u64),
-        expires_at: row.try_get(8).map_err(db_error)?,
-        purge_at: row.try_get(9).map_err(db_error)?,
+        expires_at: row.get(8).map_err(sqlite_error)?,
+        purge_at: row.get(9).map_err(sqlite_error)?,
         poll_interval_ms: row
-            .try_get::<Option<i64>, _>(10)
-            .map_err(db_error)?
+            .get::<_, Option<i64>>(10)
+            .map_err(sqlite_error)?
             .map(to_u64),
-        cancel_requested: row.try_get(11).map_err(db_error)?,
+        cancel_requested: row.get(11).map_err(sqlite_error)?,
         outcome: row
-            .try_get::<Option<Vec<u8>>, _>(12)
-            .map_err(db_error)?
+            .get::<_, Option<Vec<u8>>>(12)
+            .map_err(sqlite_error)?
             .map(Into::into),
         outstanding: Vec::new(),
         answered: Vec::new(),
         context: row
-            .try_get::<Option<Vec<u8>>, _>(15)
-            .map_err(db_error)?
+            .get::<_, Option<Vec<u8>>>(15)
+            .map_err(sqlite_error)?
             .map(Into::into),
         takeover: None,
     };
-    let max_attempts: Option<i64> = row.try_get(16).map_err(db_error)?;
+    let max_attempts: Option<i64> = row.get(16).map_err(sqlite_error)?;
     let takeover = max_attempts
         .map(|max| -> Result<Takeover> {
-            let mut takeover = Takeover::new(to_u32(max)?, row.try_get(19).map_err(db_error)?);
-            takeover.lapses = to_u32(row.try_get(17).map_err(db_error)?)?;
-            takeover.epoch = to_u32(row.try_get(18).map_err(db_error)?)?;
+            let mut takeover = Takeover::new(to_u32(max)?, row.get(19).map_err(sqlite_error)?);
+            takeover.lapses = to_u32(row.get(17).map_err(sqlite_error)?)?;
+            takeover.epoch = to_u32(row.get(18).map_err(sqlite_error)?)?;
             takeover.checkpoint = row
-                .try_get::<Option<Vec<u8>>, _>(20)
-                .map_err(db_error)?
+                .get::<_, Option<Vec<u8>>>(20)
+                .map_err(sqlite_error)?
                 .map(Into::into);
             Ok(takeover)
         })
         .transpose()?;
     let record = TaskRecord { takeover, ..record };
     let mut task = TaskRow::new(
-        row.try_get(0).map_err(db_error)?,
-        row.try_get(1).map_err(db_error)?,
-        row.try_get(13).map_err(db_error)?,
+        row.get(0).map_err(sqlite_error)?,
+        row.get(1).map_err(sqlite_error)?,
+        row.get(13).map_err(sqlite_error)?,
         record,
-        row.try_get(14).map_err(db_error)?,
+        row.get(14).map_err(sqlite_error)?,
     );
-    let inputs = sqlx::query(
-        "SELECT key, state, CASE WHEN state = 0 THEN request END, \
-                CASE WHEN state = 1 THEN response END \
-         FROM mes_task_inputs WHERE digest = ?1 ORDER BY seq",
-    )
-    .bind(&digest.as_bytes()[..])
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db_error)?;
-    for input in inputs {
-        let key = String::from_utf8(input.try_get(0).map_err(db_error)?)
+    drop(rows);
+    drop(statement);
+    let mut statement = conn
+        .prepare_cached(
+            "SELECT key, state, CASE WHEN state = 0 THEN request END, \
+                    CASE WHEN state = 1 THEN response END \
+             FROM mes_task_inputs WHERE digest = ?1 ORDER BY seq",
+        )
+        .map_err(sqlite_error)?;
+    let mut inputs = statement
+        .query([&digest.as_bytes()[..]])
+        .map_err(sqlite_error)?;
+    while let Some(input) = inputs.next().map_err(sqlite_error)? {
+        let key = String::from_utf8(input.get(0).map_err(sqlite_error)?)
             .map_err(|_| Error::Corrupt("an input key is not UTF-8".into()))?;
-        let state: i64 = input.try_get(1).map_err(db_error)?;
+        let state: i64 = input.get(1).map_err(sqlite_error)?;
         let state = i16::try_from(state)
             .map_err(|_| Error::Corrupt(format!("an input has the unknown state {state}")))?;
-        let request: Option<Vec<u8>> = input.try_get(2).map_err(db_error)?;
-        let response: Option<Vec<u8>> = input.try_get(3).map_err(db_error)?;
+        let request: Option<Vec<u8>> = input.get(2).map_err(sqlite_error)?;
+        let response: Option<Vec<u8>> = input.get(3).map_err(sqlite_error)?;
         task.push_input(
             key,
             state,
@@ -479,21 +492,48 @@ async fn load(conn: &mut SqliteConnection, digest: &TaskDigest) -> Result<Option
     Ok(Some(task))
 }
 
+/// Runs a cached statement that changes rows; returns how many it changed.
+fn execute(conn: &Connection, sql: &str, params: impl Params) -> Result<u64> {
+    conn.prepare_cached(sql)
+        .and_then(|mut statement| statement.execute(params))
+        .map(|changed| changed as u64)
+        .map_err(sqlite_error)
+}
+
+/// The task digests a cached query returns.
+fn digests(conn: &Connection, sql: &str, params: impl Params) -> Result<Vec<TaskDigest>> {
+    let digests: Vec<Vec<u8>> = conn
+        .prepare_cached(sql)
+        .and_then(|mut statement| statement.query_map(params, |row| row.get(0))?.collect())
+        .map_err(sqlite_error)?;
+    digests.iter().map(|digest| stored_digest(digest)).collect()
+}
+
+/// Whether the instance is alive at `now`.
+fn alive(conn: &Connection, id: &InstanceId, now: i64) -> Result<bool> {
+    conn.prepare_cached("SELECT 1 FROM mes_instances WHERE id = ?1 AND alive_until > ?2")
+        .and_then(|mut statement| statement.exists(params![&id.0[..], now]))
+        .map_err(sqlite_error)
+}
+
 /// The task statements on the writer's connection, inside the transaction
-/// it holds the write lock in: what [`rows`] runs a step through.
+/// it holds the write lock in: what [`rows`] runs a step through. Every
+/// statement runs to its end before its method returns, so the step's
+/// future is ready at its first poll ([`step`]).
 struct SqliteRows<'a> {
-    conn: &'a mut SqliteConnection,
+    /// Held `&mut` only so that the step's future is `Send`.
+    conn: &'a mut Connection,
 }
 
 #[async_trait]
 impl TaskRows for SqliteRows<'_> {
     /// The writer holds the write lock, so reading is locking.
     async fn lock(&mut self, digest: &TaskDigest) -> Result<Option<TaskRow>> {
-        load(self.conn, digest).await
+        load(self.conn, digest)
     }
 
     async fn reload(&mut self, digest: &TaskDigest) -> Result<Option<TaskRow>> {
-        load(self.conn, digest).await
+        load(self.conn, digest)
     }
 
     async fn save(
@@ -504,43 +544,40 @@ impl TaskRows for SqliteRows<'_> {
         instance: &[u8],
         next_seq: i64,
     ) -> Result<()> {
-        let saved = sqlx::query(
+        let saved = execute(
+            self.conn,
             "UPDATE mes_tasks SET status = ?1, rev = ?2, message = ?3, updated_at = ?4, \
                     ttl_ms = ?5, expires_at = ?6, purge_at = ?7, poll_ms = ?8, cancel = ?9, \
                     outcome = ?10, instance = ?11, next_seq = ?12, context = ?15, \
                     max_attempts = ?16, lapses = ?17, epoch = ?18, released = ?19, \
                     checkpoint = ?20 \
              WHERE digest = ?13 AND rev = ?14",
-        )
-        .bind(i64::from(record.status.as_u8()))
-        .bind(to_i64(record.rev))
-        .bind(record.message.as_deref())
-        .bind(record.updated_at)
-        .bind(record.ttl_ms.map(to_i64))
-        .bind(record.expires_at)
-        .bind(record.purge_at)
-        .bind(record.poll_interval_ms.map(to_i64))
-        .bind(record.cancel_requested)
-        .bind(record.outcome.as_deref())
-        .bind(instance)
-        .bind(next_seq)
-        .bind(&digest.as_bytes()[..])
-        .bind(to_i64(read_rev))
-        .bind(record.context.as_deref())
-        .bind(record.takeover.as_ref().map(|t| i64::from(t.max_attempts)))
-        .bind(record.takeover.as_ref().map_or(0, |t| i64::from(t.lapses)))
-        .bind(record.takeover.as_ref().map_or(1, |t| i64::from(t.epoch)))
-        .bind(record.takeover.as_ref().is_some_and(|t| t.released))
-        .bind(
-            record
-                .takeover
-                .as_ref()
-                .and_then(|t| t.checkpoint.as_deref()),
-        )
-        .execute(&mut *self.conn)
-        .await
-        .map_err(db_error)?
-        .rows_affected();
+            params![
+                i64::from(record.status.as_u8()),
+                to_i64(record.rev),
+                record.message.as_deref(),
+                record.updated_at,
+                record.ttl_ms.map(to_i64),
+                record.expires_at,
+                record.purge_at,
+                record.poll_interval_ms.map(to_i64),
+                record.cancel_requested,
+                record.outcome.as_deref(),
+                instance,
+                next_seq,
+                &digest.as_bytes()[..],
+                to_i64(read_rev),
+                record.context.as_deref(),
+                record.takeover.as_ref().map(|t| i64::from(t.max_attempts)),
+                record.takeover.as_ref().map_or(0, |t| i64::from(t.lapses)),
+                record.takeover.as_ref().map_or(1, |t| i64::from(t.epoch)),
+                record.takeover.as_ref().is_some_and(|t| t.released),
+                record
+                    .takeover
+                    .as_ref()
+                    .and_then(|t| t.checkpoint.as_deref()),
+            ],
+        )?;
         if saved != 1 {
             return Err(Error::Corrupt("a task changed under the write lock".into()));
         }
@@ -553,18 +590,18 @@ impl TaskRows for SqliteRows<'_> {
         key: &str,
         response: &[u8],
     ) -> Result<()> {
-        sqlx::query(
+        execute(
+            self.conn,
             "UPDATE mes_task_inputs SET state = ?1, response = ?2 \
              WHERE digest = ?3 AND key = ?4 AND state = ?5",
-        )
-        .bind(ANSWERED)
-        .bind(response)
-        .bind(&digest.as_bytes()[..])
-        .bind(key.as_bytes())
-        .bind(OUTSTANDING)
-        .execute(&mut *self.conn)
-        .await
-        .map_err(db_error)?;
+            params![
+                ANSWERED,
+                response,
+                &digest.as_bytes()[..],
+                key.as_bytes(),
+                OUTSTANDING
+            ],
+        )?;
         Ok(())
     }
 
@@ -575,148 +612,134 @@ impl TaskRows for SqliteRows<'_> {
         seq: i64,
         request: &[u8],
     ) -> Result<()> {
-        sqlx::query(
+        execute(
+            self.conn,
             "INSERT INTO mes_task_inputs (digest, key, seq, state, request) \
              VALUES (?1, ?2, ?3, ?4, ?5)",
-        )
-        .bind(&digest.as_bytes()[..])
-        .bind(key.as_bytes())
-        .bind(seq)
-        .bind(OUTSTANDING)
-        .bind(request)
-        .execute(&mut *self.conn)
-        .await
-        .map_err(db_error)?;
+            params![
+                &digest.as_bytes()[..],
+                key.as_bytes(),
+                seq,
+                OUTSTANDING,
+                request
+            ],
+        )?;
         Ok(())
     }
 
     async fn take_input(&mut self, digest: &TaskDigest, key: &str) -> Result<Bytes> {
-        let response: Option<Vec<u8>> = sqlx::query_scalar(
-            "SELECT response FROM mes_task_inputs WHERE digest = ?1 AND key = ?2 AND state = ?3",
-        )
-        .bind(&digest.as_bytes()[..])
-        .bind(key.as_bytes())
-        .bind(ANSWERED)
-        .fetch_optional(&mut *self.conn)
-        .await
-        .map_err(db_error)?
-        .ok_or_else(|| Error::Corrupt("an answered input is missing".into()))?;
-        sqlx::query(
+        let response: Option<Vec<u8>> = self
+            .conn
+            .prepare_cached(
+                "SELECT response FROM mes_task_inputs \
+                 WHERE digest = ?1 AND key = ?2 AND state = ?3",
+            )
+            .and_then(|mut statement| {
+                statement
+                    .query_row(
+                        params![&digest.as_bytes()[..], key.as_bytes(), ANSWERED],
+                        |row| row.get(0),
+                    )
+                    .optional()
+            })
+            .map_err(sqlite_error)?
+            .ok_or_else(|| Error::Corrupt("an answered input is missing".into()))?;
+        execute(
+            self.conn,
             "UPDATE mes_task_inputs SET state = ?1, response = NULL \
              WHERE digest = ?2 AND key = ?3",
-        )
-        .bind(SPENT)
-        .bind(&digest.as_bytes()[..])
-        .bind(key.as_bytes())
-        .execute(&mut *self.conn)
-        .await
-        .map_err(db_error)?;
+            params![SPENT, &digest.as_bytes()[..], key.as_bytes()],
+        )?;
         Ok(response.unwrap_or_default().into())
     }
 
     async fn supersede(&mut self, digest: &TaskDigest, keys: Option<&[String]>) -> Result<()> {
         let Some(keys) = keys else {
-            sqlx::query("UPDATE mes_task_inputs SET state = ?1 WHERE digest = ?2 AND state = ?3")
-                .bind(SPENT)
-                .bind(&digest.as_bytes()[..])
-                .bind(OUTSTANDING)
-                .execute(&mut *self.conn)
-                .await
-                .map_err(db_error)?;
+            execute(
+                self.conn,
+                "UPDATE mes_task_inputs SET state = ?1 WHERE digest = ?2 AND state = ?3",
+                params![SPENT, &digest.as_bytes()[..], OUTSTANDING],
+            )?;
             return Ok(());
         };
         for key in keys {
-            sqlx::query(
+            execute(
+                self.conn,
                 "UPDATE mes_task_inputs SET state = ?1 \
                  WHERE digest = ?2 AND key = ?3 AND state = ?4",
-            )
-            .bind(SPENT)
-            .bind(&digest.as_bytes()[..])
-            .bind(key.as_bytes())
-            .bind(OUTSTANDING)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(db_error)?;
+                params![SPENT, &digest.as_bytes()[..], key.as_bytes(), OUTSTANDING],
+            )?;
         }
         Ok(())
     }
 
     async fn ended(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>> {
-        let ended: Vec<Vec<u8>> = sqlx::query_scalar(
+        digests(
+            self.conn,
             "SELECT digest FROM mes_tasks t WHERE status < 2 AND purge_at > ?1 \
                  AND (expires_at <= ?1 OR NOT EXISTS \
                      (SELECT 1 FROM mes_instances i \
                        WHERE i.id = t.instance AND i.alive_until > ?1)) \
              ORDER BY digest LIMIT ?2",
+            params![now, limit],
         )
-        .bind(now)
-        .bind(limit)
-        .fetch_all(&mut *self.conn)
-        .await
-        .map_err(db_error)?;
-        ended.iter().map(|digest| stored_digest(digest)).collect()
     }
 
     async fn delete_past_grace(&mut self, now: i64, limit: i64) -> Result<u64> {
         // The same batch twice: the first statement leaves mes_tasks alone.
-        const BATCH: &str = "SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
-                             ORDER BY purge_at, digest LIMIT ?2";
-        sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM mes_task_inputs WHERE digest IN ({BATCH})"
-        )))
-        .bind(now)
-        .bind(limit)
-        .execute(&mut *self.conn)
-        .await
-        .map_err(db_error)?;
-        Ok(sqlx::query(AssertSqlSafe(format!(
-            "DELETE FROM mes_tasks WHERE digest IN ({BATCH})"
-        )))
-        .bind(now)
-        .bind(limit)
-        .execute(&mut *self.conn)
-        .await
-        .map_err(db_error)?
-        .rows_affected())
+        execute(
+            self.conn,
+            "DELETE FROM mes_task_inputs WHERE digest IN \
+                 (SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
+                  ORDER BY purge_at, digest LIMIT ?2)",
+            params![now, limit],
+        )?;
+        execute(
+            self.conn,
+            "DELETE FROM mes_tasks WHERE digest IN \
+                 (SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
+                  ORDER BY purge_at, digest LIMIT ?2)",
+            params![now, limit],
+        )
     }
 
     async fn waiting(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>> {
-        let waiting: Vec<Vec<u8>> = sqlx::query_scalar(
+        digests(
+            self.conn,
             "SELECT digest FROM mes_tasks t \
              WHERE max_attempts IS NOT NULL AND status = 0 AND expires_at > ?1 \
                AND (released OR NOT EXISTS \
                    (SELECT 1 FROM mes_instances i \
                      WHERE i.id = t.instance AND i.alive_until > ?1)) \
              ORDER BY updated_at, digest LIMIT ?2",
+            params![now, limit],
         )
-        .bind(now)
-        .bind(limit)
-        .fetch_all(&mut *self.conn)
-        .await
-        .map_err(db_error)?;
-        waiting.iter().map(|digest| stored_digest(digest)).collect()
     }
 
     async fn alive(&mut self, id: &InstanceId, now: i64) -> Result<bool> {
-        let alive: Option<i64> =
-            sqlx::query_scalar("SELECT 1 FROM mes_instances WHERE id = ?1 AND alive_until > ?2")
-                .bind(&id.0[..])
-                .bind(now)
-                .fetch_optional(&mut *self.conn)
-                .await
-                .map_err(db_error)?;
-        Ok(alive.is_some())
+        alive(self.conn, id, now)
     }
 
     async fn forget_instances(&mut self, now: i64) -> Result<u64> {
-        Ok(
-            sqlx::query("DELETE FROM mes_instances WHERE alive_until <= ?1")
-                .bind(now)
-                .execute(&mut *self.conn)
-                .await
-                .map_err(db_error)?
-                .rows_affected(),
+        execute(
+            self.conn,
+            "DELETE FROM mes_instances WHERE alive_until <= ?1",
+            [now],
         )
+    }
+}
+
+/// Runs a step of the shared state machine over [`SqliteRows`] to its end.
+/// Its statements are synchronous, so it is ready at its first poll; one
+/// that is not is an error, not a wait on the writer thread.
+fn step<T>(step: impl Future<Output = Result<T>>) -> Result<T> {
+    let mut step = std::pin::pin!(step);
+    match step.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(answer) => answer,
+        Poll::Pending => Err(Error::backend(
+            NAME,
+            "a task step waited for something on the sqlite writer thread",
+        )),
     }
 }
 
@@ -726,35 +749,20 @@ impl Writer {
     /// Runs one task write as one transaction: the group's, or one of its
     /// own under the write lock. `create` and `heartbeat` are one statement
     /// each and need none.
-    pub(crate) async fn task(
-        &mut self,
-        write: &TaskWrite,
-        in_transaction: bool,
-    ) -> Result<TaskAnswer> {
+    pub(crate) fn task(&mut self, write: &TaskWrite, in_transaction: bool) -> Result<TaskAnswer> {
         if in_transaction
             || matches!(
                 write,
                 TaskWrite::Create { .. } | TaskWrite::Heartbeat { .. }
             )
         {
-            return self.task_step(write).await;
+            return self.task_step(write);
         }
-        sqlx::query("BEGIN IMMEDIATE")
-            .execute(&mut self.conn)
-            .await
-            .map_err(db_error)?;
-        let answer = match self.task_step(write).await {
-            Ok(answer) => match sqlx::query("COMMIT").execute(&mut self.conn).await {
-                Ok(_) => return Ok(answer),
-                Err(e) => Err(db_error(e)),
-            },
-            Err(e) => Err(e),
-        };
-        let _ = sqlx::query("ROLLBACK").execute(&mut self.conn).await;
-        answer
+        self.in_transaction(|writer| writer.task_step(write))
     }
 
-    async fn task_step(&mut self, write: &TaskWrite) -> Result<TaskAnswer> {
+    fn task_step(&mut self, write: &TaskWrite) -> Result<TaskAnswer> {
+        let options = self.task_options;
         let conn = &mut self.conn;
         match write {
             TaskWrite::Create {
@@ -762,81 +770,87 @@ impl Writer {
                 owner,
                 instance,
                 record,
-            } => create(conn, digest, owner, instance, record).await,
+            } => create(conn, digest, owner, instance, record),
             TaskWrite::Answer {
                 digest,
                 owner,
                 responses,
                 now,
-            } => rows::answer(&mut SqliteRows { conn }, digest, owner, responses, *now)
-                .await
-                .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
+            } => step(rows::answer(
+                &mut SqliteRows { conn },
+                digest,
+                owner,
+                responses,
+                *now,
+            ))
+            .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
             TaskWrite::Cancel {
                 digest,
                 owner,
                 mode,
                 now,
-            } => rows::cancel(&mut SqliteRows { conn }, digest, owner, *mode, *now)
-                .await
-                .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
+            } => step(rows::cancel(
+                &mut SqliteRows { conn },
+                digest,
+                owner,
+                *mode,
+                *now,
+            ))
+            .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
             TaskWrite::Apply {
                 digest,
                 by,
                 change,
                 now,
             } => {
-                let options = self.task_options;
                 let mut pairs = Vec::new();
                 let change = change.as_change(&mut pairs);
-                rows::apply(&mut SqliteRows { conn }, digest, by, change, &options, *now)
-                    .await
-                    .map(|stepped| TaskAnswer::Applied(stepped.answer))
+                step(rows::apply(
+                    &mut SqliteRows { conn },
+                    digest,
+                    by,
+                    change,
+                    &options,
+                    *now,
+                ))
+                .map(|stepped| TaskAnswer::Applied(stepped.answer))
             }
             TaskWrite::Heartbeat { me, until, now } => {
                 // Inserted, or renewed while still alive; a lapsed instance
                 // stays lapsed (its tasks already read as lost).
-                let renewed: Option<i64> = sqlx::query_scalar(
+                let renewed = execute(
+                    conn,
                     "INSERT INTO mes_instances (id, alive_until) VALUES (?1, ?2) \
                      ON CONFLICT (id) DO UPDATE SET alive_until = excluded.alive_until \
-                         WHERE mes_instances.alive_until > ?3 \
-                     RETURNING 1",
-                )
-                .bind(&me.0[..])
-                .bind(until)
-                .bind(now)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(db_error)?;
-                Ok(TaskAnswer::Flag(renewed.is_some()))
+                         WHERE mes_instances.alive_until > ?3",
+                    params![&me.0[..], until, now],
+                )?;
+                Ok(TaskAnswer::Flag(renewed > 0))
             }
             TaskWrite::Claim { by, limit, now } => {
-                rows::claim(&mut SqliteRows { conn }, *by, *limit, *now)
-                    .await
+                step(rows::claim(&mut SqliteRows { conn }, *by, *limit, *now))
                     .map(|stepped| TaskAnswer::Claimed(stepped.answer))
             }
-            TaskWrite::Purge { now } => rows::purge(&mut SqliteRows { conn }, *now, PURGE_BATCH)
-                .await
-                .map(|(stepped, more)| TaskAnswer::Purged(stepped.answer, more)),
+            TaskWrite::Purge { now } => {
+                step(rows::purge(&mut SqliteRows { conn }, *now, PURGE_BATCH))
+                    .map(|(stepped, more)| TaskAnswer::Purged(stepped.answer, more))
+            }
             TaskWrite::Delete { digest } => {
-                sqlx::query("DELETE FROM mes_task_inputs WHERE digest = ?1")
-                    .bind(&digest.as_bytes()[..])
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db_error)?;
-                let deleted = sqlx::query("DELETE FROM mes_tasks WHERE digest = ?1")
-                    .bind(&digest.as_bytes()[..])
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db_error)?
-                    .rows_affected();
+                let digest = &digest.as_bytes()[..];
+                execute(
+                    conn,
+                    "DELETE FROM mes_task_inputs WHERE digest = ?1",
+                    [digest],
+                )?;
+                let deleted = execute(conn, "DELETE FROM mes_tasks WHERE digest = ?1", [digest])?;
                 Ok(TaskAnswer::Flag(deleted > 0))
             }
         }
     }
 }
 
-async fn create(
-    conn: &mut SqliteConnection,
+fn create(
+    conn: &Connection,
     digest: &TaskDigest,
     owner: &[u8],
     instance: &InstanceId,
@@ -844,7 +858,8 @@ async fn create(
 ) -> Result<TaskAnswer> {
     // Only under an instance alive at the task's birth (T11), in the same
     // statement.
-    let inserted = sqlx::query(
+    let inserted = execute(
+        conn,
         "INSERT INTO mes_tasks (digest, owner, status, rev, message, created_at, updated_at, \
                  expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq, \
                  context, max_attempts, released) \
@@ -852,40 +867,32 @@ async fn create(
                 ?15 \
           WHERE EXISTS (SELECT 1 FROM mes_instances WHERE id = ?12 AND alive_until > ?6) \
          ON CONFLICT (digest) DO NOTHING",
-    )
-    .bind(&digest.as_bytes()[..])
-    .bind(owner)
-    .bind(i64::from(record.status.as_u8()))
-    .bind(to_i64(record.rev))
-    .bind(record.message.as_deref())
-    .bind(record.created_at)
-    .bind(record.updated_at)
-    .bind(record.expires_at)
-    .bind(record.purge_at)
-    .bind(record.ttl_ms.map(to_i64))
-    .bind(record.poll_interval_ms.map(to_i64))
-    .bind(&instance.0[..])
-    .bind(record.context.as_deref())
-    .bind(record.takeover.as_ref().map(|t| i64::from(t.max_attempts)))
-    .bind(record.takeover.as_ref().is_some_and(|t| t.released))
-    .execute(&mut *conn)
-    .await
-    .map_err(db_error)?
-    .rows_affected();
+        params![
+            &digest.as_bytes()[..],
+            owner,
+            i64::from(record.status.as_u8()),
+            to_i64(record.rev),
+            record.message.as_deref(),
+            record.created_at,
+            record.updated_at,
+            record.expires_at,
+            record.purge_at,
+            record.ttl_ms.map(to_i64),
+            record.poll_interval_ms.map(to_i64),
+            &instance.0[..],
+            record.context.as_deref(),
+            record.takeover.as_ref().map(|t| i64::from(t.max_attempts)),
+            record.takeover.as_ref().is_some_and(|t| t.released),
+        ],
+    )?;
     if inserted == 1 {
         return Ok(TaskAnswer::Record(Some(Box::new(record.clone()))));
     }
     // Nothing written: the id was taken, or the instance is not alive.
     // The writer holds the file, so this reads what the insert saw.
-    let alive: Option<i64> =
-        sqlx::query_scalar("SELECT 1 FROM mes_instances WHERE id = ?1 AND alive_until > ?2")
-            .bind(&instance.0[..])
-            .bind(record.created_at)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db_error)?;
-    match alive {
-        Some(_) => Ok(TaskAnswer::Record(None)),
-        None => Err(Error::instance_lapsed(instance)),
+    if alive(conn, instance, record.created_at)? {
+        Ok(TaskAnswer::Record(None))
+    } else {
+        Err(Error::instance_lapsed(instance))
     }
 }

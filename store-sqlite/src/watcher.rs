@@ -1,7 +1,7 @@
 //! The watcher: finds writes made by other handles and processes for this
 //! handle's followers.
 //!
-//! Appends through this handle wake its followers from the writer task, right
+//! Appends through this handle wake its followers from the writer thread, right
 //! after the commit. Another handle (or process) on the same file commits
 //! through its own connection, and SQLite tells nobody. What SQLite does
 //! offer is `PRAGMA data_version`: on one connection, its value changes when
