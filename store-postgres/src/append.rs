@@ -7,9 +7,20 @@
 //! statement, [`crate::sql::APPEND`], which takes its events as arrays. A
 //! lone append runs it at once with one event; appends that arrive while
 //! others are in flight queue for the batcher task, which sends everything
-//! queued, at most one event per stream, in one call. A few batches run at
-//! a time, and the queue fills while they do, so the busier the store, the
-//! larger each batch.
+//! queued, at most one event per stream, in one call. One batch runs at a
+//! time as a rule, and the queue fills while it does, so the busier the
+//! store, the larger each batch. Another starts beside it only when a full
+//! batch is waiting or the running one has taken longer than
+//! [`APPEND_BATCH_STALL`] (a lock wait, a slow commit), at most
+//! [`APPEND_BATCHES_IN_FLIGHT`] at once. Starting whatever was queued as
+//! soon as a slot was free split the appenders into many small batches:
+//! the callers of a batch that just committed append again one by one, and
+//! the first few each took a slot and a WAL flush of their own while the
+//! rest queued behind them (counted with `pg_waldump` under 32 writers:
+//! 14 to 17% of the events committed alone, 4.5 to 5.3 events per commit;
+//! one batch at a time: 97 to 99% in batches of 17 to 32).
+//! For the same reason a batch that starts right after one finished first
+//! lets that batch's callers come back (while they keep arriving).
 //!
 //! Ordering (C6) is the stream row's lock, exactly as for single appends:
 //! a batch locks its streams' rows in token order, as purges do, so
@@ -18,6 +29,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use bytes::Bytes;
 use mcp_event_store_core::backend::dense;
@@ -25,11 +37,13 @@ use mcp_event_store_core::backend::{StreamToken, observe, retry_to_millis};
 use mcp_event_store_core::{Error, EventId, NewEvent, Result, Retention};
 use sqlx::postgres::PgPool;
 use sqlx::{Row, SqlStr};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::PostgresStore;
 use crate::error::{NAME, backend};
-use crate::options::{APPEND_BATCH_BYTES, APPEND_BATCH_EVENTS, APPEND_BATCHES_IN_FLIGHT};
+use crate::options::{
+    APPEND_BATCH_BYTES, APPEND_BATCH_EVENTS, APPEND_BATCH_STALL, APPEND_BATCHES_IN_FLIGHT,
+};
 use crate::replay::stored_number;
 
 /// Appends one event to `stream_id` (`store_event`): alone or batched with
@@ -160,28 +174,100 @@ async fn run(
     statement: SqlStr,
     limits: Limits,
 ) {
-    let slots = Arc::new(Semaphore::new(APPEND_BATCHES_IN_FLIGHT));
+    // Batches report here when they finish (with the appends they
+    // carried), also when their task panics.
+    let (finished_tx, mut finished) = mpsc::unbounded_channel::<usize>();
     let mut waiting = VecDeque::new();
+    let mut open = true;
+    // Batches running, and when the newest of them started.
+    let mut running = 0;
+    let mut newest = Instant::now();
+    // Appends whose batches finished since the last batch started: their
+    // callers may be about to append again.
+    let mut returning = 0;
     loop {
-        if waiting.is_empty() {
-            match requests.recv().await {
-                Some(request) => waiting.push_back(request),
-                None => break,
+        while let Ok(carried) = finished.try_recv() {
+            running -= 1;
+            returning += carried;
+        }
+        while open {
+            match requests.try_recv() {
+                Ok(request) => waiting.push_back(request),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => open = false,
             }
         }
-        // Wait for a free slot first: what arrives meanwhile joins this batch.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break;
-        };
-        while let Ok(request) = requests.try_recv() {
-            waiting.push_back(request);
+        let stalled = newest.elapsed() >= APPEND_BATCH_STALL;
+        let start = !waiting.is_empty()
+            && running < APPEND_BATCHES_IN_FLIGHT
+            && (running == 0 || stalled || full(&waiting));
+        if !start {
+            if !open && waiting.is_empty() {
+                // Running batches answer their callers by themselves.
+                break;
+            }
+            let stall_timer =
+                running > 0 && running < APPEND_BATCHES_IN_FLIGHT && !waiting.is_empty();
+            tokio::select! {
+                request = requests.recv(), if open => match request {
+                    Some(request) => waiting.push_back(request),
+                    None => open = false,
+                },
+                Some(carried) = finished.recv() => {
+                    running -= 1;
+                    returning += carried;
+                }
+                () = tokio::time::sleep_until((newest + APPEND_BATCH_STALL).into()), if stall_timer => {}
+            }
+            continue;
         }
+        // The callers of a batch that just finished append again a moment
+        // later; let them join this batch rather than start one alone.
+        let mut idle_yields = 0;
+        while open && waiting.len() < returning && idle_yields < 2 {
+            tokio::task::yield_now().await;
+            let before = waiting.len();
+            while let Ok(request) = requests.try_recv() {
+                waiting.push_back(request);
+            }
+            if waiting.len() == before {
+                idle_yields += 1;
+            }
+        }
+        returning = 0;
         let batch = take_batch(&mut waiting);
+        running += 1;
+        newest = Instant::now();
         let (pool, statement) = (pool.clone(), statement.clone());
+        let done = Finished(finished_tx.clone(), batch.len());
         tokio::spawn(async move {
             run_batch(&pool, &statement, limits, batch).await;
-            drop(slot);
+            drop(done);
         });
+    }
+}
+
+/// Whether the queue holds a full batch.
+fn full(waiting: &VecDeque<Waiting>) -> bool {
+    let mut streams = HashSet::new();
+    let mut bytes = 0;
+    for (request, _) in waiting {
+        if streams.insert(request.token) {
+            bytes += request.data.len();
+            if streams.len() >= APPEND_BATCH_EVENTS || bytes >= APPEND_BATCH_BYTES {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// Reports a batch finished when dropped, however its task ends.
+struct Finished(mpsc::UnboundedSender<usize>, usize);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        let _ = self.0.send(self.1);
     }
 }
 

@@ -256,8 +256,10 @@
 //! ones queue, and a batcher sends everything queued (at most one event per
 //! stream, up to 64 events) as one statement, the same upsert and insert
 //! applied to every row of an `unnest`ed input, so many streams share one
-//! commit and one WAL flush. A few batches run at a time; a lone append
-//! never waits for a batch. A batch that fails is retried one event at a
+//! commit and one WAL flush. One batch runs at a time, the next one filling
+//! meanwhile; more (up to four) start beside it only when a full batch is
+//! waiting or the running one is slow. A lone append never waits for a
+//! batch. A batch that fails is retried one event at a
 //! time, so every caller gets its own answer, and a token collision fails
 //! only its own event.
 //!

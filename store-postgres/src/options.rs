@@ -83,8 +83,15 @@ pub(crate) const APPEND_BATCH_EVENTS: usize = 64;
 pub(crate) const APPEND_BATCH_BYTES: usize = 4 << 20;
 
 /// Batched append statements in flight at once, each on its own pooled
-/// connection.
+/// connection. One runs at a time as a rule; more start only when a full
+/// batch is waiting or the running ones have stalled (see
+/// [`APPEND_BATCH_STALL`]).
 pub(crate) const APPEND_BATCHES_IN_FLIGHT: usize = 4;
+
+/// How long the newest running batch holds the next one back: past this,
+/// appends waiting start a batch beside it, so that a batch waiting for a
+/// stream row's lock or a slow commit does not hold up every other stream.
+pub(crate) const APPEND_BATCH_STALL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Options for [`PostgresStore::connect_with`](crate::PostgresStore::connect_with).
 ///
