@@ -128,6 +128,53 @@ pub async fn retention_by_count<H: Harness>(h: &H) {
     h.close(store).await;
 }
 
+/// C8: the age limit still applies exactly to a stream the count limit has
+/// been trimming: what an append removed for the count does not hide how
+/// old the oldest event it left is.
+pub async fn age_limit_after_count_trims<H: Harness>(h: &H) {
+    let clock = test_clock();
+    let store = h
+        .open(
+            test_options(&clock).retention(
+                Retention::unbounded()
+                    .max_events_per_stream(3)
+                    .max_age(Duration::from_secs(60)),
+            ),
+        )
+        .await;
+    append(&store, "s", b"1").await;
+    let e2 = append(&store, "s", b"2").await;
+    clock.advance(Duration::from_secs(30));
+    append(&store, "s", b"3").await;
+    let e4 = append(&store, "s", b"4").await;
+    let e5 = append(&store, "s", b"5").await;
+    clock.advance(Duration::from_secs(40));
+    // The count limit leaves 4, 5 and 6; 4 and 5 are 40 s old.
+    let e6 = append(&store, "s", b"6").await;
+    store.purge_expired().await.unwrap();
+    assert_purged(&store, &e2).await;
+    assert_eq!(
+        replay_data(&store, &e4).await,
+        vec![b"5".to_vec(), b"6".to_vec()]
+    );
+    clock.advance(Duration::from_secs(25));
+    // Now 4 and 5 are 65 s old, and 6 is 25 s old.
+    let report = store.purge_expired().await.unwrap();
+    assert_eq!(report.events, 2, "{report:?}");
+    assert_eq!(report.streams, 0, "{report:?}");
+    assert_purged(&store, &e4).await;
+    assert_eq!(replay_data(&store, &e5).await, vec![b"6".to_vec()]);
+    assert_eq!(
+        store
+            .get_stream_id_for_event_id(&text(&e6))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("s")
+    );
+    h.close(store).await;
+}
+
 /// C8, C5: at most `max_bytes_per_stream` payload bytes are kept.
 pub async fn retention_by_bytes<H: Harness>(h: &H) {
     let clock = test_clock();
@@ -235,6 +282,7 @@ macro_rules! __conformance_retention {
             retention_by_age,
             stream_expires_entirely_by_age,
             retention_by_count,
+            age_limit_after_count_trims,
             retention_by_bytes,
             newest_event_survives_the_byte_limit,
             delete_stream_removes_only_that_stream,
