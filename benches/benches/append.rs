@@ -22,6 +22,9 @@
 //! | sqlite `raw_indexed_32_writers` | as `raw_32_writers`, into a table laid out like the store's (the same columns, `UNIQUE (stream, seq)` and the `stored_at` index), so each insert does the store's index work |
 //! | sqlite `raw_full_*` | raw inserts under `synchronous=FULL`: one fsync per event |
 //! | sqlite `store_power_loss_*` | the store under `Durability::PowerLoss` (`synchronous=FULL`): one fsync per group commit |
+//! | redis `store_*` | as above, but each writer moves to a new stream every 5,000 appends, so no stream reaches the default count limit (10,000) and every append is measured in the same state, whatever the machine's speed |
+//! | redis `store_1_writer_at_cap` | `store_event` on a stream already at the count limit: each append also removes the oldest event |
+//! | redis `raw_maxlen_1_writer` | raw `XADD MAXLEN = 10000` on a stream already at that length: the same removal by hand |
 //! | redis `raw_lua_xadd_{1_writer,32_writers}` | `EVALSHA` of a script that only does the `XADD`: the floor of any script-based append |
 //! | sled `raw_flush_each_*` | raw sled insert, then `flush()`, per event (32 writers: 32 concurrent `flush()` calls, which sled shares) |
 //! | `observe/append_wrapper` | what every backend's append adds for tracing and metrics (`observe::append` around a ready future), with no subscriber and no metrics recorder installed, as in an application that installs neither |
@@ -37,7 +40,7 @@ use std::time::Duration;
 use common::Backend;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
-use mcp_event_store::{DynStore, EventStore, NewEvent, StoreOptions};
+use mcp_event_store::{DynStore, EventStore, NewEvent, Retention, StoreOptions};
 use mcp_event_store_postgres::{PostgresOptions, PostgresStore};
 use mcp_event_store_redis::{RedisOptions, RedisStore};
 use mcp_event_store_sled::{SledOptions, SledStore};
@@ -61,6 +64,33 @@ fn store_append(store: DynStore) -> AppendFn {
         Box::pin(async move {
             store
                 .store_event(&streams[writer], NewEvent::new(&data))
+                .await
+                .expect("append");
+        })
+    })
+}
+
+/// Appends each writer makes to one stream before it moves to a new one,
+/// in the Redis store cases: half the default count limit, so no stream
+/// reaches it.
+const REDIS_STREAM_EVENTS: u64 = 5_000;
+
+/// As [`store_append`], but each writer moves to a new stream every
+/// [`REDIS_STREAM_EVENTS`] appends. A Redis stream at its count limit
+/// costs the server about four times as much per append (each append then
+/// also removes the oldest event), so a run whose stream crosses the limit
+/// part way measures a mix that depends on how fast the machine is.
+fn store_append_below_limit(store: DynStore) -> AppendFn {
+    let data: Arc<[u8]> = common::payload().into();
+    let counts: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new((0..WRITERS).map(|_| Default::default()).collect());
+    Arc::new(move |writer| {
+        let (store, data, counts) = (store.clone(), data.clone(), counts.clone());
+        Box::pin(async move {
+            let n = counts[writer].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let stream = format!("writer-{writer}-{}", n / REDIS_STREAM_EVENTS);
+            store
+                .store_event(&stream, NewEvent::new(&data))
                 .await
                 .expect("append");
         })
@@ -359,8 +389,11 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
     });
 }
 
+/// The stream the Redis `store_1_writer_at_cap` case appends to.
+const AT_CAP_STREAM: &str = "at-cap";
+
 fn redis_backend(c: &mut Criterion, rt: &Runtime) {
-    let (store, raw, lua) = rt.block_on(async {
+    let (store, raw, lua, raw_maxlen) = rt.block_on(async {
         let url = mcp_event_store_redis::testing::server_url().await;
         let prefix = mcp_event_store_redis::testing::random_prefix();
         let store =
@@ -415,13 +448,72 @@ fn redis_backend(c: &mut Criterion, rt: &Runtime) {
                     .expect("EVALSHA XADD");
             })
         });
-        (store, raw, lua)
+        // Both streams of the `_at_cap` cases start at the count limit.
+        let limit = Retention::default()
+            .max_events_per_stream
+            .expect("a default count limit");
+        for _ in 0..limit {
+            store
+                .store_event(AT_CAP_STREAM, NewEvent::new(&data))
+                .await
+                .expect("fill the stream at the limit");
+        }
+        let maxlen_key = Arc::new(format!("{prefix}:raw:maxlen"));
+        for _ in 0..limit / 1_000 {
+            let mut fill = redis::pipe();
+            for _ in 0..1_000 {
+                fill.cmd("XADD")
+                    .arg(maxlen_key.as_str())
+                    .arg("*")
+                    .arg("d")
+                    .arg(&data[..])
+                    .ignore();
+            }
+            let () = fill
+                .query_async(&mut conn.clone())
+                .await
+                .expect("fill the raw stream");
+        }
+        let (maxlen_conn, maxlen_data) = (conn.clone(), data.clone());
+        let raw_maxlen: AppendFn = Arc::new(move |_| {
+            let (mut conn, key, data) =
+                (maxlen_conn.clone(), maxlen_key.clone(), maxlen_data.clone());
+            Box::pin(async move {
+                let _: String = redis::cmd("XADD")
+                    .arg(key.as_str())
+                    .arg("MAXLEN")
+                    .arg("=")
+                    .arg(limit)
+                    .arg("*")
+                    .arg("d")
+                    .arg(&data[..])
+                    .query_async(&mut conn)
+                    .await
+                    .expect("raw XADD MAXLEN");
+            })
+        });
+        (store, raw, lua, raw_maxlen)
     });
     let mut group = group(c, "redis");
-    let f = store_append(Arc::new(store.clone()));
+    let f = store_append_below_limit(Arc::new(store.clone()));
+    let at_cap: AppendFn = {
+        let (store, data): (DynStore, Arc<[u8]>) =
+            (Arc::new(store.clone()), common::payload().into());
+        Arc::new(move |_| {
+            let (store, data) = (store.clone(), data.clone());
+            Box::pin(async move {
+                store
+                    .store_event(AT_CAP_STREAM, NewEvent::new(&data))
+                    .await
+                    .expect("append at the limit");
+            })
+        })
+    };
     one_writer(&mut group, rt, "store_1_writer", &f);
     one_writer(&mut group, rt, "raw_1_writer", &raw);
     one_writer(&mut group, rt, "raw_lua_xadd_1_writer", &lua);
+    one_writer(&mut group, rt, "store_1_writer_at_cap", &at_cap);
+    one_writer(&mut group, rt, "raw_maxlen_1_writer", &raw_maxlen);
     many_writers(&mut group, rt, "store_32_writers", &f);
     many_writers(&mut group, rt, "raw_32_writers", &raw);
     many_writers(&mut group, rt, "raw_lua_xadd_32_writers", &lua);

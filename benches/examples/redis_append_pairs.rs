@@ -1,0 +1,115 @@
+//! The Redis store's append beside raw `XADD`, timed in interleaved rounds:
+//! each round makes one append of each kind, one after the other, so every
+//! kind sees the same machine. A lone append on Redis is a round trip of a
+//! few tens of microseconds, and how long a parked thread takes to wake
+//! moves it by as much again as the machine's load changes; the criterion
+//! cases (`append/redis/*_1_writer`), run one after another, each see
+//! whatever state the machine was in during theirs.
+//!
+//! Prints the median of each kind and two ratios: the store, on streams
+//! below the count limit, against raw `XADD`; and the store on a stream at
+//! the default count limit (10,000), where each append also removes the
+//! oldest event, against raw `XADD MAXLEN = 10000` on a stream at that
+//! length. Finds its server as the tests do and works under a random key
+//! prefix that it removes at the end.
+//!
+//! ```text
+//! cargo run --release -p mcp-event-store-benches --example redis_append_pairs            # 20,000 rounds
+//! cargo run --release -p mcp-event-store-benches --example redis_append_pairs -- 5000    # 5,000 rounds
+//! ```
+
+use std::time::{Duration, Instant};
+
+use mcp_event_store::{EventStore, NewEvent, Retention};
+use mcp_event_store_redis::{RedisOptions, RedisStore};
+use redis::aio::MultiplexedConnection;
+
+/// Appends to one stream before the store's below-limit appends move to
+/// the next: half the default count limit.
+const STREAM_EVENTS: usize = 5_000;
+
+async fn xadd(conn: &MultiplexedConnection, key: &str, maxlen: Option<u64>, data: &[u8]) {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(key);
+    if let Some(maxlen) = maxlen {
+        cmd.arg("MAXLEN").arg("=").arg(maxlen);
+    }
+    let _: String = cmd
+        .arg("*")
+        .arg("d")
+        .arg(data)
+        .query_async(&mut conn.clone())
+        .await
+        .expect("raw XADD");
+}
+
+fn median_us(times: &mut [Duration]) -> f64 {
+    times.sort();
+    times[times.len() / 2].as_secs_f64() * 1e6
+}
+
+fn main() {
+    let rounds: usize = match std::env::args().nth(1) {
+        Some(n) => n.parse().expect("the number of rounds"),
+        None => 20_000,
+    };
+    let rt = mcp_event_store_benches::runtime();
+    rt.block_on(async {
+        let url = mcp_event_store_redis::testing::server_url().await;
+        let prefix = mcp_event_store_redis::testing::random_prefix();
+        let store =
+            RedisStore::connect_with(&url, RedisOptions::default().key_prefix(prefix.clone()))
+                .await
+                .expect("open redis");
+        let config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
+        let conn = redis::Client::open(url.as_str())
+            .expect("redis url")
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .expect("raw redis connection");
+        let data = mcp_event_store_benches::payload();
+        let (raw_key, maxlen_key) = (format!("{prefix}:raw"), format!("{prefix}:raw:maxlen"));
+        let limit = Retention::default()
+            .max_events_per_stream
+            .expect("a default count limit");
+        for _ in 0..limit {
+            store
+                .store_event("at-limit", NewEvent::new(&data))
+                .await
+                .expect("fill the stream at the limit");
+            xadd(&conn, &maxlen_key, None, &data).await;
+        }
+        let mut times = vec![Vec::with_capacity(rounds); 4];
+        for round in 0..rounds {
+            let start = Instant::now();
+            xadd(&conn, &raw_key, None, &data).await;
+            times[0].push(start.elapsed());
+            let stream = format!("below-limit-{}", round / STREAM_EVENTS);
+            let start = Instant::now();
+            store
+                .store_event(&stream, NewEvent::new(&data))
+                .await
+                .expect("append");
+            times[1].push(start.elapsed());
+            let start = Instant::now();
+            store
+                .store_event("at-limit", NewEvent::new(&data))
+                .await
+                .expect("append at the limit");
+            times[2].push(start.elapsed());
+            let start = Instant::now();
+            xadd(&conn, &maxlen_key, Some(limit), &data).await;
+            times[3].push(start.elapsed());
+        }
+        let [raw, below, at_limit, raw_maxlen] = [0, 1, 2, 3].map(|i| median_us(&mut times[i]));
+        println!(
+            "{rounds} rounds, medians: raw XADD {raw:.1} us; store below the limit {below:.1} us \
+             ({:.2}x of raw); store at the limit {at_limit:.1} us; raw XADD MAXLEN at the limit \
+             {raw_maxlen:.1} us ({:.2}x)",
+            raw / below,
+            raw_maxlen / at_limit
+        );
+        store.destroy().await.expect("remove the key prefix");
+    });
+}
