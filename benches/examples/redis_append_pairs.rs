@@ -80,7 +80,7 @@ fn main() {
                 .expect("fill the stream at the limit");
             xadd(&conn, &maxlen_key, None, &data).await;
         }
-        let mut times = vec![Vec::with_capacity(rounds); 4];
+        let mut times: Vec<Vec<Duration>> = (0..4).map(|_| Vec::with_capacity(rounds)).collect();
         for round in 0..rounds {
             let start = Instant::now();
             xadd(&conn, &raw_key, None, &data).await;
