@@ -161,8 +161,11 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// Where criterion writes its results, found as criterion finds it:
 /// `$CRITERION_HOME`, else `$CARGO_TARGET_DIR/criterion`, else the target
-/// directory `cargo metadata` names, plus `criterion` (cargo runs benches in
-/// their package's directory, so a relative `target` would be the wrong one).
+/// directory `cargo metadata` names when run in the bench's working
+/// directory (cargo runs benches in their package's directory, so a
+/// relative `target` would be the wrong one), plus `criterion`. Asking in
+/// the working directory, not the directory the bench was compiled in,
+/// keeps the two in the same checkout when checkouts share a build.
 pub fn criterion_dir() -> PathBuf {
     if let Some(home) = std::env::var_os("CRITERION_HOME") {
         return home.into();
@@ -173,7 +176,6 @@ pub fn criterion_dir() -> PathBuf {
     let from_metadata = std::env::var_os("CARGO").and_then(|cargo| {
         let output = std::process::Command::new(cargo)
             .args(["metadata", "--format-version", "1", "--no-deps"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()
             .ok()?;
         let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
