@@ -22,6 +22,17 @@
 //! For the same reason a batch that starts right after one finished first
 //! lets that batch's callers come back (while they keep arriving).
 //!
+//! The statement that commits announces its streams to other handles
+//! (see [`crate::follow::Notifier`]), all of a batch's at once, before its
+//! callers are answered. When each caller announced its own stream as it
+//! woke, the notifier's task woke on the first and sent a `NOTIFY` for the
+//! few announced so far, then another for the rest: under 32 writers 4,213
+//! `NOTIFY` transactions beside 3,079 append statements (counted with
+//! `log_min_duration_statement`), each a pooled connection, a round trip
+//! and server CPU taken beside the next batch. On two cores that cost
+//! about 0.1 ms of each 0.8 ms batch (appends without any announcement
+//! ran batches of 32 in 0.69 to 0.73 ms against 0.81).
+//!
 //! Ordering (C6) is the stream row's lock, exactly as for single appends:
 //! a batch locks its streams' rows in token order, as purges do, so
 //! batches never deadlock each other or a purge.
@@ -41,14 +52,15 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::PostgresStore;
 use crate::error::{NAME, backend};
+use crate::follow::Notifier;
 use crate::options::{
     APPEND_BATCH_BYTES, APPEND_BATCH_EVENTS, APPEND_BATCH_STALL, APPEND_BATCHES_IN_FLIGHT,
 };
 use crate::replay::stored_number;
 
 /// Appends one event to `stream_id` (`store_event`): alone or batched with
-/// concurrent appends, then wakes this handle's followers of the stream
-/// and announces it to other handles.
+/// concurrent appends (the statement announces it to other handles once
+/// committed), then wakes this handle's followers of the stream.
 pub(crate) async fn append(
     store: &PostgresStore,
     stream_id: &str,
@@ -69,7 +81,6 @@ pub(crate) async fn append(
     if appended.is_some() {
         // Committed: the followers' re-read will see it.
         store.follows().hub().wake(&token);
-        store.notifier().announce(token);
     }
     let Some((incarnation, seq)) = appended else {
         // The stream row's stored id differs from ours: two stream ids
@@ -126,20 +137,33 @@ pub(crate) struct Batcher {
     pool: PgPool,
     statement: SqlStr,
     limits: Limits,
+    notifier: Notifier,
 }
 
 impl Batcher {
     /// Starts the batcher task on the current tokio runtime. It ends when
     /// the `Batcher` is dropped and the queue has drained.
-    pub(crate) fn start(pool: PgPool, statement: SqlStr, limits: Limits) -> Self {
+    pub(crate) fn start(
+        pool: PgPool,
+        statement: SqlStr,
+        limits: Limits,
+        notifier: Notifier,
+    ) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(run(requests, pool.clone(), statement.clone(), limits));
+        tokio::spawn(run(
+            requests,
+            pool.clone(),
+            statement.clone(),
+            limits,
+            notifier.clone(),
+        ));
         Self {
             queue,
             in_flight: AtomicUsize::new(0),
             pool,
             statement,
             limits,
+            notifier,
         }
     }
 
@@ -148,7 +172,14 @@ impl Batcher {
         let alone = self.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
         let _done = Leave(&self.in_flight);
         if alone {
-            let seqs = run_statement(&self.pool, &self.statement, self.limits, &[&request]).await;
+            let seqs = run_statement(
+                &self.pool,
+                &self.statement,
+                self.limits,
+                &self.notifier,
+                &[&request],
+            )
+            .await;
             return Ok(seqs.map_err(backend)?[0]);
         }
         let (reply, answer) = oneshot::channel();
@@ -173,6 +204,7 @@ async fn run(
     pool: PgPool,
     statement: SqlStr,
     limits: Limits,
+    notifier: Notifier,
 ) {
     // Batches report here when they finish (with the appends they
     // carried), also when their task panics.
@@ -238,10 +270,10 @@ async fn run(
         let batch = take_batch(&mut waiting);
         running += 1;
         newest = Instant::now();
-        let (pool, statement) = (pool.clone(), statement.clone());
+        let (pool, statement, notifier) = (pool.clone(), statement.clone(), notifier.clone());
         let done = Finished(finished_tx.clone(), batch.len());
         tokio::spawn(async move {
-            run_batch(&pool, &statement, limits, batch).await;
+            run_batch(&pool, &statement, limits, &notifier, batch).await;
             drop(done);
         });
     }
@@ -294,10 +326,16 @@ fn take_batch(waiting: &mut VecDeque<Waiting>) -> Vec<Waiting> {
     batch
 }
 
-async fn run_batch(pool: &PgPool, statement: &SqlStr, limits: Limits, batch: Vec<Waiting>) {
+async fn run_batch(
+    pool: &PgPool,
+    statement: &SqlStr,
+    limits: Limits,
+    notifier: &Notifier,
+    batch: Vec<Waiting>,
+) {
     if batch.len() > 1 {
         let requests: Vec<&AppendRequest> = batch.iter().map(|(request, _)| request).collect();
-        match run_statement(pool, statement, limits, &requests).await {
+        match run_statement(pool, statement, limits, notifier, &requests).await {
             Ok(seqs) => {
                 for ((_, reply), seq) in batch.into_iter().zip(seqs) {
                     let _ = reply.send(Ok(seq));
@@ -328,7 +366,7 @@ async fn run_batch(pool: &PgPool, statement: &SqlStr, limits: Limits, batch: Vec
         }
     }
     for (request, reply) in batch {
-        let seq = run_statement(pool, statement, limits, &[&request]).await;
+        let seq = run_statement(pool, statement, limits, notifier, &[&request]).await;
         let _ = reply.send(seq.map(|seqs| seqs[0]).map_err(backend));
     }
 }
@@ -339,6 +377,7 @@ async fn run_statement(
     pool: &PgPool,
     statement: &SqlStr,
     limits: Limits,
+    notifier: &Notifier,
     requests: &[&AppendRequest],
 ) -> sqlx::Result<Vec<Appended>> {
     let requests = || requests.iter();
@@ -374,5 +413,12 @@ async fn run_statement(
             })?;
         seqs[at] = Some((incarnation, seq));
     }
+    // Committed: one announcement for every stream of the statement.
+    notifier.announce(
+        requests()
+            .zip(&seqs)
+            .filter(|(_, seq)| seq.is_some())
+            .map(|(request, _)| request.token),
+    );
     Ok(seqs)
 }

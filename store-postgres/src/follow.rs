@@ -156,11 +156,13 @@ fn payload(token: &StreamToken) -> String {
 
 /// Announces committed appends to the store's channel, from a task of its
 /// own, so that no append waits for it.
+#[derive(Clone)]
 pub(crate) struct Notifier {
     /// The streams appended to since the last announcement, once each.
     pending: Arc<Mutex<HashSet<StreamToken>>>,
     /// Rung after adding to `pending`; one ring is enough however many
-    /// appends come meanwhile. Dropping it (with the handle) ends the task.
+    /// appends come meanwhile. Dropping every clone (the handle's and its
+    /// batcher's) ends the task.
     doorbell: mpsc::Sender<()>,
 }
 
@@ -173,14 +175,16 @@ impl Notifier {
         Self { pending, doorbell }
     }
 
-    /// Announces an append to `token`'s stream; call it once the append
-    /// has committed.
-    pub(crate) fn announce(&self, token: StreamToken) {
+    /// Announces appends to the streams of `tokens`; call it once they
+    /// have committed. A batch announces all its streams at once (see
+    /// [`crate::append`]), so its commit costs one ring and, as a rule,
+    /// one `NOTIFY`.
+    pub(crate) fn announce(&self, tokens: impl IntoIterator<Item = StreamToken>) {
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(token);
-        // Full: a ring is pending, and the task will take this token too.
+            .extend(tokens);
+        // Full: a ring is pending, and the task will take these tokens too.
         let _ = self.doorbell.try_send(());
     }
 }

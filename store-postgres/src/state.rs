@@ -11,7 +11,7 @@ use sqlx::postgres::PgPool;
 
 use crate::PostgresStore;
 use crate::append::Batcher;
-use crate::follow::{Follows, Notifier};
+use crate::follow::Follows;
 use crate::options::{VACUUM_MIN_ROWS, Vacuum};
 use crate::sql::Sql;
 
@@ -27,12 +27,11 @@ pub(crate) struct Inner {
     pub(crate) vacuum: Vacuum,
     /// Rows this handle's purges deleted since it last vacuumed.
     pub(crate) deleted_since_vacuum: AtomicU64,
-    /// Runs appends alone or batched with concurrent ones.
+    /// Runs appends alone or batched with concurrent ones, and announces
+    /// them to other handles once committed.
     pub(crate) batcher: Batcher,
     /// The wake-up hub and the listener of this handle's follows.
     pub(crate) follows: Follows,
-    /// Announces this handle's appends to other handles.
-    pub(crate) notifier: Notifier,
     /// How long tasks live.
     pub(crate) tasks: TaskOptions,
     /// The task heartbeat's own connection (a pool of one, connecting on
@@ -71,11 +70,6 @@ impl PostgresStore {
     /// This handle's wake-up hub and listener.
     pub(crate) fn follows(&self) -> &Follows {
         &self.inner.follows
-    }
-
-    /// Announces this handle's appends to other handles.
-    pub(crate) fn notifier(&self) -> &Notifier {
-        &self.inner.notifier
     }
 
     /// How long this handle's tasks live.

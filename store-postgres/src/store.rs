@@ -116,6 +116,7 @@ impl PostgresStore {
             pool.clone(),
             sql.append.clone(),
             Limits::new(options.store.retention),
+            notifier,
         );
         Ok(Self {
             inner: Arc::new(Inner {
@@ -129,7 +130,6 @@ impl PostgresStore {
                 vacuum: options.vacuum,
                 deleted_since_vacuum: AtomicU64::new(0),
                 follows,
-                notifier,
                 tasks: options.tasks,
                 heartbeats,
             }),
