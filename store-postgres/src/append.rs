@@ -22,6 +22,16 @@
 //! For the same reason a batch that starts right after one finished first
 //! lets that batch's callers come back (while they keep arriving).
 //!
+//! With every writer in the running batch, batches follow each other, and
+//! a batch's time is the rate: under 32 writers on two cores a batch of 32
+//! took 0.76 to 0.82 ms from the caller's side, of which about 0.3 ms
+//! executing on one server core (`auto_explain`: the stream upserts 0.21,
+//! the event inserts 0.10) and about 0.25 ms the WAL flush (the same runs
+//! with `synchronous_commit` off: 0.54 to 0.59 ms), with 0.08 ms between
+//! batches; the cores were a third idle. Two half batches at once, to use
+//! the idle core, were slower: 0.93 to 1.09 ms for each batch of 16, as
+//! their commits, out of step, each waited for the other's flush.
+//!
 //! The statement that commits announces its streams to other handles
 //! (see [`crate::follow::Notifier`]), all of a batch's at once, before its
 //! callers are answered. When each caller announced its own stream as it
