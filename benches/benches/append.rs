@@ -42,7 +42,6 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use mcp_event_store::{DynStore, EventStore, NewEvent, Retention, StoreOptions};
 use mcp_event_store_postgres::{PostgresOptions, PostgresStore};
-use mcp_event_store_redis::{RedisOptions, RedisStore};
 use mcp_event_store_sled::{SledOptions, SledStore};
 use mcp_event_store_sqlite::{Durability as SqliteDurability, SqliteOptions, SqliteStore};
 use sqlx::AssertSqlSafe;
@@ -394,20 +393,7 @@ const AT_CAP_STREAM: &str = "at-cap";
 
 fn redis_backend(c: &mut Criterion, rt: &Runtime) {
     let (store, raw, lua, raw_maxlen) = rt.block_on(async {
-        let url = mcp_event_store_redis::testing::server_url().await;
-        let prefix = mcp_event_store_redis::testing::random_prefix();
-        let store =
-            RedisStore::connect_with(&url, RedisOptions::default().key_prefix(prefix.clone()))
-                .await
-                .expect("open redis");
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(Duration::from_secs(30)))
-            .set_connection_timeout(Some(Duration::from_secs(5)));
-        let conn = redis::Client::open(url.as_str())
-            .expect("redis url")
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .expect("raw redis connection");
+        let (store, conn, prefix) = common::redis::store_and_raw().await;
         // Under the store's prefix, so `destroy` removes them too.
         let keys: Arc<Vec<String>> =
             Arc::new((0..WRITERS).map(|w| format!("{prefix}:raw:{w}")).collect());

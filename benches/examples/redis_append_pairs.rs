@@ -21,7 +21,6 @@
 use std::time::{Duration, Instant};
 
 use mcp_event_store::{EventStore, NewEvent, Retention};
-use mcp_event_store_redis::{RedisOptions, RedisStore};
 use redis::aio::MultiplexedConnection;
 
 /// Appends to one stream before the store's below-limit appends move to
@@ -55,19 +54,7 @@ fn main() {
     };
     let rt = mcp_event_store_benches::runtime();
     rt.block_on(async {
-        let url = mcp_event_store_redis::testing::server_url().await;
-        let prefix = mcp_event_store_redis::testing::random_prefix();
-        let store =
-            RedisStore::connect_with(&url, RedisOptions::default().key_prefix(prefix.clone()))
-                .await
-                .expect("open redis");
-        let config =
-            redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
-        let conn = redis::Client::open(url.as_str())
-            .expect("redis url")
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .expect("raw redis connection");
+        let (store, conn, prefix) = mcp_event_store_benches::redis::store_and_raw().await;
         let data = mcp_event_store_benches::payload();
         let (raw_key, maxlen_key) = (format!("{prefix}:raw"), format!("{prefix}:raw:maxlen"));
         let limit = Retention::default()

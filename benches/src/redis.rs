@@ -70,16 +70,35 @@ pub struct Raw {
 /// A connection of its own, reading the probe stream's events key (the
 /// store's key layout: `<prefix>:v1:{<token>}:events`).
 pub async fn raw(storage: &Storage, token: StreamToken, _probe: &StreamPlan) -> Raw {
-    let client = redis::Client::open(storage.url.as_str()).expect("redis url");
+    let conn = raw_connection(&storage.url).await;
+    let key = format!("{}:v1:{{{}}}:events", storage.prefix, token.to_text());
+    Raw { conn, key }
+}
+
+/// A raw driver connection to `url`, for the baselines: multiplexed, as
+/// the store's own is.
+pub async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
     let config = redis::AsyncConnectionConfig::new()
         .set_response_timeout(Some(Duration::from_secs(30)))
         .set_connection_timeout(Some(Duration::from_secs(5)));
-    let conn = client
+    redis::Client::open(url)
+        .expect("redis url")
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .expect("raw redis connection");
-    let key = format!("{}:v1:{{{}}}:events", storage.prefix, token.to_text());
-    Raw { conn, key }
+        .expect("raw redis connection")
+}
+
+/// A store with default options under a random key prefix on the server
+/// the tests use, and a raw connection to the same server: what the append
+/// benches start from. Keys the baselines write under the prefix go with
+/// the store's `destroy`.
+pub async fn store_and_raw() -> (RedisStore, redis::aio::MultiplexedConnection, String) {
+    let url = mcp_event_store_redis::testing::server_url().await;
+    let prefix = mcp_event_store_redis::testing::random_prefix();
+    let store = RedisStore::connect_with(&url, RedisOptions::default().key_prefix(prefix.clone()))
+        .await
+        .expect("open redis");
+    (store, raw_connection(&url).await, prefix)
 }
 
 impl Raw {
