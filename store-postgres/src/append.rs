@@ -289,8 +289,19 @@ async fn run(
     }
 }
 
-/// Whether the queue holds a full batch.
+/// Whether the queue holds a full batch. Asked at every wake-up while a
+/// batch runs, so a queue too short to fill one is answered without
+/// counting its streams.
 fn full(waiting: &VecDeque<Waiting>) -> bool {
+    if waiting.len() < APPEND_BATCH_EVENTS
+        && waiting
+            .iter()
+            .map(|(request, _)| request.data.len())
+            .sum::<usize>()
+            < APPEND_BATCH_BYTES
+    {
+        return false;
+    }
     let mut streams = HashSet::new();
     let mut bytes = 0;
     for (request, _) in waiting {
