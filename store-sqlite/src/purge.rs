@@ -7,12 +7,12 @@ use std::collections::HashSet;
 
 use mcp_event_store_core::backend::{StreamToken, observe, validate_stream_id};
 use mcp_event_store_core::{Error, PurgeReport, Result, Retention};
-use rusqlite::{Connection, OptionalExtension, Params, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use crate::SqliteStore;
 use crate::error::{NAME, sqlite_error};
-use crate::writer::{Command, Reply, Write, Writer};
+use crate::writer::{Command, Reply, Write, Writer, execute};
 
 /// Rows one purge transaction deletes at most.
 const PURGE_BATCH: i64 = 500;
@@ -104,13 +104,12 @@ impl Writer {
                     }
                 },
                 PurgePhase::Sessions => {
-                    let removed = conn
-                        .prepare_cached(
-                            "DELETE FROM mes_sessions WHERE rowid IN \
-                             (SELECT rowid FROM mes_sessions WHERE expires_at <= ?1 LIMIT ?2)",
-                        )
-                        .and_then(|mut statement| statement.execute(params![job.now, PURGE_BATCH]))
-                        .map_err(sqlite_error)? as u64;
+                    let removed = execute(
+                        conn,
+                        "DELETE FROM mes_sessions WHERE rowid IN \
+                         (SELECT rowid FROM mes_sessions WHERE expires_at <= ?1 LIMIT ?2)",
+                        params![job.now, PURGE_BATCH],
+                    )?;
                     job.report.sessions += removed;
                     removed < PURGE_BATCH as u64
                 }
@@ -138,14 +137,6 @@ impl Writer {
         }
         Ok(false)
     }
-}
-
-/// Runs a cached statement that changes rows; returns how many it changed.
-fn execute(conn: &Connection, sql: &str, params: impl Params) -> Result<u64> {
-    conn.prepare_cached(sql)
-        .and_then(|mut statement| statement.execute(params))
-        .map(|changed| changed as u64)
-        .map_err(sqlite_error)
 }
 
 /// Deletes a stream's row, then its events (so the delete trigger has no

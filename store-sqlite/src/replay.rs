@@ -270,7 +270,10 @@ fn read_page(
 /// Runs `read` in one read transaction on `conn`: every statement in it
 /// sees the same snapshot. (`BEGIN` and `COMMIT` as cached statements:
 /// rusqlite's transaction parses them anew each time.)
-fn read_snapshot<T>(conn: &rusqlite::Connection, read: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn read_snapshot<T>(
+    conn: &rusqlite::Connection,
+    read: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     if !conn.is_autocommit() {
         // A read that failed part way left its transaction open.
         conn.execute_batch("ROLLBACK").map_err(sqlite_error)?;

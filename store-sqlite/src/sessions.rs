@@ -9,7 +9,7 @@ use rusqlite::{OptionalExtension, params};
 
 use crate::SqliteStore;
 use crate::error::{db_error, sqlite_error};
-use crate::writer::{Reply, Write, Writer};
+use crate::writer::{Reply, Write, Writer, execute};
 
 pub(crate) async fn put_session(
     store: &SqliteStore,
@@ -65,15 +65,14 @@ impl Writer {
         state: &[u8],
         expires_at: i64,
     ) -> Result<()> {
-        self.conn
-            .prepare_cached(
-                "INSERT INTO mes_sessions (session_id, state, expires_at) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (session_id) DO UPDATE SET state = excluded.state, \
-                     expires_at = excluded.expires_at",
-            )
-            .and_then(|mut statement| statement.execute(params![session_id, state, expires_at]))
-            .map_err(sqlite_error)?;
-        Ok(())
+        execute(
+            &self.conn,
+            "INSERT INTO mes_sessions (session_id, state, expires_at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (session_id) DO UPDATE SET state = excluded.state, \
+                 expires_at = excluded.expires_at",
+            params![session_id, state, expires_at],
+        )
+        .map(drop)
     }
 
     pub(crate) fn delete_session(&mut self, session_id: &str, now: i64) -> Result<bool> {

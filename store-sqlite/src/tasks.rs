@@ -45,7 +45,8 @@ use rusqlite::{Connection, OptionalExtension, Params, params};
 
 use crate::SqliteStore;
 use crate::error::{NAME, sqlite_error};
-use crate::writer::{Reply, Write, Writer};
+use crate::replay::read_snapshot;
+use crate::writer::{Reply, Write, Writer, execute};
 
 /// Tasks a purge step ends or deletes at most, so one transaction never
 /// holds the write lock long: other writers on the file wait for it only
@@ -379,10 +380,7 @@ async fn snapshot(store: &SqliteStore, digest: &TaskDigest) -> Result<Option<Tas
     store
         .inner
         .pages
-        .run(move |conn| {
-            let snapshot = conn.unchecked_transaction().map_err(sqlite_error)?;
-            load(&snapshot, &digest)
-        })
+        .run(move |conn| read_snapshot(conn, || load(conn, &digest)))
         .await
 }
 
@@ -490,14 +488,6 @@ fn load(conn: &Connection, digest: &TaskDigest) -> Result<Option<TaskRow>> {
         )?;
     }
     Ok(Some(task))
-}
-
-/// Runs a cached statement that changes rows; returns how many it changed.
-fn execute(conn: &Connection, sql: &str, params: impl Params) -> Result<u64> {
-    conn.prepare_cached(sql)
-        .and_then(|mut statement| statement.execute(params))
-        .map(|changed| changed as u64)
-        .map_err(sqlite_error)
 }
 
 /// The task digests a cached query returns.
@@ -686,19 +676,23 @@ impl TaskRows for SqliteRows<'_> {
     }
 
     async fn delete_past_grace(&mut self, now: i64, limit: i64) -> Result<u64> {
+        /// The tasks past their grace period one step removes (?1 now, ?2
+        /// the limit).
+        macro_rules! batch {
+            () => {
+                "(SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
+                  ORDER BY purge_at, digest LIMIT ?2)"
+            };
+        }
         // The same batch twice: the first statement leaves mes_tasks alone.
         execute(
             self.conn,
-            "DELETE FROM mes_task_inputs WHERE digest IN \
-                 (SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
-                  ORDER BY purge_at, digest LIMIT ?2)",
+            concat!("DELETE FROM mes_task_inputs WHERE digest IN ", batch!()),
             params![now, limit],
         )?;
         execute(
             self.conn,
-            "DELETE FROM mes_tasks WHERE digest IN \
-                 (SELECT digest FROM mes_tasks WHERE purge_at <= ?1 \
-                  ORDER BY purge_at, digest LIMIT ?2)",
+            concat!("DELETE FROM mes_tasks WHERE digest IN ", batch!()),
             params![now, limit],
         )
     }

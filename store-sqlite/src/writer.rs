@@ -314,6 +314,14 @@ impl Writer {
                 *answer = Some(Err(Error::backend(NAME, e.clone())));
             }
         }
+        // After the commit and before the answers, so a woken follower's
+        // re-read finds what its caller is told was stored. Outside the
+        // panic guard: an answer filled in is committed, whatever follows.
+        for (write, answer) in writes.iter().zip(&answers) {
+            if let Some(answer) = answer {
+                self.wake(write, answer);
+            }
+        }
         for (reply, answer) in replies.into_iter().zip(answers) {
             reply.send(answer.unwrap_or_else(|| {
                 Err(Error::backend(
@@ -342,7 +350,7 @@ impl Writer {
     }
 
     /// Runs a group of writes in one transaction, filling in each answer
-    /// after the commit (and the wake-ups). A lone write runs without an
+    /// after the commit. A lone write runs without an
     /// explicit transaction (its main statement commits by itself). If the
     /// database fails part-way, the group is rolled back and each write
     /// retried alone, so one bad write cannot sink its neighbours.
@@ -350,7 +358,6 @@ impl Writer {
         if let [write] = group {
             let answer = self.apply(write, false);
             record_batch(std::iter::once((write, &answer)));
-            self.wake(write, &answer);
             done[0] = Some(answer);
             return;
         }
@@ -392,8 +399,7 @@ impl Writer {
             match self.execute("COMMIT") {
                 Ok(()) => {
                     record_batch(group.iter().zip(&answers));
-                    for ((write, answer), slot) in group.iter().zip(answers).zip(done) {
-                        self.wake(write, &answer);
+                    for (answer, slot) in answers.into_iter().zip(done) {
                         *slot = Some(answer);
                     }
                     return;
@@ -409,7 +415,6 @@ impl Writer {
         for (write, slot) in group.iter().zip(done) {
             let answer = self.apply(write, false);
             record_batch(std::iter::once((write, &answer)));
-            self.wake(write, &answer);
             *slot = Some(answer);
         }
     }
@@ -439,11 +444,7 @@ impl Writer {
     /// Runs a statement that takes no parameters and returns no rows
     /// (`BEGIN IMMEDIATE`, `COMMIT`, `ROLLBACK`), prepared once.
     pub(crate) fn execute(&self, sql: &str) -> Result<()> {
-        self.conn
-            .prepare_cached(sql)
-            .and_then(|mut statement| statement.execute([]))
-            .map(drop)
-            .map_err(sqlite_error)
+        execute(&self.conn, sql, []).map(drop)
     }
 
     /// Runs `step` in a transaction of its own under the write lock
@@ -503,6 +504,14 @@ pub(crate) fn open(
     .map_err(sqlite_error)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
+}
+
+/// Runs a cached statement that changes rows; returns how many it changed.
+pub(crate) fn execute(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<u64> {
+    conn.prepare_cached(sql)
+        .and_then(|mut statement| statement.execute(params))
+        .map(|changed| changed as u64)
+        .map_err(sqlite_error)
 }
 
 /// Statements the writer keeps prepared: every fixed statement, and each
