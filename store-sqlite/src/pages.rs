@@ -144,15 +144,23 @@ fn serve(conn: &Connection, jobs: &Mutex<Receiver<Job>>, idle: &AtomicUsize) {
 
 /// A read connection to the store's file.
 fn open(path: &Path, busy_timeout: Duration) -> Result<Connection> {
+    let conn = connect(path, busy_timeout)?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(sqlite_error)?;
+    Ok(conn)
+}
+
+/// A connection of the store's own threads (the page threads and the
+/// writer) to its file: read-write, no SQLite mutex (each thread owns its
+/// connection), the busy timeout, and the query planner stability
+/// guarantee: a cached statement is never prepared again because a
+/// parameter was bound anew. Without it SQLite re-plans the page statement
+/// on every use (its `LIMIT` is a bound parameter), which costs more than
+/// reading a short page.
+pub(crate) fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).map_err(sqlite_error)?;
     conn.busy_timeout(busy_timeout).map_err(sqlite_error)?;
-    conn.pragma_update(None, "query_only", true)
-        .map_err(sqlite_error)?;
-    // The query planner stability guarantee: a cached statement is never
-    // prepared again because a parameter was bound anew. Without it SQLite
-    // re-plans the page statement on every use (its `LIMIT` is a bound
-    // parameter), which costs more than reading a short page.
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
         true,

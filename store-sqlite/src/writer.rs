@@ -470,7 +470,8 @@ impl Writer {
 }
 
 /// Opens the writer's connection to the store's file, which setup has
-/// already put in WAL mode and migrated: the busy timeout, `synchronous`
+/// already put in WAL mode and migrated: as the page threads' (see
+/// [`crate::pages::connect`]), with `synchronous`
 /// for the durability, foreign keys off (as every connection of the
 /// store), and a statement cache that holds every statement the writer
 /// runs.
@@ -479,10 +480,7 @@ pub(crate) fn open(
     busy_timeout: std::time::Duration,
     synchronous: &str,
 ) -> Result<Connection> {
-    use rusqlite::OpenFlags;
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags).map_err(sqlite_error)?;
-    conn.busy_timeout(busy_timeout).map_err(sqlite_error)?;
+    let conn = crate::pages::connect(path, busy_timeout)?;
     conn.pragma_update(None, "synchronous", synchronous)
         .map_err(sqlite_error)?;
     conn.pragma_update(None, "foreign_keys", false)
@@ -495,13 +493,6 @@ pub(crate) fn open(
             "the SQLite writer found the database in journal mode {mode:?} instead of WAL"
         )));
     }
-    // As the page threads: a cached statement is not planned again each
-    // time a parameter is bound anew.
-    conn.set_db_config(
-        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
-        true,
-    )
-    .map_err(sqlite_error)?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     Ok(conn)
 }
