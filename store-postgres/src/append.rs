@@ -3,9 +3,10 @@
 //! commit.
 //!
 //! Each commit waits for a WAL flush, so appends committed one by one are
-//! bound by how many commits the server can flush. There is one append
-//! statement, [`crate::sql::APPEND`], which takes its events as arrays. A
-//! lone append runs it at once with one event; appends that arrive while
+//! bound by how many commits the server can flush. The append statement,
+//! [`crate::sql::APPEND`], takes its events as arrays. A lone append runs
+//! at once, as [`crate::sql::APPEND_ONE`], the same statement for one
+//! event with plain parameters (cheaper for the server); appends that arrive while
 //! others are in flight queue for the batcher task, which sends everything
 //! queued, at most one event per stream, in one call. One batch runs at a
 //! time as a rule, and the queue fills while it does, so the busier the
@@ -145,9 +146,17 @@ pub(crate) struct Batcher {
     queue: mpsc::UnboundedSender<Waiting>,
     in_flight: AtomicUsize,
     pool: PgPool,
-    statement: SqlStr,
+    statements: Statements,
     limits: Limits,
     notifier: Notifier,
+}
+
+/// The two append statements: [`crate::sql::APPEND`] for a batch, and
+/// [`crate::sql::APPEND_ONE`] for an event alone.
+#[derive(Clone)]
+pub(crate) struct Statements {
+    pub batch: SqlStr,
+    pub one: SqlStr,
 }
 
 impl Batcher {
@@ -155,7 +164,7 @@ impl Batcher {
     /// the `Batcher` is dropped and the queue has drained.
     pub(crate) fn start(
         pool: PgPool,
-        statement: SqlStr,
+        statements: Statements,
         limits: Limits,
         notifier: Notifier,
     ) -> Self {
@@ -163,7 +172,7 @@ impl Batcher {
         tokio::spawn(run(
             requests,
             pool.clone(),
-            statement.clone(),
+            statements.clone(),
             limits,
             notifier.clone(),
         ));
@@ -171,7 +180,7 @@ impl Batcher {
             queue,
             in_flight: AtomicUsize::new(0),
             pool,
-            statement,
+            statements,
             limits,
             notifier,
         }
@@ -184,7 +193,7 @@ impl Batcher {
         if alone {
             let seqs = run_statement(
                 &self.pool,
-                &self.statement,
+                &self.statements,
                 self.limits,
                 &self.notifier,
                 &[&request],
@@ -212,7 +221,7 @@ impl Drop for Leave<'_> {
 async fn run(
     mut requests: mpsc::UnboundedReceiver<Waiting>,
     pool: PgPool,
-    statement: SqlStr,
+    statements: Statements,
     limits: Limits,
     notifier: Notifier,
 ) {
@@ -280,10 +289,10 @@ async fn run(
         let batch = take_batch(&mut waiting);
         running += 1;
         newest = Instant::now();
-        let (pool, statement, notifier) = (pool.clone(), statement.clone(), notifier.clone());
+        let (pool, statements, notifier) = (pool.clone(), statements.clone(), notifier.clone());
         let done = Finished(finished_tx.clone(), batch.len());
         tokio::spawn(async move {
-            run_batch(&pool, &statement, limits, &notifier, batch).await;
+            run_batch(&pool, &statements, limits, &notifier, batch).await;
             drop(done);
         });
     }
@@ -349,14 +358,14 @@ fn take_batch(waiting: &mut VecDeque<Waiting>) -> Vec<Waiting> {
 
 async fn run_batch(
     pool: &PgPool,
-    statement: &SqlStr,
+    statements: &Statements,
     limits: Limits,
     notifier: &Notifier,
     batch: Vec<Waiting>,
 ) {
     if batch.len() > 1 {
         let requests: Vec<&AppendRequest> = batch.iter().map(|(request, _)| request).collect();
-        match run_statement(pool, statement, limits, notifier, &requests).await {
+        match run_statement(pool, statements, limits, notifier, &requests).await {
             Ok(seqs) => {
                 for ((_, reply), seq) in batch.into_iter().zip(seqs) {
                     let _ = reply.send(Ok(seq));
@@ -387,34 +396,45 @@ async fn run_batch(
         }
     }
     for (request, reply) in batch {
-        let seq = run_statement(pool, statement, limits, notifier, &[&request]).await;
+        let seq = run_statement(pool, statements, limits, notifier, &[&request]).await;
         let _ = reply.send(seq.map(|seqs| seqs[0]).map_err(backend));
     }
 }
 
-/// Runs the append statement for events of distinct streams; where each
-/// event went, in order.
+/// Runs the append statement for events of distinct streams (the
+/// one-event statement for one); where each event went, in order.
 async fn run_statement(
     pool: &PgPool,
-    statement: &SqlStr,
+    statements: &Statements,
     limits: Limits,
     notifier: &Notifier,
     requests: &[&AppendRequest],
 ) -> sqlx::Result<Vec<Appended>> {
     let requests = || requests.iter();
     let tokens: Vec<&[u8]> = requests().map(|r| &r.token.as_bytes()[..]).collect();
-    let stream_ids: Vec<&[u8]> = requests().map(|r| &r.stream_id[..]).collect();
-    let lengths: Vec<i64> = requests().map(|r| r.data.len() as i64).collect();
-    let stored_at: Vec<i64> = requests().map(|r| r.now).collect();
-    let retry_ms: Vec<Option<i64>> = requests().map(|r| r.retry_ms).collect();
-    let data: Vec<&[u8]> = requests().map(|r| &r.data[..]).collect();
-    let rows = sqlx::query(statement.clone())
-        .bind(&tokens)
-        .bind(&stream_ids)
-        .bind(&lengths)
-        .bind(&stored_at)
-        .bind(&retry_ms)
-        .bind(&data)
+    let query = if let [one] = requests().as_slice() {
+        sqlx::query(statements.one.clone())
+            .bind(tokens[0])
+            .bind(&one.stream_id[..])
+            .bind(one.data.len() as i64)
+            .bind(one.now)
+            .bind(one.retry_ms)
+            .bind(&one.data[..])
+    } else {
+        let stream_ids: Vec<&[u8]> = requests().map(|r| &r.stream_id[..]).collect();
+        let lengths: Vec<i64> = requests().map(|r| r.data.len() as i64).collect();
+        let stored_at: Vec<i64> = requests().map(|r| r.now).collect();
+        let retry_ms: Vec<Option<i64>> = requests().map(|r| r.retry_ms).collect();
+        let data: Vec<&[u8]> = requests().map(|r| &r.data[..]).collect();
+        sqlx::query(statements.batch.clone())
+            .bind(&tokens)
+            .bind(stream_ids)
+            .bind(lengths)
+            .bind(stored_at)
+            .bind(retry_ms)
+            .bind(data)
+    };
+    let rows = query
         .bind(limits.max_events)
         .bind(limits.max_bytes)
         .fetch_all(pool)

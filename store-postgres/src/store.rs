@@ -17,7 +17,7 @@ use mcp_event_store_core::{
     Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
 
-use crate::append::{Batcher, Limits};
+use crate::append::{Batcher, Limits, Statements};
 use crate::error::NAME;
 use crate::follow::{Follows, Notifier, channel};
 use crate::options::{MAX_PAGE_SIZE, PostgresOptions, Vacuum, quote_schema};
@@ -114,7 +114,10 @@ impl PostgresStore {
         );
         let batcher = Batcher::start(
             pool.clone(),
-            sql.append.clone(),
+            Statements {
+                batch: sql.append.clone(),
+                one: sql.append_one.clone(),
+            },
             Limits::new(options.store.retention),
             notifier,
         );

@@ -1,0 +1,129 @@
+//! The PostgreSQL store's append beside a raw insert, timed in interleaved
+//! rounds: each round makes one append of each kind, one after the other,
+//! so both see the same machine. A durable commit waits for a WAL flush,
+//! whose time on a shared machine moves by more than the store's own work;
+//! the criterion cases (`append/postgres/*_1_writer`), run one after
+//! another, each see whatever state the disk was in during theirs.
+//!
+//! Prints the median of each kind and their ratio, then the process's own
+//! CPU per append of each kind (user and system time, from
+//! `/proc/self/stat`; Linux only), over runs of one kind at a
+//! time: what the client side costs, apart from the server and the disk.
+//! The store appends to one
+//! stream at the default limits; the raw insert is the criterion case's
+//! (`INSERT` of the stream and payload into a table with a `BIGSERIAL` key,
+//! through a sqlx pool). Finds its server as the tests do and works in a
+//! random schema that it drops at the end.
+//!
+//! ```text
+//! cargo run --release -p mcp-event-store-benches --example postgres_append_pairs            # 5,000 rounds
+//! cargo run --release -p mcp-event-store-benches --example postgres_append_pairs -- 2000    # 2,000 rounds
+//! ```
+
+use std::time::{Duration, Instant};
+
+use mcp_event_store::{EventStore, NewEvent, StoreOptions};
+use mcp_event_store_postgres::{PostgresOptions, PostgresStore, testing};
+use sqlx::AssertSqlSafe;
+
+/// The process's user and system CPU time so far, in nanoseconds, from
+/// `/proc/self/stat` (`None` off Linux).
+fn cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses: utime and
+    // stime are the 12th and 13th of them, in clock ticks (100 a second
+    // on Linux).
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let ticks = fields.next()?.parse::<u64>().ok()? + fields.next()?.parse::<u64>().ok()?;
+    Some(ticks * 10_000_000)
+}
+
+fn median_us(times: &mut [Duration]) -> f64 {
+    times.sort();
+    times[times.len() / 2].as_secs_f64() * 1e6
+}
+
+fn main() {
+    let rounds: usize = match std::env::args().nth(1) {
+        Some(n) => n.parse().expect("the number of rounds"),
+        None => 5_000,
+    };
+    let rt = mcp_event_store_benches::runtime();
+    rt.block_on(async {
+        let url = testing::server_url().await;
+        let schema = testing::random_schema();
+        let store = PostgresStore::connect_with(
+            &url,
+            PostgresOptions::default()
+                .schema(schema.clone())
+                .store(StoreOptions::default()),
+        )
+        .await
+        .expect("open postgres");
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect(&url)
+            .await
+            .expect("raw postgres pool");
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE \"{schema}\".raw_events \
+             (id BIGSERIAL PRIMARY KEY, stream BYTEA NOT NULL, data BYTEA NOT NULL)"
+        )))
+        .execute(&pool)
+        .await
+        .expect("raw table");
+        let insert = format!("INSERT INTO \"{schema}\".raw_events (stream, data) VALUES ($1, $2)");
+        let data = mcp_event_store_benches::payload();
+        let raw_insert = || async {
+            sqlx::query(AssertSqlSafe(insert.as_str()))
+                .bind(&b"writer-0"[..])
+                .bind(&data[..])
+                .execute(&pool)
+                .await
+                .expect("raw insert");
+        };
+        let append = || async {
+            store
+                .store_event("writer-0", NewEvent::new(&data))
+                .await
+                .expect("append");
+        };
+        let mut times: Vec<Vec<Duration>> = (0..2).map(|_| Vec::with_capacity(rounds)).collect();
+        for _ in 0..rounds {
+            let start = Instant::now();
+            raw_insert().await;
+            times[0].push(start.elapsed());
+            let start = Instant::now();
+            append().await;
+            times[1].push(start.elapsed());
+        }
+        let [raw, appended] = [0, 1].map(|i| median_us(&mut times[i]));
+        println!(
+            "{rounds} rounds, medians: raw insert {raw:.1} us; store {appended:.1} us ({:.2}x of raw)",
+            raw / appended
+        );
+        let per_op = |before: Option<u64>| {
+            cpu_ns().zip(before).map(|(after, before)| (after - before) as f64 / rounds as f64 / 1e3)
+        };
+        let before = cpu_ns();
+        for _ in 0..rounds {
+            raw_insert().await;
+        }
+        let raw_cpu = per_op(before);
+        let before = cpu_ns();
+        for _ in 0..rounds {
+            append().await;
+        }
+        if let (Some(raw_cpu), Some(store_cpu)) = (raw_cpu, per_op(before)) {
+            println!(
+                "this process's CPU per append: raw insert {raw_cpu:.1} us; store {store_cpu:.1} us"
+            );
+        }
+        store.close().await;
+        pool.close().await;
+        testing::drop_schema(&url, &schema)
+            .await
+            .expect("drop the schema");
+    });
+}
