@@ -15,6 +15,7 @@
 //! |---|---|
 //! | `store/<K>` | `replay_events_after`, every event collected |
 //! | `raw/<K>` | the same range read by hand with the backend's driver (`Raw` in this package's library) |
+//! | memory `raw_stream/<K>` | the raw range into a `Vec`, then handed out one event at a time through a boxed stream and collected, as the `Replay` stream every store returns is: the floor of that API over an in-memory read |
 //! | sled `raw_hop/<K>` | the raw read on tokio's blocking pool, as the store reads (it keeps every sled call off the executor's workers): what the thread hop alone costs |
 //! | sqlite `direct/<K>` | the raw read through SQLite itself (rusqlite, no async driver) on the store's file, on the calling thread: the ceiling |
 //! | sqlite `direct_hop/<K>` | as `direct`, on a thread of its own, the caller awaiting the answer: the ceiling of any async store, which must make one hop |
@@ -26,7 +27,7 @@ use std::time::Duration;
 
 use common::{Storage, StreamPlan};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store::EventId;
 
 fn replay_hot_path(c: &mut Criterion) {
@@ -96,6 +97,21 @@ fn replay_hot_path(c: &mut Criterion) {
                 b.to_async(&rt)
                     .iter(|| async { black_box(raw.read_after(after).await) })
             });
+            if let common::Raw::Memory(raw) = &raw {
+                group.bench_with_input(BenchmarkId::new("raw_stream", k), &after, |b, &after| {
+                    b.to_async(&rt).iter(|| async {
+                        let page = raw.read_after(after).await;
+                        let events: Vec<_> = futures_util::stream::iter(
+                            page.into_iter().map(Ok::<_, mcp_event_store::Error>),
+                        )
+                        .boxed()
+                        .try_collect()
+                        .await
+                        .expect("events");
+                        black_box(events)
+                    })
+                });
+            }
             if let common::Raw::Sled(raw) = &raw {
                 group.bench_with_input(BenchmarkId::new("raw_hop", k), &after, |b, &after| {
                     b.to_async(&rt)
