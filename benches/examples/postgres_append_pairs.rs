@@ -26,18 +26,6 @@ use mcp_event_store::{EventStore, NewEvent, StoreOptions};
 use mcp_event_store_postgres::{PostgresOptions, PostgresStore, testing};
 use sqlx::AssertSqlSafe;
 
-/// The process's user and system CPU time so far, in nanoseconds, from
-/// `/proc/self/stat` (`None` off Linux).
-fn cpu_ns() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name, which is in parentheses: utime and
-    // stime are the 12th and 13th of them, in clock ticks (100 a second
-    // on Linux).
-    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
-    let ticks = fields.next()?.parse::<u64>().ok()? + fields.next()?.parse::<u64>().ok()?;
-    Some(ticks * 10_000_000)
-}
-
 fn median_us(times: &mut [Duration]) -> f64 {
     times.sort();
     times[times.len() / 2].as_secs_f64() * 1e6
@@ -104,14 +92,14 @@ fn main() {
             raw / appended
         );
         let per_op = |before: Option<u64>| {
-            cpu_ns().zip(before).map(|(after, before)| (after - before) as f64 / rounds as f64 / 1e3)
+            mcp_event_store_benches::process_cpu_ns().zip(before).map(|(after, before)| (after - before) as f64 / rounds as f64 / 1e3)
         };
-        let before = cpu_ns();
+        let before = mcp_event_store_benches::process_cpu_ns();
         for _ in 0..rounds {
             raw_insert().await;
         }
         let raw_cpu = per_op(before);
-        let before = cpu_ns();
+        let before = mcp_event_store_benches::process_cpu_ns();
         for _ in 0..rounds {
             append().await;
         }

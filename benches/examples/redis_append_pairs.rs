@@ -10,7 +10,10 @@
 //! below the count limit, against raw `XADD`; and the store on a stream at
 //! the default count limit (10,000), where each append also removes the
 //! oldest event, against raw `XADD MAXLEN = 10000` on a stream at that
-//! length. Finds its server as the tests do and works under a random key
+//! length. Then the process's own CPU per append of raw `XADD` and of the
+//! store below the limit (user and system time, from `/proc/self/stat`;
+//! Linux only), over runs of one kind at a time: what the client side
+//! costs. Finds its server as the tests do and works under a random key
 //! prefix that it removes at the end.
 //!
 //! ```text
@@ -97,6 +100,32 @@ fn main() {
             raw / below,
             raw_maxlen / at_limit
         );
+        // The process's own CPU per append, one kind at a time: what the
+        // client side costs, apart from the server.
+        let per_op = |before: Option<u64>| {
+            mcp_event_store_benches::process_cpu_ns()
+                .zip(before)
+                .map(|(after, before)| (after - before) as f64 / rounds as f64 / 1e3)
+        };
+        let before = mcp_event_store_benches::process_cpu_ns();
+        for _ in 0..rounds {
+            xadd(&conn, &raw_key, None, &data).await;
+        }
+        let raw_cpu = per_op(before);
+        let before = mcp_event_store_benches::process_cpu_ns();
+        for round in 0..rounds {
+            let stream = format!("cpu-{}", round / STREAM_EVENTS);
+            store
+                .store_event(&stream, NewEvent::new(&data))
+                .await
+                .expect("append");
+        }
+        if let (Some(raw_cpu), Some(store_cpu)) = (raw_cpu, per_op(before)) {
+            println!(
+                "this process's CPU per append: raw XADD {raw_cpu:.1} us; store below the limit \
+                 {store_cpu:.1} us"
+            );
+        }
         store.destroy().await.expect("remove the key prefix");
     });
 }

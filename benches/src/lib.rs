@@ -159,6 +159,18 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// The process's user and system CPU time so far, in nanoseconds, from
+/// `/proc/self/stat` (`None` off Linux).
+pub fn process_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses: utime and
+    // stime are the 12th and 13th of them, in clock ticks (100 a second
+    // on Linux).
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let ticks = fields.next()?.parse::<u64>().ok()? + fields.next()?.parse::<u64>().ok()?;
+    Some(ticks * 10_000_000)
+}
+
 /// Where criterion writes its results, found as criterion finds it:
 /// `$CRITERION_HOME`, else `$CARGO_TARGET_DIR/criterion`, else the target
 /// directory `cargo metadata` names when run in the bench's working
