@@ -195,6 +195,48 @@ pub async fn retention_by_bytes<H: Harness>(h: &H) {
     h.close(store).await;
 }
 
+/// C8: the byte limit is exact the first time a stream's bytes cross it: a
+/// stream holding exactly the limit keeps every event, and one more byte
+/// drops its oldest event.
+pub async fn byte_limit_is_exact_when_first_crossed<H: Harness>(h: &H) {
+    let clock = test_clock();
+    let store = h
+        .open(test_options(&clock).retention(Retention::unbounded().max_bytes_per_stream(1_000)))
+        .await;
+    let mut ids = Vec::new();
+    for i in 0..10u8 {
+        ids.push(append(&store, "s", &[i; 100]).await);
+    }
+    store.purge_expired().await.unwrap();
+    let retained = super::oldest::replay_stream_all(&store, "s").await.unwrap();
+    assert_eq!(retained.len(), 10, "exactly the limit: every event stays");
+    assert_eq!(
+        store
+            .get_stream_id_for_event_id(&text(&ids[0]))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("s")
+    );
+    ids.push(append(&store, "s", &[10]).await);
+    store.purge_expired().await.unwrap();
+    let retained = super::oldest::replay_stream_all(&store, "s").await.unwrap();
+    assert_eq!(
+        retained.iter().map(|e| e.id).collect::<Vec<_>>(),
+        ids[1..],
+        "one byte over the limit: the oldest event goes, and only it"
+    );
+    assert_eq!(
+        store
+            .get_stream_id_for_event_id(&text(&ids[0]))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(replay_data(&store, &ids[0]).await.len(), 10);
+    h.close(store).await;
+}
+
 /// C8: the newest event stays even when it alone exceeds the byte limit, so
 /// a stream always has something to resume from until it ages out.
 pub async fn newest_event_survives_the_byte_limit<H: Harness>(h: &H) {
@@ -284,6 +326,7 @@ macro_rules! __conformance_retention {
             retention_by_count,
             age_limit_after_count_trims,
             retention_by_bytes,
+            byte_limit_is_exact_when_first_crossed,
             newest_event_survives_the_byte_limit,
             delete_stream_removes_only_that_stream,
             delete_unknown_stream_removes_nothing,

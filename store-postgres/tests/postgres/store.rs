@@ -953,6 +953,58 @@ async fn a_collision_in_a_batch_fails_only_its_own_appends() {
     h.teardown().await;
 }
 
+/// An append applies the byte limit at once (before any purge), exactly
+/// where its bytes first cross it: the statement skips reading the oldest
+/// event while the stream's lifetime bytes are within the limit, and must
+/// stop skipping at the first byte over it, alone or batched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_apply_the_byte_limit_at_its_first_crossing() {
+    /// One event of `len` bytes to each stream, all at once (so the busy
+    /// streams' appends batch).
+    async fn round(store: &PostgresStore, streams: &[String], len: usize) -> Vec<EventId> {
+        let payload = vec![7u8; len];
+        futures_util::future::try_join_all(
+            streams
+                .iter()
+                .map(|s| store.store_event(s, NewEvent::new(&payload))),
+        )
+        .await
+        .unwrap()
+    }
+    let h = PostgresHarness::new().await;
+    let clock = test_clock();
+    let store = h
+        .open(test_options(&clock).retention(Retention::unbounded().max_bytes_per_stream(1_000)))
+        .await;
+    let busy: Vec<String> = (0..16).map(|i| format!("busy-{i}")).collect();
+    let alone = vec!["alone".to_owned()];
+    let mut ids: Vec<Vec<EventId>> = vec![Vec::new(); busy.len() + 1];
+    let mut append = async |len: usize| {
+        // The lone stream first, by itself: one statement per event.
+        let mut appended = round(&store, &alone, len).await;
+        appended.extend(round(&store, &busy, len).await);
+        for (ids, id) in ids.iter_mut().zip(appended) {
+            ids.push(id);
+        }
+    };
+    for _ in 0..10 {
+        append(100).await;
+    }
+    append(1).await;
+    let streams = alone.iter().chain(&busy);
+    for (stream, ids) in streams.zip(&ids) {
+        let replay = store.replay_stream(stream).await.unwrap();
+        let retained: Vec<EventId> = replay.events.map_ok(|e| e.id).try_collect().await.unwrap();
+        assert_eq!(
+            retained,
+            ids[1..],
+            "{stream}: one byte over the limit drops the oldest event at once, and only it"
+        );
+    }
+    h.close(store).await;
+    h.teardown().await;
+}
+
 /// Batched appends apply the count and byte limits exactly as single
 /// appends do: streams written concurrently (batched) retain the same tail
 /// as a stream written alone (one statement per event).
