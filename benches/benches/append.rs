@@ -41,7 +41,6 @@ use common::Backend;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use mcp_event_store::{DynStore, EventStore, NewEvent, Retention, StoreOptions};
-use mcp_event_store_postgres::{PostgresOptions, PostgresStore};
 use mcp_event_store_sled::{SledOptions, SledStore};
 use mcp_event_store_sqlite::{Durability as SqliteDurability, SqliteOptions, SqliteStore};
 use sqlx::AssertSqlSafe;
@@ -333,32 +332,14 @@ fn sqlite(c: &mut Criterion, rt: &Runtime) {
 
 fn postgres(c: &mut Criterion, rt: &Runtime) {
     let (url, schema, store, raw) = rt.block_on(async {
-        let url = mcp_event_store_postgres::testing::server_url().await;
-        let schema = mcp_event_store_postgres::testing::random_schema();
-        let store = PostgresStore::connect_with(
-            &url,
-            PostgresOptions::default()
-                .schema(schema.clone())
-                .store(StoreOptions::default()),
-        )
-        .await
-        .expect("open postgres");
         // 32 connections: each raw writer commits its own insert.
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(WRITERS as u32)
-            .test_before_acquire(false)
-            .connect(&url)
-            .await
-            .expect("raw postgres pool");
-        sqlx::query(AssertSqlSafe(format!(
-            "CREATE TABLE \"{schema}\".raw_events \
-             (id BIGSERIAL PRIMARY KEY, stream BYTEA NOT NULL, data BYTEA NOT NULL)"
-        )))
-        .execute(&pool)
-        .await
-        .expect("raw table");
-        let sql: Arc<str> =
-            format!("INSERT INTO \"{schema}\".raw_events (stream, data) VALUES ($1, $2)").into();
+        let common::postgres::AppendSetup {
+            url,
+            schema,
+            store,
+            pool,
+            insert: sql,
+        } = common::postgres::append_setup(WRITERS as u32).await;
         let data: Arc<[u8]> = common::payload().into();
         let raw: AppendFn = Arc::new(move |writer| {
             let (pool, sql, data) = (pool.clone(), sql.clone(), data.clone());

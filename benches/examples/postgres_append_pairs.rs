@@ -22,49 +22,24 @@
 
 use std::time::{Duration, Instant};
 
-use mcp_event_store::{EventStore, NewEvent, StoreOptions};
-use mcp_event_store_postgres::{PostgresOptions, PostgresStore, testing};
+use mcp_event_store::{EventStore, NewEvent};
+use mcp_event_store_postgres::testing;
 use sqlx::AssertSqlSafe;
 
-fn median_us(times: &mut [Duration]) -> f64 {
-    times.sort();
-    times[times.len() / 2].as_secs_f64() * 1e6
-}
-
 fn main() {
-    let rounds: usize = match std::env::args().nth(1) {
-        Some(n) => n.parse().expect("the number of rounds"),
-        None => 5_000,
-    };
+    let rounds = mcp_event_store_benches::rounds_arg(5_000);
     let rt = mcp_event_store_benches::runtime();
     rt.block_on(async {
-        let url = testing::server_url().await;
-        let schema = testing::random_schema();
-        let store = PostgresStore::connect_with(
-            &url,
-            PostgresOptions::default()
-                .schema(schema.clone())
-                .store(StoreOptions::default()),
-        )
-        .await
-        .expect("open postgres");
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .test_before_acquire(false)
-            .connect(&url)
-            .await
-            .expect("raw postgres pool");
-        sqlx::query(AssertSqlSafe(format!(
-            "CREATE TABLE \"{schema}\".raw_events \
-             (id BIGSERIAL PRIMARY KEY, stream BYTEA NOT NULL, data BYTEA NOT NULL)"
-        )))
-        .execute(&pool)
-        .await
-        .expect("raw table");
-        let insert = format!("INSERT INTO \"{schema}\".raw_events (stream, data) VALUES ($1, $2)");
+        let mcp_event_store_benches::postgres::AppendSetup {
+            url,
+            schema,
+            store,
+            pool,
+            insert,
+        } = mcp_event_store_benches::postgres::append_setup(1).await;
         let data = mcp_event_store_benches::payload();
         let raw_insert = || async {
-            sqlx::query(AssertSqlSafe(insert.as_str()))
+            sqlx::query(AssertSqlSafe(insert.clone()))
                 .bind(&b"writer-0"[..])
                 .bind(&data[..])
                 .execute(&pool)
@@ -86,7 +61,7 @@ fn main() {
             append().await;
             times[1].push(start.elapsed());
         }
-        let [raw, appended] = [0, 1].map(|i| median_us(&mut times[i]));
+        let [raw, appended] = [0, 1].map(|i| mcp_event_store_benches::median_us(&mut times[i]));
         println!(
             "{rounds} rounds, medians: raw insert {raw:.1} us; store {appended:.1} us ({:.2}x of raw)",
             raw / appended

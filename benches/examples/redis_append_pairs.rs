@@ -45,16 +45,8 @@ async fn xadd(conn: &MultiplexedConnection, key: &str, maxlen: Option<u64>, data
         .expect("raw XADD");
 }
 
-fn median_us(times: &mut [Duration]) -> f64 {
-    times.sort();
-    times[times.len() / 2].as_secs_f64() * 1e6
-}
-
 fn main() {
-    let rounds: usize = match std::env::args().nth(1) {
-        Some(n) => n.parse().expect("the number of rounds"),
-        None => 20_000,
-    };
+    let rounds = mcp_event_store_benches::rounds_arg(20_000);
     let rt = mcp_event_store_benches::runtime();
     rt.block_on(async {
         let (store, conn, prefix) = mcp_event_store_benches::redis::store_and_raw().await;
@@ -92,7 +84,8 @@ fn main() {
             xadd(&conn, &maxlen_key, Some(limit), &data).await;
             times[3].push(start.elapsed());
         }
-        let [raw, below, at_limit, raw_maxlen] = [0, 1, 2, 3].map(|i| median_us(&mut times[i]));
+        let [raw, below, at_limit, raw_maxlen] =
+            [0, 1, 2, 3].map(|i| mcp_event_store_benches::median_us(&mut times[i]));
         println!(
             "{rounds} rounds, medians: raw XADD {raw:.1} us; store below the limit {below:.1} us \
              ({:.2}x of raw); store at the limit {at_limit:.1} us; raw XADD MAXLEN at the limit \

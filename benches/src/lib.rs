@@ -159,6 +159,21 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+/// The median of `times`, in microseconds (sorts them).
+pub fn median_us(times: &mut [std::time::Duration]) -> f64 {
+    times.sort();
+    times[times.len() / 2].as_secs_f64() * 1e6
+}
+
+/// The number of rounds an example runs: its first argument, else
+/// `default`.
+pub fn rounds_arg(default: usize) -> usize {
+    match std::env::args().nth(1) {
+        Some(n) => n.parse().expect("the number of rounds"),
+        None => default,
+    }
+}
+
 /// The process's user and system CPU time so far, in nanoseconds, from
 /// `/proc/self/stat` (`None` off Linux).
 pub fn process_cpu_ns() -> Option<u64> {

@@ -21,20 +21,27 @@ pub struct Storage {
     schema: String,
 }
 
-/// Opens the store in a random schema, then inserts the stream rows and
-/// events by hand in the store's layout (first/last/clean seq, running byte
-/// counts), interleaved in schedule order, and `VACUUM ANALYZE`s them.
-pub async fn load(plan: &[StreamPlan]) -> Loaded<Storage> {
+/// The server's URL, a fresh schema's name, and a store opened in it with
+/// `options`.
+async fn open_store(options: mcp_event_store::StoreOptions) -> (String, String, PostgresStore) {
     let url = mcp_event_store_postgres::testing::server_url().await;
     let schema = mcp_event_store_postgres::testing::random_schema();
     let store = PostgresStore::connect_with(
         &url,
         PostgresOptions::default()
             .schema(schema.clone())
-            .store(unbounded()),
+            .store(options),
     )
     .await
     .expect("open postgres");
+    (url, schema, store)
+}
+
+/// Opens the store in a random schema, then inserts the stream rows and
+/// events by hand in the store's layout (first/last/clean seq, running byte
+/// counts), interleaved in schedule order, and `VACUUM ANALYZE`s them.
+pub async fn load(plan: &[StreamPlan]) -> Loaded<Storage> {
+    let (url, schema, store) = open_store(unbounded()).await;
     let mut conn = sqlx::PgConnection::connect(&url)
         .await
         .expect("raw postgres connection");
@@ -179,4 +186,48 @@ pub async fn cleanup(storage: Storage) {
     mcp_event_store_postgres::testing::drop_schema(&storage.url, &storage.schema)
         .await
         .expect("drop the bench schema");
+}
+
+/// What the append benches start from: a store at the default options in
+/// a fresh schema, a raw pool of its own on the same server, and the raw
+/// baseline's table in that schema (`raw_events`: a `BIGSERIAL` key, the
+/// stream and the payload).
+pub struct AppendSetup {
+    /// The server.
+    pub url: String,
+    /// The schema; drop it with `testing::drop_schema` when done.
+    pub schema: String,
+    /// The store.
+    pub store: PostgresStore,
+    /// The raw pool, of the size asked for.
+    pub pool: sqlx::PgPool,
+    /// The raw insert: `$1` the stream, `$2` the payload.
+    pub insert: Arc<str>,
+}
+
+/// Opens [`AppendSetup`] with a raw pool of `connections`.
+pub async fn append_setup(connections: u32) -> AppendSetup {
+    let (url, schema, store) = open_store(mcp_event_store::StoreOptions::default()).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections)
+        .test_before_acquire(false)
+        .connect(&url)
+        .await
+        .expect("raw postgres pool");
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE \"{schema}\".raw_events \
+         (id BIGSERIAL PRIMARY KEY, stream BYTEA NOT NULL, data BYTEA NOT NULL)"
+    )))
+    .execute(&pool)
+    .await
+    .expect("raw table");
+    let insert =
+        format!("INSERT INTO \"{schema}\".raw_events (stream, data) VALUES ($1, $2)").into();
+    AppendSetup {
+        url,
+        schema,
+        store,
+        pool,
+        insert,
+    }
 }

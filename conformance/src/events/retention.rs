@@ -175,17 +175,25 @@ pub async fn age_limit_after_count_trims<H: Harness>(h: &H) {
     h.close(store).await;
 }
 
-/// C8, C5: at most `max_bytes_per_stream` payload bytes are kept.
-pub async fn retention_by_bytes<H: Harness>(h: &H) {
+/// A store limited to 1,000 bytes per stream, and the ids of ten events of
+/// `len` bytes each (event `i` all bytes `i`) appended to stream `s`, then
+/// purged.
+async fn ten_events_under_a_byte_limit<H: Harness>(h: &H, len: usize) -> (H::Store, Vec<EventId>) {
     let clock = test_clock();
     let store = h
         .open(test_options(&clock).retention(Retention::unbounded().max_bytes_per_stream(1_000)))
         .await;
     let mut ids = Vec::new();
     for i in 0..10u8 {
-        ids.push(append(&store, "s", &[i; 300]).await);
+        ids.push(append(&store, "s", &vec![i; len]).await);
     }
     store.purge_expired().await.unwrap();
+    (store, ids)
+}
+
+/// C8, C5: at most `max_bytes_per_stream` payload bytes are kept.
+pub async fn retention_by_bytes<H: Harness>(h: &H) {
+    let (store, ids) = ten_events_under_a_byte_limit(h, 300).await;
     assert_purged(&store, &ids[0]).await;
     assert_purged(&store, &ids[5]).await;
     assert_eq!(
@@ -199,15 +207,7 @@ pub async fn retention_by_bytes<H: Harness>(h: &H) {
 /// stream holding exactly the limit keeps every event, and one more byte
 /// drops its oldest event.
 pub async fn byte_limit_is_exact_when_first_crossed<H: Harness>(h: &H) {
-    let clock = test_clock();
-    let store = h
-        .open(test_options(&clock).retention(Retention::unbounded().max_bytes_per_stream(1_000)))
-        .await;
-    let mut ids = Vec::new();
-    for i in 0..10u8 {
-        ids.push(append(&store, "s", &[i; 100]).await);
-    }
-    store.purge_expired().await.unwrap();
+    let (store, mut ids) = ten_events_under_a_byte_limit(h, 100).await;
     let retained = super::oldest::replay_stream_all(&store, "s").await.unwrap();
     assert_eq!(retained.len(), 10, "exactly the limit: every event stays");
     assert_eq!(
