@@ -5,23 +5,23 @@
 //! Each commit waits for a WAL flush, so appends committed one by one are
 //! bound by how many commits the server can flush. The append statement,
 //! [`crate::sql::APPEND`], takes its events as arrays. A lone append runs
-//! at once, as [`crate::sql::APPEND_ONE`], the same statement for one
-//! event with plain parameters (cheaper for the server); appends that arrive while
-//! others are in flight queue for the batcher task, which sends everything
-//! queued, at most one event per stream, in one call. One batch runs at a
-//! time as a rule, and the queue fills while it does, so the busier the
-//! store, the larger each batch. Another starts beside it only when a full
-//! batch is waiting or the running one has taken longer than
+//! at once, as [`crate::sql::APPEND_ONE`], the same statement for one event
+//! with plain parameters (cheaper for the server); appends that arrive
+//! while others are in flight queue for the batcher task, which sends
+//! everything queued, at most one event per stream, in one call. One batch
+//! runs at a time as a rule, and the queue fills while it does, so the
+//! busier the store, the larger each batch. Another starts beside it only
+//! when a full batch is waiting or the running one has taken longer than
 //! [`APPEND_BATCH_STALL`] (a lock wait, a slow commit), at most
 //! [`APPEND_BATCHES_IN_FLIGHT`] at once. Starting whatever was queued as
-//! soon as a slot was free split the appenders into many small batches:
-//! the callers of a batch that just committed append again one by one, and
-//! the first few each took a slot and a WAL flush of their own while the
-//! rest queued behind them (counted with `pg_waldump` under 32 writers:
-//! 14 to 17% of the events committed alone, 4.5 to 5.3 events per commit;
-//! one batch at a time: 97 to 99% in batches of 17 to 32).
-//! For the same reason a batch that starts right after one finished first
-//! lets that batch's callers come back (while they keep arriving).
+//! soon as a slot was free split the appenders into many small batches: the
+//! callers of a batch that just committed append again one by one, and the
+//! first few each took a slot and a WAL flush of their own while the rest
+//! queued behind them (counted with `pg_waldump` under 32 writers: 14 to
+//! 17% of the events committed alone, 4.5 to 5.3 events per commit; one
+//! batch at a time: 97 to 99% in batches of 17 to 32). For the same reason
+//! a batch that starts right after one finished first lets that batch's
+//! callers come back (while they keep arriving).
 //!
 //! With every writer in the running batch, batches follow each other, and
 //! a batch's time is the rate: under 32 writers on two cores a batch of 32
