@@ -145,44 +145,33 @@ type Waiting = (AppendRequest, oneshot::Sender<Result<Appended>>);
 pub(crate) struct Batcher {
     queue: mpsc::UnboundedSender<Waiting>,
     in_flight: AtomicUsize,
-    pool: PgPool,
-    statements: Statements,
-    limits: Limits,
-    notifier: Notifier,
+    writer: Writer,
 }
 
-/// The two append statements: [`crate::sql::APPEND`] for a batch, and
-/// [`crate::sql::APPEND_ONE`] for an event alone.
+/// What every append statement runs with, the handle's lone appends and
+/// the batcher task's batches alike.
 #[derive(Clone)]
-pub(crate) struct Statements {
+pub(crate) struct Writer {
+    pub pool: PgPool,
+    /// [`crate::sql::APPEND`], for a batch.
     pub batch: SqlStr,
+    /// [`crate::sql::APPEND_ONE`], for an event alone.
     pub one: SqlStr,
+    pub limits: Limits,
+    /// Announces committed streams to other handles.
+    pub notifier: Notifier,
 }
 
 impl Batcher {
     /// Starts the batcher task on the current tokio runtime. It ends when
     /// the `Batcher` is dropped and the queue has drained.
-    pub(crate) fn start(
-        pool: PgPool,
-        statements: Statements,
-        limits: Limits,
-        notifier: Notifier,
-    ) -> Self {
+    pub(crate) fn start(writer: Writer) -> Self {
         let (queue, requests) = mpsc::unbounded_channel();
-        tokio::spawn(run(
-            requests,
-            pool.clone(),
-            statements.clone(),
-            limits,
-            notifier.clone(),
-        ));
+        tokio::spawn(run(requests, writer.clone()));
         Self {
             queue,
             in_flight: AtomicUsize::new(0),
-            pool,
-            statements,
-            limits,
-            notifier,
+            writer,
         }
     }
 
@@ -191,14 +180,7 @@ impl Batcher {
         let alone = self.in_flight.fetch_add(1, Ordering::AcqRel) == 0;
         let _done = Leave(&self.in_flight);
         if alone {
-            let seqs = run_statement(
-                &self.pool,
-                &self.statements,
-                self.limits,
-                &self.notifier,
-                &[&request],
-            )
-            .await;
+            let seqs = run_statement(&self.writer, &[&request]).await;
             return Ok(seqs.map_err(backend)?[0]);
         }
         let (reply, answer) = oneshot::channel();
@@ -218,13 +200,7 @@ impl Drop for Leave<'_> {
     }
 }
 
-async fn run(
-    mut requests: mpsc::UnboundedReceiver<Waiting>,
-    pool: PgPool,
-    statements: Statements,
-    limits: Limits,
-    notifier: Notifier,
-) {
+async fn run(mut requests: mpsc::UnboundedReceiver<Waiting>, writer: Writer) {
     // Batches report here when they finish (with the appends they
     // carried), also when their task panics.
     let (finished_tx, mut finished) = mpsc::unbounded_channel::<usize>();
@@ -289,10 +265,10 @@ async fn run(
         let batch = take_batch(&mut waiting);
         running += 1;
         newest = Instant::now();
-        let (pool, statements, notifier) = (pool.clone(), statements.clone(), notifier.clone());
+        let writer = writer.clone();
         let done = Finished(finished_tx.clone(), batch.len());
         tokio::spawn(async move {
-            run_batch(&pool, &statements, limits, &notifier, batch).await;
+            run_batch(&writer, batch).await;
             drop(done);
         });
     }
@@ -356,16 +332,10 @@ fn take_batch(waiting: &mut VecDeque<Waiting>) -> Vec<Waiting> {
     batch
 }
 
-async fn run_batch(
-    pool: &PgPool,
-    statements: &Statements,
-    limits: Limits,
-    notifier: &Notifier,
-    batch: Vec<Waiting>,
-) {
+async fn run_batch(writer: &Writer, batch: Vec<Waiting>) {
     if batch.len() > 1 {
         let requests: Vec<&AppendRequest> = batch.iter().map(|(request, _)| request).collect();
-        match run_statement(pool, statements, limits, notifier, &requests).await {
+        match run_statement(writer, &requests).await {
             Ok(seqs) => {
                 for ((_, reply), seq) in batch.into_iter().zip(seqs) {
                     let _ = reply.send(Ok(seq));
@@ -396,7 +366,7 @@ async fn run_batch(
         }
     }
     for (request, reply) in batch {
-        let seq = run_statement(pool, statements, limits, notifier, &[&request]).await;
+        let seq = run_statement(writer, &[&request]).await;
         let _ = reply.send(seq.map(|seqs| seqs[0]).map_err(backend));
     }
 }
@@ -404,16 +374,13 @@ async fn run_batch(
 /// Runs the append statement for events of distinct streams (the
 /// one-event statement for one); where each event went, in order.
 async fn run_statement(
-    pool: &PgPool,
-    statements: &Statements,
-    limits: Limits,
-    notifier: &Notifier,
+    writer: &Writer,
     requests: &[&AppendRequest],
 ) -> sqlx::Result<Vec<Appended>> {
     let requests = || requests.iter();
     let tokens: Vec<&[u8]> = requests().map(|r| &r.token.as_bytes()[..]).collect();
     let query = if let [one] = requests().as_slice() {
-        sqlx::query(statements.one.clone())
+        sqlx::query(writer.one.clone())
             .bind(tokens[0])
             .bind(&one.stream_id[..])
             .bind(one.data.len() as i64)
@@ -426,7 +393,7 @@ async fn run_statement(
         let stored_at: Vec<i64> = requests().map(|r| r.now).collect();
         let retry_ms: Vec<Option<i64>> = requests().map(|r| r.retry_ms).collect();
         let data: Vec<&[u8]> = requests().map(|r| &r.data[..]).collect();
-        sqlx::query(statements.batch.clone())
+        sqlx::query(writer.batch.clone())
             .bind(&tokens)
             .bind(stream_ids)
             .bind(lengths)
@@ -435,9 +402,9 @@ async fn run_statement(
             .bind(data)
     };
     let rows = query
-        .bind(limits.max_events)
-        .bind(limits.max_bytes)
-        .fetch_all(pool)
+        .bind(writer.limits.max_events)
+        .bind(writer.limits.max_bytes)
+        .fetch_all(&writer.pool)
         .await?;
     // Committed: these events shared one transaction and one WAL flush.
     observe::batch(NAME, requests().len());
@@ -455,7 +422,7 @@ async fn run_statement(
         seqs[at] = Some((incarnation, seq));
     }
     // Committed: one announcement for every stream of the statement.
-    notifier.announce(
+    writer.notifier.announce(
         requests()
             .zip(&seqs)
             .filter(|(_, seq)| seq.is_some())

@@ -17,7 +17,7 @@ use mcp_event_store_core::{
     Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
 
-use crate::append::{Batcher, Limits, Statements};
+use crate::append::{Batcher, Limits, Writer};
 use crate::error::NAME;
 use crate::follow::{Follows, Notifier, channel};
 use crate::options::{MAX_PAGE_SIZE, PostgresOptions, Vacuum, quote_schema};
@@ -112,15 +112,13 @@ impl PostgresStore {
             pool.options().get_acquire_timeout(),
             options.follow_recheck,
         );
-        let batcher = Batcher::start(
-            pool.clone(),
-            Statements {
-                batch: sql.append.clone(),
-                one: sql.append_one.clone(),
-            },
-            Limits::new(options.store.retention),
+        let batcher = Batcher::start(Writer {
+            pool: pool.clone(),
+            batch: sql.append.clone(),
+            one: sql.append_one.clone(),
+            limits: Limits::new(options.store.retention),
             notifier,
-        );
+        });
         Ok(Self {
             inner: Arc::new(Inner {
                 sql,
