@@ -395,9 +395,7 @@ fn redis_backend(c: &mut Criterion, rt: &Runtime) {
         });
         // The floor of any script-based append: `EVALSHA` of a one-line
         // script that only does the `XADD`.
-        let script = Arc::new(redis::Script::new(
-            "return redis.call('XADD', KEYS[1], '*', 'd', ARGV[1])",
-        ));
+        let script = Arc::new(redis::Script::new(common::redis::XADD_SCRIPT));
         let (lua_conn, lua_keys, lua_data) = (conn.clone(), keys.clone(), data.clone());
         let lua: AppendFn = Arc::new(move |writer| {
             let (mut conn, keys, data, script) = (

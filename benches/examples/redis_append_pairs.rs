@@ -6,15 +6,19 @@
 //! cases (`append/redis/*_1_writer`), run one after another, each see
 //! whatever state the machine was in during theirs.
 //!
-//! Prints the median of each kind and two ratios: the store, on streams
-//! below the count limit, against raw `XADD`; and the store on a stream at
-//! the default count limit (10,000), where each append also removes the
-//! oldest event, against raw `XADD MAXLEN = 10000` on a stream at that
-//! length. Then the process's own CPU per append of raw `XADD` and of the
+//! Prints the median of each kind and three ratios: the store, on streams
+//! below the count limit, against raw `XADD`; `EVALSHA` of a script that
+//! only does the `XADD` (the floor of any script-based append) against raw
+//! `XADD`; and the store on a stream at the default count limit (10,000),
+//! where each append also removes the oldest event, against raw `XADD
+//! MAXLEN = 10000` on a stream at that length. Then, over runs of one kind
+//! at a time, the process's own CPU per append of raw `XADD` and of the
 //! store below the limit (user and system time, from `/proc/self/stat`;
-//! Linux only), over runs of one kind at a time: what the client side
-//! costs. Finds its server as the tests do and works under a random key
-//! prefix that it removes at the end.
+//! Linux only), what the client side costs; and the server's own time per
+//! append of raw `XADD`, the `XADD`-only script and the store below the
+//! limit (`INFO commandstats`, read before and after each run), what the
+//! server side costs. Finds its server as the tests do and works under a
+//! random key prefix that it removes at the end.
 //!
 //! ```text
 //! cargo run --release -p mcp-event-store-benches --example redis_append_pairs            # 20,000 rounds
@@ -62,11 +66,24 @@ fn main() {
                 .expect("fill the stream at the limit");
             xadd(&conn, &maxlen_key, None, &data).await;
         }
-        let mut times: Vec<Vec<Duration>> = (0..4).map(|_| Vec::with_capacity(rounds)).collect();
+        let script = redis::Script::new(mcp_event_store_benches::redis::XADD_SCRIPT);
+        let script_key = format!("{prefix}:raw:script");
+        let xadd_script = || async {
+            let _: String = script
+                .key(&script_key)
+                .arg(&data[..])
+                .invoke_async(&mut conn.clone())
+                .await
+                .expect("EVALSHA XADD");
+        };
+        let mut times: Vec<Vec<Duration>> = (0..5).map(|_| Vec::with_capacity(rounds)).collect();
         for round in 0..rounds {
             let start = Instant::now();
             xadd(&conn, &raw_key, None, &data).await;
             times[0].push(start.elapsed());
+            let start = Instant::now();
+            xadd_script().await;
+            times[4].push(start.elapsed());
             let stream = format!("below-limit-{}", round / STREAM_EVENTS);
             let start = Instant::now();
             store
@@ -84,13 +101,14 @@ fn main() {
             xadd(&conn, &maxlen_key, Some(limit), &data).await;
             times[3].push(start.elapsed());
         }
-        let [raw, below, at_limit, raw_maxlen] =
-            [0, 1, 2, 3].map(|i| mcp_event_store_benches::median_us(&mut times[i]));
+        let [raw, below, at_limit, raw_maxlen, floor] =
+            [0, 1, 2, 3, 4].map(|i| mcp_event_store_benches::median_us(&mut times[i]));
         println!(
             "{rounds} rounds, medians: raw XADD {raw:.1} us; store below the limit {below:.1} us \
-             ({:.2}x of raw); store at the limit {at_limit:.1} us; raw XADD MAXLEN at the limit \
-             {raw_maxlen:.1} us ({:.2}x)",
+             ({:.2}x of raw); XADD-only script {floor:.1} us ({:.2}x of raw); store at the limit \
+             {at_limit:.1} us; raw XADD MAXLEN at the limit {raw_maxlen:.1} us ({:.2}x)",
             raw / below,
+            raw / floor,
             raw_maxlen / at_limit
         );
         // The process's own CPU per append, one kind at a time: what the
@@ -119,6 +137,38 @@ fn main() {
                  {store_cpu:.1} us"
             );
         }
+        // The server's own time per append, one kind at a time: what the
+        // server side costs, apart from the network and the client.
+        let server_us = |command: &'static str, before: (u64, u64)| {
+            let conn = conn.clone();
+            async move {
+                let after = mcp_event_store_benches::redis::command_time(&conn, command).await;
+                (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64
+            }
+        };
+        let before = mcp_event_store_benches::redis::command_time(&conn, "xadd").await;
+        for _ in 0..rounds {
+            xadd(&conn, &raw_key, None, &data).await;
+        }
+        let raw_server = server_us("xadd", before).await;
+        let before = mcp_event_store_benches::redis::command_time(&conn, "evalsha").await;
+        for _ in 0..rounds {
+            xadd_script().await;
+        }
+        let floor_server = server_us("evalsha", before).await;
+        let before = mcp_event_store_benches::redis::command_time(&conn, "evalsha").await;
+        for round in 0..rounds {
+            let stream = format!("server-{}", round / STREAM_EVENTS);
+            store
+                .store_event(&stream, NewEvent::new(&data))
+                .await
+                .expect("append");
+        }
+        let store_server = server_us("evalsha", before).await;
+        println!(
+            "the server's time per append: raw XADD {raw_server:.1} us; XADD-only script \
+             {floor_server:.1} us; store below the limit {store_server:.1} us"
+        );
         store.destroy().await.expect("remove the key prefix");
     });
 }

@@ -152,3 +152,31 @@ pub async fn cleanup(storage: Storage) {
         .await
         .expect("remove the bench key prefix");
 }
+
+/// The floor of any script-based append, for `EVALSHA`: a one-line script
+/// that only does the `XADD`. KEYS: the stream. ARGV: the payload.
+pub const XADD_SCRIPT: &str = "return redis.call('XADD', KEYS[1], '*', 'd', ARGV[1])";
+
+/// The server's own count of calls and microseconds spent in `command`
+/// (`xadd`, `evalsha`, ...) so far, from `INFO commandstats`: read before
+/// and after a run of one kind of append, the difference is the server's
+/// time per append, apart from the network and the client. A script's
+/// time includes the commands it runs.
+pub async fn command_time(conn: &redis::aio::MultiplexedConnection, command: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("INFO commandstats");
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = info.lines().find_map(|line| line.strip_prefix(&prefix)) else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|value| value.parse().ok())
+            .expect("a commandstats field")
+    };
+    (field("calls"), field("usec"))
+}
