@@ -11,13 +11,12 @@
 //! only does the `XADD` (the floor of any script-based append) against raw
 //! `XADD`; and the store on a stream at the default count limit (10,000),
 //! where each append also removes the oldest event, against raw `XADD
-//! MAXLEN = 10000` on a stream at that length. Then, over runs of one kind
-//! at a time, the process's own CPU per append of raw `XADD` and of the
-//! store below the limit (user and system time, from `/proc/self/stat`;
-//! Linux only), what the client side costs; and the server's own time per
-//! append of raw `XADD`, the `XADD`-only script and the store below the
-//! limit (`INFO commandstats`, read before and after each run), what the
-//! server side costs. Finds its server as the tests do and works under a
+//! MAXLEN = 10000` on a stream at that length. Then, over one run of each
+//! of raw `XADD`, the `XADD`-only script and the store below the limit,
+//! the process's own CPU per append (user and system time, from
+//! `/proc/self/stat`; Linux only), what the client side costs, and the
+//! server's own time per append (`INFO commandstats`, read before and
+//! after the run), what the server side costs. Finds its server as the tests do and works under a
 //! random key prefix that it removes at the end.
 //!
 //! ```text
@@ -111,64 +110,60 @@ fn main() {
             raw / floor,
             raw_maxlen / at_limit
         );
-        // The process's own CPU per append, one kind at a time: what the
-        // client side costs, apart from the server.
-        let per_op = |before: Option<u64>| {
-            mcp_event_store_benches::process_cpu_ns()
-                .zip(before)
-                .map(|(after, before)| (after - before) as f64 / rounds as f64 / 1e3)
-        };
-        let before = mcp_event_store_benches::process_cpu_ns();
-        for _ in 0..rounds {
+        // Then one kind at a time, each run read twice: the process's own
+        // CPU per append (the client side) and the server's own time per
+        // append (apart from the network and the client).
+        let (raw_cpu, raw_server) = one_kind(&conn, "xadd", rounds, async |_| {
             xadd(&conn, &raw_key, None, &data).await;
-        }
-        let raw_cpu = per_op(before);
-        let before = mcp_event_store_benches::process_cpu_ns();
-        for round in 0..rounds {
-            let stream = format!("cpu-{}", round / STREAM_EVENTS);
+        })
+        .await;
+        let (floor_cpu, floor_server) =
+            one_kind(&conn, "evalsha", rounds, async |_| xadd_script().await).await;
+        let (store_cpu, store_server) = one_kind(&conn, "evalsha", rounds, async |round| {
+            let stream = format!("one-kind-{}", round / STREAM_EVENTS);
             store
                 .store_event(&stream, NewEvent::new(&data))
                 .await
                 .expect("append");
-        }
-        if let (Some(raw_cpu), Some(store_cpu)) = (raw_cpu, per_op(before)) {
+        })
+        .await;
+        if let (Some(raw_cpu), Some(floor_cpu), Some(store_cpu)) = (raw_cpu, floor_cpu, store_cpu) {
             println!(
-                "this process's CPU per append: raw XADD {raw_cpu:.1} us; store below the limit \
-                 {store_cpu:.1} us"
+                "this process's CPU per append: raw XADD {raw_cpu:.1} us; XADD-only script \
+                 {floor_cpu:.1} us; store below the limit {store_cpu:.1} us"
             );
         }
-        // The server's own time per append, one kind at a time: what the
-        // server side costs, apart from the network and the client.
-        let server_us = |command: &'static str, before: (u64, u64)| {
-            let conn = conn.clone();
-            async move {
-                let after = mcp_event_store_benches::redis::command_time(&conn, command).await;
-                (after.1 - before.1) as f64 / (after.0 - before.0).max(1) as f64
-            }
-        };
-        let before = mcp_event_store_benches::redis::command_time(&conn, "xadd").await;
-        for _ in 0..rounds {
-            xadd(&conn, &raw_key, None, &data).await;
-        }
-        let raw_server = server_us("xadd", before).await;
-        let before = mcp_event_store_benches::redis::command_time(&conn, "evalsha").await;
-        for _ in 0..rounds {
-            xadd_script().await;
-        }
-        let floor_server = server_us("evalsha", before).await;
-        let before = mcp_event_store_benches::redis::command_time(&conn, "evalsha").await;
-        for round in 0..rounds {
-            let stream = format!("server-{}", round / STREAM_EVENTS);
-            store
-                .store_event(&stream, NewEvent::new(&data))
-                .await
-                .expect("append");
-        }
-        let store_server = server_us("evalsha", before).await;
         println!(
             "the server's time per append: raw XADD {raw_server:.1} us; XADD-only script \
              {floor_server:.1} us; store below the limit {store_server:.1} us"
         );
         store.destroy().await.expect("remove the key prefix");
     });
+}
+
+/// Makes `rounds` appends of one kind, `append(round)` each, and returns
+/// the process's own CPU per append in microseconds (`None` off Linux) and
+/// the server's time per append in microseconds, from its count for
+/// `command` (the one each append calls) in `INFO commandstats`.
+async fn one_kind(
+    conn: &MultiplexedConnection,
+    command: &str,
+    rounds: usize,
+    mut append: impl AsyncFnMut(usize),
+) -> (Option<f64>, f64) {
+    use mcp_event_store_benches::{process_cpu_ns, redis::command_time};
+    let server_before = command_time(conn, command).await;
+    let cpu_before = process_cpu_ns();
+    for round in 0..rounds {
+        append(round).await;
+    }
+    let cpu = process_cpu_ns()
+        .zip(cpu_before)
+        .map(|(after, before)| (after - before) as f64 / rounds as f64 / 1e3);
+    let server_after = command_time(conn, command).await;
+    let calls = (server_after.0 - server_before.0).max(1);
+    (
+        cpu,
+        (server_after.1 - server_before.1) as f64 / calls as f64,
+    )
 }
