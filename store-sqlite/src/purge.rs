@@ -14,7 +14,10 @@ use crate::SqliteStore;
 use crate::error::{NAME, sqlite_error};
 use crate::writer::{Command, Reply, Write, Writer, execute};
 
-/// Rows one purge transaction deletes at most.
+/// Rows one purge transaction deletes at most, and one delete statement
+/// of events: the writer keeps each statement's undo copy in memory (see
+/// [`crate::writer::open`]), so no statement may touch pages without
+/// bound.
 const PURGE_BATCH: i64 = 500;
 /// Streams one limit-enforcement step visits at most.
 const LIMIT_SCAN_BATCH: i64 = 100;
@@ -140,11 +143,12 @@ impl Writer {
 }
 
 /// Deletes a stream's row, then its events (so the delete trigger has no
-/// counters left to update); the caller holds a transaction.
+/// counters left to update), a bounded batch per statement; the caller
+/// holds a transaction, so the stream still goes all at once.
 fn delete_stream_rows(conn: &Connection, token: StreamToken) -> Result<u64> {
     let token = &token.as_bytes()[..];
     execute(conn, "DELETE FROM mes_streams WHERE token = ?1", [token])?;
-    execute(conn, "DELETE FROM mes_events WHERE token = ?1", [token])
+    delete_through(conn, token, i64::MAX)
 }
 
 /// Deletes up to one batch of events older than `cutoff` (the delete trigger
@@ -275,11 +279,21 @@ pub(crate) fn trim_stream(
 }
 
 /// Deletes a stream's events up to and including `seq` (the delete trigger
-/// keeps its byte count right). Returns how many went.
+/// keeps its byte count right), oldest first, a bounded batch per
+/// statement. Returns how many went.
 fn delete_through(conn: &Connection, token: &[u8], seq: i64) -> Result<u64> {
-    execute(
-        conn,
-        "DELETE FROM mes_events WHERE token = ?1 AND seq <= ?2",
-        params![token, seq],
-    )
+    let mut removed = 0;
+    loop {
+        let deleted = execute(
+            conn,
+            "DELETE FROM mes_events WHERE rowid IN \
+             (SELECT rowid FROM mes_events WHERE token = ?1 AND seq <= ?2 \
+              ORDER BY seq LIMIT ?3)",
+            params![token, seq, PURGE_BATCH],
+        )?;
+        removed += deleted;
+        if deleted < PURGE_BATCH as u64 {
+            return Ok(removed);
+        }
+    }
 }

@@ -20,7 +20,7 @@
 //! statement a further round trip to its own worker thread. The connection
 //! is opened as the store's others are (see [`open`]): the file's WAL mode,
 //! `synchronous` per [`Durability`](crate::Durability), the busy timeout,
-//! foreign keys off. A write that panics is answered with an error, with
+//! foreign keys off, temporary storage in memory. A write that panics is answered with an error, with
 //! the rest of its group not yet committed; the writer rolls back what it
 //! left open and serves on.
 //!
@@ -473,8 +473,8 @@ impl Writer {
 /// already put in WAL mode and migrated: as the page threads' (see
 /// [`crate::pages::connect`]), with `synchronous`
 /// for the durability, foreign keys off (as every connection of the
-/// store), and a statement cache that holds every statement the writer
-/// runs.
+/// store), temporary storage in memory, and a statement cache that holds
+/// every statement the writer runs.
 pub(crate) fn open(
     path: &std::path::Path,
     busy_timeout: std::time::Duration,
@@ -484,6 +484,14 @@ pub(crate) fn open(
     conn.pragma_update(None, "synchronous", synchronous)
         .map_err(sqlite_error)?;
     conn.pragma_update(None, "foreign_keys", false)
+        .map_err(sqlite_error)?;
+    // A statement inside a group's transaction keeps an undo copy of the
+    // pages it changes (the statement journal), and SQLite moves that copy
+    // to a new temporary file once it passes 64 KiB: a file created,
+    // written and unlinked by every full group. In memory it costs no
+    // system call. Every delete the writer runs is bounded
+    // ([`crate::purge`]), so the copy stays small.
+    conn.pragma_update(None, "temp_store", "MEMORY")
         .map_err(sqlite_error)?;
     let mode: String = conn
         .pragma_query_value(None, "journal_mode", |row| row.get(0))
@@ -640,6 +648,7 @@ mod tests {
             assert_eq!(read("synchronous"), level);
             assert_eq!(read("foreign_keys"), 0);
             assert_eq!(read("busy_timeout"), 1000);
+            assert_eq!(read("temp_store"), 2, "statement journals in memory");
         }
         let missing = open(
             &dir.path().join("missing.db"),

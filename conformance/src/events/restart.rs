@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use mcp_event_store_core::{Error, EventStore, NewEvent, SessionStore};
+use mcp_event_store_core::{Error, EventStore, NewEvent, Retention, SessionStore};
 
 /// C10, C12: a reopened store replays everything stored before, with the
 /// same ids.
@@ -86,6 +86,44 @@ pub async fn reopen_never_reissues_ids_of_a_deleted_stream<H: Harness>(h: &H) {
     let store = h.open(test_options(&clock)).await;
     let new = append_n(&store, "s", "second", 3).await;
     assert_new_life(&store, "s", &old, &new, "second").await;
+    h.close(store).await;
+}
+
+/// C8, C10: a store reopened with a lower count limit trims the streams
+/// that grew under no limit, however many events go at once: after an
+/// append to one and a purge, each keeps exactly its newest events, and a
+/// cursor into what went is `EventsPurged`.
+pub async fn reopen_with_a_lower_count_limit_trims_long_streams<H: Harness>(h: &H) {
+    const KEPT: usize = 10;
+    let clock = test_clock();
+    let store = h.open(test_options(&clock)).await;
+    let appended = append_n(&store, "appended", "a", LONG_STREAM).await;
+    let purged = append_n(&store, "purged", "p", LONG_STREAM).await;
+    h.close(store).await;
+
+    let limited =
+        test_options(&clock).retention(Retention::unbounded().max_events_per_stream(KEPT as u64));
+    let store = h.open(limited).await;
+    let newest = append(&store, "appended", b"newest").await;
+    store.purge_expired().await.unwrap();
+    let retained = |events: Vec<mcp_event_store_core::StoredEvent>| {
+        events.into_iter().map(|e| e.id).collect::<Vec<_>>()
+    };
+    let expected: Vec<_> = appended[LONG_STREAM - (KEPT - 1)..]
+        .iter()
+        .copied()
+        .chain([newest])
+        .collect();
+    let events = replay_stream_all(&store, "appended").await.unwrap();
+    assert_eq!(retained(events), expected, "the stream an append trimmed");
+    let events = replay_stream_all(&store, "purged").await.unwrap();
+    assert_eq!(
+        retained(events),
+        purged[LONG_STREAM - KEPT..],
+        "the stream the purge trimmed"
+    );
+    assert_purged(&store, &appended[0]).await;
+    assert_purged(&store, &purged[LONG_STREAM - KEPT - 2]).await;
     h.close(store).await;
 }
 
@@ -241,7 +279,8 @@ macro_rules! __conformance_restart {
             reopen_replays_everything_acknowledged,
             reopen_continues_each_stream,
             reopen_keeps_sessions,
-            reopen_never_reissues_ids_of_a_deleted_stream
+            reopen_never_reissues_ids_of_a_deleted_stream,
+            reopen_with_a_lower_count_limit_trims_long_streams
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -281,6 +281,29 @@ pub async fn delete_stream_removes_only_that_stream<H: Harness>(h: &H) {
     h.close(store).await;
 }
 
+/// C8: `delete_stream` removes a long stream whole, every event of it,
+/// however a backend splits the work, and leaves the other streams alone.
+pub async fn delete_stream_removes_a_long_stream_whole<H: Harness>(h: &H) {
+    let (store, _) = open_default(h).await;
+    let long = append_n(&store, "long", "long", LONG_STREAM).await;
+    let kept = append_n(&store, "kept", "kept", 2).await;
+    assert_eq!(
+        store.delete_stream("long").await.unwrap(),
+        LONG_STREAM as u64
+    );
+    for id in [&long[0], &long[LONG_STREAM / 2], &long[LONG_STREAM - 1]] {
+        assert_unknown(&store, &text(id)).await;
+    }
+    assert_eq!(store.delete_stream("long").await.unwrap(), 0);
+    assert_eq!(
+        replay_data(&store, &kept[0]).await,
+        vec![b"kept-1".to_vec()]
+    );
+    let again = append(&store, "long", b"again").await;
+    assert!(again.position > long[LONG_STREAM - 1].position);
+    h.close(store).await;
+}
+
 /// C8: deleting a stream that never existed removes nothing.
 pub async fn delete_unknown_stream_removes_nothing<H: Harness>(h: &H) {
     let (store, _) = open_default(h).await;
@@ -329,6 +352,7 @@ macro_rules! __conformance_retention {
             byte_limit_is_exact_when_first_crossed,
             newest_event_survives_the_byte_limit,
             delete_stream_removes_only_that_stream,
+            delete_stream_removes_a_long_stream_whole,
             delete_unknown_stream_removes_nothing,
             purge_with_nothing_expired_removes_nothing
         );

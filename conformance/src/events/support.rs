@@ -43,6 +43,12 @@ pub(crate) fn text(id: &EventId) -> String {
     id.to_string()
 }
 
+/// Events in the stream of the cases that delete or trim a long stream
+/// at once: more than a backend would sensibly touch in one statement
+/// (the SQLite store deletes 500 rows per statement), so its batching is
+/// crossed twice.
+pub(crate) const LONG_STREAM: usize = 1_100;
+
 /// Appends `n` events `<tag>-<i>` to `stream`.
 pub(crate) async fn append_n<S: EventStore + ?Sized>(
     store: &S,
