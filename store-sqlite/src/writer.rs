@@ -20,9 +20,9 @@
 //! statement a further round trip to its own worker thread. The connection
 //! is opened as the store's others are (see [`open`]): the file's WAL mode,
 //! `synchronous` per [`Durability`](crate::Durability), the busy timeout,
-//! foreign keys off, temporary storage in memory. A write that panics is answered with an error, with
-//! the rest of its group not yet committed; the writer rolls back what it
-//! left open and serves on.
+//! foreign keys off; and temporary storage in memory. A write that panics
+//! is answered with an error, with the rest of its group not yet
+//! committed; the writer rolls back what it left open and serves on.
 //!
 //! Purges run here too, in small transactions interleaved with append
 //! groups, so retention never stalls appends for long. `Close` is answered
