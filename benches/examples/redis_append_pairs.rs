@@ -16,8 +16,9 @@
 //! the process's own CPU per append (user and system time, from
 //! `/proc/self/stat`; Linux only), what the client side costs, and the
 //! server's own time per append (`INFO commandstats`, read before and
-//! after the run), what the server side costs. Finds its server as the tests do and works under a
-//! random key prefix that it removes at the end.
+//! after the run), what the server side costs. Finds its server as the
+//! tests do and works under a random key prefix that it removes at the
+//! end.
 //!
 //! ```text
 //! cargo run --release -p mcp-event-store-benches --example redis_append_pairs            # 20,000 rounds
