@@ -8,13 +8,15 @@
 //! append's: notifying commits are serialized cluster-wide until their WAL
 //! is flushed, which would cost concurrent durable appends their shared
 //! flushes (see [`crate::sql::NOTIFY`]). Announcements queued while one is
-//! in flight go together in the next, one per stream. The channel is
-//! derived from the store's schema ([`channel`]), so stores in two schemas
-//! never wake each other.
+//! in flight go together in the next, one per stream, and only while
+//! another handle listens ([`Listeners`]). The channel is derived from the
+//! store's schema ([`channel`]), so stores in two schemas never wake each
+//! other.
 //!
 //! A store handle opens **one** listening connection, on its first follow,
-//! whatever the number of followers: a task that reads notifications and
-//! wakes the followers of the named stream in the handle's [`Wakeups`] hub.
+//! whatever the number of followers: a task that takes the listener lock
+//! ([`Listeners`]), listens, reads notifications and wakes the followers of
+//! the named stream in the handle's [`Wakeups`] hub.
 //! Appends through the handle itself wake its hub directly once they have
 //! committed, without waiting for the round trip through the server.
 //!
@@ -33,6 +35,7 @@
 
 use std::collections::HashSet;
 use std::mem;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -43,6 +46,7 @@ use sqlx::SqlStr;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::PostgresStore;
 use crate::error::NAME;
@@ -102,6 +106,138 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, b| {
         (hash ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+/// The first key of the advisory lock every listening connection holds
+/// (`"mes!"`); the second is derived from the channel ([`Listeners`]).
+const LISTENER_LOCK_CLASS: i32 = 0x6d65_7321;
+
+/// How long a handle trusts what it last read of who listens before it
+/// reads again, at most once per this interval while it appends.
+const LISTENERS_FRESH: Duration = Duration::from_millis(50);
+
+/// When a listener, once listening, wakes its followers a second time: past
+/// [`LISTENERS_FRESH`], with a margin, so any append that another handle
+/// left unannounced because it had not yet seen this listener has
+/// committed by then and is found by that re-read.
+const LISTENERS_REWAKE: Duration = Duration::from_millis(120);
+
+/// Who listens on a store's channel, so that a handle announces its
+/// appends only when another handle can hear them.
+///
+/// PostgreSQL shows no session which channels another session listens on,
+/// so each listening connection also holds a shared advisory lock,
+/// `pg_try_advisory_lock_shared(LISTENER_LOCK_CLASS, <the channel's
+/// key>)`, taken before its `LISTEN` and released with its session, which
+/// `pg_locks` shows to every session of the database. A handle's notifier
+/// reads `pg_locks` at most every [`LISTENERS_FRESH`] while it has
+/// appends to announce, and sends its `NOTIFY` only when a connection
+/// other than its own listener holds that lock (its own followers are
+/// woken in process). A handle whose appends nobody else follows thus
+/// sends no `NOTIFY` at all, and a lone writer no longer pays one
+/// transaction per append beside its own.
+///
+/// A listener that starts while another handle's reading says nobody
+/// listens can miss that handle's appends for up to [`LISTENERS_FRESH`]:
+/// it wakes its followers again [`LISTENERS_REWAKE`] after it took the
+/// lock, and that re-read finds them. Anything else holding the lock (a
+/// session that took it by accident, a listener whose session outlives
+/// it) only makes handles announce when they need not.
+#[derive(Clone)]
+pub(crate) struct Listeners {
+    /// The second key of the lock: 31 bits of the channel's FNV-1a hash.
+    key: i32,
+    /// The server process id of this handle's own listening connection,
+    /// 0 while it has none (every holder then counts).
+    own: Arc<AtomicI32>,
+}
+
+/// Takes the listener's lock on its connection and names the connection's
+/// server process. $1, $2 the lock's keys.
+const REGISTER_LISTENER: &str =
+    "SELECT pg_backend_pid(), pg_try_advisory_lock_shared($1::int4, $2::int4)";
+
+/// Whether a session other than $3 holds (or waits for) the listener lock
+/// of keys $1, $2 in this database.
+const OTHERS_LISTEN: &str = r#"
+SELECT EXISTS (
+  SELECT 1 FROM pg_catalog.pg_locks
+   WHERE locktype = 'advisory' AND objsubid = 2
+     AND database = (SELECT oid FROM pg_catalog.pg_database
+                      WHERE datname = current_database())
+     AND classid = $1::int4::oid AND objid = $2::int4::oid
+     AND pid <> $3::int4)
+"#;
+
+impl Listeners {
+    pub(crate) fn new(channel: &str) -> Self {
+        Self {
+            key: (fnv1a64(channel.as_bytes()) & 0x7fff_ffff) as i32,
+            own: Arc::default(),
+        }
+    }
+
+    /// Whether a connection other than this handle's listener listens,
+    /// read again when `known` is older than [`LISTENERS_FRESH`]. When it
+    /// cannot tell, it says yes: an unneeded `NOTIFY` costs little, a
+    /// missing one a follower's recheck.
+    async fn others_listen(&self, pool: &PgPool, known: &mut Option<(Instant, bool)>) -> bool {
+        if let Some((at, others)) = *known
+            && at.elapsed() < LISTENERS_FRESH
+        {
+            return others;
+        }
+        // Taken before the read: the answer holds for appends committed
+        // up to LISTENERS_FRESH after this instant (see LISTENERS_REWAKE).
+        let at = Instant::now();
+        let read = sqlx::query_scalar(OTHERS_LISTEN)
+            .bind(LISTENER_LOCK_CLASS)
+            .bind(self.key)
+            .bind(self.own.load(Ordering::Acquire))
+            .fetch_one(pool)
+            .await;
+        match read {
+            Ok(others) => {
+                *known = Some((at, others));
+                others
+            }
+            Err(error) => {
+                if !pool.is_closed() {
+                    tracing::debug!(%error, "could not read who listens; announcing anyway");
+                }
+                *known = None;
+                true
+            }
+        }
+    }
+
+    /// On a new listening connection, before its `LISTEN`: takes the lock
+    /// and records the connection as this handle's own.
+    async fn register(&self, listener: &mut PgListener) -> sqlx::Result<()> {
+        let (pid, locked): (i32, bool) = sqlx::query_as(REGISTER_LISTENER)
+            .bind(LISTENER_LOCK_CLASS)
+            .bind(self.key)
+            .fetch_one(&mut *listener)
+            .await?;
+        if !locked {
+            // Only an exclusive holder refuses a shared lock; while it
+            // holds it, every handle announces (it is another holder).
+            tracing::warn!(
+                class = LISTENER_LOCK_CLASS,
+                key = self.key,
+                "another session holds this store's listener lock exclusively; \
+                 appends from other handles may reach this one only at its recheck \
+                 once that session lets it go"
+            );
+        }
+        self.own.store(pid, Ordering::Release);
+        Ok(())
+    }
+
+    /// This handle no longer listens.
+    fn forget(&self) {
+        self.own.store(0, Ordering::Release);
+    }
 }
 
 /// The stream a notification names: its payload is the token in hex, as
@@ -167,11 +303,12 @@ pub(crate) struct Notifier {
 }
 
 impl Notifier {
-    /// Starts the task on the current tokio runtime.
-    pub(crate) fn start(pool: PgPool, statement: SqlStr) -> Self {
+    /// Starts the task on the current tokio runtime. It sends `statement`
+    /// only while another handle listens ([`Listeners`]).
+    pub(crate) fn start(pool: PgPool, statement: SqlStr, listeners: Listeners) -> Self {
         let pending = Arc::new(Mutex::new(HashSet::new()));
         let (doorbell, rings) = mpsc::channel(1);
-        tokio::spawn(announce(pool, statement, pending.clone(), rings));
+        tokio::spawn(announce(pool, statement, listeners, pending.clone(), rings));
         Self { pending, doorbell }
     }
 
@@ -192,15 +329,18 @@ impl Notifier {
 async fn announce(
     pool: PgPool,
     statement: SqlStr,
+    listeners: Listeners,
     pending: Arc<Mutex<HashSet<StreamToken>>>,
     mut rings: mpsc::Receiver<()>,
 ) {
+    let mut known = None;
     while rings.recv().await.is_some() {
         let tokens: Vec<String> = {
             let mut pending = pending.lock().unwrap_or_else(PoisonError::into_inner);
             pending.drain().map(|token| payload(&token)).collect()
         };
-        if tokens.is_empty() {
+        // Every token here was committed before this check begins.
+        if tokens.is_empty() || !listeners.others_listen(&pool, &mut known).await {
             continue;
         }
         let sent = sqlx::query(statement.clone())
@@ -227,6 +367,8 @@ pub(crate) struct Follows {
     /// [`task_payload`]), and by this handle's own task mutations.
     tasks: Arc<Wakeups>,
     channel: String,
+    /// The lock this handle's listener holds, and its connection's pid.
+    listeners: Listeners,
     /// How the listener connects: the pool's own connect options.
     connect: PgConnectOptions,
     acquire_timeout: Duration,
@@ -256,6 +398,7 @@ struct Listener {
 impl Follows {
     pub(crate) fn new(
         channel: String,
+        listeners: Listeners,
         connect: PgConnectOptions,
         acquire_timeout: Duration,
         recheck: Duration,
@@ -264,6 +407,7 @@ impl Follows {
             hub: Arc::new(Wakeups::default()),
             tasks: Arc::new(Wakeups::default()),
             channel,
+            listeners,
             connect,
             acquire_timeout,
             recheck,
@@ -330,6 +474,7 @@ impl Follows {
         let task = tokio::spawn(run(
             pool,
             self.channel.clone(),
+            self.listeners.clone(),
             self.hub.clone(),
             self.tasks.clone(),
             self.recheck,
@@ -359,14 +504,19 @@ impl Follows {
 /// What woke the listener task.
 enum Event {
     Stop,
+    Rewake,
     Received(sqlx::Result<Option<sqlx::postgres::PgNotification>>),
 }
 
-/// The listener task: connect, `LISTEN`, wake followers per notification;
-/// after a lost connection, listen again and wake every follower.
+/// The listener task: connect, take the listener lock, `LISTEN`, wake
+/// followers per notification; after a lost connection, do it all again
+/// and wake every follower. Each time it listens anew it wakes every
+/// follower twice: at once, and [`LISTENERS_REWAKE`] later.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     pool: PgPool,
     channel: String,
+    listeners: Listeners,
     hub: Arc<Wakeups>,
     tasks: Arc<Wakeups>,
     max_backoff: Duration,
@@ -374,11 +524,13 @@ async fn run(
     mut stop: oneshot::Receiver<()>,
 ) {
     let mut listener: Option<PgListener> = None;
+    let mut rewake: Option<Instant> = None;
     let mut backoff = FIRST_BACKOFF;
     loop {
         let Some(active) = listener.as_mut() else {
             let connect = async {
                 let mut listener = PgListener::connect_with(&pool).await?;
+                listeners.register(&mut listener).await?;
                 listener.listen(&channel).await?;
                 Ok::<_, sqlx::Error>(listener)
             };
@@ -392,11 +544,14 @@ async fn run(
                     listener = Some(connected);
                     backoff = FIRST_BACKOFF;
                     // Whatever was committed while nobody listened is
-                    // found by this re-read; later appends are announced.
+                    // found by this re-read; later appends are announced,
+                    // or found by the second one.
                     hub.wake_all();
                     tasks.wake_all();
+                    rewake = Some(Instant::now() + LISTENERS_REWAKE);
                 }
                 Err(error) => {
+                    listeners.forget();
                     tracing::warn!(%error, channel, retry_in = ?backoff,
                         "cannot listen for appends from other handles; followers \
                          re-read on their recheck interval until it can");
@@ -411,10 +566,15 @@ async fn run(
         };
         let event = tokio::select! {
             _ = &mut stop => Event::Stop,
+            () = sleep_until(rewake), if rewake.is_some() => Event::Rewake,
             received = active.try_recv() => Event::Received(received),
         };
         match event {
             Event::Stop => break,
+            Event::Rewake => {
+                rewake = None;
+                hub.wake_all();
+            }
             Event::Received(Ok(Some(notification))) => {
                 let payload = notification.payload();
                 if let Some(task) = payload.strip_prefix(TASK_PAYLOAD_PREFIX) {
@@ -429,19 +589,22 @@ async fn run(
                 }
             }
             // The connection was lost and PgListener has connected and
-            // listened again: notifications in between are gone.
+            // listened again, on a session without the listener lock:
+            // start afresh (lock, then `LISTEN`), which wakes every
+            // follower, as notifications in between are gone.
             Event::Received(Ok(None)) => {
                 tracing::info!(
                     channel,
                     "the listening connection was lost and is back; followers re-read"
                 );
-                hub.wake_all();
-                tasks.wake_all();
+                listeners.forget();
+                listener = None;
             }
             // Connecting again failed (or the connection broke in another
             // way): start afresh, after a pause.
             Event::Received(Err(error)) => {
                 tracing::warn!(%error, channel, "the listening connection failed; reconnecting");
+                listeners.forget();
                 listener = None;
                 tokio::select! {
                     _ = &mut stop => break,
@@ -450,10 +613,19 @@ async fn run(
             }
         }
     }
+    listeners.forget();
     // PgListener's drop unlistens and returns the connection to the pool,
-    // which then closes it.
+    // which then closes it, and with it the session's listener lock.
     drop(listener);
     pool.close().await;
+}
+
+/// Sleeps until `deadline`; never, without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]

@@ -386,6 +386,16 @@
 //!   and `application_name`) and fans notifications out to its followers
 //!   of the named stream, and to its task watchers (payload `t…`, see
 //!   [Tasks](#tasks)).
+//!   A handle sends that `NOTIFY` only while another handle listens: each
+//!   listening connection holds a shared advisory lock (class `"mes!"`,
+//!   `0x6d657321`, second key from the channel) for its session's life,
+//!   and a handle with appends to announce reads `pg_locks` for other
+//!   holders at most every 50 ms. A store whose appends nobody else
+//!   follows (one instance, or a writer no other instance reads) sends no
+//!   notifications at all. A listener that starts just as another handle
+//!   read "nobody listens" may miss that handle's appends of the next
+//!   50 ms; it wakes its followers again 120 ms after it took the lock,
+//!   and that re-read finds them.
 //! * **Safety net.** Every follower also re-reads every
 //!   [`PostgresOptions::follow_recheck`] (default
 //!   [`DEFAULT_FOLLOW_RECHECK`], 5 s; `?follow_recheck_ms=`). A lost

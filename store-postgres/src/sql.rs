@@ -117,7 +117,8 @@ const APPEND_UPSERT: &str = r#"    ON CONFLICT (token) DO UPDATE SET
 
 /// Announces appended streams to every handle listening on the store's
 /// channel `{c}` (see [`crate::follow`]), after their appends committed:
-/// one notification per stream, its token in hex.
+/// one notification per stream, its token in hex. Sent only while another
+/// handle listens ([`crate::follow::Listeners`]).
 ///
 /// It runs in a transaction of its own, not in the append's. PostgreSQL
 /// serializes the commits of notifying transactions cluster-wide (a lock

@@ -19,7 +19,7 @@ use mcp_event_store_core::{
 
 use crate::append::{Batcher, Limits, Writer};
 use crate::error::NAME;
-use crate::follow::{Follows, Notifier, channel};
+use crate::follow::{Follows, Listeners, Notifier, channel};
 use crate::options::{MAX_PAGE_SIZE, PostgresOptions, Vacuum, quote_schema};
 use crate::sql::Sql;
 use crate::state::Inner;
@@ -104,10 +104,12 @@ impl PostgresStore {
         let page_size = options.store.page_size.min(MAX_PAGE_SIZE) as i64;
         let channel = channel(&options.schema);
         let sql = Sql::new(&quote_schema(&options.schema), &channel);
-        let notifier = Notifier::start(pool.clone(), sql.notify.clone());
+        let listeners = Listeners::new(&channel);
+        let notifier = Notifier::start(pool.clone(), sql.notify.clone(), listeners.clone());
         let heartbeats = setup::side_pool(listener_connect.clone(), &pool);
         let follows = Follows::new(
             channel,
+            listeners,
             listener_connect,
             pool.options().get_acquire_timeout(),
             options.follow_recheck,

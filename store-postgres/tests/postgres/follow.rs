@@ -258,3 +258,203 @@ async fn the_listener_ends_with_its_handle() {
     drop(follow_2);
     h.teardown().await;
 }
+
+/// A token as a notification's payload names it: lowercase hex.
+fn hex(id: &EventId) -> String {
+    id.token
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// How many of the sessions `pids` hold a store's listener lock (the
+/// shared advisory lock of class `"mes!"` that each listening handle
+/// takes, see `Listeners` in the crate).
+async fn registered(url: &str, pids: &[i32]) -> i64 {
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+            AND objsubid = 2 AND classid = x'6d657321'::int4::oid AND pid = ANY($1)",
+    )
+    .bind(pids)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    n
+}
+
+/// The server's clock, as text.
+async fn server_now(url: &str) -> String {
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    let now = sqlx::query_scalar("SELECT clock_timestamp()::text")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    now
+}
+
+/// Waits until a connection named `name` has finished reading who listens
+/// (its notifier's `pg_locks` read) in a statement started after `since`.
+async fn read_who_listens_since(url: &str, name: &str, since: &str) {
+    eventually("the writer's reading of who listens", || async {
+        let mut conn = PgConnection::connect(url).await.unwrap();
+        let done: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+              WHERE application_name = $1 AND state = 'idle' \
+                AND query LIKE '%pg_catalog.pg_locks%' AND query_start >= $2::timestamptz)",
+        )
+        .bind(name)
+        .bind(since)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+        done.then_some(())
+    })
+    .await;
+}
+
+/// A handle announces its appends only while another handle listens: an
+/// unregistered listener (a bare `LISTEN` on the channel) hears nothing of
+/// an append made while no handle followed, before one did or after it
+/// left, and hears appends made while one follows. Notifications from one
+/// handle arrive in the order it sent them, so once a later append's has
+/// arrived, the earlier one's would have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_are_announced_only_while_another_handle_listens() {
+    let h = PostgresHarness::new().await;
+    let options = h
+        .options(unbounded())
+        .follow_recheck(Duration::from_secs(3600));
+    let name = format!("announce-{}", h.schema());
+    let writer = h
+        .open_with(options.clone().application_name(name.clone()))
+        .await;
+    let channel = writer.notify_channel().to_owned();
+    let mut overheard = sqlx::postgres::PgListener::connect(h.url()).await.unwrap();
+    overheard.listen(&channel).await.unwrap();
+
+    // What the bare listener hears up to (and including) the first
+    // announcement of `loud`, appending to it until one comes.
+    async fn heard_until(
+        overheard: &mut sqlx::postgres::PgListener,
+        writer: &PostgresStore,
+        loud: &str,
+    ) -> Vec<String> {
+        let start = Instant::now();
+        let mut heard = Vec::new();
+        loop {
+            let id = writer.store_event(loud, NewEvent::new(b"l")).await.unwrap();
+            let wait = Duration::from_millis(200);
+            while let Ok(got) = tokio::time::timeout(wait, overheard.recv()).await {
+                let payload = got.unwrap().payload().to_owned();
+                let done = payload == hex(&id);
+                heard.push(payload);
+                if done {
+                    return heard;
+                }
+            }
+            assert!(
+                start.elapsed() < EVENTUALLY,
+                "no announcement of {loud} within {EVENTUALLY:?}"
+            );
+        }
+    }
+
+    // Nobody follows yet. Wait until the writer has decided about its
+    // append (its first reading of who listens), then start a follower.
+    let bare = listeners(h.url(), &channel).await;
+    assert_eq!(bare.len(), 1, "only the bare listener listens");
+    assert_eq!(registered(h.url(), &bare).await, 0);
+    let since = server_now(h.url()).await;
+    let quiet = writer
+        .store_event("quiet", NewEvent::new(b"q"))
+        .await
+        .unwrap();
+    read_who_listens_since(h.url(), &name, &since).await;
+
+    let reader = h.open_with(options.clone()).await;
+    let start = writer
+        .store_event("loud", NewEvent::new(b"0"))
+        .await
+        .unwrap();
+    let mut first = follow(&reader, &start).await;
+    let reading = listeners(h.url(), &channel).await;
+    assert_eq!(
+        registered(h.url(), &reading).await,
+        1,
+        "the reader's listener holds the listener lock"
+    );
+    let heard = heard_until(&mut overheard, &writer, "loud").await;
+    assert!(
+        !heard.contains(&hex(&quiet)),
+        "an append made while nobody followed was announced: {heard:?}"
+    );
+    let got = next_id(&mut first, "the reader follows").await;
+    assert_eq!(got.token, start.token);
+
+    // The reader goes. Once its session (and lock) is gone and the
+    // writer's last reading is stale (older than it keeps one), the
+    // writer's appends go unannounced again.
+    drop(first);
+    h.close(reader).await;
+    eventually("the reader's listener to go", || async {
+        let now = listeners(h.url(), &channel).await;
+        (registered(h.url(), &now).await == 0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let since = server_now(h.url()).await;
+    let quiet_again = writer
+        .store_event("quiet", NewEvent::new(b"q"))
+        .await
+        .unwrap();
+    read_who_listens_since(h.url(), &name, &since).await;
+    let reader = h.open_with(options).await;
+    let start = writer
+        .store_event("loud-2", NewEvent::new(b"0"))
+        .await
+        .unwrap();
+    let second = follow(&reader, &start).await;
+    let heard = heard_until(&mut overheard, &writer, "loud-2").await;
+    assert!(
+        !heard.contains(&hex(&quiet_again)),
+        "an append made after the last follower left was announced: {heard:?}"
+    );
+    drop(second);
+    overheard.unlisten_all().await.unwrap();
+    drop(overheard);
+    h.close(reader).await;
+    h.close(writer).await;
+    h.teardown().await;
+}
+
+/// A handle that read "nobody listens" just before another handle's
+/// listener started does not announce an append made right after: the
+/// new listener wakes its followers again once that reading is stale, so
+/// the follower gets the append although its recheck is an hour away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_that_starts_between_reading_and_appending_gets_the_append() {
+    let h = PostgresHarness::new().await;
+    let options = h
+        .options(unbounded())
+        .follow_recheck(Duration::from_secs(3600));
+    let writer = h.open_with(options.clone()).await;
+    let reader = h.open_with(options).await;
+    // The writer reads that nobody listens as it announces this one.
+    let start = writer.store_event("s", NewEvent::new(b"0")).await.unwrap();
+    let mut follow = follow(&reader, &start).await;
+    // Most likely within the writer's fresh reading: unannounced.
+    let id = writer.store_event("s", NewEvent::new(b"1")).await.unwrap();
+    assert_eq!(
+        next_id(&mut follow, "the append after the follow").await,
+        id
+    );
+    drop(follow);
+    h.close(reader).await;
+    h.close(writer).await;
+    h.teardown().await;
+}
