@@ -19,6 +19,7 @@
 //! | sqlite `direct_1_writer` | the store's own append statements (its insert, and its trim past 10,000 events) through SQLite itself (rusqlite, no async driver) on a file the store made, on the calling thread: the ceiling |
 //! | sqlite `direct_hop_1_writer` | as `direct_1_writer`, on a thread of its own that the caller awaits: the ceiling of any async store, which must make one hop |
 //! | sqlite `direct_hop_32_writers` | 32 tasks sending their appends to that one thread, each committing by itself (as `raw_32_writers`, without sqlx) |
+//! | sqlite `direct_grouped_32_writers` | 32 tasks sending their appends to one thread that, as the store's writer does, commits together whatever is queued when it looks (`BEGIN IMMEDIATE`, the store's statements for each, `COMMIT`): SQLite's own group commit, the ceiling of `store_32_writers` |
 //! | sqlite `raw_indexed_32_writers` | as `raw_32_writers`, into a table laid out like the store's (the same columns, `UNIQUE (stream, seq)` and the `stored_at` index), so each insert does the store's index work |
 //! | sqlite `raw_full_*` | raw inserts under `synchronous=FULL`: one fsync per event |
 //! | sqlite `store_power_loss_*` | the store under `Durability::PowerLoss` (`synchronous=FULL`): one fsync per group commit |
@@ -222,9 +223,10 @@ async fn sqlite_raw(path: &std::path::Path, full: bool, indexed: bool) -> Append
 
 /// Direct SQLite appends (rusqlite, no async driver) on a file the store
 /// made, with the writers' stream rows made by the store: `(on the calling
-/// thread, behind one thread hop)`. Each append is the store's own
-/// statements, committing by itself.
-async fn sqlite_direct(path: &std::path::Path) -> (AppendFn, AppendFn) {
+/// thread, behind one thread hop, behind one thread hop with group
+/// commit)`. Each append is the store's own statements; the first two
+/// commit each by itself.
+async fn sqlite_direct(path: &std::path::Path) -> (AppendFn, AppendFn, AppendFn) {
     let store = SqliteStore::open(path).await.expect("open sqlite");
     let data = common::payload();
     let mut streams = Vec::with_capacity(WRITERS);
@@ -261,34 +263,40 @@ async fn sqlite_direct(path: &std::path::Path) -> (AppendFn, AppendFn) {
             );
         })
     });
-    let thread = Arc::new(common::sqlite::SqliteThread::spawn(
+    let behind = |thread: common::sqlite::SqliteThread| -> AppendFn {
+        let (thread, streams, data) = (Arc::new(thread), streams.clone(), data.clone());
+        Arc::new(move |writer| {
+            let (thread, streams, data) = (thread.clone(), streams.clone(), data.clone());
+            Box::pin(async move {
+                thread
+                    .run(move |conn| {
+                        let (token, incarnation) = &streams[writer];
+                        common::sqlite::direct_append(
+                            conn,
+                            token,
+                            *incarnation,
+                            &data,
+                            common::now_millis(),
+                            max_events,
+                        );
+                    })
+                    .await;
+            })
+        })
+    };
+    let hop = behind(common::sqlite::SqliteThread::spawn(
         common::sqlite::direct_connection(path),
     ));
-    let hop: AppendFn = Arc::new(move |writer| {
-        let (thread, streams, data) = (thread.clone(), streams.clone(), data.clone());
-        Box::pin(async move {
-            thread
-                .run(move |conn| {
-                    let (token, incarnation) = &streams[writer];
-                    common::sqlite::direct_append(
-                        conn,
-                        token,
-                        *incarnation,
-                        &data,
-                        common::now_millis(),
-                        max_events,
-                    );
-                })
-                .await;
-        })
-    });
-    (direct, hop)
+    let grouped = behind(common::sqlite::SqliteThread::spawn_grouped(
+        common::sqlite::direct_connection(path),
+    ));
+    (direct, hop, grouped)
 }
 
 fn sqlite(c: &mut Criterion, rt: &Runtime) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (process, power_loss, raw_normal, raw_indexed, raw_full, (direct, direct_hop)) = rt
-        .block_on(async {
+    let (process, power_loss, raw_normal, raw_indexed, raw_full, (direct, direct_hop, grouped)) =
+        rt.block_on(async {
             let process = SqliteStore::open(dir.path().join("process.db"))
                 .await
                 .expect("open sqlite");
@@ -316,6 +324,7 @@ fn sqlite(c: &mut Criterion, rt: &Runtime) {
     many_writers(&mut group, rt, "store_32_writers", &f);
     many_writers(&mut group, rt, "raw_32_writers", &raw_normal);
     many_writers(&mut group, rt, "direct_hop_32_writers", &direct_hop);
+    many_writers(&mut group, rt, "direct_grouped_32_writers", &grouped);
     many_writers(&mut group, rt, "raw_indexed_32_writers", &raw_indexed);
     let f = store_append(Arc::new(power_loss.clone()));
     group.sample_size(10);

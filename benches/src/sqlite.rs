@@ -302,17 +302,54 @@ pub struct SqliteThread {
     jobs: std::sync::mpsc::Sender<Job>,
 }
 
-type Job = Box<dyn FnOnce(&mut rusqlite::Connection) + Send>;
+/// A job: runs on the connection and returns what delivers its answer.
+type Job = Box<dyn FnOnce(&mut rusqlite::Connection) -> Deliver + Send>;
+type Deliver = Box<dyn FnOnce() + Send>;
 
 impl SqliteThread {
-    /// Moves `conn` onto a new thread.
-    pub fn spawn(mut conn: rusqlite::Connection) -> SqliteThread {
+    /// Moves `conn` onto a new thread that runs each job by itself and
+    /// answers it at once.
+    pub fn spawn(conn: rusqlite::Connection) -> SqliteThread {
+        Self::start(conn, "bench-sqlite-direct", 1)
+    }
+
+    /// Moves `conn` onto a new thread that commits jobs together, as the
+    /// store's writer does: the direct baseline of group commit. It takes
+    /// one job, then every job already waiting (up to the store's default
+    /// [`SqliteOptions::max_batch`]), runs them in one `BEGIN IMMEDIATE
+    /// ... COMMIT` (a lone job commits by itself), and answers each once
+    /// the group has committed.
+    pub fn spawn_grouped(conn: rusqlite::Connection) -> SqliteThread {
+        Self::start(
+            conn,
+            "bench-sqlite-grouped",
+            SqliteOptions::new("").max_batch,
+        )
+    }
+
+    fn start(mut conn: rusqlite::Connection, name: &str, max_batch: usize) -> SqliteThread {
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
-            .name("bench-sqlite-direct".into())
+            .name(name.into())
             .spawn(move || {
-                while let Ok(job) = queue.recv() {
-                    job(&mut conn);
+                while let Ok(first) = queue.recv() {
+                    let mut group = vec![first];
+                    while group.len() < max_batch {
+                        match queue.try_recv() {
+                            Ok(job) => group.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    let together = group.len() > 1;
+                    if together {
+                        conn.execute_batch("BEGIN IMMEDIATE").expect("begin");
+                    }
+                    let answers: Vec<Deliver> =
+                        group.into_iter().map(|job| job(&mut conn)).collect();
+                    if together {
+                        conn.execute_batch("COMMIT").expect("commit");
+                    }
+                    answers.into_iter().for_each(|deliver| deliver());
                 }
             })
             .expect("a thread");
@@ -327,7 +364,10 @@ impl SqliteThread {
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.jobs
             .send(Box::new(move |conn| {
-                let _ = answer.send(f(conn));
+                let value = f(conn);
+                Box::new(move || {
+                    let _ = answer.send(value);
+                })
             }))
             .expect("the direct sqlite thread is running");
         answered.await.expect("the direct sqlite thread answers")
