@@ -145,6 +145,8 @@ const LISTENERS_REWAKE: Duration = Duration::from_millis(120);
 /// it) only makes handles announce when they need not.
 #[derive(Clone)]
 pub(crate) struct Listeners {
+    /// The store's channel ([`channel`]).
+    channel: Arc<str>,
     /// The second key of the lock: 31 bits of the channel's FNV-1a hash.
     key: i32,
     /// The server process id of this handle's own listening connection,
@@ -170,11 +172,17 @@ SELECT EXISTS (
 "#;
 
 impl Listeners {
-    pub(crate) fn new(channel: &str) -> Self {
+    /// Who listens on `channel`.
+    pub(crate) fn new(channel: String) -> Self {
         Self {
             key: (fnv1a64(channel.as_bytes()) & 0x7fff_ffff) as i32,
+            channel: channel.into(),
             own: Arc::default(),
         }
+    }
+
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
     }
 
     /// Whether a connection other than this handle's listener listens,
@@ -366,8 +374,8 @@ pub(crate) struct Follows {
     /// by notifications whose payload is `t` and that prefix in hex (see
     /// [`task_payload`]), and by this handle's own task mutations.
     tasks: Arc<Wakeups>,
-    channel: String,
-    /// The lock this handle's listener holds, and its connection's pid.
+    /// The channel, the lock this handle's listener holds, and its
+    /// connection's pid.
     listeners: Listeners,
     /// How the listener connects: the pool's own connect options.
     connect: PgConnectOptions,
@@ -397,7 +405,6 @@ struct Listener {
 
 impl Follows {
     pub(crate) fn new(
-        channel: String,
         listeners: Listeners,
         connect: PgConnectOptions,
         acquire_timeout: Duration,
@@ -406,7 +413,6 @@ impl Follows {
         Self {
             hub: Arc::new(Wakeups::default()),
             tasks: Arc::new(Wakeups::default()),
-            channel,
             listeners,
             connect,
             acquire_timeout,
@@ -425,7 +431,7 @@ impl Follows {
     }
 
     pub(crate) fn channel(&self) -> &str {
-        &self.channel
+        self.listeners.channel()
     }
 
     pub(crate) fn recheck(&self) -> Duration {
@@ -473,7 +479,6 @@ impl Follows {
         let (settle, settled) = watch::channel(false);
         let task = tokio::spawn(run(
             pool,
-            self.channel.clone(),
             self.listeners.clone(),
             self.hub.clone(),
             self.tasks.clone(),
@@ -512,10 +517,8 @@ enum Event {
 /// followers per notification; after a lost connection, do it all again
 /// and wake every follower. Each time it listens anew it wakes every
 /// follower twice: at once, and [`LISTENERS_REWAKE`] later.
-#[allow(clippy::too_many_arguments)]
 async fn run(
     pool: PgPool,
-    channel: String,
     listeners: Listeners,
     hub: Arc<Wakeups>,
     tasks: Arc<Wakeups>,
@@ -523,6 +526,7 @@ async fn run(
     settle: watch::Sender<bool>,
     mut stop: oneshot::Receiver<()>,
 ) {
+    let channel = listeners.channel();
     let mut listener: Option<PgListener> = None;
     let mut rewake: Option<Instant> = None;
     let mut backoff = FIRST_BACKOFF;
@@ -531,7 +535,7 @@ async fn run(
             let connect = async {
                 let mut listener = PgListener::connect_with(&pool).await?;
                 listeners.register(&mut listener).await?;
-                listener.listen(&channel).await?;
+                listener.listen(channel).await?;
                 Ok::<_, sqlx::Error>(listener)
             };
             let outcome = tokio::select! {

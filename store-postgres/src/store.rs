@@ -104,11 +104,10 @@ impl PostgresStore {
         let page_size = options.store.page_size.min(MAX_PAGE_SIZE) as i64;
         let channel = channel(&options.schema);
         let sql = Sql::new(&quote_schema(&options.schema), &channel);
-        let listeners = Listeners::new(&channel);
+        let listeners = Listeners::new(channel);
         let notifier = Notifier::start(pool.clone(), sql.notify.clone(), listeners.clone());
         let heartbeats = setup::side_pool(listener_connect.clone(), &pool);
         let follows = Follows::new(
-            channel,
             listeners,
             listener_connect,
             pool.options().get_acquire_timeout(),
