@@ -108,14 +108,21 @@ async fn every_backend_opens_shared_persistent_storage_by_url() {
         let two = connect(&url).await.unwrap();
         let first = one.store_event("s", NewEvent::new(b"a")).await.unwrap();
         two.store_event("s", NewEvent::new(b"b")).await.unwrap();
-        // The same handles are task stores on the same storage.
+        // The same handles are task stores on the same storage; the
+        // runtime's operations are there when asked for.
         let me = InstanceId::generate().unwrap();
-        assert!(one.heartbeat(me, Duration::from_secs(60)).await.unwrap());
+        let runtime = one.task_runtime();
+        assert!(
+            runtime
+                .heartbeat(me, Duration::from_secs(60))
+                .await
+                .unwrap()
+        );
         let owner = Owner::principal(b"alice").unwrap();
         let (task, _) = one.create(NewTask::new(&owner, me)).await.unwrap();
         let finish = WorkerChange::Finish(Finish::Completed(b"{}"));
         assert!(matches!(
-            two.apply(&task, me, finish).await.unwrap(),
+            two.task_runtime().apply(&task, me, finish).await.unwrap(),
             Applied::Changed { .. }
         ));
         let replay = one.replay_events_after(&first.to_string()).await.unwrap();

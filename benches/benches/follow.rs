@@ -44,7 +44,7 @@ type Teardown = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 async fn two_handles(backend: Backend) -> (DynStore, DynStore, Teardown) {
     async fn open<H: Harness>(harness: H) -> (DynStore, DynStore, Teardown)
     where
-        H::Store: mcp_event_store::task::TaskStore,
+        H::Store: mcp_event_store::task::RuntimeStore,
     {
         let a = harness.open(common::unbounded()).await;
         let b = harness.open(common::unbounded()).await;

@@ -122,7 +122,7 @@ type Teardown = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
 async fn open(backend: Backend) -> (DynStore, Teardown) {
     async fn open<H: Harness>(harness: H) -> (DynStore, Teardown)
     where
-        H::Store: mcp_event_store::task::TaskStore,
+        H::Store: mcp_event_store::task::RuntimeStore,
     {
         let store = harness.open(StoreOptions::default()).await;
         (Arc::new(store), Box::pin(harness.teardown()))

@@ -62,8 +62,8 @@ use mcp_event_store_conformance::tasks::{MemoryTaskHarness, TaskHarness};
 use mcp_event_store_core::backend::task::TaskMachine;
 use mcp_event_store_core::backend::task::codec::{self, StoredTask};
 use mcp_event_store_core::task::{
-    Applied, Finish, InstanceId, NewTask, Owner, TaskId, TaskOptions, TaskRecord, TaskStatus,
-    TaskStore, WorkerChange,
+    Applied, Finish, InstanceId, NewTask, Owner, RuntimeStore, TaskId, TaskOptions, TaskRecord,
+    TaskStatus, TaskStore, WorkerChange,
 };
 use mcp_event_store_postgres::testing::PostgresHarness;
 use mcp_event_store_redis::testing::RedisHarness;
@@ -102,7 +102,7 @@ struct StoreOps<S> {
     me: InstanceId,
 }
 
-impl<S: TaskStore> Ops for StoreOps<S> {
+impl<S: RuntimeStore> Ops for StoreOps<S> {
     type Key = (TaskId, String);
 
     async fn create(&self) -> Self::Key {
@@ -140,7 +140,7 @@ impl<S: TaskStore> Ops for StoreOps<S> {
 
 /// A fresh key, drawn as the store draws one.
 fn fresh_key() -> [u8; 16] {
-    TaskId::generate().expect("a task id").digest().0
+    *TaskId::generate().expect("a task id").digest().as_bytes()
 }
 
 /// The length of the store's encoding of a fresh task like the benches'
@@ -148,15 +148,14 @@ fn fresh_key() -> [u8; 16] {
 fn store_value_len<S>(ops: &StoreOps<S>) -> usize {
     let task = NewTask::new(&ops.owner, ops.me).ttl(TTL).message(MESSAGE);
     let record = TaskRecord::created(&task, common::now_millis(), &TaskOptions::default());
-    codec::encode(&StoredTask::new(&ops.owner, ops.me.0, record)).len()
+    codec::encode(&StoredTask::new(&ops.owner, *ops.me.as_bytes(), record)).len()
 }
 
 /// When a task created now expires and is purged (the default options: a
-/// grace of one ttl, at most 1 h).
+/// grace of an hour, T21).
 fn lifetime(now: i64) -> (i64, i64) {
-    let ttl = TTL.as_millis() as i64;
-    let expires_at = now + ttl;
-    (expires_at, expires_at + ttl.min(3_600_000))
+    let lifetime = TaskOptions::default().lifetime(now, Some(TTL));
+    (lifetime.expires_at, lifetime.purge_at)
 }
 
 fn group<'a>(c: &'a mut Criterion, backend: &str) -> BenchmarkGroup<'a, WallTime> {
@@ -295,7 +294,7 @@ impl RawWake {
 }
 
 /// `watch_wake`: a watch on `a`, a change on `b`; and `raw_wake`.
-fn watch_wake<S: TaskStore>(
+fn watch_wake<S: RuntimeStore>(
     group: &mut BenchmarkGroup<'_, WallTime>,
     rt: &Runtime,
     a: &Arc<S>,
@@ -598,7 +597,7 @@ fn sqlite(c: &mut Criterion, rt: &Runtime) {
         SqliteRaw {
             pool,
             owner: *ops.owner.digest().expect("a principal"),
-            instance: ops.me.0,
+            instance: *ops.me.as_bytes(),
         }
     });
     let mut group = group(c, "sqlite");
@@ -747,7 +746,7 @@ fn postgres(c: &mut Criterion, rt: &Runtime) {
             pool.clone(),
             harness.schema(),
             *ops.owner.digest().expect("a principal"),
-            ops.me.0,
+            *ops.me.as_bytes(),
         );
         let channel = format!("{}_raw_wake", harness.schema());
         let mut listener = sqlx::postgres::PgListener::connect(harness.url())
@@ -1038,13 +1037,13 @@ fn sled_backend(c: &mut Criterion, rt: &Runtime) {
         .expect("raw sled");
     let instances = db.open_tree("t1/instances").expect("raw tree");
     instances
-        .insert(ops.me.0, &i64::MAX.to_be_bytes())
+        .insert(*ops.me.as_bytes(), &i64::MAX.to_be_bytes())
         .expect("raw instance");
     let raw = Arc::new(SledRaw {
         tasks: db.open_tree("t1/tasks").expect("raw tree"),
         purge: db.open_tree("t1/task_purge").expect("raw tree"),
         instances,
-        instance: ops.me.0,
+        instance: *ops.me.as_bytes(),
         value_len,
         db,
     });
@@ -1112,7 +1111,7 @@ impl RawClaim {
                                   ORDER BY updated_at, digest LIMIT 1) \
                  RETURNING digest",
             )
-            .bind(&worker.0[..])
+            .bind(&worker.as_bytes()[..])
             .bind(now)
             .fetch_optional(pool)
             .await
@@ -1126,7 +1125,7 @@ impl RawClaim {
                                   ORDER BY updated_at, digest LIMIT 1 FOR UPDATE SKIP LOCKED) \
                  RETURNING digest"
             )))
-            .bind(&worker.0[..])
+            .bind(&worker.as_bytes()[..])
             .bind(now)
             .fetch_optional(pool)
             .await

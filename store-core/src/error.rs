@@ -79,8 +79,9 @@ pub enum Error {
         feature: &'static str,
     },
 
-    /// The store has been closed; no further operations are possible.
-    #[error("the store is closed")]
+    /// The store has been closed, or the runtime over it shut down; no
+    /// further operations are possible through it.
+    #[error("the store is closed, or the runtime over it shut down")]
     Closed,
 
     /// A task was to be created under a runtime instance the store does

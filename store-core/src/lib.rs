@@ -12,8 +12,7 @@
 //! * [`Retention`], [`PurgeReport`] and [`PurgeTask`], so nothing grows
 //!   without bound;
 //! * [`EventStore::follow_events_after`], the replay that stays open while
-//!   a call is still running (C13), and [`Presence`], which ends it once
-//!   the instance writing the stream is known gone;
+//!   a call is still running (C13);
 //! * [`EventStore::replay_stream`], a stream's every retained event from
 //!   its oldest, for a transport that numbers its events itself (C16);
 //! * [`EventStore::stats`], [`EventStore::list_streams`] and
@@ -33,6 +32,45 @@
 //!
 //! Most users want the `mcp-event-store` facade crate, which re-exports all
 //! of this beside the backends.
+//!
+//! # The contract
+//!
+//! Numbered so that tests and notes can cite them; every backend meets all
+//! of them, and the conformance suite has cases for each. The task clauses
+//! (T1 to T21) are in the [`task`] module docs.
+//!
+//! * **C1 Durable before return.** `store_event` returns only once the
+//!   event is durable under the store's documented durability setting.
+//! * **C2 Event ids.** Unique in the store and never reissued, increasing
+//!   within a stream, self-locating, SSE-safe, unguessable across streams.
+//! * **C3 Replay.** Exactly the events of the id's stream after it, in
+//!   order, each once, paged, never another stream's.
+//! * **C4 Lookup.** `get_stream_id_for_event_id` finds a retained event's
+//!   stream; unknown, expired and malformed ids are `None`, never a panic.
+//! * **C5 No silent gaps.** An unknown id is [`Error::UnknownEventId`]; a
+//!   partly purged successor range is [`Error::EventsPurged`].
+//! * **C6 Concurrency.** Concurrent appends lose nothing, duplicate nothing
+//!   and never appear behind a reader's cursor.
+//! * **C7 Priming events.** Empty data with a retry hint is stored and
+//!   replayed like any event.
+//! * **C8 Retention.** Age, count and byte limits, purges and stream
+//!   deletion: nothing grows without bound.
+//! * **C9 Opaque input.** Any stream id of 1 to 1024 bytes is data; a
+//!   payload over the limit is [`Error::PayloadTooLarge`].
+//! * **C10 Restart.** A reopened persistent store replays everything
+//!   acknowledged before a SIGKILL.
+//! * **C11 Shared.** Handles and processes on one backend see each
+//!   other's events once `store_event` returns.
+//! * **C12 Versioned format.** Stored data carries its format; a newer
+//!   format is refused clearly, an older one read or migrated.
+//! * **C13 Follow.** A replay may stay open and deliver each new event of
+//!   its stream, from any handle, in order, each once.
+//! * **C14 Converge.** Handles agree on the stream secret and the format,
+//!   even after the backend lost its data.
+//! * **C15 Inspect.** Store statistics, a paged listing of streams and a
+//!   health check, bounded in memory.
+//! * **C16 Whole streams.** A stream's every retained event from its
+//!   oldest, for a transport that numbers events itself.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -45,7 +83,6 @@ mod inspect;
 mod maintenance;
 mod memory;
 mod options;
-mod presence;
 mod store;
 
 pub mod backend;
@@ -65,5 +102,4 @@ pub use options::{
     Clock, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, MAX_STREAM_ID_LEN, ManualClock,
     PurgeReport, Retention, StoreOptions, SystemClock,
 };
-pub use presence::{DEFAULT_PRESENCE_LEASE, DEFAULT_PRODUCER_TTL, Presence};
 pub use store::{EventStore, FollowOptions, Replay, SessionStore, Store};

@@ -21,8 +21,9 @@ use crate::options::{PurgeReport, Retention, StoreOptions};
 use crate::store::FollowOptions;
 use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
 use crate::task::{
-    Applied, CancelMode, Claimed, InstanceId, MemoryTaskStore, NewTask, Owner, Rev, TaskDigest,
-    TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, MemoryTaskStore, NewTask, Owner, Rev,
+    RuntimeStore, TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker,
+    WorkerChange,
 };
 
 const BACKEND: &str = "memory";
@@ -37,8 +38,8 @@ const BACKEND: &str = "memory";
 /// other events the store holds.
 ///
 /// Clones share the same data, like two handles on one database. Its tasks
-/// are a [`MemoryTaskStore`] with the default [`TaskOptions`], sharing the
-/// store's clock and payload limit.
+/// are a [`MemoryTaskStore`] with the same options (its clock, payload
+/// limit and task lifetimes).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -164,7 +165,7 @@ impl MemoryStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 key: StreamKey::generate()?,
-                tasks: MemoryTaskStore::with_options(options.clone(), TaskOptions::default()),
+                tasks: MemoryTaskStore::with_options(options.clone()),
                 options,
                 state: Arc::default(),
                 wakeups: Arc::default(),
@@ -179,10 +180,7 @@ impl MemoryStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 key: self.inner.key.clone(),
-                tasks: self
-                    .inner
-                    .tasks
-                    .share_with_options(options.clone(), TaskOptions::default()),
+                tasks: self.inner.tasks.share_with_options(options.clone()),
                 options,
                 state: self.inner.state.clone(),
                 wakeups: self.inner.wakeups.clone(),
@@ -550,10 +548,32 @@ impl TaskStore for MemoryStore {
         id: &str,
         who: &Owner,
         mode: CancelMode,
+        reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        self.inner.tasks.request_cancel(id, who, mode).await
+        self.inner.tasks.request_cancel(id, who, mode, reason).await
     }
 
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.watch(id, who, after, max_wait).await
+    }
+
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        self.inner.tasks.purge_expired_tasks().await
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        self.inner.tasks.delete(id).await
+    }
+}
+
+#[async_trait]
+impl RuntimeStore for MemoryStore {
     async fn apply_claimed(
         &self,
         task: &TaskDigest,
@@ -576,26 +596,16 @@ impl TaskStore for MemoryStore {
         self.inner.tasks.claim(by, limit).await
     }
 
-    async fn watch(
-        &self,
-        id: &str,
-        who: &Owner,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        self.inner.tasks.watch(id, who, after, max_wait).await
-    }
-
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
         self.inner.tasks.heartbeat(me, lease).await
     }
 
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
-        self.inner.tasks.purge_expired_tasks().await
+    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
+        self.inner.tasks.is_alive(id).await
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
-        self.inner.tasks.delete(id).await
+    async fn instances(&self) -> Result<Vec<InstanceLease>> {
+        self.inner.tasks.instances().await
     }
 
     async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
+use crate::task::TaskOptions;
 
 /// Shortest accepted stream id, in bytes.
 pub const MIN_STREAM_ID_LEN: usize = 1;
@@ -188,6 +189,9 @@ pub struct StoreOptions {
     pub page_size: usize,
     /// The time source for retention and expiry.
     pub clock: Arc<dyn Clock>,
+    /// How long tasks live, and how long an expired one still reads
+    /// expired (T8, T21).
+    pub tasks: TaskOptions,
 }
 
 impl Default for StoreOptions {
@@ -197,6 +201,7 @@ impl Default for StoreOptions {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             page_size: DEFAULT_PAGE_SIZE,
             clock: Arc::new(SystemClock),
+            tasks: TaskOptions::default(),
         }
     }
 }
@@ -223,6 +228,12 @@ impl StoreOptions {
     /// Sets the clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Sets how long tasks live and are kept after they expire (T8, T21).
+    pub fn tasks(mut self, tasks: TaskOptions) -> Self {
+        self.tasks = tasks;
         self
     }
 

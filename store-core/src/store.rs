@@ -15,7 +15,7 @@ use crate::event::{NewEvent, StoredEvent};
 use crate::id::{EventId, Position};
 use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage};
 use crate::options::{PurgeReport, Retention};
-use crate::task::TaskStore;
+use crate::task::{RuntimeStore, TaskStore};
 
 /// How a follow ends, besides being dropped or failing.
 ///
@@ -39,8 +39,8 @@ pub struct FollowOptions {
     /// End the follow once this resolves: it then reads what is stored
     /// once more, delivers it and ends, so it never ends in the middle of
     /// stored events. For a stream nothing more will be appended to, such
-    /// as one whose writer is known gone
-    /// ([`Presence::producer_lost`](crate::Presence::producer_lost)).
+    /// as one whose writer is known gone (the runtime crate's
+    /// `Runtime::producer_lost`).
     pub until: Option<BoxFuture<'static, ()>>,
 }
 
@@ -275,6 +275,11 @@ pub trait SessionStore: Send + Sync + 'static {
 /// from 2026-07-28). An `Arc<dyn Store>` passes where an
 /// `Arc<dyn TaskStore>` (or any of the three) is wanted.
 ///
+/// What the runtime running tasks needs besides (instances and their
+/// leases, claims, writes under a claim) it asks for with
+/// [`task_runtime`](Self::task_runtime): a handle offers none of it
+/// otherwise.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> mcp_event_store_core::Result<()> {
@@ -285,16 +290,26 @@ pub trait SessionStore: Send + Sync + 'static {
 ///
 /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
 /// store.store_event("stream", NewEvent::new(b"hello")).await?;
-/// let tasks: Arc<dyn TaskStore> = store.clone();
+/// // The runtime's part, asked for: an instance with a lease.
 /// let me = InstanceId::generate()?;
-/// tasks.heartbeat(me, Duration::from_secs(30)).await?;
+/// store.task_runtime().heartbeat(me, Duration::from_secs(30)).await?;
+/// let tasks: Arc<dyn TaskStore> = store.clone();
 /// let (id, _) = tasks.create(NewTask::new(&Owner::Anonymous, me)).await?;
 /// assert!(store.get(&id.to_string(), &Owner::Anonymous).await?.is_some());
 /// # Ok(()) }
 /// ```
-pub trait Store: EventStore + SessionStore + TaskStore {}
+pub trait Store: EventStore + SessionStore + TaskStore {
+    /// This store's runtime operations ([`RuntimeStore`]): for the runtime
+    /// that registers instances, claims tasks and writes under its claims.
+    /// Applications serving clients need none of it.
+    fn task_runtime(&self) -> &dyn RuntimeStore;
+}
 
-impl<T: EventStore + SessionStore + TaskStore> Store for T {}
+impl<T: EventStore + SessionStore + RuntimeStore> Store for T {
+    fn task_runtime(&self) -> &dyn RuntimeStore {
+        self
+    }
+}
 
 /// The result of [`EventStore::replay_events_after`]: which stream, and its
 /// events after the cursor.

@@ -215,7 +215,7 @@
 //! [`TaskStore::purge_expired_tasks`](mcp_event_store_core::task::TaskStore::purge_expired_tasks)
 //! persists them and deletes tasks past their grace with their inputs, in
 //! steps of at most 500 tasks, one transaction each. Lifetimes come from
-//! [`PostgresOptions::tasks`]. `purge_expired` (events and sessions) leaves
+//! [`StoreOptions::tasks`](mcp_event_store_core::StoreOptions::tasks). `purge_expired` (events and sessions) leaves
 //! tasks alone.
 //!
 //! **Watching.** `get` and `watch` read a task with one statement (one

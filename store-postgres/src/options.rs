@@ -3,7 +3,6 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{Error, Result, StoreOptions};
 use sqlx::postgres::PgConnectOptions;
 
@@ -139,9 +138,6 @@ pub struct PostgresOptions {
     /// recheck costs every idle follower one indexed read. URL parameter
     /// `follow_recheck_ms=`.
     pub follow_recheck: Duration,
-    /// How long tasks live and are kept after they expire (T8); see the
-    /// crate docs, "Tasks".
-    pub tasks: TaskOptions,
 }
 
 impl Default for PostgresOptions {
@@ -155,7 +151,6 @@ impl Default for PostgresOptions {
             application_name: None,
             vacuum: Vacuum::Off,
             follow_recheck: DEFAULT_FOLLOW_RECHECK,
-            tasks: TaskOptions::default(),
         }
     }
 }
@@ -206,12 +201,6 @@ impl PostgresOptions {
     /// Sets how often an idle follower re-reads its stream by itself.
     pub fn follow_recheck(mut self, every: Duration) -> Self {
         self.follow_recheck = every;
-        self
-    }
-
-    /// Sets how long tasks live and are kept after they expire.
-    pub fn tasks(mut self, tasks: TaskOptions) -> Self {
-        self.tasks = tasks;
         self
     }
 

@@ -59,13 +59,31 @@ fn takeover_migrator() -> Migrator {
     takeover
 }
 
+/// The table recording the cancel reason migrations applied (T20), apart
+/// from the others for the same reason as [`CONTEXT_MIGRATIONS`].
+pub(crate) const CANCEL_REASON_MIGRATIONS: &str = "_mes_task_cancel_reason_migrations";
+
+/// The embedded cancel reason migrations (`migrations/task_cancel_reason/`),
+/// recorded in [`CANCEL_REASON_MIGRATIONS`]; they run after the takeover
+/// ones.
+fn cancel_reason_migrator() -> Migrator {
+    let mut reasons = sqlx::migrate!("./migrations/task_cancel_reason");
+    reasons.dangerous_set_table_name(CANCEL_REASON_MIGRATIONS);
+    reasons
+}
+
 /// The task migration sets, in the order they run: each recorded in a
 /// table of its own, named in refusals.
-fn task_migrators() -> [(Migrator, &'static str, &'static str); 3] {
+fn task_migrators() -> [(Migrator, &'static str, &'static str); 4] {
     [
         (task_migrator(), TASK_MIGRATIONS, "task"),
         (context_migrator(), CONTEXT_MIGRATIONS, "task context"),
         (takeover_migrator(), TAKEOVER_MIGRATIONS, "task takeover"),
+        (
+            cancel_reason_migrator(),
+            CANCEL_REASON_MIGRATIONS,
+            "task cancel reason",
+        ),
     ]
 }
 

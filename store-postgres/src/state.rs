@@ -32,8 +32,6 @@ pub(crate) struct Inner {
     pub(crate) batcher: Batcher,
     /// The wake-up hub and the listener of this handle's follows.
     pub(crate) follows: Follows,
-    /// How long tasks live.
-    pub(crate) tasks: TaskOptions,
     /// The task heartbeat's own connection (a pool of one, connecting on
     /// the first heartbeat): a renewal never waits behind the calls that
     /// fill the main pool, so a busy instance is not taken for a dead one
@@ -74,7 +72,7 @@ impl PostgresStore {
 
     /// How long this handle's tasks live.
     pub(crate) fn task_options(&self) -> &TaskOptions {
-        &self.inner.tasks
+        &self.inner.options.tasks
     }
 
     /// The store clock's time, in milliseconds.

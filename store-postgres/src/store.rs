@@ -132,7 +132,6 @@ impl PostgresStore {
                 vacuum: options.vacuum,
                 deleted_since_vacuum: AtomicU64::new(0),
                 follows,
-                tasks: options.tasks,
                 heartbeats,
             }),
         })

@@ -29,11 +29,13 @@ use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{task_token, watch_task};
 use mcp_event_store_core::backend::task::rows::{self, TaskRow, TaskRows, stored_digest};
 use mcp_event_store_core::backend::task::{
-    TaskDigest, TaskMachine, check_responses, client_call, owner_key,
+    TaskDigest, TaskMachine, check_message, check_responses, client_call, owner_key,
+    stored_instance,
 };
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, Takeover, TaskId,
-    TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
+    Takeover, TaskId, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, Worker,
+    WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::postgres::{PgConnection, PgRow};
@@ -66,7 +68,7 @@ SELECT t.owner, t.instance, t.status, t.rev, t.message, t.created_at, t.updated_
        t.context,
        ARRAY(SELECT CASE WHEN k.state = 1 THEN k.response ELSE '\x'::bytea END
                FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq),
-       t.max_attempts, t.lapses, t.epoch, t.released, t.checkpoint
+       t.max_attempts, t.lapses, t.epoch, t.released, t.checkpoint, t.cancel_reason
   FROM {s}.tasks t WHERE t.digest = $1
 "#;
 
@@ -78,12 +80,12 @@ const SAVE: &str = r#"
 UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
        expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
        instance = $11, next_seq = $12, context = $15, max_attempts = $16, lapses = $17,
-       epoch = $18, released = $19, checkpoint = $20
+       epoch = $18, released = $19, checkpoint = $20, cancel_reason = $21
  WHERE digest = $13 AND rev = $14
 "#;
 
 /// [`SAVE`] that, when it writes the row, also queues the task's
-/// notification (`$21` the channel, `$22` the payload), which PostgreSQL
+/// notification (`$22` the channel, `$23` the payload), which PostgreSQL
 /// delivers at commit: one round trip for both. It returns one row when
 /// the row was written, none otherwise.
 const SAVE_AND_NOTIFY: &str = r#"
@@ -91,11 +93,11 @@ WITH saved AS (
 UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
        expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
        instance = $11, next_seq = $12, context = $15, max_attempts = $16, lapses = $17,
-       epoch = $18, released = $19, checkpoint = $20
+       epoch = $18, released = $19, checkpoint = $20, cancel_reason = $21
  WHERE digest = $13 AND rev = $14
 RETURNING 1
 )
-SELECT pg_notify($21, $22)::text FROM saved
+SELECT pg_notify($22, $23)::text FROM saved
 "#;
 
 /// Inserts a task, only under an instance alive at its birth (T11).
@@ -110,6 +112,9 @@ ON CONFLICT (digest) DO NOTHING
 
 /// Whether an instance is alive at `$2`: why [`CREATE`] wrote nothing.
 const ALIVE: &str = "SELECT 1 FROM {s}.instances WHERE id = $1 AND alive_until > $2";
+
+/// Every instance's lease.
+const INSTANCES: &str = "SELECT id, alive_until FROM {s}.instances";
 
 const HEARTBEAT: &str = r#"
 INSERT INTO {s}.instances AS i (id, alive_until) VALUES ($1, $2)
@@ -231,6 +236,7 @@ fn decode(row: &PgRow) -> Result<TaskRow> {
             .map_err(backend)?
             .map(to_u64),
         cancel_requested: row.try_get(11).map_err(backend)?,
+        cancel_reason: row.try_get(25).map_err(backend)?,
         outcome: row
             .try_get::<Option<Vec<u8>>, _>(12)
             .map_err(backend)?
@@ -366,7 +372,8 @@ impl TaskRows for PgRows<'_> {
                     .takeover
                     .as_ref()
                     .and_then(|t| t.checkpoint.as_deref()),
-            );
+            )
+            .bind(record.cancel_reason.as_deref());
         let saved = match self.announce {
             Announce::WithSave => query
                 .bind(self.store.notify_channel())
@@ -489,7 +496,7 @@ impl TaskRows for PgRows<'_> {
 
     async fn alive(&mut self, id: &InstanceId, now: i64) -> Result<bool> {
         let alive: Option<i32> = sqlx::query_scalar(sql(self.store, ALIVE))
-            .bind(&id.0[..])
+            .bind(&id.as_bytes()[..])
             .bind(now)
             .fetch_optional(&mut *self.conn)
             .await
@@ -587,7 +594,7 @@ impl TaskStore for PostgresStore {
             .bind(record.purge_at)
             .bind(record.ttl_ms.map(to_i64))
             .bind(record.poll_interval_ms.map(to_i64))
-            .bind(&task.instance.0[..])
+            .bind(&task.instance.as_bytes()[..])
             .bind(task.context)
             .bind(task.takeover.map(to_i32))
             .bind(task.queued)
@@ -601,7 +608,7 @@ impl TaskStore for PostgresStore {
         // Nothing written: the id was taken, or the instance is not alive
         // (a lapsed instance never comes back, so this read agrees).
         let alive: Option<i32> = sqlx::query_scalar(sql(self, ALIVE))
-            .bind(&task.instance.0[..])
+            .bind(&task.instance.as_bytes()[..])
             .bind(record.created_at)
             .fetch_optional(self.pool())
             .await
@@ -642,30 +649,16 @@ impl TaskStore for PostgresStore {
         id: &str,
         who: &Owner,
         mode: CancelMode,
+        reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
+        check_message(reason)?;
         let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
         let now = self.now();
         let mut tx = begin(self).await?;
-        let stepped = rows::cancel(&mut self.rows(&mut tx), &digest, &owner, mode, now).await?;
-        commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
-        Ok(stepped.answer)
-    }
-
-    async fn apply_claimed(
-        &self,
-        digest: &TaskDigest,
-        by: Worker,
-        change: WorkerChange<'_>,
-    ) -> Result<Applied> {
-        change.check(self.options().max_payload_bytes)?;
-        let digest = *digest;
-        let now = self.now();
-        let options = *self.task_options();
-        let mut tx = begin(self).await?;
         let stepped =
-            rows::apply(&mut self.rows(&mut tx), &digest, &by, change, &options, now).await?;
+            rows::cancel(&mut self.rows(&mut tx), &digest, &owner, mode, reason, now).await?;
         commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
         Ok(stepped.answer)
     }
@@ -694,20 +687,6 @@ impl TaskStore for PostgresStore {
         .await
     }
 
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
-        let now = self.now();
-        // Inserted, or renewed while still alive; a lapsed instance stays
-        // lapsed (its tasks already read as lost).
-        let renewed: Option<i32> = sqlx::query_scalar(sql(self, HEARTBEAT))
-            .bind(&me.0[..])
-            .bind(now.saturating_add(to_i64(millis(lease))))
-            .bind(now)
-            .fetch_optional(self.heartbeats())
-            .await
-            .map_err(backend)?;
-        Ok(renewed.is_some())
-    }
-
     /// Purges in steps of one transaction each (at most 500 tasks ended
     /// and 500 deleted per step).
     async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
@@ -727,6 +706,78 @@ impl TaskStore for PostgresStore {
                 return Ok(report);
             }
         }
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(false);
+        };
+        let mut tx = begin(self).await?;
+        let deleted = sqlx::query(sql(self, DELETE))
+            .bind(&digest.as_bytes()[..])
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?
+            .rows_affected()
+            > 0;
+        commit(self, tx, Some(&digest), deleted, Announce::AtCommit).await?;
+        Ok(deleted)
+    }
+}
+
+#[async_trait]
+impl RuntimeStore for PostgresStore {
+    async fn apply_claimed(
+        &self,
+        digest: &TaskDigest,
+        by: Worker,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        change.check(self.options().max_payload_bytes)?;
+        let digest = *digest;
+        let now = self.now();
+        let options = *self.task_options();
+        let mut tx = begin(self).await?;
+        let stepped =
+            rows::apply(&mut self.rows(&mut tx), &digest, &by, change, &options, now).await?;
+        commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
+        Ok(stepped.answer)
+    }
+
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        let now = self.now();
+        // Inserted, or renewed while still alive; a lapsed instance stays
+        // lapsed (its tasks already read as lost).
+        let renewed: Option<i32> = sqlx::query_scalar(sql(self, HEARTBEAT))
+            .bind(&me.as_bytes()[..])
+            .bind(now.saturating_add(to_i64(millis(lease))))
+            .bind(now)
+            .fetch_optional(self.heartbeats())
+            .await
+            .map_err(backend)?;
+        Ok(renewed.is_some())
+    }
+
+    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
+        let alive: Option<i32> = sqlx::query_scalar(sql(self, ALIVE))
+            .bind(&id.as_bytes()[..])
+            .bind(self.now())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(backend)?;
+        Ok(alive.is_some())
+    }
+
+    async fn instances(&self) -> Result<Vec<InstanceLease>> {
+        let now = self.now();
+        let leases: Vec<(Vec<u8>, i64)> = sqlx::query_as(sql(self, INSTANCES))
+            .fetch_all(self.pool())
+            .await
+            .map_err(backend)?;
+        leases
+            .into_iter()
+            .map(|(id, until)| Ok(InstanceLease::new(stored_instance(&id)?, until, now)))
+            .collect()
     }
 
     async fn view_claimed(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {
@@ -771,22 +822,6 @@ impl TaskStore for PostgresStore {
             self.follows().tasks().wake(&task_token(&claimed.task));
         }
         Ok(stepped.answer)
-    }
-
-    async fn delete(&self, id: &str) -> Result<bool> {
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(false);
-        };
-        let mut tx = begin(self).await?;
-        let deleted = sqlx::query(sql(self, DELETE))
-            .bind(&digest.as_bytes()[..])
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?
-            .rows_affected()
-            > 0;
-        commit(self, tx, Some(&digest), deleted, Announce::AtCommit).await?;
-        Ok(deleted)
     }
 }
 

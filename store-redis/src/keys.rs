@@ -22,7 +22,9 @@
 //! enters a key through its keyed hash) can neither choose the slot nor
 //! collide with another stream.
 
-use mcp_event_store_core::backend::task::TaskDigest;
+#[cfg(test)]
+use mcp_event_store_core::backend::task::stored_instance;
+use mcp_event_store_core::backend::task::{TaskDigest, stored_digest};
 use mcp_event_store_core::backend::{StreamKey, StreamToken};
 use mcp_event_store_core::task::InstanceId;
 use mcp_event_store_core::{Error, Result};
@@ -191,6 +193,15 @@ impl Keys {
         format!("{}:{TASK_LAYOUT}:instance:{{{id}}}", self.prefix)
     }
 
+    /// The instance an instance key names, or `None` for another key.
+    pub fn instance_of(&self, key: &[u8]) -> Option<InstanceId> {
+        let key = std::str::from_utf8(key).ok()?;
+        let id = key
+            .strip_prefix(&format!("{}:{TASK_LAYOUT}:instance:{{", self.prefix))?
+            .strip_suffix('}')?;
+        InstanceId::parse(id)
+    }
+
     /// `SCAN MATCH` pattern for this store's instance keys.
     pub fn instance_pattern(&self) -> String {
         format!(
@@ -233,7 +244,7 @@ pub fn digest_of_hex(hex: &[u8]) -> Option<TaskDigest> {
     for (byte, pair) in digest.iter_mut().zip(hex.chunks(2)) {
         *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
     }
-    Some(TaskDigest(digest))
+    stored_digest(&digest).ok()
 }
 
 /// Lowercase hex of `bytes`.
@@ -288,16 +299,17 @@ mod tests {
     #[test]
     fn task_keys_are_tagged_by_the_digest() {
         let keys = Keys::new("p").unwrap();
-        let digest = TaskDigest([0xab; 16]);
+        let digest = stored_digest(&[0xab; 16]).unwrap();
         let key = keys.task(&digest);
         assert_eq!(key, format!("p:t1:{{{}}}:task", "ab".repeat(16)));
         assert_eq!(hash_tag(&key).map(str::len), Some(32));
         assert_eq!(keys.digest_of_task(key.as_bytes()), Some(digest));
         assert_eq!(keys.digest_of_task(b"p:t1:{zz}:task"), None);
-        assert_eq!(
-            hash_tag(&keys.instance(&InstanceId([1; 16]))),
-            Some("01".repeat(16).as_str())
-        );
+        let instance = stored_instance(&[1; 16]).unwrap();
+        let key = keys.instance(&instance);
+        assert_eq!(hash_tag(&key), Some("01".repeat(16).as_str()));
+        assert_eq!(keys.instance_of(key.as_bytes()), Some(instance));
+        assert_eq!(keys.instance_of(b"p:t1:instance:{zz}"), None);
         assert!(!keys.scan_pattern().contains("t1"));
     }
 

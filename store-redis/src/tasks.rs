@@ -19,11 +19,12 @@ use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store_core::backend::follow::{Subscription, Wakeups, task_token, watch_task};
 use mcp_event_store_core::backend::task::codec::{self, StoredTask};
 use mcp_event_store_core::backend::task::{
-    TaskDigest, TaskMachine, check_responses, client_call, count_ended,
+    TaskDigest, TaskMachine, check_message, check_responses, client_call, count_ended,
+    stored_instance,
 };
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
+    TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 #[cfg(feature = "conformance")]
@@ -94,12 +95,11 @@ fn task_backstop(record: &TaskRecord, now: i64) -> String {
 /// An instance key's backstop, for a lease: it outlives every task the
 /// instance can have run, so a lapsed instance is never forgotten (and
 /// revived) by Redis while one of its tasks is still kept.
-fn instance_backstop(lease: Duration) -> String {
-    let options = TaskOptions::default();
+fn instance_backstop(lease: Duration, options: &TaskOptions) -> String {
     backstop_arg(
         millis(lease)
             .saturating_add(millis(options.max_task_age))
-            .saturating_add(millis(options.max_grace))
+            .saturating_add(millis(options.grace))
             .saturating_add(millis(BACKSTOP)),
     )
 }
@@ -265,7 +265,7 @@ type Decision<T> = (Option<StoredTask>, T);
 
 impl RedisStore {
     fn task_options(&self) -> TaskOptions {
-        TaskOptions::default()
+        self.inner.options.store.tasks
     }
 
     /// The task's value, with its context (the field `c`), or `None`.
@@ -287,10 +287,9 @@ impl RedisStore {
 
     /// Instance `id`'s heartbeat deadline (the orphan check, T11: a second
     /// command, in another slot).
-    async fn alive_until(&self, id: &[u8; 16]) -> Result<Option<i64>> {
+    async fn alive_until(&self, id: &InstanceId) -> Result<Option<i64>> {
         let mut pipe = redis::pipe();
-        pipe.cmd("GET")
-            .arg(self.inner.keys.instance(&InstanceId(*id)));
+        pipe.cmd("GET").arg(self.inner.keys.instance(id));
         let (value,): (Option<String>,) = self.read(&pipe).await?;
         value
             .map(|v| v.parse::<i64>().map_err(|_| corrupt()))
@@ -310,7 +309,9 @@ impl RedisStore {
         if owner.is_some_and(|o| o != stored.owner) {
             return Ok(None);
         }
-        let alive_until = self.alive_until(&stored.instance).await?;
+        let alive_until = self
+            .alive_until(&stored_instance(&stored.instance)?)
+            .await?;
         let seen = stored.record.clone().seen_at(now, alive_until);
         Ok(Some(Found {
             stored,
@@ -465,7 +466,7 @@ impl RedisStore {
             Err(error) => match self.find_task(digest, None, now).await {
                 Ok(Some(back))
                     if back.stored.record.rev == new.record.rev
-                        && back.stored.instance == by.0
+                        && back.stored.instance == *by.as_bytes()
                         && back.stored.record.takeover == new.record.takeover => {}
                 _ => return Err(error),
             },
@@ -597,7 +598,7 @@ impl TaskStore for RedisStore {
         // script, judged at the same `now` the task is created at: the
         // deadline read only moves later while the instance lives.
         if self
-            .alive_until(&task.instance.0)
+            .alive_until(&task.instance)
             .await?
             .is_none_or(|until| until <= now)
         {
@@ -610,7 +611,7 @@ impl TaskStore for RedisStore {
             self.index_takeover("SADD", &digest).await?;
         }
         let record = TaskRecord::created(task, now, &self.task_options());
-        let stored = StoredTask::new(task.owner, task.instance.0, record.clone());
+        let stored = StoredTask::new(task.owner, *task.instance.as_bytes(), record.clone());
         let created = self
             .task_script(
                 SCRIPTS
@@ -662,12 +663,53 @@ impl TaskStore for RedisStore {
         id: &str,
         who: &Owner,
         mode: CancelMode,
+        reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
+        check_message(reason)?;
         let now = self.now();
-        self.client_step(id, who, now, |new| new.record.request_cancel(mode, now))
+        self.client_step(id, who, now, |new| {
+            new.record.request_cancel(mode, reason, now)
+        })
+        .await
+    }
+
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.ensure_open()?;
+        let Some((digest, owner)) = client_call(id, who) else {
+            return Ok(None);
+        };
+        self.watch_as(digest, Some(owner.into()), after, max_wait)
             .await
     }
 
+    /// `SCAN`s the task hashes in batches of 500 on every master, ending
+    /// (persisting as `failed`) what reads show ended and deleting what is
+    /// past its grace, then the instance keys, forgetting lapsed instances;
+    /// see the crate docs, "Tasks".
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        self.ensure_open()?;
+        self.purge_tasks(self.now()).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        self.ensure_open()?;
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(false);
+        };
+        // Not read first: it may be in the set.
+        let deleted = self.delete_task(&digest, None, true).await?;
+        Ok(deleted == 1)
+    }
+}
+
+#[async_trait]
+impl RuntimeStore for RedisStore {
     async fn apply_claimed(
         &self,
         task: &TaskDigest,
@@ -692,21 +734,6 @@ impl TaskStore for RedisStore {
         .await
     }
 
-    async fn watch(
-        &self,
-        id: &str,
-        who: &Owner,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        self.ensure_open()?;
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
-        self.watch_as(digest, Some(owner.into()), after, max_wait)
-            .await
-    }
-
     async fn watch_claimed(
         &self,
         task: &TaskDigest,
@@ -722,7 +749,7 @@ impl TaskStore for RedisStore {
     async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         self.ensure_open()?;
         let now = self.now();
-        let mine = self.alive_until(&by.0).await?;
+        let mine = self.alive_until(&by).await?;
         if mine.is_none_or(|until| until <= now) {
             return Err(Error::instance_lapsed(&by));
         }
@@ -755,30 +782,38 @@ impl TaskStore for RedisStore {
                     .key(self.inner.keys.instance(&me))
                     .arg(now)
                     .arg(until)
-                    .arg(instance_backstop(lease)),
+                    .arg(instance_backstop(lease, &self.task_options())),
                 "the heartbeat",
             )
             .await?;
         Ok(renewed == 1)
     }
 
-    /// `SCAN`s the task hashes in batches of 500 on every master, ending
-    /// (persisting as `failed`) what reads show ended and deleting what is
-    /// past its grace, then the instance keys, forgetting lapsed instances;
-    /// see the crate docs, "Tasks".
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
         self.ensure_open()?;
-        self.purge_tasks(self.now()).await
+        let now = self.now();
+        Ok(self
+            .alive_until(&id)
+            .await?
+            .is_some_and(|until| until > now))
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
+    /// `SCAN`s the instance keys on every master.
+    async fn instances(&self) -> Result<Vec<InstanceLease>> {
         self.ensure_open()?;
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(false);
-        };
-        // Not read first: it may be in the set.
-        let deleted = self.delete_task(&digest, None, true).await?;
-        Ok(deleted == 1)
+        let now = self.now();
+        let mut leases = Vec::new();
+        for batch in self.scan_all(&self.inner.keys.instance_pattern()).await? {
+            for key in batch {
+                let Some(instance) = self.inner.keys.instance_of(&key) else {
+                    continue;
+                };
+                if let Some(until) = self.alive_until(&instance).await? {
+                    leases.push(InstanceLease::new(instance, until, now));
+                }
+            }
+        }
+        Ok(leases)
     }
 
     async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
@@ -1012,7 +1047,7 @@ mod tests {
     #[test]
     fn backstops_outlive_the_store_clock() {
         let record = TaskRecord::created(
-            &NewTask::new(&Owner::Anonymous, InstanceId([0; 16])),
+            &NewTask::new(&Owner::Anonymous, stored_instance(&[0; 16]).unwrap()),
             1_000,
             &TaskOptions::default(),
         );
@@ -1021,7 +1056,9 @@ mod tests {
         assert_eq!(backstop_arg(-5), "1");
         assert_eq!(backstop_arg(i64::MAX), "");
         let lease = Duration::from_secs(30);
-        let beat: i64 = instance_backstop(lease).parse().unwrap();
+        let beat: i64 = instance_backstop(lease, &TaskOptions::default())
+            .parse()
+            .unwrap();
         assert!(beat > millis(lease) + record.purge_at - record.created_at);
     }
 

@@ -23,11 +23,12 @@ use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{task_token, watch_task};
 use mcp_event_store_core::backend::task::codec::{StoredTask as Stored, decode, encode};
 use mcp_event_store_core::backend::task::{
-    TaskDigest, TaskMachine, check_responses, client_call, count_ended, owner_key,
+    TaskDigest, TaskMachine, check_message, check_responses, client_call, count_ended, owner_key,
+    stored_digest, stored_instance,
 };
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
+    TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -236,10 +237,10 @@ impl TaskStore for SledStore {
     async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
         task.check()?;
         let now = self.now();
-        let record = TaskRecord::created(task, now, &TaskOptions::default());
+        let record = TaskRecord::created(task, now, &self.handle.store.tasks);
         let stored = Stored {
             owner: owner_key(task.owner),
-            instance: task.instance.0,
+            instance: *task.instance.as_bytes(),
             record: record.clone(),
             responses: Vec::new(),
             spent: Vec::new(),
@@ -251,7 +252,7 @@ impl TaskStore for SledStore {
             // deadline only moves later while it lives, so a check before
             // the insert holds for it.
             if shared
-                .alive_until(&instance.0)?
+                .alive_until(instance.as_bytes())?
                 .is_none_or(|until| until <= now)
             {
                 return Err(Error::instance_lapsed(&instance));
@@ -317,42 +318,16 @@ impl TaskStore for SledStore {
         id: &str,
         who: &Owner,
         mode: CancelMode,
+        reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
+        check_message(reason)?;
         let Some((digest, owner)) = client_call(id, who) else {
             return Ok(None);
         };
         let now = self.now();
+        let reason = reason.map(str::to_owned);
         self.client_step(digest, owner, now, move |new| {
-            new.record.request_cancel(mode, now)
-        })
-        .await
-    }
-
-    async fn apply_claimed(
-        &self,
-        task: &TaskDigest,
-        by: Worker,
-        change: WorkerChange<'_>,
-    ) -> Result<Applied> {
-        change.check(self.handle.store.max_payload_bytes)?;
-        let digest = *task;
-        let now = self.now();
-        let change = change.to_owned();
-        self.task_write(digest, move |shared| {
-            shared.task_step(&digest, now, |found| {
-                let Some((stored, seen, alive)) = found else {
-                    return Ok((None, Applied::Unknown));
-                };
-                let mut pairs = Vec::new();
-                stored.worker_step(
-                    &seen,
-                    alive,
-                    by,
-                    change.as_change(&mut pairs),
-                    &TaskOptions::default(),
-                    now,
-                )
-            })
+            new.record.request_cancel(mode, reason.as_deref(), now)
         })
         .await
     }
@@ -368,67 +343,6 @@ impl TaskStore for SledStore {
             return Ok(None);
         };
         self.watch_as(digest, Some(owner), after, max_wait).await
-    }
-
-    async fn watch_claimed(
-        &self,
-        task: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        self.watch_as(*task, None, after, max_wait).await
-    }
-
-    /// Scans the task tree for tasks that may be taken over, and claims
-    /// each with one compare-and-swap; see the crate docs, "Tasks".
-    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
-        let shared = self.shared()?;
-        let now = self.now();
-        let claimed = blocking({
-            let shared = shared.clone();
-            move || shared.claim_tasks(by, limit, now)
-        })
-        .await?;
-        if !claimed.is_empty() {
-            self.settle(self.flush_after_write(&shared)).await?;
-            for claim in &claimed {
-                shared.task_wakeups.wake(&task_token(&claim.task));
-            }
-        }
-        Ok(claimed)
-    }
-
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
-        let shared = self.shared()?;
-        let now = self.now();
-        let until = now.saturating_add(millis(lease));
-        let renewed = blocking({
-            let shared = shared.clone();
-            move || loop {
-                let old = shared.task_instances.get(me.0).map_err(backend)?;
-                if let Some(old) = &old {
-                    let alive = <[u8; 8]>::try_from(&old[..])
-                        .map(i64::from_be_bytes)
-                        .map_err(|_| corrupt())?;
-                    if alive <= now {
-                        // Lapsed: its tasks already read as lost.
-                        return Ok(false);
-                    }
-                }
-                let swapped = shared
-                    .task_instances
-                    .compare_and_swap(me.0, old, Some(&until.to_be_bytes()[..]))
-                    .map_err(backend)?;
-                if swapped.is_ok() {
-                    return Ok(true);
-                }
-            }
-        })
-        .await?;
-        if renewed {
-            self.settle(self.flush_after_write(&shared)).await?;
-        }
-        Ok(renewed)
     }
 
     /// In steps of at most 500 tasks each, on the blocking pool; see the
@@ -475,20 +389,6 @@ impl TaskStore for SledStore {
         Ok(report)
     }
 
-    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
-        let shared = self.shared()?;
-        let now = self.now();
-        let digest = *task;
-        blocking(move || {
-            let Some((_, stored)) = shared.load_task(&digest)? else {
-                return Ok(None);
-            };
-            let alive = shared.alive_until(&stored.instance)?;
-            stored.view(alive, now)
-        })
-        .await
-    }
-
     async fn delete(&self, id: &str) -> Result<bool> {
         let Some(digest) = TaskDigest::of(id) else {
             return Ok(false);
@@ -509,12 +409,146 @@ impl TaskStore for SledStore {
     }
 }
 
+#[async_trait]
+impl RuntimeStore for SledStore {
+    async fn apply_claimed(
+        &self,
+        task: &TaskDigest,
+        by: Worker,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        change.check(self.handle.store.max_payload_bytes)?;
+        let digest = *task;
+        let now = self.now();
+        let change = change.to_owned();
+        let options = self.handle.store.tasks;
+        self.task_write(digest, move |shared| {
+            shared.task_step(&digest, now, |found| {
+                let Some((stored, seen, alive)) = found else {
+                    return Ok((None, Applied::Unknown));
+                };
+                let mut pairs = Vec::new();
+                stored.worker_step(
+                    &seen,
+                    alive,
+                    by,
+                    change.as_change(&mut pairs),
+                    &options,
+                    now,
+                )
+            })
+        })
+        .await
+    }
+
+    async fn watch_claimed(
+        &self,
+        task: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.watch_as(*task, None, after, max_wait).await
+    }
+
+    /// Scans the task tree for tasks that may be taken over, and claims
+    /// each with one compare-and-swap; see the crate docs, "Tasks".
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        let shared = self.shared()?;
+        let now = self.now();
+        let claimed = blocking({
+            let shared = shared.clone();
+            move || shared.claim_tasks(by, limit, now)
+        })
+        .await?;
+        if !claimed.is_empty() {
+            self.settle(self.flush_after_write(&shared)).await?;
+            for claim in &claimed {
+                shared.task_wakeups.wake(&task_token(&claim.task));
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        let shared = self.shared()?;
+        let now = self.now();
+        let until = now.saturating_add(millis(lease));
+        let renewed = blocking({
+            let shared = shared.clone();
+            move || loop {
+                let old = shared.task_instances.get(me.as_bytes()).map_err(backend)?;
+                if let Some(old) = &old {
+                    let alive = <[u8; 8]>::try_from(&old[..])
+                        .map(i64::from_be_bytes)
+                        .map_err(|_| corrupt())?;
+                    if alive <= now {
+                        // Lapsed: its tasks already read as lost.
+                        return Ok(false);
+                    }
+                }
+                let swapped = shared
+                    .task_instances
+                    .compare_and_swap(me.as_bytes(), old, Some(&until.to_be_bytes()[..]))
+                    .map_err(backend)?;
+                if swapped.is_ok() {
+                    return Ok(true);
+                }
+            }
+        })
+        .await?;
+        if renewed {
+            self.settle(self.flush_after_write(&shared)).await?;
+        }
+        Ok(renewed)
+    }
+
+    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
+        let shared = self.shared()?;
+        let now = self.now();
+        let until = blocking(move || shared.alive_until(id.as_bytes())).await?;
+        Ok(until.is_some_and(|until| until > now))
+    }
+
+    async fn instances(&self) -> Result<Vec<InstanceLease>> {
+        let shared = self.shared()?;
+        let now = self.now();
+        blocking(move || {
+            shared
+                .task_instances
+                .iter()
+                .map(|entry| {
+                    let (id, until) = entry.map_err(backend)?;
+                    let until = <[u8; 8]>::try_from(&until[..])
+                        .map(i64::from_be_bytes)
+                        .map_err(|_| corrupt())?;
+                    Ok(InstanceLease::new(stored_instance(&id)?, until, now))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
+        let shared = self.shared()?;
+        let now = self.now();
+        let digest = *task;
+        blocking(move || {
+            let Some((_, stored)) = shared.load_task(&digest)? else {
+                return Ok(None);
+            };
+            let alive = shared.alive_until(&stored.instance)?;
+            stored.view(alive, now)
+        })
+        .await
+    }
+}
+
 impl Shared {
     /// Claims up to `limit` tasks for `by` at `now` (T17): a scan of the
     /// task tree, skipping tasks that may not be taken over before the
     /// step, each claim one compare-and-swap of the task's key.
     fn claim_tasks(&self, by: InstanceId, limit: usize, now: i64) -> Result<Vec<Claimed>> {
-        let mine = self.alive_until(&by.0)?;
+        let mine = self.alive_until(by.as_bytes())?;
         if mine.is_none_or(|until| until <= now) {
             return Err(Error::instance_lapsed(&by));
         }
@@ -528,7 +562,7 @@ impl Shared {
             if record.takeover.is_none() || record.status.is_terminal() {
                 continue;
             }
-            let digest = TaskDigest(key[..].try_into().map_err(|_| corrupt())?);
+            let digest = stored_digest(&key)?;
             let (claim, _) = self.task_step(&digest, now, |found| {
                 let Some((stored, _, alive)) = found else {
                     return Ok((None, None));
@@ -568,7 +602,7 @@ impl Shared {
             .collect::<std::result::Result<_, _>>()
             .map_err(backend)?;
         for key in &batch {
-            let digest = TaskDigest(key[..].try_into().map_err(|_| corrupt())?);
+            let digest = stored_digest(key)?;
             let (ended, _) = self.task_step(&digest, now, |found| {
                 let Some((stored, seen, _)) = found else {
                     return Ok((None, None));
@@ -600,11 +634,7 @@ impl Shared {
             .map_err(backend)?;
         let mut deleted = 0;
         for key in &batch {
-            let digest = TaskDigest(
-                key.get(8..24)
-                    .and_then(|d| d.try_into().ok())
-                    .ok_or_else(corrupt)?,
-            );
+            let digest = stored_digest(key.get(8..24).ok_or_else(corrupt)?)?;
             let due = keys::encode_time(now);
             loop {
                 let Some((raw, stored)) = self.load_task(&digest)? else {

@@ -145,7 +145,7 @@
 //! persists them and deletes tasks past their grace with their inputs, in
 //! steps of at most 500 tasks, one transaction each, queued at the writer
 //! like any write, so a large purge never holds the write lock for long.
-//! Lifetimes come from [`SqliteOptions::tasks`].
+//! Lifetimes come from [`StoreOptions::tasks`](mcp_event_store_core::StoreOptions::tasks).
 //!
 //! **Watching.** `get` and `watch` read one snapshot (the task, its inputs
 //! and its instance's deadline) on a page thread. A change through this
@@ -181,7 +181,7 @@
 //! row and events in one transaction.
 //!
 //! Tasks are kept apart from this: their lifetimes are
-//! [`SqliteOptions::tasks`], and
+//! [`StoreOptions::tasks`](mcp_event_store_core::StoreOptions::tasks), and
 //! [`TaskStore::purge_expired_tasks`](mcp_event_store_core::task::TaskStore::purge_expired_tasks)
 //! (see [Tasks](#tasks)) deletes them.
 //!

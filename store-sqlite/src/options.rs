@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{Error, Result, StoreOptions};
 
 /// Default [`SqliteOptions::busy_timeout`].
@@ -111,11 +110,6 @@ pub struct SqliteOptions {
     /// wake-up: the safety net should a wake-up be missed. Default 5 s; at
     /// least 1 ms. URL: `?follow_recheck_ms=`.
     pub follow_recheck: Duration,
-    /// How long tasks live and are kept after they expire (T8). The
-    /// interval at which a task watcher re-reads its task, to see changes
-    /// made through other handles and processes, is
-    /// [`follow_poll_interval`](Self::follow_poll_interval).
-    pub tasks: TaskOptions,
 }
 
 impl Default for SqliteOptions {
@@ -131,7 +125,6 @@ impl Default for SqliteOptions {
             max_batch: DEFAULT_MAX_BATCH,
             follow_poll_interval: DEFAULT_FOLLOW_POLL_INTERVAL,
             follow_recheck: DEFAULT_FOLLOW_RECHECK,
-            tasks: TaskOptions::default(),
         }
     }
 }
@@ -266,12 +259,6 @@ impl SqliteOptions {
     /// Sets how often a follower re-reads its stream without a wake-up.
     pub fn follow_recheck(mut self, recheck: Duration) -> Self {
         self.follow_recheck = recheck;
-        self
-    }
-
-    /// Sets how long tasks live and are kept after they expire.
-    pub fn tasks(mut self, tasks: TaskOptions) -> Self {
-        self.tasks = tasks;
         self
     }
 

@@ -144,8 +144,9 @@ async fn prepare(conn: &mut SqliteConnection) -> Result<StreamKey> {
 ///
 /// The event migrations (`migrations/`, recorded in `mes_migrations`), the
 /// task migrations (`migrations/tasks/`, recorded in `mes_task_migrations`)
-/// and the task context migrations (`migrations/task_context/`, recorded in
-/// `mes_task_context_migrations`) are kept apart: a release that knows only
+/// and each additive change to the tasks since (contexts, takeover, cancel
+/// reasons: `migrations/task_*/`, each recorded in a table of its own) are
+/// kept apart: a release that knows only
 /// the event migrations finds nothing unknown in `mes_migrations`, so it
 /// keeps serving events from a file that also holds tasks, and one of task
 /// format 1 keeps serving tasks from a file whose tasks have contexts. Each
@@ -179,7 +180,10 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
     run(&contexts, conn, "task context ").await?;
     let mut takeover = sqlx::migrate!("./migrations/task_takeover");
     takeover.dangerous_set_table_name(TAKEOVER_MIGRATIONS);
-    run(&takeover, conn, "task takeover ").await
+    run(&takeover, conn, "task takeover ").await?;
+    let mut reasons = sqlx::migrate!("./migrations/task_cancel_reason");
+    reasons.dangerous_set_table_name(CANCEL_REASON_MIGRATIONS);
+    run(&reasons, conn, "task cancel reason ").await
 }
 
 /// The table recording the task migrations applied.
@@ -202,6 +206,10 @@ pub(crate) const CONTEXT_MIGRATIONS: &str = "mes_task_context_migrations";
 /// The table recording the task takeover migrations applied (T16 to T19),
 /// apart from the others for the same reason as [`CONTEXT_MIGRATIONS`].
 pub(crate) const TAKEOVER_MIGRATIONS: &str = "mes_task_takeover_migrations";
+
+/// The table recording the cancel reason migrations applied (T20), apart
+/// from the others for the same reason as [`CONTEXT_MIGRATIONS`].
+pub(crate) const CANCEL_REASON_MIGRATIONS: &str = "mes_task_cancel_reason_migrations";
 
 /// Runs one set of migrations; `what` names the set in a refusal.
 async fn run(migrator: &Migrator, conn: &mut SqliteConnection, what: &str) -> Result<()> {

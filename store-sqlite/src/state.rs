@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::backend::follow::Wakeups;
-use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{Error, Result, StoreOptions};
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::{mpsc, oneshot};
@@ -35,8 +34,6 @@ pub(crate) struct Inner {
     /// How often a task watcher re-reads its task without a wake-up: the
     /// safety net should a wake-up be missed.
     pub(crate) task_recheck: Duration,
-    /// How long tasks live.
-    pub(crate) task_options: TaskOptions,
     /// Finds other handles' and processes' writes while anyone follows.
     pub(crate) watcher: Watcher,
     /// How often a follower re-reads without a wake-up.

@@ -11,8 +11,8 @@ use bytes::Bytes;
 use mcp_event_store_core::Error;
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
-    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
+    TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{
     EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
@@ -90,7 +90,7 @@ impl SqliteStore {
             options.max_batch,
             wakeups.clone(),
             task_wakeups.clone(),
-            options.tasks,
+            options.store.tasks,
         );
         writer.spawn(receiver)?;
         Ok(Self {
@@ -113,7 +113,6 @@ impl SqliteStore {
                 wakeups,
                 task_wakeups,
                 task_recheck: options.follow_recheck,
-                task_options: options.tasks,
                 follow_recheck: options.follow_recheck,
                 durability: options.durability,
             }),
@@ -241,10 +240,32 @@ impl TaskStore for SqliteStore {
         id: &str,
         who: &Owner,
         mode: CancelMode,
+        reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        tasks::request_cancel(self, id, who, mode).await
+        tasks::request_cancel(self, id, who, mode, reason).await
     }
 
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        tasks::watch(self, id, who, after, max_wait).await
+    }
+
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        tasks::purge_expired_tasks(self).await
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        tasks::delete(self, id).await
+    }
+}
+
+#[async_trait]
+impl RuntimeStore for SqliteStore {
     async fn apply_claimed(
         &self,
         task: &TaskDigest,
@@ -267,26 +288,16 @@ impl TaskStore for SqliteStore {
         tasks::claim(self, by, limit).await
     }
 
-    async fn watch(
-        &self,
-        id: &str,
-        who: &Owner,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        tasks::watch(self, id, who, after, max_wait).await
-    }
-
     async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
         tasks::heartbeat(self, me, lease).await
     }
 
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
-        tasks::purge_expired_tasks(self).await
+    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
+        tasks::is_alive(self, id).await
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
-        tasks::delete(self, id).await
+    async fn instances(&self) -> Result<Vec<InstanceLease>> {
+        tasks::instances(self).await
     }
 
     async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {

@@ -34,10 +34,11 @@ use mcp_event_store_core::backend::task::rows::{
     self, ANSWERED, OUTSTANDING, SPENT, TaskRow, TaskRows, stored_digest,
 };
 use mcp_event_store_core::backend::task::{
-    OwnedWorkerChange, OwnerKey, TaskDigest, TaskMachine, check_responses, client_call, owner_key,
+    OwnedWorkerChange, OwnerKey, TaskDigest, TaskMachine, check_message, check_responses,
+    client_call, owner_key, stored_instance,
 };
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, Takeover, TaskId,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, Takeover, TaskId,
     TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
@@ -71,6 +72,7 @@ pub(crate) enum TaskWrite {
         digest: TaskDigest,
         owner: OwnerKey,
         mode: CancelMode,
+        reason: Option<String>,
         now: i64,
     },
     Apply {
@@ -150,7 +152,7 @@ pub(crate) async fn try_create(
 ) -> Result<Option<TaskRecord>> {
     task.check()?;
     let now = store.now();
-    let record = TaskRecord::created(task, now, &store.inner.task_options);
+    let record = TaskRecord::created(task, now, &store.inner.options.tasks);
     task_write(
         store,
         TaskWrite::Create {
@@ -205,7 +207,9 @@ pub(crate) async fn request_cancel(
     id: &str,
     who: &Owner,
     mode: CancelMode,
+    reason: Option<&str>,
 ) -> Result<Option<TaskRecord>> {
+    check_message(reason)?;
     let Some((digest, owner)) = client_call(id, who) else {
         return Ok(None);
     };
@@ -213,6 +217,7 @@ pub(crate) async fn request_cancel(
         digest,
         owner,
         mode,
+        reason: reason.map(str::to_owned),
         now: store.now(),
     };
     task_write(store, write).await.and_then(record_answer)
@@ -362,6 +367,39 @@ fn wrong_kind() -> Error {
     Error::Corrupt("the writer answered a task write with the wrong kind".into())
 }
 
+/// Whether instance `id` is alive now (T11), read on a page thread.
+pub(crate) async fn is_alive(store: &SqliteStore, id: InstanceId) -> Result<bool> {
+    let now = store.now();
+    store
+        .inner
+        .pages
+        .run(move |conn| alive(conn, &id, now))
+        .await
+}
+
+/// Every lease `mes_instances` holds (T11), read on a page thread.
+pub(crate) async fn instances(store: &SqliteStore) -> Result<Vec<InstanceLease>> {
+    let now = store.now();
+    store
+        .inner
+        .pages
+        .run(move |conn| {
+            let leases: Vec<(Vec<u8>, i64)> = conn
+                .prepare_cached("SELECT id, alive_until FROM mes_instances")
+                .and_then(|mut statement| {
+                    statement
+                        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+                        .collect()
+                })
+                .map_err(sqlite_error)?;
+            leases
+                .into_iter()
+                .map(|(id, until)| Ok(InstanceLease::new(stored_instance(&id)?, until, now)))
+                .collect()
+        })
+        .await
+}
+
 /// The task as `owner` sees it now, read from one snapshot.
 async fn read(
     store: &SqliteStore,
@@ -395,7 +433,7 @@ fn load(conn: &Connection, digest: &TaskDigest) -> Result<Option<TaskRow>> {
             "SELECT owner, instance, status, rev, message, created_at, updated_at, ttl_ms, \
                     expires_at, purge_at, poll_ms, cancel, outcome, next_seq, \
                     (SELECT alive_until FROM mes_instances i WHERE i.id = t.instance), context, \
-                    max_attempts, lapses, epoch, released, checkpoint \
+                    max_attempts, lapses, epoch, released, checkpoint, cancel_reason \
              FROM mes_tasks t WHERE digest = ?1",
         )
         .map_err(sqlite_error)?;
@@ -427,6 +465,7 @@ fn load(conn: &Connection, digest: &TaskDigest) -> Result<Option<TaskRow>> {
             .map_err(sqlite_error)?
             .map(to_u64),
         cancel_requested: row.get(11).map_err(sqlite_error)?,
+        cancel_reason: row.get(21).map_err(sqlite_error)?,
         outcome: row
             .get::<_, Option<Vec<u8>>>(12)
             .map_err(sqlite_error)?
@@ -502,7 +541,7 @@ fn digests(conn: &Connection, sql: &str, params: impl Params) -> Result<Vec<Task
 /// Whether the instance is alive at `now`.
 fn alive(conn: &Connection, id: &InstanceId, now: i64) -> Result<bool> {
     conn.prepare_cached("SELECT 1 FROM mes_instances WHERE id = ?1 AND alive_until > ?2")
-        .and_then(|mut statement| statement.exists(params![&id.0[..], now]))
+        .and_then(|mut statement| statement.exists(params![&id.as_bytes()[..], now]))
         .map_err(sqlite_error)
 }
 
@@ -540,7 +579,7 @@ impl TaskRows for SqliteRows<'_> {
                     ttl_ms = ?5, expires_at = ?6, purge_at = ?7, poll_ms = ?8, cancel = ?9, \
                     outcome = ?10, instance = ?11, next_seq = ?12, context = ?15, \
                     max_attempts = ?16, lapses = ?17, epoch = ?18, released = ?19, \
-                    checkpoint = ?20 \
+                    checkpoint = ?20, cancel_reason = ?21 \
              WHERE digest = ?13 AND rev = ?14",
             params![
                 i64::from(record.status.as_u8()),
@@ -566,6 +605,7 @@ impl TaskRows for SqliteRows<'_> {
                     .takeover
                     .as_ref()
                     .and_then(|t| t.checkpoint.as_deref()),
+                record.cancel_reason.as_deref(),
             ],
         )?;
         if saved != 1 {
@@ -782,12 +822,14 @@ impl Writer {
                 digest,
                 owner,
                 mode,
+                reason,
                 now,
             } => step(rows::cancel(
                 &mut SqliteRows { conn },
                 digest,
                 owner,
                 *mode,
+                reason.as_deref(),
                 *now,
             ))
             .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
@@ -817,7 +859,7 @@ impl Writer {
                     "INSERT INTO mes_instances (id, alive_until) VALUES (?1, ?2) \
                      ON CONFLICT (id) DO UPDATE SET alive_until = excluded.alive_until \
                          WHERE mes_instances.alive_until > ?3",
-                    params![&me.0[..], until, now],
+                    params![&me.as_bytes()[..], until, now],
                 )?;
                 Ok(TaskAnswer::Flag(renewed > 0))
             }
@@ -873,7 +915,7 @@ fn create(
             record.purge_at,
             record.ttl_ms.map(to_i64),
             record.poll_interval_ms.map(to_i64),
-            &instance.0[..],
+            &instance.as_bytes()[..],
             record.context.as_deref(),
             record.takeover.as_ref().map(|t| i64::from(t.max_attempts)),
             record.takeover.as_ref().is_some_and(|t| t.released),

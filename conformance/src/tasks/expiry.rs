@@ -1,13 +1,19 @@
-//! T8: ttls, expiry and the purge of expired tasks with their inputs.
+//! T8, T21: ttls, expiry, the grace an expired task reads through, and the
+//! purge of expired tasks with their inputs.
 
 use std::time::Duration;
 
 use mcp_event_store_core::task::{
-    Applied, EXPIRED_ERROR, Finish, InstanceId, NewTask, TaskStatus, TaskStore, WorkerChange,
+    Applied, EXPIRED_ERROR, Finish, InstanceId, NewTask, RuntimeStore, TaskOptions, TaskStatus,
+    TaskStore, WorkerChange,
 };
 
 use super::TaskHarness;
 use super::support::*;
+use crate::events::{test_clock, test_options};
+
+/// The default grace (T21).
+const GRACE: Duration = mcp_event_store_core::task::DEFAULT_GRACE;
 
 /// T8: a task past its ttl reads `failed` with "task expired", the worker
 /// can no longer change it, and purging persists exactly what reads showed.
@@ -41,8 +47,9 @@ pub async fn expired_task_reads_failed<H: TaskHarness>(h: &H) {
     f.close(h).await;
 }
 
-/// T8: a task is deleted one ttl (at most an hour) after it expires, with
-/// its inputs, and reads as unknown from then on, finished or not.
+/// T8, T21: a task is deleted one grace (an hour by default) after it
+/// expires, with its inputs, and reads as unknown from then on, finished
+/// or not.
 pub async fn expired_task_is_purged_with_its_inputs_after_grace<H: TaskHarness>(h: &H) {
     let f = fixture(h).await;
     let rows_before = h.raw_rows().await.map(|rows| rows.len());
@@ -56,7 +63,7 @@ pub async fn expired_task_is_purged_with_its_inputs_after_grace<H: TaskHarness>(
     f.answer(&running_id, &[("answered", b"1")]).await;
     f.apply(&done, WorkerChange::Finish(Finish::Completed(b"{}")))
         .await;
-    f.clock.advance(ttl + ttl - Duration::from_millis(1));
+    f.clock.advance(ttl + GRACE - Duration::from_millis(1));
     assert_eq!(f.get(&running_id).await.status, TaskStatus::Failed);
     assert_eq!(
         f.get(&done_id).await.status,
@@ -124,7 +131,7 @@ pub async fn set_ttl_takes_effect<H: TaskHarness>(h: &H) {
     assert_eq!(longer.expires_at, created + 600_000);
     f.clock.advance(Duration::from_secs(61));
     assert_eq!(f.get(&id).await.status, TaskStatus::Working);
-    // Expired 11 s ago, within its grace (one ttl) still readable.
+    // Expired 11 s ago, within its grace still readable.
     f.apply(&task, WorkerChange::SetTtl(Some(Duration::from_secs(50))))
         .await;
     let expired = f.get(&id).await;
@@ -186,8 +193,8 @@ pub async fn a_purge_of_many_tasks_goes_in_steps_and_misses_none<H: TaskHarness>
         assert_eq!(task.status, TaskStatus::Failed, "{id}");
         assert!(task.outstanding.is_empty(), "{id}");
     }
-    // Past the grace (one ttl), every task goes, with its inputs.
-    f.clock.advance(ttl);
+    // Past the grace, every task goes, with its inputs.
+    f.clock.advance(GRACE);
     let report = f.store.purge_expired_tasks().await.unwrap();
     assert_eq!(
         report.deleted,
@@ -209,6 +216,78 @@ pub async fn a_purge_of_many_tasks_goes_in_steps_and_misses_none<H: TaskHarness>
     f.close(h).await;
 }
 
+/// T21: however short its ttl, zero included, an expired task reads as it
+/// ended, or `failed` "task expired", for the whole grace after it expired,
+/// then as unknown; `set_ttl` to zero expires a running task at once, for
+/// the same grace.
+pub async fn an_expired_task_reads_expired_for_the_whole_grace<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let (_, zero) = f
+        .create_with(NewTask::new(&f.owner, f.me).ttl(Duration::ZERO))
+        .await;
+    let expired = f.get(&zero).await;
+    assert_eq!(
+        expired.status,
+        TaskStatus::Failed,
+        "a zero ttl expires at once"
+    );
+    assert_eq!(expired.outcome.as_deref(), Some(EXPIRED_ERROR));
+    assert_eq!(expired.ttl_ms, Some(0));
+    let (short, short_id) = f
+        .create_with(NewTask::new(&f.owner, f.me).ttl(Duration::from_millis(1)))
+        .await;
+    assert!(is_changed(
+        &f.apply(&short, WorkerChange::Finish(Finish::Completed(b"{}")))
+            .await
+    ));
+    let (cut, cut_id) = f.create().await;
+    assert!(is_changed(
+        &f.apply(&cut, WorkerChange::SetTtl(Some(Duration::ZERO)))
+            .await
+    ));
+    let cut_short = f.get(&cut_id).await;
+    assert_eq!(cut_short.outcome.as_deref(), Some(EXPIRED_ERROR));
+
+    f.clock.advance(GRACE - Duration::from_millis(1));
+    assert_eq!(f.get(&zero).await, expired, "within the grace");
+    assert_eq!(f.get(&cut_id).await, cut_short, "within the grace");
+    assert_eq!(
+        f.get(&short_id).await.status,
+        TaskStatus::Completed,
+        "a task that ended is kept as it ended"
+    );
+    f.clock.advance(Duration::from_millis(1));
+    assert_eq!(f.store.get(&zero, &f.owner).await.unwrap(), None);
+    assert_eq!(f.store.get(&cut_id, &f.owner).await.unwrap(), None);
+    assert!(
+        f.store.get(&short_id, &f.owner).await.unwrap().is_some(),
+        "expired a millisecond later, it has a millisecond left"
+    );
+    f.clock.advance(Duration::from_millis(1));
+    assert_eq!(f.store.get(&short_id, &f.owner).await.unwrap(), None);
+    assert_eq!(f.store.purge_expired_tasks().await.unwrap().deleted, 3);
+    f.close(h).await;
+}
+
+/// T21: the grace is the store's setting (`StoreOptions::tasks`), the same
+/// on every backend.
+pub async fn the_grace_is_the_stores_setting<H: TaskHarness>(h: &H) {
+    let grace = Duration::from_secs(10);
+    let options = test_options(&test_clock()).tasks(TaskOptions::default().grace(grace));
+    let f = fixture_with(h, options).await;
+    let (_, id) = f
+        .create_with(NewTask::new(&f.owner, f.me).ttl(Duration::from_secs(1)))
+        .await;
+    let created = f.get(&id).await;
+    assert_eq!(created.purge_at, created.expires_at + 10_000);
+    f.clock
+        .advance(Duration::from_secs(1) + grace - Duration::from_millis(1));
+    assert_eq!(f.get(&id).await.outcome.as_deref(), Some(EXPIRED_ERROR));
+    f.clock.advance(Duration::from_millis(1));
+    assert_eq!(f.store.get(&id, &f.owner).await.unwrap(), None);
+    f.close(h).await;
+}
+
 /// Registers this file's cases with [`task_suite!`](crate::task_suite).
 #[doc(hidden)]
 #[macro_export]
@@ -220,6 +299,8 @@ macro_rules! __task_cases_expiry {
             expired_task_is_purged_with_its_inputs_after_grace,
             null_ttl_is_capped,
             set_ttl_takes_effect,
+            an_expired_task_reads_expired_for_the_whole_grace,
+            the_grace_is_the_stores_setting,
         );
     };
 }

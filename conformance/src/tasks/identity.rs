@@ -1,4 +1,4 @@
-//! T1 to T3, T9: a created task is readable from every handle, under an id
+//! T1, T2, T3 and T9: a created task is readable from every handle, under an id
 //! that is unguessable and never stored, and only by its owner.
 
 use std::collections::HashSet;
@@ -109,7 +109,10 @@ pub async fn malformed_task_ids_find_nothing<H: TaskHarness>(h: &H) {
         );
         for mode in [CancelMode::Cooperative, CancelMode::Immediate] {
             assert_eq!(
-                f.store.request_cancel(text, &f.owner, mode).await.unwrap(),
+                f.store
+                    .request_cancel(text, &f.owner, mode, None)
+                    .await
+                    .unwrap(),
                 None
             );
         }
@@ -157,7 +160,7 @@ pub async fn wrong_owner_is_indistinguishable_from_unknown<H: TaskHarness>(h: &H
         );
         for mode in [CancelMode::Cooperative, CancelMode::Immediate] {
             assert_eq!(
-                f.store.request_cancel(id, &who, mode).await.unwrap(),
+                f.store.request_cancel(id, &who, mode, None).await.unwrap(),
                 None,
                 "cancel {who:?}"
             );

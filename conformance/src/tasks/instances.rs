@@ -1,13 +1,13 @@
 //! T11: instances and their heartbeats: a lapsed instance fails its tasks,
-//! and no task is born under one.
+//! no task is born under one, and the store reads and ends leases.
 
 use std::time::Duration;
 
-use mcp_event_store_core::Error;
 use mcp_event_store_core::task::{
-    Applied, Finish, INSTANCE_LOST_ERROR, InstanceId, NewTask, TaskId, TaskStatus, TaskStore,
-    WorkerChange,
+    Applied, Finish, INSTANCE_LOST_ERROR, InstanceId, InstanceLease, NewTask, RuntimeStore, TaskId,
+    TaskStatus, TaskStore, WorkerChange,
 };
+use mcp_event_store_core::{Clock, Error};
 
 use super::TaskHarness;
 use super::support::*;
@@ -128,6 +128,63 @@ pub async fn late_finish_from_a_reaped_instance_is_already_terminal<H: TaskHarne
     f.close(h).await;
 }
 
+/// T11: the store tells whether an instance is alive and lists the leases
+/// it holds, by its own clock; a retired instance (a graceful shutdown)
+/// lapses at once, its tasks read lost at once, it cannot come back, and a
+/// purge forgets it once nothing of it runs. An instance never seen is not
+/// alive.
+pub async fn leases_are_read_and_a_retired_instance_lapses_at_once<H: TaskHarness>(h: &H) {
+    let f = fixture(h).await;
+    let lease = Duration::from_secs(30);
+    let other = InstanceId::generate().unwrap();
+    let never = InstanceId::generate().unwrap();
+    assert!(f.store.heartbeat(other, lease).await.unwrap());
+    assert!(f.store.is_alive(f.me).await.unwrap());
+    assert!(f.store.is_alive(other).await.unwrap());
+    assert!(!f.store.is_alive(never).await.unwrap());
+    let leases = |mut all: Vec<InstanceLease>| {
+        all.sort_by_key(|lease| lease.instance);
+        all.into_iter()
+            .map(|lease| (lease.instance, lease.alive))
+            .collect::<Vec<_>>()
+    };
+    let mut both = vec![(f.me, true), (other, true)];
+    both.sort();
+    assert_eq!(leases(f.store.instances().await.unwrap()), both);
+    let listed = f.store.instances().await.unwrap();
+    let other_lease = listed.iter().find(|l| l.instance == other).unwrap();
+    assert_eq!(
+        other_lease.alive_until,
+        f.clock.now_millis() + 30_000,
+        "the deadline by the store's clock"
+    );
+
+    let (_, running) = f.create_with(NewTask::new(&f.owner, other)).await;
+    assert!(f.store.retire(other).await.unwrap());
+    assert!(!f.store.is_alive(other).await.unwrap());
+    let lost = f.get(&running).await;
+    assert_eq!(lost.status, TaskStatus::Failed, "lost at once");
+    assert_eq!(lost.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
+    assert!(
+        !f.store.heartbeat(other, lease).await.unwrap(),
+        "a retired instance was revived"
+    );
+    assert!(
+        !f.store.retire(other).await.unwrap(),
+        "retired twice: it had lapsed"
+    );
+    let mut one_lapsed = vec![(f.me, true), (other, false)];
+    one_lapsed.sort();
+    assert_eq!(leases(f.store.instances().await.unwrap()), one_lapsed);
+    let report = f.store.purge_expired_tasks().await.unwrap();
+    assert_eq!((report.orphaned, report.instances), (1, 1));
+    assert_eq!(
+        leases(f.store.instances().await.unwrap()),
+        vec![(f.me, true)]
+    );
+    f.close(h).await;
+}
+
 /// Registers this file's cases with [`task_suite!`](crate::task_suite).
 #[doc(hidden)]
 #[macro_export]
@@ -138,6 +195,7 @@ macro_rules! __task_cases_instances {
             renewed_heartbeat_keeps_tasks_alive,
             no_task_is_born_under_a_lapsed_instance,
             late_finish_from_a_reaped_instance_is_already_terminal,
+            leases_are_read_and_a_retired_instance_lapses_at_once,
         );
     };
 }

@@ -3,8 +3,8 @@
 
 use crate::events::{test_clock, test_options};
 use mcp_event_store_core::task::{
-    Finish, MAX_INPUT_BYTES, MAX_MESSAGE_BYTES, MAX_OUTSTANDING_INPUTS, NewTask, TaskStore,
-    WorkerChange,
+    Finish, MAX_INPUT_BYTES, MAX_MESSAGE_BYTES, MAX_OUTSTANDING_INPUTS, NewTask, RuntimeStore,
+    TaskStore, WorkerChange,
 };
 
 use super::TaskHarness;

@@ -1,5 +1,7 @@
-//! The task conformance suite: every backend's [`TaskStore`] runs every
-//! case (contract T1 to T19), a file per clause group; a persistent store
+//! The task conformance suite: every backend's task store
+//! ([`TaskStore`](mcp_event_store_core::task::TaskStore) and
+//! [`RuntimeStore`]) runs every case (contract T1 to T21), a file per
+//! clause group; a persistent store
 //! also runs the reopen, SIGKILL and newer-format cases
 //! ([`PersistentTaskHarness`]).
 //!
@@ -13,7 +15,8 @@
 //! ```
 //!
 //! The cases run on [`ManualClock`](mcp_event_store_core::ManualClock)s
-//! and assume the store's [`TaskOptions`] are the defaults. None asserts a latency: a
+//! and assume the store's
+//! [`TaskOptions`](mcp_event_store_core::task::TaskOptions) are the defaults. None asserts a latency: a
 //! wake-up case watches through a handle that re-reads only when woken
 //! ([`TaskHarness::open_without_recheck`]) with a `max_wait` of an hour,
 //! so a lost wake-up fails it at a generous deadline while a working one
@@ -48,7 +51,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use mcp_event_store_core::StoreOptions;
-use mcp_event_store_core::task::{MemoryTaskStore, TaskOptions, TaskStore};
+use mcp_event_store_core::task::{MemoryTaskStore, RuntimeStore};
 
 use crate::events::PersistentHarness;
 
@@ -60,10 +63,10 @@ use crate::events::PersistentHarness;
 #[async_trait]
 pub trait TaskHarness: Send + Sync + 'static {
     /// The store under test.
-    type Store: TaskStore;
+    type Store: RuntimeStore;
 
     /// Opens a handle on this harness's storage with these options (and
-    /// the default [`TaskOptions`]).
+    /// its [`TaskOptions`](mcp_event_store_core::task::TaskOptions), `options.tasks`).
     async fn open(&self, options: StoreOptions) -> Self::Store;
 
     /// Closes a handle, releasing what it holds (by default, drops it).
@@ -149,12 +152,9 @@ impl TaskHarness for MemoryTaskHarness {
     async fn open(&self, options: StoreOptions) -> MemoryTaskStore {
         let mut shared = self.shared();
         match &*shared {
-            Some(store) => store.share_with_options(options, TaskOptions::default()),
+            Some(store) => store.share_with_options(options),
             None => shared
-                .insert(MemoryTaskStore::with_options(
-                    options,
-                    TaskOptions::default(),
-                ))
+                .insert(MemoryTaskStore::with_options(options))
                 .clone(),
         }
     }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use mcp_event_store_core::task::{
-    Applied, Finish, InstanceId, NewTask, Owner, TaskStatus, TaskStore, WorkerChange,
+    Applied, CancelMode, Finish, InstanceId, NewTask, Owner, RuntimeStore, TaskStatus, TaskStore,
+    WorkerChange,
 };
 use mcp_event_store_core::{Error, StoreOptions};
 
@@ -31,23 +32,29 @@ pub async fn tasks_survive_a_reopen<H: PersistentTaskHarness>(h: &H) {
     let (done, done_id) = f.create().await;
     let finish = WorkerChange::Finish(Finish::Completed(b"{\"content\":[]}"));
     assert!(is_changed(&f.apply(&done, finish).await));
-    let (resumable, resumable_id) = f
+    let (takeover, takeover_id) = f
         .create_with(NewTask::new(&f.owner, f.me).takeover(3))
         .await;
     assert!(is_changed(
-        &f.apply(&resumable, WorkerChange::Checkpoint(b"step 7"))
+        &f.apply(&takeover, WorkerChange::Checkpoint(b"step 7"))
             .await
     ));
+    let (_, cancelled_id) = f.create().await;
+    let asked = f
+        .cancel_because(&cancelled_id, CancelMode::Cooperative, Some("kept: T20"))
+        .await;
+    assert_eq!(asked.cancel_reason.as_deref(), Some("kept: T20"));
     let before = [
         f.get(&asking_id).await,
         f.get(&done_id).await,
-        f.get(&resumable_id).await,
+        f.get(&takeover_id).await,
+        asked,
     ];
     let (clock, me, owner) = (f.clock.clone(), f.me, f.owner);
     f.close(h).await;
 
     let store = TaskHarness::open(h, test_options(&clock)).await;
-    for (id, seen) in [&asking_id, &done_id, &resumable_id]
+    for (id, seen) in [&asking_id, &done_id, &takeover_id, &cancelled_id]
         .into_iter()
         .zip(&before)
     {

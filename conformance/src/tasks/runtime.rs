@@ -10,8 +10,8 @@ use crate::events::test_options;
 use mcp_event_store_core::Error;
 use mcp_event_store_core::task::{
     Applied, CancelMode, EXPIRED_ERROR, Finish, MAX_CONTEXT_BYTES, MAX_INPUT_BYTES,
-    MAX_OUTSTANDING_INPUTS, NewTask, Owner, TaskId, TaskRecord, TaskStatus, TaskStore,
-    WorkerChange,
+    MAX_OUTSTANDING_INPUTS, NewTask, Owner, RuntimeStore, TaskId, TaskRecord, TaskStatus,
+    TaskStore, WorkerChange,
 };
 
 use super::TaskHarness;
@@ -144,7 +144,7 @@ pub async fn view_reads_any_owner_with_every_answer<H: TaskHarness>(h: &H) {
         .expect("kept for its grace");
     assert_eq!(view.record.status, TaskStatus::Failed);
     assert_eq!(view.record.outcome.as_deref(), Some(EXPIRED_ERROR));
-    f.clock.advance(Duration::from_secs(60));
+    f.clock.advance(mcp_event_store_core::task::DEFAULT_GRACE);
     assert_eq!(other.view(&short).await.unwrap(), None, "past its grace");
     assert_eq!(
         other.view(&TaskId::generate().unwrap()).await.unwrap(),
@@ -156,7 +156,7 @@ pub async fn view_reads_any_owner_with_every_answer<H: TaskHarness>(h: &H) {
 }
 
 /// Replaces `id`'s outstanding inputs, each request `{"q":"<key>"}`.
-async fn replace<S: TaskStore>(
+async fn replace<S: RuntimeStore>(
     f: &Fixture<S>,
     id: &TaskId,
     keys: &[&str],

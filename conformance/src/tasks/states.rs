@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::events::test_options;
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Finish, TaskId, TaskStatus, TaskStore, WorkerChange,
+    Applied, CancelMode, Finish, RuntimeStore, TaskId, TaskStatus, TaskStore, WorkerChange,
 };
 
 use super::TaskHarness;
@@ -14,7 +14,7 @@ use super::support::*;
 
 /// Brings a fresh task to `status`; `k0` is outstanding when it is
 /// `input_required`.
-async fn task_in<S: TaskStore>(f: &Fixture<S>, status: TaskStatus) -> (TaskId, String) {
+async fn task_in<S: RuntimeStore>(f: &Fixture<S>, status: TaskStatus) -> (TaskId, String) {
     let (task, id) = f.create().await;
     let finish = match status {
         TaskStatus::Working => None,
@@ -262,7 +262,7 @@ pub async fn racing_answers_cancels_and_finishes_stay_consistent<H: TaskHarness>
             let (other, id) = (other.clone(), id.clone());
             tokio::spawn(async move {
                 other
-                    .request_cancel(&id, &owner, CancelMode::Cooperative)
+                    .request_cancel(&id, &owner, CancelMode::Cooperative, None)
                     .await
             })
         };

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::events::{test_clock, test_options};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, InstanceId, NewTask, Owner, TaskId, TaskRecord, TaskStatus, TaskStore,
+    Applied, CancelMode, InstanceId, NewTask, Owner, RuntimeStore, TaskId, TaskRecord, TaskStatus,
     WorkerChange,
 };
 use mcp_event_store_core::{Error, ManualClock, StoreOptions};
@@ -54,7 +54,7 @@ pub(crate) async fn fixture_with<H: TaskHarness>(
     }
 }
 
-impl<S: TaskStore> Fixture<S> {
+impl<S: RuntimeStore> Fixture<S> {
     pub(crate) async fn create(&self) -> (TaskId, String) {
         self.create_with(NewTask::new(&self.owner, self.me)).await
     }
@@ -102,8 +102,17 @@ impl<S: TaskStore> Fixture<S> {
     }
 
     pub(crate) async fn cancel(&self, id: &str, mode: CancelMode) -> TaskRecord {
+        self.cancel_because(id, mode, None).await
+    }
+
+    pub(crate) async fn cancel_because(
+        &self,
+        id: &str,
+        mode: CancelMode,
+        reason: Option<&str>,
+    ) -> TaskRecord {
         self.store
-            .request_cancel(id, &self.owner, mode)
+            .request_cancel(id, &self.owner, mode, reason)
             .await
             .unwrap()
             .expect("the owner may cancel")

@@ -10,8 +10,8 @@ use crate::events::test_options;
 use mcp_event_store_core::Error;
 use mcp_event_store_core::task::{
     Applied, CancelMode, Claimed, EXPIRED_ERROR, Finish, INSTANCE_LOST_ERROR, InstanceId,
-    MAX_CHECKPOINT_BYTES, NewTask, Takeover, TaskDigest, TaskId, TaskStatus, TaskStore, Worker,
-    WorkerChange,
+    MAX_CHECKPOINT_BYTES, NewTask, RuntimeStore, Takeover, TaskDigest, TaskId, TaskStatus,
+    TaskStore, Worker, WorkerChange,
 };
 
 use super::TaskHarness;
@@ -21,7 +21,7 @@ use super::support::*;
 const LEASE: Duration = Duration::from_secs(30);
 
 /// A new instance on `store`, alive for `lease`.
-async fn instance<S: TaskStore>(store: &S, lease: Duration) -> InstanceId {
+async fn instance<S: RuntimeStore>(store: &S, lease: Duration) -> InstanceId {
     let id = InstanceId::generate().unwrap();
     assert!(store.heartbeat(id, lease).await.unwrap());
     id
@@ -29,7 +29,7 @@ async fn instance<S: TaskStore>(store: &S, lease: Duration) -> InstanceId {
 
 /// A task that may be taken over (`max_attempts` runs), created and run
 /// by a fresh instance alive for [`LEASE`]: its id, text and creator.
-async fn takeover_task<S: TaskStore>(
+async fn takeover_task<S: RuntimeStore>(
     f: &Fixture<S>,
     max_attempts: u32,
 ) -> (TaskId, String, InstanceId) {
@@ -46,7 +46,7 @@ async fn takeover_task<S: TaskStore>(
 
 /// The one claim `by` makes for the task `task` (a case with no other
 /// waiting task).
-async fn claim_one<S: TaskStore>(store: &S, by: InstanceId, task: &TaskId) -> Claimed {
+async fn claim_one<S: RuntimeStore>(store: &S, by: InstanceId, task: &TaskId) -> Claimed {
     let mut claimed = store.claim(by, 16).await.unwrap();
     assert_eq!(claimed.len(), 1, "one task waits: {claimed:?}");
     let claim = claimed.pop().unwrap();
@@ -56,7 +56,7 @@ async fn claim_one<S: TaskStore>(store: &S, by: InstanceId, task: &TaskId) -> Cl
 }
 
 /// The task's takeover state as `get` shows it.
-async fn takeover_of<S: TaskStore>(f: &Fixture<S>, id: &str) -> Takeover {
+async fn takeover_of<S: RuntimeStore>(f: &Fixture<S>, id: &str) -> Takeover {
     f.get(id)
         .await
         .takeover

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::events::test_options;
-use mcp_event_store_core::task::{Applied, TaskStore, WorkerChange};
+use mcp_event_store_core::task::{Applied, RuntimeStore, TaskStore, WorkerChange};
 
 use super::support::*;
 use super::{NO_RECHECK, TaskHarness};

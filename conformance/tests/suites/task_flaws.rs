@@ -32,6 +32,12 @@ enum Flaw {
     /// A claim is a read then a write, not one step: every claimant
     /// that read the task before the first write claims it too.
     ClaimsTwice,
+    /// A cancel's reason is dropped (T20).
+    ForgetsCancelReasons,
+    /// An expired task reads as missing at once (T21).
+    ExpiredReadsMissing,
+    /// Retiring an instance leaves its lease running.
+    RetireKeepsAlive,
 }
 
 struct Flawed {
@@ -65,12 +71,12 @@ impl TaskStore for Flawed {
                     r
                 }))
             }
-            Flaw::TwoFinishersWin
-            | Flaw::DeafWatches
-            | Flaw::ReplaceOnlyAdds
-            | Flaw::ViewWithoutAnswers
-            | Flaw::UnfencedWrites
-            | Flaw::ClaimsTwice => self.inner.get(id, who).await,
+            Flaw::ExpiredReadsMissing => Ok(self
+                .inner
+                .get(id, who)
+                .await?
+                .filter(|r| r.outcome.as_deref() != Some(EXPIRED_ERROR))),
+            _ => self.inner.get(id, who).await,
         }
     }
     async fn answer(
@@ -86,8 +92,57 @@ impl TaskStore for Flawed {
         id: &str,
         who: &Owner,
         mode: CancelMode,
+        reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        self.inner.request_cancel(id, who, mode).await
+        let reason = reason.filter(|_| self.flaw != Flaw::ForgetsCancelReasons);
+        self.inner.request_cancel(id, who, mode, reason).await
+    }
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        if self.flaw == Flaw::DeafWatches {
+            let now = self.inner.get(id, who).await?;
+            if now.as_ref().is_none_or(|task| task.rev > after) {
+                return Ok(now);
+            }
+            tokio::time::sleep(max_wait).await;
+            return self.inner.get(id, who).await;
+        }
+        self.inner.watch(id, who, after, max_wait).await
+    }
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        self.inner.purge_expired_tasks().await
+    }
+    async fn delete(&self, id: &str) -> Result<bool> {
+        self.inner.delete(id).await
+    }
+}
+
+#[async_trait]
+impl RuntimeStore for Flawed {
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        if self.flaw == Flaw::RetireKeepsAlive && lease.is_zero() {
+            return self.inner.is_alive(me).await;
+        }
+        self.inner.heartbeat(me, lease).await
+    }
+    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
+        self.inner.is_alive(id).await
+    }
+    async fn instances(&self) -> Result<Vec<InstanceLease>> {
+        self.inner.instances().await
+    }
+    async fn watch_claimed(
+        &self,
+        id: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.watch_claimed(id, after, max_wait).await
     }
     async fn apply_claimed(
         &self,
@@ -119,32 +174,6 @@ impl TaskStore for Flawed {
             }),
             (_, applied) => Ok(applied),
         }
-    }
-    async fn watch(
-        &self,
-        id: &str,
-        who: &Owner,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        if self.flaw == Flaw::DeafWatches {
-            let now = self.inner.get(id, who).await?;
-            if now.as_ref().is_none_or(|task| task.rev > after) {
-                return Ok(now);
-            }
-            tokio::time::sleep(max_wait).await;
-            return self.inner.get(id, who).await;
-        }
-        self.inner.watch(id, who, after, max_wait).await
-    }
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
-        self.inner.heartbeat(me, lease).await
-    }
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
-        self.inner.purge_expired_tasks().await
-    }
-    async fn delete(&self, id: &str) -> Result<bool> {
-        self.inner.delete(id).await
     }
     async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let mut claimed = self.inner.claim(by, limit).await?;
@@ -286,6 +315,30 @@ async fn a_claim_that_is_not_one_step_fails_the_suite() {
     .await;
     assert_case_fails(Flaw::ClaimsTwice, |h| async move {
         tasks::a_claim_takes_at_most_its_limit(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_that_forgets_cancel_reasons_fails_the_suite() {
+    assert_case_fails(Flaw::ForgetsCancelReasons, |h| async move {
+        tasks::a_cancel_keeps_its_reason(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_store_whose_expired_tasks_read_missing_fails_the_suite() {
+    assert_case_fails(Flaw::ExpiredReadsMissing, |h| async move {
+        tasks::an_expired_task_reads_expired_for_the_whole_grace(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_retirement_that_keeps_the_lease_fails_the_suite() {
+    assert_case_fails(Flaw::RetireKeepsAlive, |h| async move {
+        tasks::leases_are_read_and_a_retired_instance_lapses_at_once(&h).await
     })
     .await;
 }

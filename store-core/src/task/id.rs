@@ -97,14 +97,22 @@ impl fmt::Debug for TaskId {
 }
 
 /// The 16 bytes a store keys a task by; see [`TaskId::digest`].
+///
+/// Made only from an id ([`TaskId::digest`], [`TaskDigest::of`]) or read
+/// back from a store ([`backend::task::stored_digest`](crate::backend::task::stored_digest)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskDigest(pub [u8; 16]);
+pub struct TaskDigest([u8; 16]);
 
 impl TaskDigest {
     /// The digest of a client-supplied id, or `None` if it is malformed:
     /// a malformed id never reaches the backend (T2).
     pub fn of(id: &str) -> Option<Self> {
         TaskId::parse(id).map(|id| id.digest())
+    }
+
+    /// The digest a store holds as these bytes (for backends).
+    pub(crate) fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
     }
 
     /// The raw bytes.
@@ -168,13 +176,50 @@ impl fmt::Debug for Owner {
 
 /// One running server instance (T11): it heartbeats, and the tasks it runs
 /// record it, so they read as lost when it stops.
+///
+/// Made fresh ([`generate`](Self::generate)), or read back as written:
+/// [`parse`](Self::parse) takes its text (32 lowercase hex digits), and a
+/// backend reads its stored bytes with
+/// [`backend::task::stored_instance`](crate::backend::task::stored_instance).
+///
+/// ```
+/// use mcp_event_store_core::task::InstanceId;
+///
+/// let me = InstanceId::generate().unwrap();
+/// assert_eq!(InstanceId::parse(&me.to_string()), Some(me));
+/// assert_eq!(InstanceId::parse("not an instance"), None);
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct InstanceId(pub [u8; 16]);
+pub struct InstanceId([u8; 16]);
 
 impl InstanceId {
     /// A fresh instance id from the OS CSPRNG.
     pub fn generate() -> Result<Self> {
         random().map(Self)
+    }
+
+    /// The instance `text` spells ([`Display`](fmt::Display): 32
+    /// lowercase hex digits), or `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        if text.len() != 32 || text.bytes().any(|b| b.is_ascii_uppercase()) {
+            return None;
+        }
+        HEXLOWER
+            .decode(text.as_bytes())
+            .ok()?
+            .try_into()
+            .ok()
+            .map(Self)
+    }
+
+    /// The raw bytes, as backends store them.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// The instance a store holds as these bytes (for backends).
+    pub(crate) fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
     }
 }
 

@@ -9,10 +9,13 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::{
-    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId, TaskOptions,
-    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange, millis,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
+    TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    millis,
 };
-use crate::backend::task::{InputEffect, Step, check_responses, count_ended, replacement};
+use crate::backend::task::{
+    InputEffect, Step, check_message, check_responses, count_ended, replacement,
+};
 use crate::error::{Error, Result};
 use crate::options::StoreOptions;
 
@@ -32,7 +35,6 @@ pub struct MemoryTaskStore {
 #[derive(Debug)]
 struct Inner {
     options: StoreOptions,
-    tasks: TaskOptions,
     state: Arc<Mutex<State>>,
 }
 
@@ -158,16 +160,15 @@ impl Default for MemoryTaskStore {
 impl MemoryTaskStore {
     /// A store with default options.
     pub fn new() -> Self {
-        Self::with_options(StoreOptions::default(), TaskOptions::default())
+        Self::with_options(StoreOptions::default())
     }
 
-    /// A store with these options: `options` gives the clock and the
-    /// outcome limit (`max_payload_bytes`), `tasks` the lifetimes.
-    pub fn with_options(options: StoreOptions, tasks: TaskOptions) -> Self {
+    /// A store with these options: the clock, the outcome limit
+    /// (`max_payload_bytes`) and the lifetimes (`tasks`).
+    pub fn with_options(options: StoreOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
                 options,
-                tasks,
                 state: Arc::default(),
             }),
         }
@@ -175,11 +176,10 @@ impl MemoryTaskStore {
 
     /// Another handle on the same data with other options (as two processes
     /// may open one database with different settings).
-    pub fn share_with_options(&self, options: StoreOptions, tasks: TaskOptions) -> Self {
+    pub fn share_with_options(&self, options: StoreOptions) -> Self {
         Self {
             inner: Arc::new(Inner {
                 options,
-                tasks,
                 state: self.inner.state.clone(),
             }),
         }
@@ -204,7 +204,7 @@ impl TaskStore for MemoryTaskStore {
     async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
         task.check()?;
         let now = self.now();
-        let record = TaskRecord::created(task, now, &self.inner.tasks);
+        let record = TaskRecord::created(task, now, &self.inner.options.tasks);
         let mut state = self.state();
         if state
             .instances
@@ -275,7 +275,9 @@ impl TaskStore for MemoryTaskStore {
         id: &str,
         who: &Owner,
         mode: CancelMode,
+        reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
+        check_message(reason)?;
         let Some(digest) = TaskDigest::of(id) else {
             return Ok(None);
         };
@@ -288,7 +290,7 @@ impl TaskStore for MemoryTaskStore {
             return Ok(Some(seen));
         }
         let mut record = task.stored();
-        if !record.request_cancel(mode, now) {
+        if !record.request_cancel(mode, reason, now) {
             return Ok(Some(seen));
         }
         task.supersede_inputs();
@@ -296,6 +298,57 @@ impl TaskStore for MemoryTaskStore {
         Ok(Some(task.stored()))
     }
 
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(None);
+        };
+        self.watch_as(&digest, Some(who), after, max_wait).await
+    }
+
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+        let now = self.now();
+        let mut report = TaskPurgeReport::default();
+        let mut state = self.state();
+        let State { tasks, instances } = &mut *state;
+        tasks.retain(|_, task| {
+            let alive_until = instances.get(&task.instance).copied();
+            let Some(seen) = task.stored().seen_at(now, alive_until) else {
+                report.deleted += 1;
+                return false;
+            };
+            if seen.status != task.record.status {
+                count_ended(&mut report, &seen);
+                task.supersede_inputs();
+                task.commit(seen);
+            }
+            true
+        });
+        // Every task of a lapsed instance is terminal now, so forgetting the
+        // instance brings nothing back.
+        instances.retain(|_, until| {
+            let keep = *until > now;
+            report.instances += u64::from(!keep);
+            keep
+        });
+        Ok(report)
+    }
+
+    async fn delete(&self, id: &str) -> Result<bool> {
+        let Some(digest) = TaskDigest::of(id) else {
+            return Ok(false);
+        };
+        Ok(self.state().tasks.remove(&digest).is_some())
+    }
+}
+
+#[async_trait]
+impl RuntimeStore for MemoryTaskStore {
     async fn apply_claimed(
         &self,
         digest: &TaskDigest,
@@ -317,7 +370,7 @@ impl TaskStore for MemoryTaskStore {
         }
         if task
             .record
-            .fenced(&by, &task.instance.0, holder_alive_until, now)
+            .fenced(&by, task.instance.as_bytes(), holder_alive_until, now)
         {
             return Ok(Applied::Fenced);
         }
@@ -325,7 +378,7 @@ impl TaskStore for MemoryTaskStore {
         let effect = match record.apply(
             change,
             |key| task.inputs.contains_key(key),
-            &self.inner.tasks,
+            &self.inner.options.tasks,
             now,
         )? {
             Step::Unchanged(applied) => return Ok(applied),
@@ -377,19 +430,6 @@ impl TaskStore for MemoryTaskStore {
         task.instance = by.instance;
         let rev = task.commit(record);
         Ok(Applied::Changed { rev, answer })
-    }
-
-    async fn watch(
-        &self,
-        id: &str,
-        who: &Owner,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(None);
-        };
-        self.watch_as(&digest, Some(who), after, max_wait).await
     }
 
     async fn watch_claimed(
@@ -444,39 +484,23 @@ impl TaskStore for MemoryTaskStore {
         Ok(true)
     }
 
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
         let now = self.now();
-        let mut report = TaskPurgeReport::default();
-        let mut state = self.state();
-        let State { tasks, instances } = &mut *state;
-        tasks.retain(|_, task| {
-            let alive_until = instances.get(&task.instance).copied();
-            let Some(seen) = task.stored().seen_at(now, alive_until) else {
-                report.deleted += 1;
-                return false;
-            };
-            if seen.status != task.record.status {
-                count_ended(&mut report, &seen);
-                task.supersede_inputs();
-                task.commit(seen);
-            }
-            true
-        });
-        // Every task of a lapsed instance is terminal now, so forgetting the
-        // instance brings nothing back.
-        instances.retain(|_, until| {
-            let keep = *until > now;
-            report.instances += u64::from(!keep);
-            keep
-        });
-        Ok(report)
+        Ok(self
+            .state()
+            .instances
+            .get(&id)
+            .is_some_and(|until| *until > now))
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(false);
-        };
-        Ok(self.state().tasks.remove(&digest).is_some())
+    async fn instances(&self) -> Result<Vec<InstanceLease>> {
+        let now = self.now();
+        Ok(self
+            .state()
+            .instances
+            .iter()
+            .map(|(id, until)| InstanceLease::new(*id, *until, now))
+            .collect())
     }
 
     async fn view_claimed(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {

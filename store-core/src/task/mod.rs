@@ -7,18 +7,23 @@
 //!
 //! This module is what applications use:
 //!
-//! * [`TaskStore`], the contract every backend meets, and [`TaskId`], the
-//!   one id scheme (T2): generated and parsed here only, and never stored
+//! * [`TaskStore`], the contract every backend meets for serving clients
+//!   (create, get, answer, cancel, watch), and [`TaskId`], the one id
+//!   scheme (T2): generated and parsed here only, and never stored
 //!   (backends key a task by a digest of it);
+//! * [`RuntimeStore`], what the runtime running tasks needs besides:
+//!   instances and their leases, claims, and writes under a claim (T11,
+//!   T14, T16 to T19); a handle from `connect` offers it only when asked
+//!   ([`Store::task_runtime`](crate::Store::task_runtime));
 //! * [`Owner`], who may see a task (T3);
 //! * [`TaskStatus`], [`TaskRecord`] and the operations
 //!   ([`NewTask`], [`WorkerChange`], [`TaskStore::answer`],
 //!   [`TaskStore::request_cancel`]) with their results ([`Applied`],
-//!   [`TaskView`]) (T4 to T6, T13 to T15);
-//! * takeover ([`NewTask::takeover`], [`TaskStore::claim`],
-//!   [`TaskStore::apply_claimed`], [`Claimed`], [`Worker`]) (T16 to T19);
-//! * the limits (T7) and [`TaskOptions`] (T8); a task that expired, or
-//!   whose instance died, reads `failed` (T8, T11), decided when it is
+//!   [`TaskView`]) (T4 to T6, T13 to T15, T20);
+//! * takeover ([`NewTask::takeover`], [`RuntimeStore::claim`],
+//!   [`RuntimeStore::apply_claimed`], [`Claimed`], [`Worker`]) (T16 to T19);
+//! * the limits (T7) and [`TaskOptions`] (T8, T21); a task that expired,
+//!   or whose instance died, reads `failed` (T8, T11), decided when it is
 //!   read, so no sweeper is needed for correctness;
 //! * [`MemoryTaskStore`], the reference implementation;
 //! * the shared suite every task store passes is in the crate
@@ -28,9 +33,34 @@
 //! the step of row stores, the one-value codec, the limit checks) is
 //! [`backend::task`](crate::backend::task).
 //!
+//! # The first twelve clauses: durable task state
+//!
+//! * **T1 Durable before return.** `create` returns only once the task is
+//!   durable and readable from every handle.
+//! * **T2 Ids.** `t1.` and 128 random bits; parsed here only, never stored
+//!   (a digest keys the task), never reissued.
+//! * **T3 Owner binding.** A wrong owner is indistinguishable from an
+//!   unknown id, for every client-facing call.
+//! * **T4 State machine.** Each change is one atomic step that bumps
+//!   `rev`; terminal states never change.
+//! * **T5 Input round trips.** Requests and answers are durable and seen
+//!   across instances; a key is spent once used.
+//! * **T6 Cancellation.** Cooperative by default, or immediate.
+//! * **T7 Payloads are bytes.** Never parsed by the store, within stated
+//!   limits; over them [`Error::PayloadTooLarge`], changing nothing.
+//! * **T8 TTL and purge.** Past its ttl a running task reads `failed`
+//!   ("task expired"), decided when read; purges persist and delete.
+//! * **T9 Shared.** Every change is visible to every handle once it
+//!   returns.
+//! * **T10 Follow.** `watch` returns once `rev` moves, or at its wait.
+//! * **T11 Orphans.** A task whose instance's lease lapsed reads `failed`
+//!   ("server instance lost"); a lapsed instance is never revived.
+//! * **T12 Restart and format.** Tasks survive a reopen; a newer task
+//!   format is refused clearly.
+//!
 //! # Clauses T13 to T15: what a runtime that re-runs a task needs
 //!
-//! T1 to T12 are the design's (`TASKS.md`). A runtime that re-runs a
+//! The first twelve come from the starting design (`TASKS.md`). A runtime that re-runs a
 //! task's handler after its input was answered, on whichever instance the
 //! answer arrived (tower-mcp does, through its `resume_context`), needs
 //! three more, which every backend meets and the suite checks:
@@ -42,8 +72,8 @@
 //!   ([`TaskRecord::context`]), also once the task ended. The store never
 //!   parses it. It is where the runtime keeps what it needs to run the task
 //!   again: the tool's name and arguments.
-//! * **T14 The worker's view.** [`TaskStore::view`] reads a task by its
-//!   [`TaskId`] whatever its owner, as [`apply`](TaskStore::apply) changes
+//! * **T14 The worker's view.** [`RuntimeStore::view`] reads a task by its
+//!   [`TaskId`] whatever its owner, as [`apply`](RuntimeStore::apply) changes
 //!   it: with its [`Owner`] (to act for the owner on the client-facing
 //!   calls) and every answer given and not yet taken
 //!   ([`TaskView::answers`]). Answers a worker never takes accumulate over
@@ -74,7 +104,7 @@
 //!   in all, each lapse counting one ([`Takeover::attempt`]). When the
 //!   last run's instance lapses, it reads `failed` "server instance lost",
 //!   as in T11. The ttl bounds everything (T8).
-//! * **T17 Claims.** [`TaskStore::claim`] hands the tasks that wait for a
+//! * **T17 Claims.** [`RuntimeStore::claim`] hands the tasks that wait for a
 //!   runtime to a live instance: those whose instance lapsed with a run
 //!   left, and those nobody holds, because they were created for a worker
 //!   ([`NewTask::queued`]) or given back ([`WorkerChange::Release`], for
@@ -88,7 +118,7 @@
 //!   nobody ran the task is claimed with it; the claimant ends it.
 //! * **T18 Fencing.** Every claim has an epoch: 1 for the creator, one
 //!   more per claim. Every worker write names its claim
-//!   ([`TaskStore::apply_claimed`], a [`Worker`]); on a task that may be
+//!   ([`RuntimeStore::apply_claimed`], a [`Worker`]); on a task that may be
 //!   taken over, a write is refused with [`Applied::Fenced`], changing
 //!   nothing, unless it names the current holder and epoch, the holder is
 //!   alive, and the task is not released. So an instance that comes back
@@ -98,6 +128,24 @@
 //!   operation's progress, at most [`MAX_CHECKPOINT_BYTES`], byte for
 //!   byte; the next claim returns the newest one
 //!   ([`Takeover::checkpoint`]), so a re-run can skip what is done.
+
+//!
+//! # Clauses T20 and T21: what a client is told
+//!
+//! * **T20 A cancel keeps its reason.** [`TaskStore::request_cancel`] may
+//!   carry a reason, at most [`MAX_MESSAGE_BYTES`] (else
+//!   [`Error::PayloadTooLarge`], changing nothing). The request that
+//!   changes the task keeps its reason with it, in the same atomic step,
+//!   unless one is kept already; every read returns it
+//!   ([`TaskRecord::cancel_reason`]), also once the task ended, and no
+//!   worker change alters it. A request on a terminal task keeps nothing.
+//! * **T21 Expired, not missing.** A task past its ttl reads as it ended
+//!   (a task still running then reads `failed`, "task expired", T8) for
+//!   [`TaskOptions::grace`] after it expired (one hour by default, the
+//!   same on every backend, set through
+//!   [`StoreOptions::tasks`](crate::StoreOptions::tasks)), however short
+//!   its ttl, zero included; from then on it reads as unknown and may be
+//!   deleted. A changed ttl ([`WorkerChange::SetTtl`]) moves both.
 
 pub(crate) mod id;
 mod memory;
@@ -143,14 +191,19 @@ pub const EXPIRED_ERROR: &[u8] = br#"{"code":-32603,"message":"task expired"}"#;
 /// (T11).
 pub const INSTANCE_LOST_ERROR: &[u8] = br#"{"code":-32603,"message":"server instance lost"}"#;
 
-/// How long tasks live when nobody says otherwise (T8).
+/// How long tasks live, and how long an expired one still reads expired,
+/// when nobody says otherwise (T8, T21). Every backend takes them from its
+/// [`StoreOptions::tasks`](crate::StoreOptions::tasks).
 ///
 /// ```
 /// use std::time::Duration;
 /// use mcp_event_store_core::task::TaskOptions;
 ///
 /// let options = TaskOptions::default().max_task_age(Duration::from_secs(3600));
-/// assert_eq!(options.max_grace, Duration::from_secs(3600));
+/// assert_eq!(options.grace, Duration::from_secs(3600));
+/// // However short the ttl, the task reads expired for the whole grace.
+/// let lifetime = options.lifetime(0, Some(Duration::ZERO));
+/// assert_eq!((lifetime.expires_at, lifetime.purge_at), (0, 3_600_000));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -159,16 +212,20 @@ pub struct TaskOptions {
     /// Without it a task with no ttl would be kept forever (C8). Default:
     /// 7 days.
     pub max_task_age: Duration,
-    /// The longest a task is kept after it expires, so a client can still
-    /// read its outcome. The grace is one ttl, at most this. Default: 1 h.
-    pub max_grace: Duration,
+    /// How long a task is kept after it expired (T21): it reads as it
+    /// ended (or `failed`, "task expired") for this long, however short its
+    /// ttl, then as unknown. Default: 1 h.
+    pub grace: Duration,
 }
+
+/// The default [`TaskOptions::grace`]: one hour.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(60 * 60);
 
 impl Default for TaskOptions {
     fn default() -> Self {
         Self {
             max_task_age: Duration::from_secs(7 * 24 * 60 * 60),
-            max_grace: Duration::from_secs(60 * 60),
+            grace: DEFAULT_GRACE,
         }
     }
 }
@@ -180,26 +237,26 @@ impl TaskOptions {
         self
     }
 
-    /// Sets the longest a task is kept after it expires.
-    pub fn max_grace(mut self, grace: Duration) -> Self {
-        self.max_grace = grace;
+    /// Sets how long a task is kept after it expired (T21).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
         self
     }
 
     /// The ttl to record, when the task expires and when it is purged, for
-    /// a task created at `created_at` with the requested `ttl` (T8). A ttl
-    /// over [`max_task_age`](Self::max_task_age), or none, is capped to it;
-    /// the recorded ttl stays `None` for a `null` request.
+    /// a task created at `created_at` with the requested `ttl` (T8, T21). A
+    /// ttl over [`max_task_age`](Self::max_task_age), or none, is capped to
+    /// it; the recorded ttl stays `None` for a `null` request. The task is
+    /// purged one [`grace`](Self::grace) after it expires, whatever its ttl.
     pub fn lifetime(&self, created_at: i64, ttl: Option<Duration>) -> Lifetime {
         let cap = millis(self.max_task_age);
         let ttl_ms = ttl.map(|ttl| millis(ttl).min(cap));
         let live = ttl_ms.unwrap_or(cap);
-        let grace = live.min(millis(self.max_grace));
         let expires_at = created_at.saturating_add(to_i64(live));
         Lifetime {
             ttl_ms,
             expires_at,
-            purge_at: expires_at.saturating_add(to_i64(grace)),
+            purge_at: expires_at.saturating_add(to_i64(millis(self.grace))),
         }
     }
 }
@@ -290,7 +347,7 @@ impl<'a> NewTask<'a> {
     }
 
     /// Lets the task outlive its instance (T16): when the instance running
-    /// it lapses, another instance or worker claims it ([`TaskStore::claim`])
+    /// it lapses, another instance or worker claims it ([`RuntimeStore::claim`])
     /// and runs it again, up to `max_attempts` runs in all; after the last
     /// one's instance lapses, it reads `failed` ("server instance lost").
     /// The operation must be safe to run again.
@@ -300,7 +357,7 @@ impl<'a> NewTask<'a> {
     }
 
     /// Creates the task for a worker to run (T17): it waits, `working`,
-    /// until a claim ([`TaskStore::claim`]); the creating instance does not
+    /// until a claim ([`RuntimeStore::claim`]); the creating instance does not
     /// run it. Implies [`takeover`](Self::takeover) (3 attempts unless set).
     pub fn queued(mut self) -> Self {
         self.queued = true;
@@ -350,7 +407,7 @@ impl Finish<'_> {
     }
 }
 
-/// A change the worker running a task makes through [`TaskStore::apply`].
+/// A change the worker running a task makes through [`RuntimeStore::apply`].
 ///
 /// Each is one atomic step, allowed only while the task is not terminal
 /// (T4).
@@ -447,7 +504,7 @@ impl WorkerChange<'_> {
     }
 }
 
-/// What [`TaskStore::apply`] did.
+/// What [`RuntimeStore::apply`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Applied {
@@ -481,7 +538,7 @@ pub enum Applied {
 }
 
 /// Which runtime works on a task, and under which claim (T18): what a
-/// worker passes to every write ([`TaskStore::apply_claimed`]).
+/// worker passes to every write ([`RuntimeStore::apply_claimed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Worker {
     /// The instance running the task.
@@ -498,7 +555,7 @@ impl Worker {
     }
 }
 
-/// A task a runtime claimed ([`TaskStore::claim`], T17): its key (the id
+/// A task a runtime claimed ([`RuntimeStore::claim`], T17): its key (the id
 /// is never stored, T2), the claim to write under, and the task as the
 /// runtime reads it, its context (the request to run), its checkpoint and
 /// every answer given so far included.
@@ -520,7 +577,7 @@ impl Claimed {
     }
 }
 
-/// A task as the runtime running it reads it ([`TaskStore::view`], T14):
+/// A task as the runtime running it reads it ([`RuntimeStore::view`], T14):
 /// whoever owns it, with every answer given and not yet taken.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -583,13 +640,19 @@ impl std::ops::AddAssign for TaskPurgeReport {
     }
 }
 
-/// Durable, shared task state (SEP-2663), keyed by [`TaskDigest`].
+/// Durable, shared task state (SEP-2663): what a server uses to serve its
+/// clients (create, get, answer, cancel, watch), and what an operator
+/// purges and deletes.
 ///
 /// Client-facing calls take the id as received, text, and the caller's
 /// [`Owner`]: a malformed id, an unknown one and one of another owner all
-/// give the same `Ok(None)` (T2, T3). Worker calls take the parsed
-/// [`TaskId`] the worker was given at creation. Every mutation is one atomic
-/// step, visible to every handle on the backend once it returns (T4, T9).
+/// give the same `Ok(None)` (T2, T3). Every mutation is one atomic step,
+/// visible to every handle on the backend once it returns (T4, T9).
+///
+/// What the runtime running tasks needs besides (instances and their
+/// leases, claims, writes under a claim) is [`RuntimeStore`]: a handle
+/// from `connect` offers it only when asked
+/// ([`Store::task_runtime`](crate::Store::task_runtime)).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -598,14 +661,16 @@ impl std::ops::AddAssign for TaskPurgeReport {
 /// use mcp_event_store_core::task::*;
 ///
 /// let store = MemoryTaskStore::new();
+/// // The runtime's part: an instance with a lease, a worker's write.
 /// let me = InstanceId::generate()?;
 /// store.heartbeat(me, Duration::from_secs(30)).await?;
 /// let owner = Owner::principal(b"alice")?;
 /// let (id, task) = store.create(NewTask::new(&owner, me)).await?;
 /// assert_eq!(task.status, TaskStatus::Working);
-///
 /// let done = store.apply(&id, me, WorkerChange::Finish(Finish::Completed(b"{}"))).await?;
 /// assert!(matches!(done, Applied::Changed { .. }));
+///
+/// // The client's part: reads by id and owner.
 /// let seen = store.get(&id.to_string(), &owner).await?.unwrap();
 /// assert_eq!(seen.status, TaskStatus::Completed);
 /// assert!(store.get(&id.to_string(), &Owner::Anonymous).await?.is_none());
@@ -657,13 +722,125 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Records the client's cancel request (`tasks/cancel`, T6): on a
     /// non-terminal task it sets the cancel flag, supersedes the outstanding
     /// inputs and makes the task `working` (or, [`CancelMode::Immediate`],
-    /// `cancelled`). Idempotent; returns the task after the call, or `None`.
+    /// `cancelled`), keeping `reason` with the task unless a reason is kept
+    /// already (T20; at most [`MAX_MESSAGE_BYTES`], else
+    /// [`Error::PayloadTooLarge`]). Idempotent; returns the task after the
+    /// call, or `None`.
     async fn request_cancel(
         &self,
         id: &str,
         who: &Owner,
         mode: CancelMode,
+        reason: Option<&str>,
     ) -> Result<Option<TaskRecord>>;
+
+    /// The task as soon as its `rev` is past `after`, or as it is when
+    /// `max_wait` passes; `None` as [`get`](Self::get) (T10). A wake-up
+    /// only prompts a re-read; dropping the future frees everything.
+    /// Expiry and orphaning are decided by reads (T8, T11) and wake no
+    /// one: a watcher sees them at `max_wait` at the latest, so a worker's
+    /// `max_wait` bounds how long it keeps running on a task already failed.
+    async fn watch(
+        &self,
+        id: &str,
+        who: &Owner,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>>;
+
+    /// Persists what reads already show (expired and orphaned tasks as
+    /// `failed`), deletes tasks past their grace with their inputs, and
+    /// forgets lapsed instances with no task left running (T8, T11, T21).
+    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport>;
+
+    /// Deletes a task and its inputs, whoever owns it (an operator's call);
+    /// `true` if it existed.
+    async fn delete(&self, id: &str) -> Result<bool>;
+}
+
+/// One instance's lease as a store holds it ([`RuntimeStore::instances`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InstanceLease {
+    /// The instance.
+    pub instance: InstanceId,
+    /// When its lease runs out, in milliseconds since the epoch by the
+    /// store's clock.
+    pub alive_until: i64,
+    /// Whether it was alive when read, by the store's clock.
+    pub alive: bool,
+}
+
+impl InstanceLease {
+    /// A lease as read at `now` (for backends).
+    pub fn new(instance: InstanceId, alive_until: i64, now: i64) -> Self {
+        Self {
+            instance,
+            alive_until,
+            alive: alive_until > now,
+        }
+    }
+}
+
+/// What the runtime running tasks uses besides [`TaskStore`]: instances
+/// and their leases (T11), claims (T17), and writes and reads under a claim
+/// (T4, T14, T18).
+///
+/// Every store of this project implements it; an application reaches it
+/// through [`Store::task_runtime`](crate::Store::task_runtime), and the
+/// runtime crate (`mcp-event-store-runtime`) is what calls it. Like
+/// [`apply`](Self::apply), these calls trust their caller: the runtime has
+/// authorized the client itself.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> mcp_event_store_core::Result<()> {
+/// use std::time::Duration;
+/// use mcp_event_store_core::task::*;
+///
+/// let store = MemoryTaskStore::new();
+/// let me = InstanceId::generate()?;
+/// store.heartbeat(me, Duration::from_secs(30)).await?;
+/// let owner = Owner::principal(b"alice")?;
+/// let task = NewTask::new(&owner, me).context(br#"{"tool":"deploy"}"#);
+/// let (id, _) = store.create(task).await?;
+/// let ask = WorkerChange::RequestInput { key: "ok", request: b"{}" };
+/// store.apply(&id, me, ask).await?;
+/// store.answer(&id.to_string(), &owner, &[("ok", b"yes")]).await?;
+///
+/// let view = store.view(&id).await?.unwrap();
+/// assert_eq!(view.owner, owner);
+/// assert_eq!(view.record.context.as_deref(), Some(&br#"{"tool":"deploy"}"#[..]));
+/// assert_eq!(view.answers, [("ok".to_owned(), bytes::Bytes::from_static(b"yes"))]);
+///
+/// assert!(store.is_alive(me).await?);
+/// store.retire(me).await?; // a graceful shutdown: lapsed at once
+/// assert!(!store.is_alive(me).await?);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait RuntimeStore: TaskStore {
+    /// Registers or renews instance `me` for `lease` from now (T11).
+    /// Returns `false`, changing nothing, when `me` had lapsed: its tasks
+    /// already read as lost, and reviving it would bring them back, so the
+    /// runtime must register under a new id.
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool>;
+
+    /// Ends `me`'s lease now (T11): for a graceful shutdown, so that its
+    /// tasks are taken over (or read lost) at once rather than a lease
+    /// later. `false` when it had lapsed already.
+    async fn retire(&self, me: InstanceId) -> Result<bool> {
+        self.heartbeat(me, Duration::ZERO).await
+    }
+
+    /// Whether instance `id` is alive now, by the store's clock (T11): it
+    /// registered and its lease has not run out. An instance the store
+    /// forgot (lapsed and purged) or never saw is not.
+    async fn is_alive(&self, id: InstanceId) -> Result<bool>;
+
+    /// Every instance the store holds a lease of, alive or lapsed and not
+    /// yet forgotten by a purge (T11), in no particular order.
+    async fn instances(&self) -> Result<Vec<InstanceLease>>;
 
     /// Applies a worker's change (T4), made by instance `by` under the
     /// creator's claim ([`Worker::first`]); see
@@ -692,95 +869,26 @@ pub trait TaskStore: Send + Sync + 'static {
         change: WorkerChange<'_>,
     ) -> Result<Applied>;
 
-    /// The task as soon as its `rev` is past `after`, or as it is when
-    /// `max_wait` passes; `None` as [`get`](Self::get) (T10). A wake-up
-    /// only prompts a re-read; dropping the future frees everything.
-    /// Expiry and orphaning are decided by reads (T8, T11) and wake no
-    /// one: a watcher sees them at `max_wait` at the latest, so a worker's
-    /// `max_wait` bounds how long it keeps running on a task already failed.
-    async fn watch(
-        &self,
-        id: &str,
-        who: &Owner,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>>;
-
-    /// Registers or renews instance `me` for `lease` from now (T11).
-    /// Returns `false`, changing nothing, when `me` had lapsed: its tasks
-    /// already read as lost, and reviving it would bring them back, so the
-    /// runtime must register under a new id.
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool>;
-
-    /// Persists what reads already show (expired and orphaned tasks as
-    /// `failed`), deletes tasks past their grace with their inputs, and
-    /// forgets lapsed instances with no task left running (T8, T11).
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport>;
-
-    /// Deletes a task and its inputs, whoever owns it (an operator's call);
-    /// `true` if it existed.
-    async fn delete(&self, id: &str) -> Result<bool>;
-
     /// The task as the runtime running it reads it (T14): whoever owns it,
     /// as a read shows it now (T8, T11), with its owner and every answer
     /// given and not yet taken; `None` for no such task (never created, or
-    /// purged). For the runtime, which authorized its caller itself, as for
-    /// [`apply`](Self::apply); a client reads with [`get`](Self::get).
-    ///
-    /// Provided, so that a store written before it keeps compiling; the
-    /// default refuses with [`Error::Config`]. Every store of this project
-    /// implements it.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> mcp_event_store_core::Result<()> {
-    /// use std::time::Duration;
-    /// use mcp_event_store_core::task::*;
-    ///
-    /// let store = MemoryTaskStore::new();
-    /// let me = InstanceId::generate()?;
-    /// store.heartbeat(me, Duration::from_secs(30)).await?;
-    /// let owner = Owner::principal(b"alice")?;
-    /// let task = NewTask::new(&owner, me).context(br#"{"tool":"deploy"}"#);
-    /// let (id, _) = store.create(task).await?;
-    /// let ask = WorkerChange::RequestInput { key: "ok", request: b"{}" };
-    /// store.apply(&id, me, ask).await?;
-    /// store.answer(&id.to_string(), &owner, &[("ok", b"yes")]).await?;
-    ///
-    /// let view = store.view(&id).await?.unwrap();
-    /// assert_eq!(view.owner, owner);
-    /// assert_eq!(view.record.context.as_deref(), Some(&br#"{"tool":"deploy"}"#[..]));
-    /// assert_eq!(view.answers, [("ok".to_owned(), bytes::Bytes::from_static(b"yes"))]);
-    /// # Ok(()) }
-    /// ```
+    /// purged).
     async fn view(&self, id: &TaskId) -> Result<Option<TaskView>> {
         self.view_claimed(&id.digest()).await
     }
 
     /// [`view`](Self::view) of the task under `task`, for a runtime that
-    /// holds a claim rather than the id (T14, T17). The default refuses
-    /// with [`Error::Config`].
-    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
-        let _ = task;
-        Err(Error::Config(
-            "this task store cannot read a task for its runtime (T14)".into(),
-        ))
-    }
+    /// holds a claim rather than the id (T14, T17).
+    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>>;
 
-    /// [`watch`](Self::watch) of the task under `task`, whoever owns it,
-    /// for the runtime running it (T10, T17). The default refuses with
-    /// [`Error::Config`].
+    /// [`watch`](TaskStore::watch) of the task under `task`, whoever owns
+    /// it, for the runtime running it (T10, T17).
     async fn watch_claimed(
         &self,
         task: &TaskDigest,
         after: Rev,
         max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        let _ = (task, after, max_wait);
-        Err(Error::Config(
-            "this task store cannot watch a task for its runtime (T17)".into(),
-        ))
-    }
+    ) -> Result<Option<TaskRecord>>;
 
     /// Claims up to `limit` tasks that wait for a runtime (T17): tasks that
     /// may be taken over, `working`, not ended as read, and either released
@@ -793,13 +901,8 @@ pub trait TaskStore: Send + Sync + 'static {
     /// cancel is claimed too: the claimant ends it. A store that claims
     /// task by task and fails part way returns the claims it made (an
     /// `Err` would leave their tasks held by a live instance that runs
-    /// none of them). The default refuses with [`Error::Config`].
-    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
-        let _ = (by, limit);
-        Err(Error::Config(
-            "this task store cannot hand tasks over (T17)".into(),
-        ))
-    }
+    /// none of them).
+    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>>;
 }
 
 #[cfg(test)]
@@ -807,31 +910,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lifetime_caps_the_ttl_and_the_grace() {
+    fn lifetime_caps_the_ttl_and_keeps_a_whole_grace() {
         let options = TaskOptions::default();
         let hour = 3_600_000;
         let l = options.lifetime(1_000, Some(Duration::from_secs(60)));
         assert_eq!(l.ttl_ms, Some(60_000));
-        assert_eq!((l.expires_at, l.purge_at), (61_000, 121_000));
+        assert_eq!((l.expires_at, l.purge_at), (61_000, 61_000 + hour));
         let l = options.lifetime(0, Some(Duration::from_secs(3 * 3600)));
         assert_eq!(l.purge_at - l.expires_at, hour);
+        let l = options.lifetime(5, Some(Duration::ZERO));
+        assert_eq!((l.ttl_ms, l.expires_at, l.purge_at), (Some(0), 5, 5 + hour));
         let l = options.lifetime(0, None);
         assert_eq!(l.ttl_ms, None);
         assert_eq!(l.expires_at, 7 * 24 * hour);
         let l = options.lifetime(0, Some(Duration::from_secs(30 * 24 * 3600)));
         assert_eq!(l.ttl_ms, Some(7 * 24 * 3_600_000));
+        let l = options
+            .grace(Duration::from_secs(1))
+            .lifetime(0, Some(Duration::from_millis(1)));
+        assert_eq!((l.expires_at, l.purge_at), (1, 1_001));
     }
 
     #[tokio::test]
-    async fn the_trait_is_dyn_compatible() {
-        let store: std::sync::Arc<dyn TaskStore> = std::sync::Arc::new(MemoryTaskStore::new());
+    async fn both_traits_are_dyn_compatible() {
+        let store = std::sync::Arc::new(MemoryTaskStore::new());
+        let runtime: std::sync::Arc<dyn RuntimeStore> = store.clone();
         let me = InstanceId::generate().unwrap();
-        assert!(store.heartbeat(me, Duration::from_secs(30)).await.unwrap());
-        let (id, _) = store
+        assert!(
+            runtime
+                .heartbeat(me, Duration::from_secs(30))
+                .await
+                .unwrap()
+        );
+        let tasks: std::sync::Arc<dyn TaskStore> = store;
+        let (id, _) = tasks
             .create(NewTask::new(&Owner::Anonymous, me))
             .await
             .unwrap();
-        let seen = store.get(&id.to_string(), &Owner::Anonymous).await.unwrap();
+        let seen = tasks.get(&id.to_string(), &Owner::Anonymous).await.unwrap();
         assert_eq!(seen.map(|t| t.status), Some(TaskStatus::Working));
     }
 }

@@ -95,6 +95,9 @@ pub struct TaskRecord {
     pub poll_interval_ms: Option<u64>,
     /// Whether the client asked to cancel (T6).
     pub cancel_requested: bool,
+    /// The reason the client gave when it asked to cancel (T20), kept
+    /// once the task ended.
+    pub cancel_reason: Option<String>,
     /// The result when `completed`, the error when `failed`.
     pub outcome: Option<Bytes>,
     /// The input requests awaiting an answer, `(key, request)`, oldest
@@ -218,6 +221,7 @@ mod tests {
             purge_at: 300,
             poll_interval_ms: None,
             cancel_requested: false,
+            cancel_reason: None,
             outcome: None,
             outstanding: vec![("k".into(), Bytes::from_static(b"{}"))],
             answered: vec![],

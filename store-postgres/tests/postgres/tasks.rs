@@ -16,7 +16,7 @@ use std::time::Duration;
 use mcp_event_store_conformance::events::Harness;
 use mcp_event_store_conformance::tasks::PersistentTaskHarness;
 use mcp_event_store_core::task::{
-    Applied, InstanceId, NewTask, Owner, TaskStatus, TaskStore, WorkerChange,
+    Applied, InstanceId, NewTask, Owner, RuntimeStore, TaskStatus, TaskStore, WorkerChange,
 };
 use mcp_event_store_core::{Error, EventStore, NewEvent, StoreOptions};
 use mcp_event_store_postgres::testing::PostgresHarness;

@@ -12,7 +12,8 @@ use std::time::Duration;
 use mcp_event_store_conformance::events::{test_clock, test_options};
 use mcp_event_store_core::backend::task::TaskDigest;
 use mcp_event_store_core::task::{
-    Applied, Finish, InstanceId, NewTask, Owner, TaskId, TaskStatus, TaskStore, WorkerChange,
+    Applied, DEFAULT_GRACE, Finish, InstanceId, NewTask, Owner, RuntimeStore, TaskId, TaskStatus,
+    TaskStore, WorkerChange,
 };
 use mcp_event_store_core::{Error, EventStore, NewEvent, SessionStore};
 use mcp_event_store_redis::testing::{RedisHarness, random_prefix};
@@ -216,7 +217,7 @@ async fn tasks_leave_an_older_releases_keys_alone() {
     }
     // Events' purge leaves tasks alone, and tasks' purge leaves events.
     store.purge_expired().await.unwrap();
-    clock.advance(Duration::from_secs(600));
+    clock.advance(Duration::from_secs(60) + DEFAULT_GRACE);
     let report = store.purge_expired_tasks().await.unwrap();
     assert_eq!((report.deleted, report.instances), (3, 1));
 
@@ -263,8 +264,9 @@ async fn newer_or_garbled_task_values_are_refused() {
         .unwrap();
     assert_eq!(value[0], 1, "task format 1");
 
+    let newest = mcp_event_store_core::backend::task::codec::VALUE_VERSION;
     let mut newer = value.clone();
-    newer[0] = 2;
+    newer[0] = newest + 1;
     let mut garbled = value.clone();
     garbled.truncate(value.len() / 2);
     for (bytes, newer_format) in [(newer, true), (garbled, false)] {
@@ -277,7 +279,10 @@ async fn newer_or_garbled_task_values_are_refused() {
             .unwrap();
         let refused = |e: Error| match e {
             Error::IncompatibleFormat(message) if newer_format => {
-                assert!(message.contains("task format 2"), "{message}");
+                assert!(
+                    message.contains(&format!("task format {}", newest + 1)),
+                    "{message}"
+                );
             }
             Error::Corrupt(_) if !newer_format => {}
             other => panic!("{other:?}"),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt;
 use mcp_event_store_core::task::{
-    Applied, Finish, InstanceId, NewTask, Owner, TaskStore, WorkerChange,
+    Applied, Finish, InstanceId, NewTask, Owner, RuntimeStore, TaskStore, WorkerChange,
 };
 use mcp_event_store_core::{EventStore, NewEvent};
 use mcp_event_store_sled::{FORMAT_VERSION, SledOptions, SledStore};

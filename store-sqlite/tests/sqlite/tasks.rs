@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use mcp_event_store_core::task::{
-    Applied, InstanceId, NewTask, Owner, TaskStatus, TaskStore, WorkerChange,
+    Applied, InstanceId, NewTask, Owner, RuntimeStore, TaskStatus, TaskStore, WorkerChange,
 };
 use mcp_event_store_core::{Error, EventStore, NewEvent};
 use mcp_event_store_sqlite::{FORMAT_VERSION, SqliteOptions, SqliteStore};

@@ -5,9 +5,8 @@
 //! lets [`StoredTask::client_step`] or
 //! [`StoredTask::worker_step`] run the shared state
 //! machine on it, and writes [`encode`]'s bytes of the new value back,
-//! conditioned on what it read. The format is released (sled's task
-//! format 1) and must not change: a change is a new [`VALUE_VERSION`],
-//! which older releases refuse.
+//! conditioned on what it read. A released format never changes: a change
+//! is a new [`VALUE_VERSION`], which older releases refuse.
 //!
 //! Layout, all integers big-endian, byte strings as a `u32` length and the
 //! bytes, optional values as a presence byte and the value (zero when
@@ -21,7 +20,15 @@
 //! | u32 n, n x (key, request)        outstanding, oldest first
 //! | u32 n, n x (key, response)       answered, oldest first
 //! | u32 n, n x key                   spent keys
+//! | fields                           version 2 only
 //! ```
+//!
+//! Version 2 adds the fields at the end: each a tag byte and a byte
+//! string, in tag order, until the value ends. Tag 1 is the reason a
+//! client gave for its cancel request (T20). A value with no field to
+//! write is written as version 1, byte for byte what releases before
+//! version 2 wrote and read, so they keep reading every task that has
+//! none; one with a field is refused by them as a newer format.
 //!
 //! The extension bytes were reserved (empty) in the first release, whose
 //! reader skips them whatever they hold: they carry the task's context
@@ -40,8 +47,13 @@ use crate::task::{
     WorkerChange,
 };
 
-/// The first byte of every encoded task.
-pub const VALUE_VERSION: u8 = 1;
+/// The newest format of an encoded task, its first byte: this release
+/// reads versions 1 and 2, and writes 1 unless a field of version 2 is
+/// set.
+pub const VALUE_VERSION: u8 = 2;
+
+/// The tag of the field holding a cancel request's reason (T20).
+const CANCEL_REASON_FIELD: u8 = 1;
 
 /// The leading byte of extension bytes that hold a context (T13).
 const CONTEXT_EXTENSION: u8 = 1;
@@ -197,7 +209,7 @@ impl StoredTask {
         true
     }
 
-    /// A worker's step ([`TaskStore::apply_claimed`](crate::task::TaskStore::apply_claimed))
+    /// A worker's step ([`RuntimeStore::apply_claimed`](crate::task::RuntimeStore::apply_claimed))
     /// by `by` on this value, whose record reads as `seen` at `now` and
     /// whose instance is alive until `alive_until`: [`Applied::Fenced`] when
     /// `by` does not hold the task's claim (T18).
@@ -240,7 +252,7 @@ impl StoredTask {
             }
             Step::Changed(_) => None,
         };
-        new.instance = by.instance.0;
+        new.instance = *by.instance.as_bytes();
         new.settle_inputs(&self.record, &self.responses);
         let rev = new.record.rev;
         Ok((Some(new), Applied::Changed { rev, answer }))
@@ -257,7 +269,7 @@ impl StoredTask {
     ) -> Option<(StoredTask, Worker)> {
         let mut new = self.clone();
         let worker = new.record.claim(by, alive_until, now)?;
-        new.instance = by.0;
+        new.instance = *by.as_bytes();
         Some((new, worker))
     }
 
@@ -298,7 +310,7 @@ fn put_opt_bytes(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
 pub fn encode(s: &StoredTask) -> Vec<u8> {
     let r = &s.record;
     let mut out = Vec::with_capacity(128);
-    out.push(VALUE_VERSION);
+    out.push(if r.cancel_reason.is_some() { 2 } else { 1 });
     put_bytes(&mut out, &s.owner);
     out.extend_from_slice(&s.instance);
     out.push(r.status.as_u8());
@@ -343,6 +355,10 @@ pub fn encode(s: &StoredTask) -> Vec<u8> {
     out.extend_from_slice(&(s.spent.len() as u32).to_be_bytes());
     for key in &s.spent {
         put_bytes(&mut out, key.as_bytes());
+    }
+    if let Some(reason) = &r.cancel_reason {
+        out.push(CANCEL_REASON_FIELD);
+        put_bytes(&mut out, reason.as_bytes());
     }
     out
 }
@@ -409,10 +425,10 @@ impl<'a> Reader<'a> {
 pub fn decode(value: &[u8]) -> Result<StoredTask> {
     let mut r = Reader(value);
     let version = r.u8()?;
-    if version != VALUE_VERSION {
+    if !(1..=VALUE_VERSION).contains(&version) {
         return Err(Error::IncompatibleFormat(format!(
             "a task is stored in task format {version}; mcp-event-store {} reads task \
-             format {VALUE_VERSION} only",
+             formats 1 to {VALUE_VERSION} only",
             env!("CARGO_PKG_VERSION")
         )));
     }
@@ -458,6 +474,15 @@ pub fn decode(value: &[u8]) -> Result<StoredTask> {
     for _ in 0..r.u32()? {
         spent.push(r.string()?);
     }
+    let mut cancel_reason = None;
+    while version >= 2 && !r.0.is_empty() {
+        match (r.u8()?, r.bytes()?) {
+            (CANCEL_REASON_FIELD, reason) if cancel_reason.is_none() => {
+                cancel_reason = Some(String::from_utf8(reason.to_vec()).map_err(|_| corrupt())?);
+            }
+            _ => return Err(corrupt()),
+        }
+    }
     if !r.0.is_empty() {
         return Err(corrupt());
     }
@@ -475,6 +500,7 @@ pub fn decode(value: &[u8]) -> Result<StoredTask> {
             purge_at,
             poll_interval_ms,
             cancel_requested,
+            cancel_reason,
             outcome,
             outstanding,
             answered,
@@ -505,6 +531,7 @@ mod tests {
                 purge_at: 120_000,
                 poll_interval_ms: None,
                 cancel_requested: false,
+                cancel_reason: None,
                 outcome: None,
                 outstanding: vec![("a".into(), Bytes::from_static(b"\xff{"))],
                 answered: vec!["b".into()],
@@ -521,18 +548,43 @@ mod tests {
     fn round_trips_and_refuses_other_versions() {
         let s = stored();
         let bytes = encode(&s);
-        assert_eq!(bytes[0], VALUE_VERSION);
+        assert_eq!(bytes[0], 1, "no field of version 2: the released format");
         assert_eq!(decode(&bytes).unwrap(), s);
         let mut newer = bytes.clone();
-        newer[0] = 2;
+        newer[0] = VALUE_VERSION + 1;
         assert!(matches!(decode(&newer), Err(Error::IncompatibleFormat(_))));
         assert!(matches!(
             decode(&bytes[..bytes.len() - 1]),
             Err(Error::Corrupt(_))
         ));
-        let mut longer = bytes;
+        let mut longer = bytes.clone();
         longer.push(0);
         assert!(matches!(decode(&longer), Err(Error::Corrupt(_))));
+        // Version 2 with no field reads as version 1 did.
+        let mut two = bytes;
+        two[0] = 2;
+        assert_eq!(decode(&two).unwrap(), s);
+    }
+
+    /// A cancel's reason (T20) is a field of version 2, after the
+    /// released layout; a field it does not know, or one twice, is refused.
+    #[test]
+    fn a_cancel_reason_is_a_version_two_field() {
+        let mut s = stored();
+        let without = encode(&s);
+        s.record.cancel_reason = Some("deployment shutdown".into());
+        let with = encode(&s);
+        assert_eq!(with[0], 2);
+        assert_eq!(decode(&with).unwrap(), s);
+        let mut field = vec![CANCEL_REASON_FIELD, 0, 0, 0, 19];
+        field.extend_from_slice(b"deployment shutdown");
+        assert_eq!(with[1..], [&without[1..], &field[..]].concat()[..]);
+        let mut twice = with.clone();
+        twice.extend_from_slice(&field);
+        assert!(matches!(decode(&twice), Err(Error::Corrupt(_))));
+        let mut unknown = with[..without.len()].to_vec();
+        unknown.extend_from_slice(&[9, 0, 0, 0, 0]);
+        assert!(matches!(decode(&unknown), Err(Error::Corrupt(_))));
     }
 
     #[test]
@@ -558,7 +610,7 @@ mod tests {
             .worker_step(
                 &new.record,
                 None,
-                Worker::first(InstanceId([3; 16])),
+                Worker::first(InstanceId::from_bytes([3; 16])),
                 take,
                 &options,
                 21,
@@ -584,7 +636,7 @@ mod tests {
             .worker_step(
                 &taken.record,
                 None,
-                Worker::first(InstanceId([3; 16])),
+                Worker::first(InstanceId::from_bytes([3; 16])),
                 again,
                 &options,
                 22,
@@ -609,7 +661,7 @@ mod tests {
             .worker_step(
                 &seen,
                 None,
-                Worker::first(InstanceId([1; 16])),
+                Worker::first(InstanceId::from_bytes([1; 16])),
                 finish,
                 &TaskOptions::default(),
                 20,
@@ -671,6 +723,7 @@ mod tests {
                 purge_at: 5,
                 poll_interval_ms: Some(6),
                 cancel_requested: true,
+                cancel_reason: None,
                 outcome: None,
                 outstanding: Vec::new(),
                 answered: Vec::new(),

@@ -106,6 +106,7 @@ impl TaskRecord {
             purge_at: lifetime.purge_at,
             poll_interval_ms: task.poll_interval.map(millis),
             cancel_requested: false,
+            cancel_reason: None,
             outcome: None,
             outstanding: Vec::new(),
             answered: Vec::new(),
@@ -133,7 +134,7 @@ impl TaskRecord {
         self.takeover.as_ref().is_some_and(|takeover| {
             takeover.released
                 || takeover.epoch != by.epoch
-                || holder != by.instance.0
+                || holder != by.instance.as_bytes()
                 || holder_alive_until.is_none_or(|until| until <= now)
         })
     }
@@ -214,14 +215,20 @@ impl TaskRecord {
     }
 
     /// The client asks to cancel (T6): `cancel_requested` is set, every
-    /// outstanding input is superseded, and the task is `working` (the
-    /// worker winds down, [`CancelMode::Cooperative`]) or `cancelled`
-    /// ([`CancelMode::Immediate`]).
+    /// outstanding input is superseded, the task is `working` (the worker
+    /// winds down, [`CancelMode::Cooperative`]) or `cancelled`
+    /// ([`CancelMode::Immediate`]), and `reason` is kept unless a reason is
+    /// kept already (T20).
     ///
     /// Returns `false` when that is already so: store nothing. Otherwise
     /// the record was bumped at `now`; the backend stores it and marks
     /// every outstanding input spent.
-    pub(crate) fn request_cancel(&mut self, mode: CancelMode, now: i64) -> bool {
+    pub(crate) fn request_cancel(
+        &mut self,
+        mode: CancelMode,
+        reason: Option<&str>,
+        now: i64,
+    ) -> bool {
         let status = match mode {
             CancelMode::Cooperative => TaskStatus::Working,
             CancelMode::Immediate => TaskStatus::Cancelled,
@@ -230,6 +237,9 @@ impl TaskRecord {
             return false;
         }
         self.cancel_requested = true;
+        if self.cancel_reason.is_none() {
+            self.cancel_reason = reason.map(str::to_owned);
+        }
         self.outstanding.clear();
         self.status = status;
         self.bump(now);
@@ -385,7 +395,7 @@ mod tests {
     use crate::task::{Finish, InstanceId, Owner};
 
     fn record() -> TaskRecord {
-        let task = NewTask::new(&Owner::Anonymous, InstanceId([0; 16]));
+        let task = NewTask::new(&Owner::Anonymous, InstanceId::from_bytes([0; 16]));
         TaskRecord::created(&task, 100, &TaskOptions::default())
     }
 
@@ -405,9 +415,10 @@ mod tests {
     #[test]
     fn cancel_changes_once() {
         let mut r = record();
-        assert!(r.request_cancel(CancelMode::Cooperative, 150));
-        assert!(!r.request_cancel(CancelMode::Cooperative, 160));
-        assert!(r.request_cancel(CancelMode::Immediate, 170));
+        assert!(r.request_cancel(CancelMode::Cooperative, Some("first"), 150));
+        assert!(!r.request_cancel(CancelMode::Cooperative, Some("ignored"), 160));
+        assert!(r.request_cancel(CancelMode::Immediate, Some("second"), 170));
+        assert_eq!(r.cancel_reason.as_deref(), Some("first"));
         assert_eq!((r.status, r.rev), (TaskStatus::Cancelled, 3));
     }
 

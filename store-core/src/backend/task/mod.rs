@@ -61,8 +61,9 @@ pub trait TaskMachine: Sized {
         now: i64,
     ) -> Vec<&'r (K, R)>;
 
-    /// The client asks to cancel (T6); `true` if the record changed.
-    fn request_cancel(&mut self, mode: CancelMode, now: i64) -> bool;
+    /// The client asks to cancel (T6), giving `reason` (T20); `true` if the
+    /// record changed.
+    fn request_cancel(&mut self, mode: CancelMode, reason: Option<&str>, now: i64) -> bool;
 
     /// Whether `by` may not write to the task at `now`, whose instance as
     /// stored is `holder`, alive until `holder_alive_until` (T18): check it
@@ -114,8 +115,8 @@ impl TaskMachine for TaskRecord {
         TaskRecord::answer(self, responses, now)
     }
 
-    fn request_cancel(&mut self, mode: CancelMode, now: i64) -> bool {
-        TaskRecord::request_cancel(self, mode, now)
+    fn request_cancel(&mut self, mode: CancelMode, reason: Option<&str>, now: i64) -> bool {
+        TaskRecord::request_cancel(self, mode, reason, now)
     }
 
     fn apply<'a>(
@@ -180,6 +181,30 @@ pub fn owner_of(key: &[u8]) -> Result<Owner> {
 /// unknown task without reaching the backend (T2).
 pub fn client_call(id: &str, who: &Owner) -> Option<(TaskDigest, OwnerKey)> {
     TaskDigest::of(id).map(|digest| (digest, owner_key(who)))
+}
+
+/// A stored task digest, checked (T2).
+///
+/// # Errors
+///
+/// [`Error::Corrupt`] unless it has a digest's 16 bytes.
+pub fn stored_digest(bytes: &[u8]) -> Result<TaskDigest> {
+    bytes
+        .try_into()
+        .map(TaskDigest::from_bytes)
+        .map_err(|_| Error::Corrupt("a task digest is not 16 bytes".into()))
+}
+
+/// A stored instance id, checked (T11).
+///
+/// # Errors
+///
+/// [`Error::Corrupt`] unless it has an instance id's 16 bytes.
+pub fn stored_instance(bytes: &[u8]) -> Result<InstanceId> {
+    bytes
+        .try_into()
+        .map(InstanceId::from_bytes)
+        .map_err(|_| Error::Corrupt("an instance id is not 16 bytes".into()))
 }
 
 /// Counts a task a purge persisted as a read showed it, `ended`: expired

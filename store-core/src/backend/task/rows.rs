@@ -19,6 +19,7 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 
+pub use super::stored_digest;
 use super::{InputEffect, OwnerKey, Step, count_ended, owner_of, replacement};
 use crate::error::{Error, Result};
 use crate::task::{
@@ -142,18 +143,6 @@ impl TaskRow {
     fn key_used(&self, key: &str) -> bool {
         self.used.iter().any(|k| k == key)
     }
-}
-
-/// A stored digest, checked.
-///
-/// # Errors
-///
-/// [`Error::Corrupt`] unless it has a digest's 16 bytes.
-pub fn stored_digest(bytes: &[u8]) -> Result<TaskDigest> {
-    bytes
-        .try_into()
-        .map(TaskDigest)
-        .map_err(|_| Error::Corrupt("a task digest is not 16 bytes".into()))
 }
 
 /// The statements of one backend's row store, as one step runs them
@@ -314,6 +303,7 @@ pub async fn cancel<R: TaskRows + ?Sized>(
     digest: &TaskDigest,
     owner: &[u8],
     mode: CancelMode,
+    reason: Option<&str>,
     now: i64,
 ) -> Result<Stepped<Option<TaskRecord>>> {
     let Some((row, seen)) = visible(rows, digest, Some(owner), now).await? else {
@@ -323,7 +313,7 @@ pub async fn cancel<R: TaskRows + ?Sized>(
         return Ok(Stepped::unchanged(Some(seen)));
     }
     let mut record = row.record.clone();
-    if !record.request_cancel(mode, now) {
+    if !record.request_cancel(mode, reason, now) {
         return Ok(Stepped::unchanged(Some(seen)));
     }
     rows.supersede(digest, None).await?;
@@ -331,7 +321,7 @@ pub async fn cancel<R: TaskRows + ?Sized>(
 }
 
 /// A worker's change by `by`, whose instance becomes the task's;
-/// [`TaskStore::apply_claimed`](crate::task::TaskStore::apply_claimed).
+/// [`RuntimeStore::apply_claimed`](crate::task::RuntimeStore::apply_claimed).
 pub async fn apply<R: TaskRows + ?Sized>(
     rows: &mut R,
     digest: &TaskDigest,
@@ -375,8 +365,14 @@ pub async fn apply<R: TaskRows + ?Sized>(
             }
         }
     }
-    rows.save(digest, row.record.rev, &record, &by.instance.0, next_seq)
-        .await?;
+    rows.save(
+        digest,
+        row.record.rev,
+        &record,
+        by.instance.as_bytes(),
+        next_seq,
+    )
+    .await?;
     Ok(Stepped {
         answer: Applied::Changed {
             rev: record.rev,
@@ -388,7 +384,7 @@ pub async fn apply<R: TaskRows + ?Sized>(
 
 /// Claims up to `limit` tasks that wait for a runtime for `by` (T17),
 /// each locked and decided again ([`TaskMachine::claim`](super::TaskMachine::claim));
-/// [`TaskStore::claim`](crate::task::TaskStore::claim). [`Stepped::changed`]
+/// [`RuntimeStore::claim`](crate::task::RuntimeStore::claim). [`Stepped::changed`]
 /// is whether it claimed any.
 ///
 /// # Errors
@@ -413,8 +409,14 @@ pub async fn claim<R: TaskRows + ?Sized>(
         let Some(worker) = record.claim(by, row.alive_until, now) else {
             continue;
         };
-        rows.save(&digest, row.record.rev, &record, &by.0, row.next_seq)
-            .await?;
+        rows.save(
+            &digest,
+            row.record.rev,
+            &record,
+            by.as_bytes(),
+            row.next_seq,
+        )
+        .await?;
         let view = TaskView::new(owner_of(&row.owner)?, record, row.answers);
         claimed.push(Claimed::new(digest, worker, view));
     }
