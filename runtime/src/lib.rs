@@ -1,0 +1,73 @@
+//! The framework-neutral runtime of **mcp-event-store**: what keeps a
+//! server instance alive in a shared store and runs its tasks, written once
+//! for every MCP framework.
+//!
+//! A store is shared by every instance behind a load balancer; this crate
+//! is what each instance runs over it. [`Runtime::builder`] takes any store
+//! (`mcp_event_store::connect(url)` gives one) and starts:
+//!
+//! * **One instance with one lease** (T11): registered in the store's task
+//!   instances, renewed every third of the [lease](RuntimeBuilder::lease).
+//!   The tasks it runs read `failed` ("server instance lost") or are taken
+//!   over once it lapses, and a resume elsewhere of a stream it writes
+//!   ends once it is known gone ([`Runtime::produces`],
+//!   [`Runtime::producer_lost`]). An instance that stalled past its lease
+//!   is never revived: the runtime registers a fresh one. A graceful
+//!   [`shutdown`](Runtime::shutdown) ends the lease at once.
+//! * **One maintenance loop**: the lease renewal, the purge of expired
+//!   events, sessions and tasks ([`purge_every`](RuntimeBuilder::purge_every)),
+//!   and the claim rounds of the takeover runner
+//!   ([`claim_every`](RuntimeBuilder::claim_every)), each on a task of its
+//!   own so none waits for another.
+//! * **The takeover runner** (T16 to T19): tasks created to be taken over
+//!   ([`Runtime::for_takeover`]) are claimed from the store when their
+//!   instance lapsed, when they were queued for a worker, or when they were
+//!   given back while they waited for input, and run again through the
+//!   [`Executor`] a framework registers ([`Runtime::run_takeovers`]), at
+//!   most [`max_running`](RuntimeBuilder::max_running) at once. Every write
+//!   names its claim, so a run that lost it is stopped at its next write
+//!   (or sooner, when its claim is seen lost) and changes nothing: *at least
+//!   once, with fencing*.
+//!
+//! A [`TaskRun`] is one run of a task on this instance, whether the
+//! instance created it or claimed it: its claim, its checkpoint, its
+//! answers, its writes, and [`TaskRun::drive`], which runs an operation and
+//! stores its [`Outcome`].
+//!
+//! ```no_run
+//! # async fn demo() -> mcp_event_store_core::Result<()> {
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use mcp_event_store_runtime::Runtime;
+//!
+//! let store = Arc::new(mcp_event_store_core::MemoryStore::new()); // or connect(url)
+//! let runtime = Runtime::builder(store)
+//!     .lease(Duration::from_secs(30))
+//!     .start()
+//!     .await?;
+//! // Hand `runtime.clone()` to the framework's adapters; at the end:
+//! runtime.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! The integrations (`mcp-event-store-rmcp`, `mcp-event-store-tower-mcp`)
+//! build on this crate and only translate between their framework's types
+//! and it; the facade re-exports it as `mcp_event_store::runtime`.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod run;
+mod runtime;
+mod streams;
+mod takeover;
+mod time;
+
+pub use run::{Outcome, Stop, TaskRun};
+pub use runtime::{
+    DEFAULT_CLAIM_EVERY, DEFAULT_LEASE, DEFAULT_MAX_RUNNING, DEFAULT_PURGE_EVERY,
+    DEFAULT_WATCH_WAIT, Runtime, RuntimeBuilder,
+};
+pub use streams::DEFAULT_PRODUCER_TTL;
+pub use takeover::{Executor, Takeovers};
+pub use time::{internal_error, iso8601, status_message};
