@@ -262,18 +262,19 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> mcp_event_store::Result<()> {
-//! use std::time::Duration;
-//! use mcp_event_store::task::{Finish, InstanceId, NewTask, Owner, TaskStatus, TaskStore, WorkerChange};
+//! use mcp_event_store::runtime::{Outcome, Runtime};
+//! use mcp_event_store::task::{NewTask, Owner, TaskStatus};
 //!
 //! let store = mcp_event_store::connect("memory://").await?;
-//! let me = InstanceId::generate()?;
-//! store.heartbeat(me, Duration::from_secs(30)).await?;
+//! // The instance's runtime: its lease in the store, its task runs.
+//! let runtime = Runtime::builder(store.clone()).start().await?;
 //! let owner = Owner::principal(b"alice")?;
-//! let (id, _) = store.create(NewTask::new(&owner, me)).await?;
-//! store.apply(&id, me, WorkerChange::Finish(Finish::Completed(br#"{"content":[]}"#))).await?;
+//! let (id, _, run) = runtime.create(NewTask::new(&owner, runtime.instance())).await?;
+//! run.drive(async { Outcome::Completed(br#"{"content":[]}"#.to_vec()) }).await;
 //! // Any instance sharing the store answers `tasks/get` for its owner:
 //! let task = store.get(&id.to_string(), &owner).await?.expect("the task");
 //! assert_eq!(task.status, TaskStatus::Completed);
+//! runtime.shutdown().await;
 //! # Ok(()) }
 //! ```
 //!
@@ -288,32 +289,37 @@
 //! every task, and a task is durable before its handle is sent (a `tasks/get`
 //! on any instance resolves it at once).
 //!
-//! In an rmcp server, `rmcp::Durable` builds the task runtime
-//! (`durable.tasks()`, a `DurableTasks`): clone it into each handler and
-//! delegate `call_tool` (task-mode calls), `get_task`, `update_task` and
+//! What runs tasks is the framework-neutral [`runtime`] (the crate
+//! `mcp-event-store-runtime`), the same for every framework: one instance
+//! with one lease in the store (renewed every 10 s, a 30 s lease by
+//! default), one maintenance loop (the lease, purges of expired events,
+//! sessions and tasks, claim rounds), and the takeover runner. The store
+//! offers what only the runtime needs (instances, claims, writes under a
+//! claim) only when asked ([`Store::task_runtime`]).
+//!
+//! In an rmcp server, `rmcp::Durable` starts the runtime and builds the
+//! tasks (`durable.tasks()`, a `DurableTasks`): clone it into each handler
+//! and delegate `call_tool` (task-mode calls), `get_task`, `update_task` and
 //! `cancel_task` to it (the `mcp-event-store-rmcp` crate docs show how).
 //! The operation gets a `DurableTaskContext`: `set_status_message`,
 //! `request_input` (an input request the client answers through
 //! `tasks/update`, on whichever instance), `cancelled` and
-//! `is_cancel_requested`. Each instance heartbeats (every 10 s, a 30 s lease,
-//! `DurableBuilder::lease` to change it); a task whose instance stops
-//! heartbeating reads `failed`. (`DurableTasks::builder(store)` builds the
-//! runtime alone, with heartbeat and purge loops of its own.)
+//! `is_cancel_requested`. A task whose instance stops renewing its lease
+//! reads `failed`.
 //!
 //! The example server does all this (`examples/resumable-server`): `slow_count`
 //! runs as a task when the request declares the extension (a plain call
 //! behaves as before: progress on its stream), its status message naming the
-//! step and a `tasks/cancel` stopping it between steps, and it is resumable
+//! step and a `tasks/cancel` stopping it between steps, and it may be taken over
 //! (below); `confirm_count` runs
 //! only as a task and first asks the client to confirm the count with an
 //! elicitation (`inputRequests` key `confirm`; the answer may change the
 //! count). The owner of a task is the request's `Authorization` header, as
 //! is, or anonymous without one: the example's stand-in for authentication
 //! (another header, or none, gets -32602 for the task's id). `--task-lease-ms
-//! MS` sets the heartbeat lease (default 30000, renewed every third).
+//! MS` sets the instance's lease (default 30000, renewed every third).
 //!
-//! The task contract (T1 to T19, takeover included) is in the [`task`]
-//! module docs; the curl walk-through `docs/tasks-walkthrough.md` runs two
+//! The task contract (takeover included) is in the [`task`] module docs; the curl walk-through `docs/tasks-walkthrough.md` runs two
 //! instances of the example server, an answer, a takeover, a worker and a
 //! task that dies with its instance.
 //!
@@ -322,8 +328,8 @@
 //! A task created with [`NewTask::takeover`](task::NewTask::takeover) is
 //! taken over when its instance dies: once the instance's lease lapses,
 //! another instance, or a worker process with no HTTP endpoint, claims it
-//! ([`TaskStore::claim`](task::TaskStore::claim): atomic, so exactly one
-//! claimant among any number racing) and runs the operation again with the
+//! ([`RuntimeStore::claim`](task::RuntimeStore::claim): atomic, so exactly
+//! one claimant among any number racing) and runs the operation again with the
 //! original request (kept as the task's context), every input answered so
 //! far and the newest checkpoint the operation saved. Runs are bounded
 //! (`max_attempts`, then `failed` "server instance lost"), the ttl bounds
@@ -339,20 +345,21 @@
 //! [`task`] module docs.
 //!
 //! In rmcp, register the tools that are safe to run again and create their
-//! tasks with `spawn_resumable`; a worker is the same runtime in a process
-//! without HTTP (the `mcp-event-store-rmcp` crate docs, "Resumable tools"):
+//! tasks with `spawn_takeover`; a worker is the same runtime in a process
+//! without HTTP (the `mcp-event-store-rmcp` crate docs, "Takeover"):
 //!
 //! ```ignore
 //! let durable = Durable::builder(store.clone())
 //!     .owner(|ctx| my_owner(ctx))
-//!     .tasks(|tasks| tasks.resumable("slow_count", slow_count)) // Fn(DurableTaskContext, ResumableCall) -> TaskFuture
+//!     .tasks(|tasks| tasks.takeover("slow_count", slow_count)) // Fn(DurableTaskContext, TakeoverCall) -> TaskFuture
 //!     .start()
 //!     .await?;
-//! // call_tool: self.tasks.spawn_resumable(&ctx, TaskOptions::new(), ResumableCall::from(&params)).await
+//! // call_tool: self.tasks.spawn_takeover(&ctx, TaskOptions::new(), TakeoverCall::from(&params)).await
 //! // In slow_count: resume from task.last_checkpoint(), task.checkpoint(bytes) after each step.
 //!
-//! // A worker process: the same registry, no HTTP; it claims and runs until dropped.
-//! let worker = DurableTasks::builder(store).resumable("slow_count", slow_count).build().await?;
+//! // A worker process: its own runtime, the same tools, no HTTP; it claims and runs until shut down.
+//! let runtime = Runtime::builder(store).start().await?;
+//! let worker = DurableTasks::builder().takeover("slow_count", slow_count).build(&runtime);
 //! ```
 //!
 //! With tower-mcp, `TowerTaskStoreBuilder::takeover` (or `takeover_tools`)
@@ -363,11 +370,11 @@
 //!
 //! ## Limits
 //!
-//! - **Only a resumable tool's work outlives its process.** By default the
+//! - **Only a takeover tool's work outlives its process.** By default the
 //!   store keeps the task's state, input and outcome, not the work: the
 //!   operation runs in the process that created the task and dies with it,
 //!   and the task then reads `failed` ("server instance lost") once that
-//!   instance's lease lapses. A tool registered as resumable is taken over
+//!   instance's lease lapses. A tool registered for takeover is taken over
 //!   instead (see [Tasks that outlive their process](#tasks-that-outlive-their-process)):
 //!   at least once, with fencing, so its handler must be safe to run
 //!   again from its last checkpoint.
@@ -474,14 +481,18 @@ pub use mcp_event_store_core::task;
 pub use mcp_event_store_core::{
     Backend, BoxError, Clock, Connecting, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, Error,
     EventId, EventStore, FollowOptions, HealthReport, MAX_EVENT_ID_LEN, MAX_LIST_PAGE,
-    MAX_STREAM_ID_LEN, ManualClock, MemoryStore, NewEvent, Position, Presence, PurgeReport,
-    PurgeTask, Replay, Result, Retention, SessionStore, Setting, Store, StoreOptions, StoreStats,
-    StoredEvent, StreamCursor, StreamInfo, StreamPage, SystemClock, Verdict, observe,
+    MAX_STREAM_ID_LEN, ManualClock, MemoryStore, NewEvent, Position, PurgeReport, PurgeTask,
+    Replay, Result, Retention, SessionStore, Setting, Store, StoreOptions, StoreStats, StoredEvent,
+    StreamCursor, StreamInfo, StreamPage, SystemClock, Verdict, observe,
 };
 /// rmcp, the official Rust MCP SDK (feature `rmcp`): the whole
 /// `mcp-event-store-rmcp` crate.
 #[cfg(feature = "rmcp")]
 pub use mcp_event_store_rmcp as rmcp;
+/// The framework-neutral runtime every integration runs (the whole
+/// `mcp-event-store-runtime` crate): one instance with one lease, one
+/// maintenance loop, the takeover runner.
+pub use mcp_event_store_runtime as runtime;
 
 /// With the `tower-mcp` feature: any store as tower-mcp 0.25's event store,
 /// session store and task store (the crate `mcp-event-store-tower-mcp`,

@@ -45,8 +45,8 @@
 //! * `--metrics ADDR`: serve the store's metrics (and any other `metrics`
 //!   the process records) in the Prometheus text format at
 //!   `http://ADDR/metrics` (off by default);
-//! * `--task-lease-ms MS`: how long one heartbeat of this instance keeps it
-//!   alive (default 30000); it renews every third of that. Once a killed
+//! * `--task-lease-ms MS`: how long one renewal of this instance's lease
+//!   keeps it alive (default 30000); it renews every third of that. Once a killed
 //!   instance's lease lapses, its unfinished tasks read `failed` ("server
 //!   instance lost") on every instance, and a resume on another instance of
 //!   a call it was running ends after what it stored (the client then
@@ -57,7 +57,7 @@
 //! * `--hand-off`: create `slow_count` tasks queued for workers instead of
 //!   running them on this instance, which then only answers `tasks/*`;
 //! * `--no-takeover`: `slow_count` tasks die with their instance, as
-//!   `confirm_count`'s do (the behaviour before resumable tools);
+//!   `confirm_count`'s do (the behaviour before takeover);
 //! * `--claim-every-ms MS`: how often an instance or worker looks for
 //!   tasks to claim (default 1000);
 //! * `--max-attempts N`: the most runs a `slow_count` task gets when the
@@ -98,7 +98,7 @@
 //! sharing the store answers `tasks/get`, `tasks/update` and `tasks/cancel`
 //! for a task, wherever it runs.
 //!
-//! `slow_count` is a resumable tool: its task outlives the instance that
+//! `slow_count` is a takeover tool: its task outlives the instance that
 //! runs it. Each step is saved as a checkpoint; when the instance dies
 //! (once its lease lapses), any other instance or worker on the store
 //! claims the task and counts on from the last checkpoint, and the result
@@ -146,9 +146,10 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
-use mcp_event_store::rmcp::tasks::{TaskExit, TaskFuture, TaskOptions};
+use mcp_event_store::rmcp::tasks::{TaskExit, TaskFuture};
 use mcp_event_store::rmcp::{
-    Durable, DurableTaskContext, DurableTasks, DurableTasksBuilder, ResumableCall,
+    Durable, DurableTaskContext, DurableTasks, DurableTasksBuilder, Runtime, RuntimeBuilder,
+    TakeoverCall,
 };
 use mcp_event_store::task::Owner;
 use mcp_event_store::{DynStore, Retention, StoreOptions};
@@ -160,6 +161,7 @@ use rmcp::model::{
     UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
+use rmcp::task_manager::TaskOptions;
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
@@ -194,19 +196,19 @@ pub struct Options {
     pub allowed_hosts: Vec<String>,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics: Option<SocketAddr>,
-    /// How long one heartbeat keeps this instance's durable tasks alive;
-    /// renewed every third of it.
+    /// How long one renewal keeps this instance alive (its durable tasks,
+    /// and its streams for resumes elsewhere); renewed every third of it.
     pub task_lease: Duration,
     /// Run as a worker: no HTTP endpoint, only the claim loop running
     /// `slow_count` tasks from the store.
     pub worker: bool,
     /// Queue `slow_count` tasks for workers instead of running them here.
     pub hand_off: bool,
-    /// `slow_count` tasks die with their instance (not resumable).
+    /// `slow_count` tasks die with their instance (no takeover).
     pub no_takeover: bool,
-    /// How often a runtime with resumable tools looks for tasks to claim.
+    /// How often the runtime looks for tasks to take over.
     pub claim_every: Duration,
-    /// The most runs a resumable task gets.
+    /// The most runs a task taken over gets.
     pub max_attempts: u32,
 }
 
@@ -223,12 +225,12 @@ impl Default for Options {
             follow_hold: Some(mcp_event_store::rmcp::DEFAULT_FOLLOW_HOLD),
             allowed_hosts: Vec::new(),
             metrics: None,
-            task_lease: mcp_event_store::rmcp::tasks::DEFAULT_HEARTBEAT_LEASE,
+            task_lease: mcp_event_store::runtime::DEFAULT_LEASE,
             worker: false,
             hand_off: false,
             no_takeover: false,
-            claim_every: mcp_event_store::rmcp::tasks::DEFAULT_CLAIM_INTERVAL,
-            max_attempts: mcp_event_store::rmcp::tasks::DEFAULT_MAX_ATTEMPTS,
+            claim_every: mcp_event_store::runtime::DEFAULT_CLAIM_EVERY,
+            max_attempts: mcp_event_store::task::DEFAULT_MAX_ATTEMPTS,
         }
     }
 }
@@ -300,9 +302,9 @@ struct Args {
     /// http://ADDR/metrics
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
-    /// How long one heartbeat keeps this instance alive (renewed every third
-    /// of it): a server that dies has its resumable tasks taken over this
-    /// long after [default: 30000]
+    /// How long one renewal of this instance's lease keeps it alive (renewed
+    /// every third of it): a server that dies has its slow_count tasks
+    /// taken over this long after [default: 30000]
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(3..))]
     task_lease_ms: Option<u64>,
     /// No HTTP: run slow_count tasks from the store (queued by --hand-off
@@ -461,44 +463,50 @@ fn principal(bytes: &[u8]) -> Owner {
 /// resumes follow their stream for `options.follow_hold` (or until the
 /// instance writing it is known gone), sessions are shared through the
 /// store and checked every `options.session_check`, priming events carry
-/// `options.retry`, the instance renews its task heartbeat and presence
-/// every third of `options.task_lease`, the owner of a task is
+/// `options.retry`, the runtime renews the instance's one lease every third
+/// of `options.task_lease` and takes `slow_count` tasks over
+/// ([`runtime_options`], [`takeover_tools`]), the owner of a task is
 /// [`owner_of`] the request, and expired events, sessions and tasks are
 /// purged every minute.
 pub async fn durable(store: DynStore, options: &Options) -> mcp_event_store::Result<Durable> {
     let options = options.clone();
     Durable::builder(store)
+        .runtime(|runtime| runtime_options(runtime, &options))
         .follow_hold(options.follow_hold)
         .session_check_interval(options.session_check)
         .sse_retry(options.retry)
-        .lease(options.task_lease)
         .owner(owner_of)
-        .tasks(move |tasks| resumable_tools(tasks, &options))
+        .tasks(move |tasks| takeover_tools(tasks, &options))
         .start()
         .await
 }
 
-/// The resumable tools of a server or worker: `slow_count`, unless
-/// `options.no_takeover`, with `options`' attempts, claim interval and
-/// hand-off.
-pub fn resumable_tools(tasks: DurableTasksBuilder, options: &Options) -> DurableTasksBuilder {
-    if options.no_takeover {
-        return tasks;
-    }
-    let tasks = tasks
-        .resumable("slow_count", resumable_count)
-        .max_attempts(options.max_attempts)
-        .claim_every(options.claim_every);
+/// The runtime of a server or worker: `options`' lease, claim interval,
+/// attempts and hand-off.
+pub fn runtime_options(runtime: RuntimeBuilder, options: &Options) -> RuntimeBuilder {
+    let runtime = runtime
+        .lease(options.task_lease)
+        .claim_every(options.claim_every)
+        .max_attempts(options.max_attempts);
     if options.hand_off {
-        tasks.hand_off_to_workers()
+        runtime.hand_off_to_workers()
     } else {
-        tasks
+        runtime
     }
 }
 
-/// `slow_count` as a resumable task: its arguments from the stored call,
-/// the count from the last checkpoint on.
-fn resumable_count(task: DurableTaskContext, call: ResumableCall) -> TaskFuture {
+/// The tools whose tasks a server or worker takes over: `slow_count`,
+/// unless `options.no_takeover`.
+pub fn takeover_tools(tasks: DurableTasksBuilder, options: &Options) -> DurableTasksBuilder {
+    if options.no_takeover {
+        return tasks;
+    }
+    tasks.takeover("slow_count", takeover_count)
+}
+
+/// `slow_count` as a task that may be taken over: its arguments from the
+/// stored call, the count from the last checkpoint on.
+fn takeover_count(task: DurableTaskContext, call: TakeoverCall) -> TaskFuture {
     Box::pin(async move {
         let args = call.arguments.as_ref();
         let count = argument(args, "count", 10, MAX_COUNT)?;
@@ -508,30 +516,29 @@ fn resumable_count(task: DurableTaskContext, call: ResumableCall) -> TaskFuture 
 }
 
 /// Runs `slow_count` tasks from the store, as a worker process: no HTTP
-/// endpoint, only the task runtime with the resumable tools, claiming
-/// tasks queued for workers (`--hand-off` servers), given back for input
-/// and answered, or left by instances that died. Until `shutdown`.
+/// endpoint, only the runtime with the takeover tools, claiming tasks
+/// queued for workers (`--hand-off` servers), given back for input and
+/// answered, or left by instances that died. Until `shutdown`, then the
+/// runtime shuts down (its lease ends at once).
 pub async fn work(
     options: Options,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let store = mcp_event_store::connect_with(&options.store, options.store_options()).await?;
-    let tasks = resumable_tools(
-        DurableTasks::builder(store as Arc<dyn mcp_event_store::task::TaskStore>)
-            .owner(owner_of)
-            .heartbeat(options.task_lease / 3, options.task_lease),
-        &options,
-    )
-    .build()
-    .await?;
+    let runtime = runtime_options(Runtime::builder(store), &options)
+        .start()
+        .await?;
+    let tasks = takeover_tools(DurableTasks::builder().owner(owner_of), &options).build(&runtime);
     tracing::info!(
         instance = %tasks.instance(),
         store = %redact(&options.store),
         claim_every = ?options.claim_every,
         "working: running slow_count tasks from the store"
     );
-    tasks.claim_now().await;
+    runtime.claim_now().await;
     shutdown.await;
+    drop(tasks);
+    runtime.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }
@@ -606,7 +613,7 @@ fn text_result(text: String) -> CallToolResult {
 /// Counts as a durable task: the status message names each step, and a
 /// cancel request stops the count between steps.
 ///
-/// In a resumable task each step is saved as the checkpoint before the
+/// In a task that may be taken over each step is saved as the checkpoint before the
 /// status message names it, and a run starts from the last checkpoint: a
 /// run that took over says so in its result (`counted to N (resumed from
 /// step K, attempt A)`).
@@ -633,7 +640,7 @@ async fn count_in_task(
                 return Err(TaskExit::Cancelled);
             }
         }
-        if task.is_resumable() {
+        if task.is_takeover() {
             task.checkpoint(step.to_string()).await?;
         }
         task.set_status_message(format!("step {step} of {count}"))
@@ -767,16 +774,16 @@ impl ServerHandler for SlowCounter {
             tracing::info!(task = %created.task.task_id, count, "confirm_count task created");
             return Ok(CallToolResponse::Task(created));
         }
-        if declares_tasks && (self.tasks.is_resumable("slow_count") || self.tasks.hands_off()) {
+        if declares_tasks && (self.tasks.is_takeover("slow_count") || self.tasks.hands_off()) {
             let options = self.task_options(interval, format!("counting to {count}"));
             let created = self
                 .tasks
-                .spawn_resumable(&context, options, ResumableCall::from(&request))
+                .spawn_takeover(&context, options, TakeoverCall::from(&request))
                 .await?;
             tracing::info!(
                 count,
                 hand_off = self.tasks.hands_off(),
-                "resumable slow_count task created"
+                "slow_count task created, to be taken over if this server dies"
             );
             return Ok(CallToolResponse::Task(created));
         }

@@ -52,8 +52,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mcp_event_store::tower_mcp::{TowerEventStore, TowerSessionStore, TowerTaskStore};
-use mcp_event_store::{DynStore, PurgeTask};
+use mcp_event_store::DynStore;
+use mcp_event_store::tower_mcp::{Runtime, TowerEventStore, TowerSessionStore, TowerTaskStore};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tower_mcp::extract::{Context, Json, State};
@@ -72,8 +72,6 @@ pub const MAX_COUNT: u32 = 100_000;
 pub const MAX_INTERVAL_MS: u64 = 60_000;
 /// The input key under which `confirm_count` asks the client.
 pub const CONFIRM_KEY: &str = "confirm";
-/// How often the server applies the store's retention to events.
-const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The command's options.
 #[derive(Clone, Debug, PartialEq, Eq, clap::Parser)]
@@ -114,8 +112,8 @@ pub struct Options {
     /// Where to listen.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8001")]
     pub bind: SocketAddr,
-    /// How long one heartbeat keeps this instance alive, renewed every
-    /// third of it: a server that dies leaves its running tasks reading
+    /// How long one renewal of this instance's lease keeps it alive,
+    /// renewed every third of it: a server that dies leaves its running tasks reading
     /// `failed` this long after (at least 300).
     #[arg(long, value_name = "MS", default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(300..))]
@@ -322,20 +320,27 @@ fn running_counts(running: Running) -> Tool {
 }
 
 /// The server's HTTP service on `store`: tower-mcp's Streamable HTTP
-/// transport at `/mcp`, its sessions, events and tasks in the store.
+/// transport at `/mcp`, its sessions, events and tasks in the store, run
+/// by the runtime (this instance's one lease, purges of expired events,
+/// sessions and tasks, takeovers).
 ///
 /// # Errors
 ///
-/// If the task store cannot register this instance.
+/// If the runtime cannot register this instance.
 pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     let lease = options.lease();
-    let mut builder = TowerTaskStore::builder(store.clone()).heartbeat(lease / 3, lease);
+    let mut runtime = Runtime::builder(store.clone())
+        .lease(lease)
+        .claim_every(lease / 3);
     if let Some(runs) = options.takeover {
-        builder = builder
-            .takeover_tools(runs, ["slow_count"])
-            .claim_every(lease / 3);
+        runtime = runtime.max_attempts(runs);
     }
-    let tasks = Arc::new(builder.build().await?);
+    let runtime = runtime.start().await?;
+    let mut builder = TowerTaskStore::builder(runtime.clone());
+    if options.takeover.is_some() {
+        builder = builder.takeover_tools(["slow_count"]);
+    }
+    let tasks = Arc::new(builder.build()?);
     let running = Running::default();
     let router = McpRouter::new()
         .server_info(
@@ -361,20 +366,23 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     Ok(App {
         router: transport.into_router_at("/mcp"),
         takeovers,
+        runtime,
     })
 }
 
-/// The server's HTTP service, and the takeovers it runs (with
-/// `--takeover`), which stop when this is dropped.
+/// The server's HTTP service, the takeovers it runs (with `--takeover`),
+/// which stop when this is dropped, and its runtime.
 pub struct App {
     /// The HTTP service: tower-mcp's transport at `/mcp`.
     pub router: axum::Router,
     /// The loop claiming lost `slow_count` tasks, if any.
     pub takeovers: Option<mcp_event_store::tower_mcp::Takeovers>,
+    /// This instance's runtime.
+    pub runtime: Runtime,
 }
 
-/// Opens the store, then serves on `listener` until `shutdown` resolves,
-/// purging expired events every minute.
+/// Opens the store, then serves on `listener` until `shutdown` resolves;
+/// the runtime purges expired events, sessions and tasks every minute.
 ///
 /// # Errors
 ///
@@ -385,8 +393,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BoxError> {
     let store = mcp_event_store::connect(&options.store).await?;
-    let purge = PurgeTask::spawn(store.clone(), PURGE_INTERVAL);
-    let App { router, takeovers } = app(store, &options).await?;
+    let App {
+        router,
+        takeovers,
+        runtime,
+    } = app(store, &options).await?;
     tracing::info!(
         store = %options.store,
         address = %listener.local_addr()?,
@@ -397,7 +408,7 @@ pub async fn serve(
         .await?;
     // Stops claiming and lets go of the router before the task store.
     drop(takeovers);
-    purge.stop().await;
+    runtime.shutdown().await;
     Ok(())
 }
 

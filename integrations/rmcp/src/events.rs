@@ -19,9 +19,9 @@ use super::codec::{decode, encode};
 use mcp_event_store_core::EventId;
 use mcp_event_store_core::EventStore;
 use mcp_event_store_core::FollowOptions;
-use mcp_event_store_core::Presence;
 use mcp_event_store_core::Result;
 use mcp_event_store_core::{NewEvent, StoredEvent};
+use mcp_event_store_runtime::Runtime;
 
 /// Any of our [`EventStore`]s as rmcp's
 /// `rmcp::transport::streamable_http_server::session::EventStore`.
@@ -47,10 +47,9 @@ use mcp_event_store_core::{NewEvent, StoredEvent};
 pub struct RmcpEventStore<S: ?Sized> {
     store: Arc<S>,
     follow_hold: Option<Duration>,
-    presence: Option<Presence>,
-    /// Keeps a [`crate::Durable`]'s maintenance running while this store
-    /// serves.
-    alive: Option<Arc<crate::durable::Alive>>,
+    /// The instance's runtime: its lease tells followers elsewhere whether
+    /// the writer of a stream lives (and this store keeps it running).
+    runtime: Option<Runtime>,
 }
 
 /// How long a resume keeps following a stream with no answer to end it:
@@ -65,8 +64,7 @@ impl<S: ?Sized> RmcpEventStore<S> {
         Self {
             store,
             follow_hold: Some(DEFAULT_FOLLOW_HOLD),
-            presence: None,
-            alive: None,
+            runtime: None,
         }
     }
 
@@ -97,23 +95,19 @@ impl<S: ?Sized> RmcpEventStore<S> {
         self
     }
 
-    pub(crate) fn kept_alive_by(mut self, alive: Arc<crate::durable::Alive>) -> Self {
-        self.alive = Some(alive);
-        self
-    }
-
     /// How long a resume follows its stream, or `None` if it does not.
     pub fn follow_hold(&self) -> Option<Duration> {
         self.follow_hold
     }
 
-    /// Records this instance as the writer of each request stream it
-    /// starts, and ends a followed resume of a request stream once its
-    /// writer is known gone, right after what it stored: a resume on
-    /// instance B of a call whose instance A was killed ends about one
-    /// presence lease after A died, rather than after the whole follow
-    /// hold, and the client can call again. See [`Presence`] for what it
-    /// costs. Give every instance sharing the store a presence on it.
+    /// Records this instance (the runtime's) as the writer of each request
+    /// stream it starts, and ends a followed resume of a request stream
+    /// once its writer is known gone, right after what it stored: a resume
+    /// on instance B of a call whose instance A was killed ends about one
+    /// lease after A died, rather than after the whole follow hold, and the
+    /// client can call again ([`Runtime::produces`],
+    /// [`Runtime::producer_lost`]). Give every instance sharing the store
+    /// its runtime.
     ///
     /// A stream's writer is recorded when rmcp stores the stream's priming
     /// event (it does so for every request stream while
@@ -121,8 +115,8 @@ impl<S: ?Sized> RmcpEventStore<S> {
     /// default): one session-store write per tool call. The standalone
     /// stream (`<session>:common`) has no one writer and is followed for
     /// the whole hold.
-    pub fn with_presence(mut self, presence: Presence) -> Self {
-        self.presence = Some(presence);
+    pub fn with_runtime(mut self, runtime: Runtime) -> Self {
+        self.runtime = Some(runtime);
         self
     }
 
@@ -137,8 +131,7 @@ impl<S: ?Sized> Clone for RmcpEventStore<S> {
         Self {
             store: self.store.clone(),
             follow_hold: self.follow_hold,
-            presence: self.presence.clone(),
-            alive: self.alive.clone(),
+            runtime: self.runtime.clone(),
         }
     }
 }
@@ -147,7 +140,7 @@ impl<S: ?Sized> fmt::Debug for RmcpEventStore<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RmcpEventStore")
             .field("follow_hold", &self.follow_hold)
-            .field("presence", &self.presence)
+            .field("runtime", &self.runtime)
             .finish_non_exhaustive()
     }
 }
@@ -171,12 +164,12 @@ impl<S: EventStore + ?Sized> RmcpEventStoreTrait for RmcpEventStore<S> {
             )
             .await
             .map_err(|e| AdapterError::store("store_event", e))?;
-        if let Some(presence) = &self.presence
+        if let Some(runtime) = &self.runtime
             && event.message.is_none()
             && !stream_id.ends_with(STANDALONE_STREAM_SUFFIX)
         {
             // A request stream's priming event: the stream starts here.
-            if let Err(error) = presence.produces(&id.token).await {
+            if let Err(error) = runtime.produces(&id.token).await {
                 tracing::warn!(%error, stream_id, "cannot record this instance as the stream's writer; a resume elsewhere follows it for the whole hold");
             }
         }
@@ -192,9 +185,8 @@ impl<S: EventStore + ?Sized> RmcpEventStoreTrait for RmcpEventStore<S> {
                 let mut options = FollowOptions::default().max_hold(hold);
                 // Ended early once the stream's writer is gone (a request
                 // stream; its id is checked again by the replay).
-                if let (Some(presence), Some(id)) = (&self.presence, EventId::parse(last_event_id))
-                {
-                    options = options.until(presence.producer_lost(id.token));
+                if let (Some(runtime), Some(id)) = (&self.runtime, EventId::parse(last_event_id)) {
+                    options = options.until(runtime.producer_lost(id.token));
                 }
                 self.store
                     .follow_events_after(last_event_id, options)

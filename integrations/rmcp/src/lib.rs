@@ -9,8 +9,10 @@
 //! follow their stream; they end early when the instance writing it died),
 //! the session store (sessions restored on any instance), the session
 //! manager (resumes scoped to their session; sessions deleted anywhere end
-//! everywhere), the durable-task runtime, and one maintenance loop
-//! (heartbeats, purges). A complete session-mode server:
+//! everywhere), durable tasks, and the framework-neutral [`Runtime`] under
+//! them all (the instance's one lease, one maintenance loop, the takeover
+//! runner), the same runtime the tower-mcp integration runs. A complete
+//! session-mode server:
 //!
 //! ```no_run
 //! use mcp_event_store_rmcp::{Durable, DurableTasks};
@@ -43,30 +45,21 @@
 //! ```
 //!
 //! Everything has a default and a setter on [`DurableBuilder`] (the follow
-//! hold, the instance lease, the purge interval, the session lifetime and
-//! check interval, the priming events' retry hint, the task owner); what
-//! the store itself knows (its retention) is read from it. Stateless mode:
+//! hold, the session lifetime and check interval, the priming events'
+//! retry hint, the task owner; the runtime's lease, purge and claim
+//! intervals through [`DurableBuilder::runtime`]); what the store itself
+//! knows (its retention) is read from it. Stateless mode:
 //! [`Durable::stateless_service`].
 //!
 //! # What `Durable` wires
 //!
-//! [`Durable`] reads what the store knows (its retention) and wires, once: the
-//! event store (resumes follow their stream, and end early when the instance
-//! writing it died), the session store (sessions restored on any instance),
-//! `SessionScoped` (resumes scoped to their session, stream bindings kept as
-//! long as the events, sessions deleted or expired anywhere ending
-//! everywhere), the durable-task runtime (`durable.tasks()`), and one
-//! maintenance loop: every 10 s it renews the instance's task heartbeat and
-//! presence, every minute it purges expired events, sessions and tasks, each
-//! on a task of its own. Every default has a setter on `DurableBuilder`:
-//! `follow_hold`, `lease`, `purge_every`, `session_ttl`,
-//! `session_check_interval`, `sse_retry`, `owner` (who may see a task),
-//! `cancel_mode`. Stateless mode: `durable.stateless_service(..)`. For a
-//! server of your own shape, `durable.session_manager()`, `durable.config()`,
-//! `durable.stateless_session_manager()` and `durable.stateless_config()` are
-//! the parts; `IntoRmcp` (`store.into_rmcp()`, `store.into_rmcp_sessions()`)
-//! and `SessionScoped` are the adapters underneath, for wiring by hand. The
-//! facade's `rmcp` feature re-exports this crate as `mcp_event_store::rmcp`.
+//! What [`Durable`] wires is in its docs; for a server of your own shape,
+//! `durable.session_manager()`, `durable.config()`,
+//! `durable.stateless_session_manager()` and `durable.stateless_config()`
+//! are the parts; `IntoRmcp` (`store.into_rmcp()`,
+//! `store.into_rmcp_sessions()`) and `SessionScoped` are the adapters
+//! underneath, for wiring by hand. The facade's `rmcp` feature re-exports
+//! this crate as `mcp_event_store::rmcp`.
 //!
 //! * `store.into_rmcp_sessions()` is rmcp's `SessionStore`: the `initialize`
 //!   parameters as JSON, with a time to live (24 hours by default, counted
@@ -93,22 +86,22 @@
 //!   `DurableBuilder::follow_hold(Some(d))` sets another hold;
 //!   `follow_hold(None)` makes a resume end with what is stored, so the
 //!   client polls again (rmcp's client does that by itself).
-//! * **A call whose server died.** `Durable` gives each instance a
-//!   `Presence` on the store (by hand: `RmcpEventStore::with_presence`): it
-//!   renews a key of its own every 10 s (a 30 s lease) and records
-//!   itself as the writer of each request stream it starts (one session-store
-//!   write per call). A client that resumes on instance B a call that was
-//!   running on instance A, after A was killed, gets what A stored after its
+//! * **A call whose server died.** `Durable` gives the event store the
+//!   instance's runtime (by hand: `RmcpEventStore::with_runtime`): the
+//!   instance records itself as the writer of each request stream it starts
+//!   (one session-store write per call), and its one lease says whether it
+//!   lives. A client that resumes on instance B a call that was running on
+//!   instance A, after A was killed, gets what A stored after its
 //!   `Last-Event-ID`, and then the response **ends**, about one lease (30 to
 //!   40 s) after A died, or at once when B sees A already gone; every later
 //!   resume of that stream ends right after what is stored. There is no
 //!   answer to the call: a client that keeps resuming gets nothing more, and
 //!   should give up after its retries and call again (rmcp's and the official
 //!   SDKs' clients do, after their reconnection attempts). Without a
-//!   presence, or for a stream whose writer was not recorded, the resume
+//!   runtime, or for a stream whose writer was not recorded, the resume
 //!   waits out the whole hold (five minutes) first. A graceful shutdown
-//!   (`Durable::shutdown`, or `Presence::close`) removes the instance's key at
-//!   once, so resumes of its calls end at their next check (within 10 s).
+//!   (`Durable::shutdown`, `Runtime::shutdown`) ends the lease at once, so
+//!   resumes of its calls end at their next check (within 10 s).
 //!
 //! # Durable tasks
 //!
@@ -136,7 +129,8 @@
 //! let service = durable.service(move || Ok(MyServer { tasks: tasks.clone() }));
 //!
 //! // impl ServerHandler for MyServer (declare it: ServerCapabilities::builder().enable_tasks()):
-//! // call_tool:   self.tasks.spawn(&ctx, TaskOptions::new(), |task| Box::pin(work(task)))
+//! // call_tool:   self.tasks.spawn(&ctx, rmcp::task_manager::TaskOptions::new(),
+//! //                  |task| Box::pin(work(task)))
 //! //                  .await.map(CallToolResponse::Task)
 //! //              (-32021, nothing stored, if the request did not declare the extension)
 //! // get_task:    self.tasks.get_task(&ctx, params).await
@@ -148,10 +142,10 @@
 //! The operation gets a [`DurableTaskContext`]: `set_status_message`,
 //! `request_input` (an input request the client answers through
 //! `tasks/update`, on whichever instance), `cancelled` and
-//! `is_cancel_requested`. Each instance heartbeats (every 10 s, a 30 s lease,
-//! [`DurableBuilder::lease`] to change it); a task whose instance stops
-//! heartbeating reads `failed`. ([`DurableTasks::builder`] builds the
-//! runtime alone, with heartbeat and purge loops of its own.)
+//! `is_cancel_requested`. The runtime renews the instance's lease (every
+//! 10 s, a 30 s lease, `runtime(|r| r.lease(..))` to change it); a task
+//! whose instance stops renewing reads `failed`. ([`DurableTasks::builder`]
+//! builds the tasks of a runtime alone: a worker's, say.)
 //!
 //! # The pieces
 //!
@@ -175,8 +169,8 @@
 //!
 //! # Tasks that outlive their instance
 //!
-//! A tool registered as resumable ([`DurableTasksBuilder::resumable`],
-//! called with [`DurableTasks::spawn_resumable`]) makes tasks that another
+//! A tool registered for takeover ([`DurableTasksBuilder::takeover`],
+//! called with [`DurableTasks::spawn_takeover`]) makes tasks that another
 //! instance, or a worker process with no HTTP endpoint, takes over when the
 //! instance running them dies. The guarantee is **at least once, with
 //! fencing**: the handler may run again (from its last
@@ -298,6 +292,8 @@
 //!   retry policy), and resumes with the newest `Last-Event-ID` until the
 //!   response arrives.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod codec;
 mod durable;
@@ -308,17 +304,16 @@ pub mod tasks;
 mod tracker;
 
 pub use codec::{DecodeError, decode, encode, replays_exactly};
-pub use durable::{
-    DEFAULT_PURGE_EVERY, DEFAULT_SSE_RETRY, Durable, DurableBuilder, SessionManager,
-};
+pub use durable::{DEFAULT_SSE_RETRY, Durable, DurableBuilder, SessionManager};
 pub use events::{DEFAULT_FOLLOW_HOLD, RmcpEventStore};
+pub use mcp_event_store_runtime::{self as runtime, Runtime, RuntimeBuilder};
 pub use scoped::{
     DEFAULT_BINDING_KEY_PREFIX, DEFAULT_BINDING_TTL, DEFAULT_SESSION_CHECK_INTERVAL, ScopedError,
     SessionScoped,
 };
 pub use sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL, RmcpSessionStore};
 pub use tasks::{
-    DurableTaskContext, DurableTasks, DurableTasksBuilder, ResumableCall, ResumableHandler,
+    DurableTaskContext, DurableTasks, DurableTasksBuilder, TakeoverCall, TakeoverHandler,
 };
 
 use std::sync::Arc;

@@ -8,32 +8,37 @@
 //! * [`TowerTaskStore`]: its `async_task::TaskStore`, for durable tasks
 //!   (SEP-2663, protocol 2026-07-28) that every instance answers for.
 //!
-//! Each takes an `Arc` of a store: the `DynStore` that
-//! `mcp_event_store::connect` returns (the default type parameter, `dyn
-//! Store`), or a concrete one (`Arc<SqliteStore>`, ...). They use only the
-//! public contract of `mcp-event-store-core`, so the same code serves
-//! SQLite, PostgreSQL, Redis, sled and memory, and tower-mcp's own contract
-//! suites pass on all five (`tests/adapters/contracts.rs`).
+//! The event and session adapters take an `Arc` of a store: the
+//! `DynStore` that `mcp_event_store::connect` returns (the default type
+//! parameter, `dyn Store`), or a concrete one (`Arc<SqliteStore>`, ...).
+//! The task adapter takes the process's [`Runtime`] (the framework-neutral
+//! runtime every integration shares: the instance's one lease, purges,
+//! takeovers). They use only the public contract of
+//! `mcp-event-store-core`, so the same code serves SQLite, PostgreSQL,
+//! Redis, sled and memory, and tower-mcp's own contract suites pass on all
+//! five (`tests/adapters/contracts.rs`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use std::sync::Arc;
-//! use mcp_event_store_tower_mcp::{TowerEventStore, TowerSessionStore, TowerTaskStore};
+//! use mcp_event_store_tower_mcp::{Runtime, TowerEventStore, TowerSessionStore, TowerTaskStore};
 //! use tower_mcp::{HttpTransport, McpRouter};
 //!
 //! let store: Arc<dyn mcp_event_store_core::Store> =
 //!     Arc::new(mcp_event_store_core::MemoryStore::new()); // or connect("postgres://...")
-//! let tasks = TowerTaskStore::builder(store.clone()).build().await?;
+//! let runtime = Runtime::builder(store.clone()).start().await?;
+//! let tasks = TowerTaskStore::builder(runtime.clone()).build()?;
 //! let router = McpRouter::new().task_store(Arc::new(tasks));
 //! let transport = HttpTransport::new(router)
 //!     .session_store(Arc::new(TowerSessionStore::new(store.clone())))
 //!     .event_store(Arc::new(TowerEventStore::new(store)));
+//! // Serve; at the end: runtime.shutdown().await;
 //! # let _ = transport; Ok(()) }
 //! ```
 //!
-//! tower-mcp's stores and this project's contract (`C1` to `C16` for
-//! events, `T1` to `T15` for tasks, in `mcp-event-store-core`) differ in
-//! places. Each difference, and what this crate does about it, follows.
+//! tower-mcp's stores and this project's contract (the clauses in
+//! `mcp-event-store-core`'s docs) differ in places. Each difference, and
+//! what this crate does about it, follows.
 //!
 //! # Events
 //!
@@ -104,14 +109,15 @@
 //!   `watch`).
 //! * **Expired is unknown there, `failed` here.** tower-mcp forgets a task,
 //!   terminal or not, once its ttl (from creation) has passed; the store
-//!   reads a running one `failed` and keeps any task for a grace (one ttl,
-//!   at most an hour, T8). This crate hides every task at `created + ttl`
-//!   (by the system clock) and reports `TaskPresence::Expired` with its
-//!   owner during the grace, so tower-mcp tells the owner "expired" rather
-//!   than "not found". Every transition on it answers `false`/`None`.
-//!   `set_ttl(0)` expires a task at once. The store caps a ttl at its
-//!   `max_task_age` (7 days by default), and `get_task` reports the capped
-//!   ttl; `ttl: None` is [`DEFAULT_TASK_TTL`] (an hour).
+//!   reads a running one `failed` and keeps any task for its grace, an
+//!   hour by default however short the ttl (T21). This crate hides every
+//!   task at `created + ttl` (by the system clock) and reports
+//!   `TaskPresence::Expired` with its owner during the grace, so tower-mcp
+//!   tells the owner "expired" rather than "not found". Every transition
+//!   on it answers `false`/`None`. `set_ttl(0)` expires a task at once. The
+//!   store caps a ttl at its `max_task_age` (7 days by default), and
+//!   `get_task` reports the capped ttl; `ttl: None` is
+//!   [`DEFAULT_TASK_TTL`] (an hour).
 //! * **`require_input` replaces the outstanding set** there, and the
 //!   contract's `request_input` added one key: T15 (new) replaces the set
 //!   in one atomic step, superseding the keys left out, carrying forward a
@@ -146,14 +152,16 @@
 //!   cancelled, fails (it can no longer finish), expires (at its deadline)
 //!   or goes. So a `tasks/cancel` through another instance stops the
 //!   handler where it runs. A cancel is immediate (T6,
-//!   `CancelMode::Immediate`), as in tower-mcp; its reason is not kept.
-//! * **Instances and heartbeats** (T11) have no counterpart in tower-mcp.
-//!   The adapter registers an instance of its own, renews its heartbeat
-//!   every 10 s for a 30 s lease, and runs under it every task this process
-//!   creates or works on; dropping the last handle stops the heartbeat, so
-//!   a process that dies (or is dropped) leaves its running tasks reading
-//!   `failed` ("server instance lost") one lease later, on every instance.
-//!   It also purges expired tasks every minute.
+//!   `CancelMode::Immediate`), as in tower-mcp, and keeps its reason (T20):
+//!   the task's status message reads `Cancelled: <reason>`, as tower-mcp's
+//!   own store shows it, on every instance.
+//! * **Instances and their lease** (T11) have no counterpart in
+//!   tower-mcp. The [`Runtime`] registers the process's instance, renews
+//!   its one lease, and runs under it every task this process creates or
+//!   works on; a process that dies (or drops its runtime) leaves its
+//!   running tasks reading `failed` ("server instance lost") one lease
+//!   later, on every instance. The runtime also purges expired events,
+//!   sessions and tasks.
 //! * **`set_status`** sets a running task's message; the status follows the
 //!   inputs (`input_required` while any is outstanding), so `set_status`
 //!   to `input_required` is refused (`InvalidTransition`), and to `working`
@@ -192,14 +200,15 @@
 //! [`takeover_tools`](TowerTaskStoreBuilder::takeover_tools) (the tools
 //! named), and [`TowerTaskStore::run_takeovers`] given the router:
 //!
-//! * Tasks of those tools are created to be taken over (T16), at most
-//!   `max_attempts` runs in all, held by this process's claim (T18,
-//!   epoch 1). The heartbeat keeps them; when the instance lapses, another
-//!   instance running takeovers claims them (T17, every
-//!   [`claim_every`](TowerTaskStoreBuilder::claim_every)) and has its router
-//!   run the tool again as above, then writes the outcome (result, error,
-//!   or input requests) under its claim. After the last run's instance
-//!   lapses, the task reads `failed` ("server instance lost").
+//! * Tasks of those tools are created to be taken over (T16), at most the
+//!   runtime's `max_attempts` runs in all, held by this process's claim
+//!   (T18, epoch 1). The lease keeps them; when the instance lapses,
+//!   another instance running takeovers claims them (T17, at its runtime's
+//!   `claim_every`) and has its router run the tool again as above, then
+//!   writes the outcome (result, error, or input requests) under its
+//!   claim. After the last run's instance lapses, the task reads `failed`
+//!   ("server instance lost"). tower-mcp runs a task's handler where it
+//!   is created, so a runtime's hand-off to workers does not apply here.
 //! * **Fencing.** Every write to such a task names this process's claim.
 //!   A write from a stale claim (the task was claimed since by another, or
 //!   given back) is refused by the store (`Applied::Fenced`) and reads as
@@ -207,8 +216,8 @@
 //!   the outcome without overwriting anything), and raises the task's
 //!   token here; a token's guard raises it too when it sees the task
 //!   claimed by another. A handler run through the router is dropped when
-//!   its claim is lost, the task ends (a `tasks/cancel` through any
-//!   instance included), or expires.
+//!   its claim is lost or the task ends (a `tasks/cancel` through any
+//!   instance included, or its expiry).
 //! * **Parking.** When a handler asks for input, the task is given back
 //!   (T17 release, no run counted) as soon as it is parked: nothing runs
 //!   it. The `tasks/update` that answers it resumes it in whichever
@@ -246,7 +255,6 @@
 //!   adapter, running them, creates tasks to be taken over, but an answer
 //!   reaching an instance that does not run them leaves the task given
 //!   back until one that does claims it (or it expires).
-//! * The store must implement claims: memory, SQLite and PostgreSQL do.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -258,13 +266,9 @@ mod takeover;
 mod tasks;
 
 pub use events::TowerEventStore;
+pub use mcp_event_store_runtime::{self as runtime, Runtime, RuntimeBuilder, Takeovers};
 pub use sessions::TowerSessionStore;
-pub use takeover::Takeovers;
-pub use tasks::{
-    DEFAULT_CLAIM_INTERVAL, DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_LEASE,
-    DEFAULT_POLL_INTERVAL, DEFAULT_PURGE_INTERVAL, DEFAULT_TASK_TTL, TowerTaskStore,
-    TowerTaskStoreBuilder,
-};
+pub use tasks::{DEFAULT_POLL_INTERVAL, DEFAULT_TASK_TTL, TowerTaskStore, TowerTaskStoreBuilder};
 
 /// The prefix of the stream ids and session keys the event and session
 /// adapters write, so that tower-mcp's sessions keep apart from anything

@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
+use mcp_event_store_core::Error;
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Finish, InstanceId, MAX_MESSAGE_BYTES, NewTask, Owner, TaskDigest, TaskId,
-    TaskRecord, TaskStatus as CoreStatus, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Finish, MAX_MESSAGE_BYTES, NewTask, Owner, TaskId, TaskRecord,
+    TaskStatus as CoreStatus, TaskView, WorkerChange,
 };
-use mcp_event_store_core::{Error, Store};
+use mcp_event_store_runtime::{Runtime, iso8601, status_message};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -23,31 +25,15 @@ use tower_mcp::async_task::{
 use tower_mcp::error::JsonRpcError;
 use tower_mcp::protocol::{InputRequests, InputResponses, TaskObject, TaskStatus};
 
-use crate::support::{iso8601, now_millis, task_error};
-use crate::takeover::{Policy, Runner};
+use crate::support::{now_millis, task_error};
 
 /// The ttl of a task created without one (tower-mcp leaves it to the
 /// store; on the 2026-07-28 protocol the client cannot choose): an hour.
 pub const DEFAULT_TASK_TTL: Duration = Duration::from_secs(60 * 60);
 /// The poll interval tasks suggest to clients by default.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// How often the adapter renews its instance's heartbeat by default (T11).
-pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
-/// How long one heartbeat keeps the instance alive by default (T11).
-pub const DEFAULT_HEARTBEAT_LEASE: Duration = Duration::from_secs(30);
-/// How often the adapter persists expired and orphaned tasks and deletes
-/// those past their grace ([`TaskStore::purge_expired_tasks`]) by default.
-pub const DEFAULT_PURGE_INTERVAL: Duration = Duration::from_secs(60);
-/// How often an adapter that runs takeovers
-/// ([`TowerTaskStore::run_takeovers`]) asks the store for tasks to take
-/// over ([`TaskStore::claim`]) by default.
-pub const DEFAULT_CLAIM_INTERVAL: Duration = Duration::from_secs(5);
-
-/// The longest a waiter or a token's guard waits before reading its task
-/// again: expiry and a lost instance are decided by reads, not announced.
-pub(crate) const RECHECK: Duration = Duration::from_secs(5);
 /// How long a token's guard waits after a failed read.
-pub(crate) const RETRY: Duration = Duration::from_secs(1);
+const RETRY: Duration = Duration::from_secs(1);
 /// The version of the context this adapter keeps with each task.
 const CONTEXT_VERSION: u32 = 1;
 /// The first byte of a stored answer: its envelope's version.
@@ -216,7 +202,7 @@ impl Live {
 
     /// Every answer given so far, over every round of input.
     fn responses(&self) -> Result<InputResponses> {
-        responses(&self.view)
+        decode_responses(&self.view.answers)
     }
 
     /// Whether the task's token should be raised: cancelled (or asked to
@@ -235,9 +221,9 @@ impl Live {
     }
 }
 
-/// Every answer of `view` given so far, over every round of input.
-pub(crate) fn responses(view: &TaskView) -> Result<InputResponses> {
-    view.answers
+/// Every answer given so far, over every round of input, as stored.
+pub(crate) fn decode_responses(answers: &[(String, Bytes)]) -> Result<InputResponses> {
+    answers
         .iter()
         .map(|(key, bytes)| {
             let (_, json) = decode_answer(bytes)?;
@@ -250,7 +236,7 @@ fn task_object(id: &str, record: &TaskRecord, context: &Context) -> TaskObject {
     TaskObject {
         task_id: id.to_owned(),
         status: tower_status(record.status),
-        status_message: record.message.clone(),
+        status_message: status_message(record),
         created_at: iso8601(record.created_at),
         last_updated_at: iso8601(record.updated_at),
         ttl: record.ttl_ms,
@@ -268,122 +254,22 @@ struct Local {
     guard: AbortHandle,
 }
 
-/// What the adapter's handles, its background loops and its tokens' guards
-/// share.
-pub(crate) struct Shared<S: ?Sized> {
-    pub(crate) store: Arc<S>,
-    /// This process's instance (T11), registered on first use.
-    instance: tokio::sync::Mutex<Option<InstanceId>>,
-    lease: Duration,
+/// What the adapter's handles and its tokens' guards share.
+pub(crate) struct Shared {
+    /// This instance's runtime: its lease, its claims, its writes.
+    pub(crate) runtime: Runtime,
     default_ttl: Duration,
     poll_interval: Option<Duration>,
     /// The tokens of the tasks this process created or resumed, by id.
     local: Mutex<HashMap<String, Local>>,
-    /// Which tasks are created so that they may be taken over.
-    pub(crate) policy: Option<Policy>,
-    /// How often [`TowerTaskStore::run_takeovers`] claims.
-    pub(crate) claim_every: Duration,
-    /// The claim this process holds on each task that may be taken over and
-    /// that it runs (T18): every write to it names the claim.
-    claims: Mutex<HashMap<TaskDigest, Worker>>,
-    /// The router that runs the tasks this process claims, while
-    /// [`TowerTaskStore::run_takeovers`]' handle lives.
-    pub(crate) runner: Mutex<Option<Runner>>,
+    /// The tools whose tasks may be taken over: `None` takes none over,
+    /// an empty set none, `Some(None)` every tool.
+    takeover: Option<Option<BTreeSet<String>>>,
 }
 
-impl<S: ?Sized> Shared<S> {
-    pub(crate) fn claims(&self) -> MutexGuard<'_, HashMap<TaskDigest, Worker>> {
-        self.claims.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn runner(&self) -> MutexGuard<'_, Option<Runner>> {
-        self.runner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether this process may write to the task under `digest` as
-    /// `record` shows it: always for a task that dies with its instance;
-    /// for one that may be taken over, only under the current claim, held
-    /// here, and not released.
-    pub(crate) fn holds(&self, digest: &TaskDigest, record: &TaskRecord) -> bool {
-        match &record.takeover {
-            None => true,
-            Some(takeover) => {
-                !takeover.released
-                    && self
-                        .claims()
-                        .get(digest)
-                        .is_some_and(|worker| worker.epoch == takeover.epoch)
-            }
-        }
-    }
-}
-
-impl<S: TaskStore + ?Sized> Shared<S> {
+impl Shared {
     fn local(&self) -> MutexGuard<'_, HashMap<String, Local>> {
         self.local.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// This process's instance, registered with its first heartbeat if it
-    /// has none yet.
-    pub(crate) async fn instance(&self) -> Result<InstanceId> {
-        let mut current = self.instance.lock().await;
-        if let Some(me) = *current {
-            return Ok(me);
-        }
-        let me = self.register().await?;
-        *current = Some(me);
-        Ok(me)
-    }
-
-    /// A fresh instance in place of `lapsed` (T11: a lapsed instance never
-    /// comes back), unless another call replaced it already.
-    pub(crate) async fn renew(&self, lapsed: InstanceId) -> Result<InstanceId> {
-        let mut current = self.instance.lock().await;
-        if let Some(me) = *current
-            && me != lapsed
-        {
-            return Ok(me);
-        }
-        let me = self.register().await?;
-        *current = Some(me);
-        Ok(me)
-    }
-
-    async fn register(&self) -> Result<InstanceId> {
-        let me = InstanceId::generate().map_err(task_error)?;
-        if self
-            .store
-            .heartbeat(me, self.lease)
-            .await
-            .map_err(task_error)?
-        {
-            Ok(me)
-        } else {
-            Err(TaskStoreError::Backend(
-                "the store refused the first heartbeat of a fresh instance".into(),
-            ))
-        }
-    }
-
-    /// Renews the heartbeat of the instance, if one is registered.
-    async fn beat(&self) {
-        let Some(me) = *self.instance.lock().await else {
-            return;
-        };
-        match self.store.heartbeat(me, self.lease).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(
-                    instance = %me,
-                    "this instance's heartbeat lapsed (was the process paused?); its running \
-                     tasks read failed, and new ones run under a fresh instance"
-                );
-                if let Err(e) = self.renew(me).await {
-                    tracing::warn!(error = %e, "registering a fresh instance failed; retrying");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "task heartbeat failed; retrying"),
-        }
     }
 
     /// The task `id` as tower-mcp sees it now.
@@ -391,7 +277,8 @@ impl<S: TaskStore + ?Sized> Shared<S> {
         let Some(task) = TaskId::parse(id) else {
             return Ok(Found::Missing);
         };
-        let Some(view) = self.store.view(&task).await.map_err(task_error)? else {
+        let view = self.runtime.store().task_runtime().view(&task).await;
+        let Some(view) = view.map_err(task_error)? else {
             return Ok(Found::Missing);
         };
         let Some(bytes) = view.record.context.as_deref() else {
@@ -410,99 +297,58 @@ impl<S: TaskStore + ?Sized> Shared<S> {
         })))
     }
 
-    /// The most runs a task of `tool` gets, if it is created so that it may
-    /// be taken over: the builder opted the tool in, and this process runs
-    /// takeovers (so that it also resumes what it releases).
-    fn takeover_for(&self, tool: &str) -> Option<u32> {
-        let policy = self.policy.as_ref()?;
-        if self.runner().is_none() {
-            return None;
+    /// Whether a task of `tool` is created so that it may be taken over:
+    /// the builder opted the tool in, and this process runs takeovers (so
+    /// that it also resumes what it releases).
+    fn takes_over(&self, tool: &str) -> bool {
+        self.runtime.runs_takeovers()
+            && self
+                .takeover
+                .as_ref()
+                .is_some_and(|tools| tools.as_ref().is_none_or(|tools| tools.contains(tool)))
+    }
+
+    /// Applies a change to task `task` under this process's claim on it,
+    /// if it may be taken over (T18), else as this process's instance. A
+    /// change refused as [`Applied::Fenced`] (the task was claimed since by
+    /// another, or released) raises the task's token here: this process
+    /// must stop working on it.
+    async fn apply(&self, task: &TaskId, change: WorkerChange<'_>) -> Result<Applied> {
+        let applied = self
+            .runtime
+            .write(&task.digest(), change)
+            .await
+            .map_err(task_error)?;
+        if applied == Applied::Fenced {
+            raise(self, &task.to_string());
         }
-        policy.covers(tool).then_some(policy.max_attempts)
+        Ok(applied)
     }
 
     /// Gives back a task that may be taken over once it parked for input
     /// (T17): its handler returned, nothing runs it, and whichever instance
-    /// the answers reach claims it then. A task that dies with its instance
-    /// is left as it is.
+    /// the answers reach claims it then. A task this process holds no claim
+    /// on is left as it is.
     async fn release_parked(&self, task: &TaskId) {
-        let digest = task.digest();
-        let Some(worker) = self.claims().get(&digest).copied() else {
+        if self.runtime.claim_on(&task.digest()).is_none() {
             return;
-        };
-        match self
-            .apply_claimed(&digest, worker, WorkerChange::Release)
+        }
+        if let Err(e) = self
+            .runtime
+            .write(&task.digest(), WorkerChange::Release)
             .await
         {
-            Ok(_) => self.drop_claim(&digest, Some(worker)),
-            Err(e) => tracing::warn!(
+            tracing::warn!(
                 error = %e,
                 "giving back a parked task failed; it is claimed once its instance lapses"
-            ),
-        }
-    }
-
-    /// Applies a change to task `task`: under this process's claim on it if
-    /// it may be taken over (T18), else as this process's instance. A
-    /// change refused as [`Applied::Fenced`] (the task was claimed since by
-    /// another, or released) drops the claim and raises the task's token
-    /// here: this process must stop working on it.
-    async fn apply(&self, task: &TaskId, change: WorkerChange<'_>) -> Result<Applied> {
-        let digest = task.digest();
-        let ends = matches!(change, WorkerChange::Finish(_));
-        let held = self.claims().get(&digest).copied();
-        let applied = match held {
-            Some(worker) => self.store.apply_claimed(&digest, worker, change).await,
-            None => {
-                let me = self.instance().await?;
-                self.store.apply(task, me, change).await
-            }
-        }
-        .map_err(task_error)?;
-        match applied {
-            Applied::Fenced => {
-                self.drop_claim(&digest, held);
-                raise(self, &task.to_string());
-            }
-            Applied::Changed { .. } if ends => self.drop_claim(&digest, held),
-            _ => {}
-        }
-        Ok(applied)
-    }
-
-    /// Applies a change under claim `worker` of the task under `digest`
-    /// (a task this process claimed without its id); a refusal as
-    /// [`Applied::Fenced`] drops the claim.
-    pub(crate) async fn apply_claimed(
-        &self,
-        digest: &TaskDigest,
-        worker: Worker,
-        change: WorkerChange<'_>,
-    ) -> Result<Applied> {
-        let applied = self
-            .store
-            .apply_claimed(digest, worker, change)
-            .await
-            .map_err(task_error)?;
-        if matches!(applied, Applied::Fenced) {
-            self.drop_claim(digest, Some(worker));
-        }
-        Ok(applied)
-    }
-
-    /// Forgets the claim `worker` on the task under `digest`, unless a newer
-    /// claim of this process replaced it.
-    pub(crate) fn drop_claim(&self, digest: &TaskDigest, worker: Option<Worker>) {
-        let mut claims = self.claims();
-        if worker.is_some() && claims.get(digest).copied() == worker {
-            claims.remove(digest);
+            );
         }
     }
 }
 
 /// The token of task `id` in this process, with a guard that raises it:
 /// one created now if the task has none here yet.
-fn token_for<S: TaskStore + ?Sized>(shared: &Arc<Shared<S>>, id: &str) -> CancellationToken {
+fn token_for(shared: &Arc<Shared>, id: &str) -> CancellationToken {
     let mut local = shared.local();
     if let Some(known) = local.get(id) {
         return known.token.clone();
@@ -522,7 +368,7 @@ fn token_for<S: TaskStore + ?Sized>(shared: &Arc<Shared<S>>, id: &str) -> Cancel
 /// A fresh token for task `id` in this process, replacing (and raising)
 /// any it had: for a run under a new claim, which an old claim's raised
 /// token must not stop.
-fn fresh_token_for<S: TaskStore + ?Sized>(shared: &Arc<Shared<S>>, id: &str) -> CancellationToken {
+fn fresh_token_for(shared: &Arc<Shared>, id: &str) -> CancellationToken {
     if let Some(old) = shared.local().remove(id) {
         old.token.cancel();
         old.guard.abort();
@@ -531,7 +377,7 @@ fn fresh_token_for<S: TaskStore + ?Sized>(shared: &Arc<Shared<S>>, id: &str) -> 
 }
 
 /// Raises task `id`'s token if this process has one.
-fn raise<S: TaskStore + ?Sized>(shared: &Shared<S>, id: &str) {
+fn raise(shared: &Shared, id: &str) {
     if let Some(local) = shared.local().get(id) {
         local.token.cancel();
     }
@@ -539,21 +385,21 @@ fn raise<S: TaskStore + ?Sized>(shared: &Shared<S>, id: &str) {
 
 /// Watches task `id` for as long as tower-mcp knows it, and raises its
 /// process-local token when it is cancelled (here or through any instance
-/// sharing the store), fails, expires or goes. A change wakes it through
-/// the store's watch (T10); expiry at the deadline it waits until; a lost
-/// instance at its next re-read. Once the task ended, it only waits for
-/// the expiry, reading nothing until then.
-async fn guard<S: TaskStore + ?Sized>(
-    shared: Arc<Shared<S>>,
-    id: String,
-    token: CancellationToken,
-) {
+/// sharing the store), fails, expires, goes, or is no longer this
+/// process's to run. A change wakes it through the store's watch (T10);
+/// expiry at the deadline it waits until; a lost instance at its next
+/// re-read. Once the task ended, it only waits for the expiry, reading
+/// nothing until then.
+async fn guard(shared: Arc<Shared>, id: String, token: CancellationToken) {
     loop {
         let live = match shared.read(&id).await {
             Ok(Found::Live(live)) => live,
             Ok(Found::Missing | Found::Expired { .. }) => {
                 token.cancel();
                 shared.local().remove(&id);
+                if let Some(task) = TaskId::parse(&id) {
+                    shared.runtime.forget_claim(&task.digest());
+                }
                 return;
             }
             Err(e) => {
@@ -562,7 +408,7 @@ async fn guard<S: TaskStore + ?Sized>(
                 continue;
             }
         };
-        if live.stops_work() || !shared.holds(&live.id.digest(), live.record()) {
+        if live.stops_work() || !shared.runtime.holds(&live.id.digest(), live.record()) {
             token.cancel();
         }
         if live.record().status.is_terminal() {
@@ -572,9 +418,10 @@ async fn guard<S: TaskStore + ?Sized>(
             tokio::time::sleep(live.until_expiry()).await;
             continue;
         }
-        let wait = live.until_expiry().min(RECHECK);
+        let wait = live.until_expiry().min(shared.runtime.watch_wait());
         if let Err(e) = shared
-            .store
+            .runtime
+            .store()
             .watch(&id, &live.view.owner, live.record().rev, wait)
             .await
         {
@@ -584,17 +431,13 @@ async fn guard<S: TaskStore + ?Sized>(
     }
 }
 
-/// Aborts the background work when the last handle goes.
-struct Inner<S: ?Sized> {
-    shared: Arc<Shared<S>>,
-    background: Vec<AbortHandle>,
+/// Aborts the tokens' guards when the last handle goes.
+struct Inner {
+    shared: Arc<Shared>,
 }
 
-impl<S: ?Sized> Drop for Inner<S> {
+impl Drop for Inner {
     fn drop(&mut self) {
-        for task in &self.background {
-            task.abort();
-        }
         let local =
             std::mem::take(&mut *self.shared.local.lock().unwrap_or_else(|p| p.into_inner()));
         for (_, task) in local {
@@ -608,10 +451,11 @@ impl<S: ?Sized> Drop for Inner<S> {
 /// (SEP-2663 durable tasks, protocol 2026-07-28, and task-augmented calls
 /// of 2025-11-25).
 ///
-/// Build it once per process with [`TowerTaskStore::builder`] and give it
-/// to `McpRouter::task_store`. It owns an instance id with a heartbeat
-/// (T11), a periodic purge, and the process-local cancellation tokens
-/// tower-mcp asks for; dropping the last clone stops them all.
+/// Build it once per process on the process's [`Runtime`] with
+/// [`TowerTaskStore::builder`], and give it to `McpRouter::task_store`. The
+/// runtime keeps the instance's lease (T11), purges, and runs takeovers;
+/// this adapter keeps the process-local cancellation tokens tower-mcp asks
+/// for, which stop with its last clone.
 ///
 /// What the store keeps, and how tower-mcp's rules map onto the task
 /// contract, is in the [crate docs](crate#tasks).
@@ -619,74 +463,52 @@ impl<S: ?Sized> Drop for Inner<S> {
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
-/// use mcp_event_store_tower_mcp::TowerTaskStore;
+/// use mcp_event_store_tower_mcp::{Runtime, TowerTaskStore};
 /// use tower_mcp::McpRouter;
 ///
 /// let store = Arc::new(mcp_event_store_core::MemoryStore::new());
-/// let tasks = TowerTaskStore::builder(store).build().await?;
+/// let runtime = Runtime::builder(store).start().await?;
+/// let tasks = TowerTaskStore::builder(runtime).build()?;
 /// let router = McpRouter::new().task_store(Arc::new(tasks));
 /// # let _ = router; Ok(()) }
 /// ```
-pub struct TowerTaskStore<S: ?Sized = dyn Store> {
-    inner: Arc<Inner<S>>,
+#[derive(Clone)]
+pub struct TowerTaskStore {
+    inner: Arc<Inner>,
 }
 
-impl<S: ?Sized> Clone for TowerTaskStore<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-        }
-    }
-}
-
-impl<S: ?Sized> fmt::Debug for TowerTaskStore<S> {
+impl fmt::Debug for TowerTaskStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TowerTaskStore")
+            .field("runtime", &self.inner.shared.runtime)
             .field("default_ttl", &self.inner.shared.default_ttl)
-            .field("lease", &self.inner.shared.lease)
             .finish_non_exhaustive()
     }
 }
 
 /// Configures a [`TowerTaskStore`]; see [`TowerTaskStore::builder`].
-pub struct TowerTaskStoreBuilder<S: ?Sized = dyn Store> {
-    store: Arc<S>,
+#[derive(Debug)]
+pub struct TowerTaskStoreBuilder {
+    runtime: Runtime,
     default_ttl: Duration,
     poll_interval: Option<Duration>,
-    heartbeat_interval: Duration,
-    lease: Duration,
-    purge_every: Option<Duration>,
-    policy: Option<Policy>,
-    claim_every: Duration,
+    takeover: Option<Option<BTreeSet<String>>>,
 }
 
-impl<S: ?Sized> fmt::Debug for TowerTaskStoreBuilder<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TowerTaskStoreBuilder")
-            .field("default_ttl", &self.default_ttl)
-            .field("poll_interval", &self.poll_interval)
-            .field("heartbeat_interval", &self.heartbeat_interval)
-            .field("lease", &self.lease)
-            .field("purge_every", &self.purge_every)
-            .field("takeover", &self.policy)
-            .field("claim_every", &self.claim_every)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S: TaskStore + ?Sized> TowerTaskStore<S> {
-    /// Starts configuring tower-mcp's task store over `store`.
-    pub fn builder(store: Arc<S>) -> TowerTaskStoreBuilder<S> {
+impl TowerTaskStore {
+    /// Starts configuring tower-mcp's task store on `runtime`.
+    pub fn builder(runtime: Runtime) -> TowerTaskStoreBuilder {
         TowerTaskStoreBuilder {
-            store,
+            runtime,
             default_ttl: DEFAULT_TASK_TTL,
             poll_interval: Some(DEFAULT_POLL_INTERVAL),
-            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
-            lease: DEFAULT_HEARTBEAT_LEASE,
-            purge_every: Some(DEFAULT_PURGE_INTERVAL),
-            policy: None,
-            claim_every: DEFAULT_CLAIM_INTERVAL,
+            takeover: None,
         }
+    }
+
+    /// The runtime running this adapter's tasks.
+    pub fn runtime(&self) -> &Runtime {
+        &self.inner.shared.runtime
     }
 
     /// The tasks whose tokens this process holds (it created or resumed
@@ -695,12 +517,12 @@ impl<S: TaskStore + ?Sized> TowerTaskStore<S> {
         self.inner.shared.local().len()
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Shared<S>> {
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.inner.shared
     }
 }
 
-impl<S: TaskStore + ?Sized> TowerTaskStoreBuilder<S> {
+impl TowerTaskStoreBuilder {
     /// The ttl of a task created without one (default
     /// [`DEFAULT_TASK_TTL`]); the store caps every ttl at its
     /// `max_task_age` (7 days by default).
@@ -716,155 +538,43 @@ impl<S: TaskStore + ?Sized> TowerTaskStoreBuilder<S> {
         self
     }
 
-    /// How often the instance renews its heartbeat, and how long each
-    /// keeps it alive (defaults [`DEFAULT_HEARTBEAT_INTERVAL`] and
-    /// [`DEFAULT_HEARTBEAT_LEASE`]): a process that dies leaves its running
-    /// tasks reading `failed` one lease later (T11).
-    pub fn heartbeat(mut self, interval: Duration, lease: Duration) -> Self {
-        self.heartbeat_interval = interval;
-        self.lease = lease;
-        self
-    }
-
-    /// How often to run [`TaskStore::purge_expired_tasks`] (default
-    /// [`DEFAULT_PURGE_INTERVAL`], the first run one interval after the
-    /// start); `None` leaves it to the application.
-    pub fn purge_every(mut self, interval: Option<Duration>) -> Self {
-        self.purge_every = interval;
-        self
-    }
-
     /// Creates every task so that it may outlive its instance (T16), with at
-    /// most `max_attempts` runs in all, once this adapter runs takeovers
-    /// ([`TowerTaskStore::run_takeovers`]); see the
+    /// most the runtime's `max_attempts` runs in all, once this adapter runs
+    /// takeovers ([`TowerTaskStore::run_takeovers`]); see the
     /// [crate docs](crate#takeover). Only for tools whose handler is safe to
     /// run again from the top and is not a live handler (tower-mcp never
     /// replays those): prefer [`takeover_tools`](Self::takeover_tools).
-    pub fn takeover(mut self, max_attempts: u32) -> Self {
-        self.policy = Some(Policy {
-            max_attempts,
-            tools: None,
-        });
+    pub fn takeover(mut self) -> Self {
+        self.takeover = Some(None);
         self
     }
 
     /// As [`takeover`](Self::takeover), for the tasks of the tools named
     /// only.
-    pub fn takeover_tools<T: Into<String>>(
-        mut self,
-        max_attempts: u32,
-        tools: impl IntoIterator<Item = T>,
-    ) -> Self {
-        self.policy = Some(Policy {
-            max_attempts,
-            tools: Some(tools.into_iter().map(Into::into).collect()),
-        });
+    pub fn takeover_tools<T: Into<String>>(mut self, tools: impl IntoIterator<Item = T>) -> Self {
+        self.takeover = Some(Some(tools.into_iter().map(Into::into).collect()));
         self
     }
 
-    /// How often an adapter that runs takeovers asks the store for tasks to
-    /// take over (default [`DEFAULT_CLAIM_INTERVAL`]): a task whose
-    /// instance lapsed is run again within a lease and this interval.
-    pub fn claim_every(mut self, interval: Duration) -> Self {
-        self.claim_every = interval;
-        self
-    }
-
-    /// Registers the instance (its first heartbeat) and starts the
-    /// background work; must run inside a tokio runtime.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] for a heartbeat lease not longer than its interval,
-    /// a zero interval or a zero default ttl; the store's error if the
-    /// first heartbeat fails.
-    pub async fn build(self) -> mcp_event_store_core::Result<TowerTaskStore<S>> {
-        let tasks = self.start()?;
-        tasks
-            .shared()
-            .instance()
-            .await
-            .map_err(|e| Error::Config(format!("registering the task instance: {e}")))?;
-        Ok(tasks)
-    }
-
-    /// Starts the background work without waiting: the instance registers
-    /// with the first call that needs it. For a caller that cannot wait
-    /// (a synchronous constructor); must run inside a tokio runtime.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`], as [`build`](Self::build).
-    pub fn start(self) -> mcp_event_store_core::Result<TowerTaskStore<S>> {
-        if self.heartbeat_interval.is_zero() || self.lease <= self.heartbeat_interval {
-            return Err(Error::Config(format!(
-                "the heartbeat lease ({:?}) must be longer than its interval ({:?}), which must \
-                 not be zero",
-                self.lease, self.heartbeat_interval
-            )));
-        }
+    /// The adapter; must run inside a tokio runtime (each task's guard is
+    /// a tokio task). A zero default ttl expires every task at birth:
+    /// [`Error::Config`].
+    pub fn build(self) -> mcp_event_store_core::Result<TowerTaskStore> {
         if self.default_ttl.is_zero() {
             return Err(Error::Config(
                 "a zero default ttl expires every task at birth".into(),
             ));
         }
-        if self.purge_every.is_some_and(|every| every.is_zero()) {
-            return Err(Error::Config("the purge interval must not be zero".into()));
-        }
-        if self.claim_every.is_zero() {
-            return Err(Error::Config("the claim interval must not be zero".into()));
-        }
-        if self.policy.as_ref().is_some_and(|p| p.max_attempts == 0) {
-            return Err(Error::Config(
-                "a task that may be taken over needs at least one attempt".into(),
-            ));
-        }
-        let shared = Arc::new(Shared {
-            store: self.store,
-            instance: tokio::sync::Mutex::new(None),
-            lease: self.lease,
-            default_ttl: self.default_ttl,
-            poll_interval: self.poll_interval,
-            local: Mutex::default(),
-            policy: self.policy,
-            claim_every: self.claim_every,
-            claims: Mutex::default(),
-            runner: Mutex::default(),
-        });
-        let mut background = Vec::new();
-        let beating = shared.clone();
-        let interval = self.heartbeat_interval;
-        background.push(
-            tokio::spawn(async move {
-                let mut ticks = tokio::time::interval(interval);
-                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                ticks.tick().await;
-                loop {
-                    ticks.tick().await;
-                    beating.beat().await;
-                }
-            })
-            .abort_handle(),
-        );
-        if let Some(every) = self.purge_every {
-            let purging = shared.clone();
-            background.push(
-                tokio::spawn(async move {
-                    let mut ticks = tokio::time::interval(every);
-                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    ticks.tick().await;
-                    loop {
-                        ticks.tick().await;
-                        if let Err(e) = purging.store.purge_expired_tasks().await {
-                            tracing::warn!(error = %e, "task purge failed; retrying next interval");
-                        }
-                    }
-                })
-                .abort_handle(),
-            );
-        }
         Ok(TowerTaskStore {
-            inner: Arc::new(Inner { shared, background }),
+            inner: Arc::new(Inner {
+                shared: Arc::new(Shared {
+                    runtime: self.runtime,
+                    default_ttl: self.default_ttl,
+                    poll_interval: self.poll_interval,
+                    local: Mutex::default(),
+                    takeover: self.takeover,
+                }),
+            }),
         })
     }
 }
@@ -874,7 +584,7 @@ fn not_applied(applied: &Applied) -> bool {
 }
 
 #[async_trait]
-impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<S> {
+impl tower_mcp::async_task::TaskStore for TowerTaskStore {
     /// Creates the task durably (T1) under this process's instance, with
     /// the tool's name, its arguments and the owner as its context (T13);
     /// `ttl: None` is [`DEFAULT_TASK_TTL`] (or the builder's).
@@ -896,34 +606,21 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
         }
         .encode()?;
         let ttl = ttl.map_or(shared.default_ttl, Duration::from_millis);
-        let takeover = shared.takeover_for(tool_name);
-        let mut me = shared.instance().await?;
-        for attempt in 0..2 {
-            let mut task = NewTask::new(&bound, me).ttl(ttl).context(&context);
-            if let Some(interval) = shared.poll_interval {
-                task = task.poll_interval(interval);
-            }
-            if let Some(max_attempts) = takeover {
-                task = task.takeover(max_attempts);
-            }
-            match shared.store.create(task).await {
-                Ok((id, record)) => {
-                    if record.takeover.is_some() {
-                        shared.claims().insert(id.digest(), Worker::first(me));
-                    }
-                    let id = id.to_string();
-                    let token = token_for(shared, &id);
-                    return Ok((id, token));
-                }
-                Err(Error::InstanceLapsed { .. }) if attempt == 0 => {
-                    me = shared.renew(me).await?;
-                }
-                Err(e) => return Err(task_error(e)),
-            }
+        let runtime = &shared.runtime;
+        let mut task = NewTask::new(&bound, runtime.instance())
+            .ttl(ttl)
+            .context(&context);
+        if let Some(interval) = shared.poll_interval {
+            task = task.poll_interval(interval);
         }
-        Err(TaskStoreError::Backend(
-            "a freshly registered instance was refused as lapsed".into(),
-        ))
+        if shared.takes_over(tool_name) {
+            // tower-mcp runs the handler here at once: never queued.
+            task = task.takeover(runtime.max_attempts());
+        }
+        let (id, _, _) = runtime.create(task).await.map_err(task_error)?;
+        let id = id.to_string();
+        let token = token_for(shared, &id);
+        Ok((id, token))
     }
 
     async fn task_owner(&self, task_id: &str) -> Result<Option<TaskOwner>> {
@@ -971,7 +668,12 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
     /// Deletes the task (the store's operator call) and forgets its token.
     async fn discard_task(&self, task_id: &str) -> Result<bool> {
         let shared = self.shared();
-        let deleted = shared.store.delete(task_id).await.map_err(task_error)?;
+        let deleted = shared
+            .runtime
+            .store()
+            .delete(task_id)
+            .await
+            .map_err(task_error)?;
         if let Some(local) = shared.local().remove(task_id) {
             local.guard.abort();
         }
@@ -996,9 +698,10 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
             if live.record().status.is_terminal() {
                 return live.snapshot(task_id).map(Some);
             }
-            let wait = live.until_expiry().min(RECHECK);
+            let wait = live.until_expiry().min(shared.runtime.watch_wait());
             shared
-                .store
+                .runtime
+                .store()
                 .watch(task_id, &live.view.owner, live.record().rev, wait)
                 .await
                 .map_err(task_error)?;
@@ -1102,7 +805,8 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
             .collect::<Result<Vec<_>>>()?;
         let pairs: Vec<(&str, &[u8])> = encoded.iter().map(|(k, r)| (*k, &r[..])).collect();
         let Some(after) = shared
-            .store
+            .runtime
+            .store()
             .answer(task_id, &live.view.owner, &pairs)
             .await
             .map_err(task_error)?
@@ -1189,14 +893,15 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
         };
         let mut responses = live.responses()?;
         let token = if live.record().takeover.is_some()
-            && !shared.holds(&live.id.digest(), live.record())
+            && !shared.runtime.holds(&live.id.digest(), live.record())
         {
             // A task that may be taken over runs only under a claim: claim
             // it here if it waits for one (released when it parked, or its
             // instance lapsed), else leave it to whoever holds it.
-            match crate::takeover::claim_for_resume(shared, &live.id).await? {
-                Some(view) => {
-                    responses = crate::tasks::responses(&view)?;
+            let claimed = shared.runtime.claim_for(&live.id.digest()).await;
+            match claimed.map_err(task_error)? {
+                Some(run) => {
+                    responses = decode_responses(run.answers())?;
                     fresh_token_for(shared, task_id)
                 }
                 None => {
@@ -1253,17 +958,20 @@ impl<S: TaskStore + ?Sized> tower_mcp::async_task::TaskStore for TowerTaskStore<
     /// Raises the task's token in this process before anything else, then
     /// ends the task `cancelled` in one step (T6, `CancelMode::Immediate`);
     /// a terminal task comes back unchanged. The guard of the process
-    /// running the task raises its token there. The reason is not kept.
+    /// running the task raises its token there. The reason is kept with the
+    /// task (T20, cut to the store's 4 KiB), and its status message reads
+    /// `Cancelled: <reason>`, as tower-mcp's own store shows it.
     async fn cancel_task(&self, task_id: &str, reason: Option<&str>) -> Result<Option<TaskObject>> {
-        let _ = reason;
+        let reason = reason.map(fit_message);
         let shared = self.shared();
         let Found::Live(live) = shared.read(task_id).await? else {
             return Ok(None);
         };
         raise(shared, task_id);
         let after = shared
-            .store
-            .request_cancel(task_id, &live.view.owner, CancelMode::Immediate)
+            .runtime
+            .store()
+            .request_cancel(task_id, &live.view.owner, CancelMode::Immediate, reason)
             .await
             .map_err(task_error)?;
         Ok(after.map(|record| task_object(task_id, &record, &live.context)))

@@ -8,12 +8,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use mcp_event_store::rmcp::{Durable, DurableTasks};
+use mcp_event_store::rmcp::{Durable, DurableTasks, Runtime};
 use mcp_event_store::task::{
-    Applied, CancelMode, Claimed, InstanceId, NewTask, Owner, Rev, TaskDigest, TaskId,
-    TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
+    TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store::testing::UrlHarness;
+use mcp_event_store::{
+    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Retention,
+    SessionStore, StoreStats, StreamCursor, StreamPage,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::server;
@@ -130,11 +134,13 @@ impl Server {
             inner: store.clone(),
             writes: AtomicUsize::new(0),
         });
-        let tasks = DurableTasks::builder(counting.clone())
-            .owner(server::owner_of)
-            .build()
+        let runtime = Runtime::builder(counting.clone())
+            .start()
             .await
             .unwrap_or_else(|e| panic!("the task runtime on {store_url}: {e}"));
+        let tasks = DurableTasks::builder()
+            .owner(server::owner_of)
+            .build(&runtime);
         let durable = server::durable(store, &options)
             .await
             .unwrap_or_else(|e| panic!("wiring {store_url}: {e}"));
@@ -300,14 +306,15 @@ impl Drop for ChildServer {
     }
 }
 
-/// A task store that counts the writes reaching the store it wraps.
+/// A store that counts the task writes reaching the store it wraps.
 pub struct CountingTasks {
     inner: mcp_event_store::DynStore,
     writes: AtomicUsize,
 }
 
 impl CountingTasks {
-    /// Writes so far (creates, answers, cancels, worker changes).
+    /// Task writes so far (creates, answers, cancels, worker changes,
+    /// claims).
     pub fn writes(&self) -> usize {
         self.writes.load(Ordering::SeqCst)
     }
@@ -317,17 +324,68 @@ impl CountingTasks {
     }
 }
 
+type R<T> = mcp_event_store::Result<T>;
+
+#[async_trait]
+impl EventStore for CountingTasks {
+    async fn store_event(&self, stream: &str, event: NewEvent<'_>) -> R<EventId> {
+        self.inner.store_event(stream, event).await
+    }
+    async fn replay_events_after(&self, id: &str) -> R<Replay> {
+        self.inner.replay_events_after(id).await
+    }
+    async fn replay_stream(&self, stream: &str) -> R<Replay> {
+        self.inner.replay_stream(stream).await
+    }
+    async fn get_stream_id_for_event_id(&self, id: &str) -> R<Option<String>> {
+        self.inner.get_stream_id_for_event_id(id).await
+    }
+    async fn delete_stream(&self, stream: &str) -> R<u64> {
+        self.inner.delete_stream(stream).await
+    }
+    async fn purge_expired(&self) -> R<PurgeReport> {
+        self.inner.purge_expired().await
+    }
+    async fn follow_events_after(&self, id: &str, options: FollowOptions) -> R<Replay> {
+        self.inner.follow_events_after(id, options).await
+    }
+    fn open_follows(&self) -> usize {
+        self.inner.open_follows()
+    }
+    fn retention(&self) -> Retention {
+        self.inner.retention()
+    }
+    async fn stats(&self) -> R<StoreStats> {
+        self.inner.stats().await
+    }
+    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> R<StreamPage> {
+        self.inner.list_streams(after, limit).await
+    }
+    async fn check(&self) -> R<HealthReport> {
+        self.inner.check().await
+    }
+}
+
+#[async_trait]
+impl SessionStore for CountingTasks {
+    async fn put_session(&self, id: &str, state: &[u8], ttl: Duration) -> R<()> {
+        self.inner.put_session(id, state, ttl).await
+    }
+    async fn get_session(&self, id: &str) -> R<Option<bytes::Bytes>> {
+        self.inner.get_session(id).await
+    }
+    async fn delete_session(&self, id: &str) -> R<bool> {
+        self.inner.delete_session(id).await
+    }
+}
+
 #[async_trait]
 impl TaskStore for CountingTasks {
-    async fn try_create(
-        &self,
-        id: &TaskId,
-        task: &NewTask<'_>,
-    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> R<Option<TaskRecord>> {
         self.wrote();
         self.inner.try_create(id, task).await
     }
-    async fn get(&self, id: &str, who: &Owner) -> mcp_event_store::Result<Option<TaskRecord>> {
+    async fn get(&self, id: &str, who: &Owner) -> R<Option<TaskRecord>> {
         TaskStore::get(&*self.inner, id, who).await
     }
     async fn answer(
@@ -335,7 +393,7 @@ impl TaskStore for CountingTasks {
         id: &str,
         who: &Owner,
         responses: &[(&str, &[u8])],
-    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+    ) -> R<Option<TaskRecord>> {
         self.wrote();
         self.inner.answer(id, who, responses).await
     }
@@ -344,33 +402,10 @@ impl TaskStore for CountingTasks {
         id: &str,
         who: &Owner,
         mode: CancelMode,
-    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+        reason: Option<&str>,
+    ) -> R<Option<TaskRecord>> {
         self.wrote();
-        self.inner.request_cancel(id, who, mode).await
-    }
-    async fn apply_claimed(
-        &self,
-        task: &TaskDigest,
-        by: Worker,
-        change: WorkerChange<'_>,
-    ) -> mcp_event_store::Result<Applied> {
-        self.wrote();
-        self.inner.apply_claimed(task, by, change).await
-    }
-    async fn view_claimed(&self, task: &TaskDigest) -> mcp_event_store::Result<Option<TaskView>> {
-        self.inner.view_claimed(task).await
-    }
-    async fn watch_claimed(
-        &self,
-        task: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> mcp_event_store::Result<Option<TaskRecord>> {
-        self.inner.watch_claimed(task, after, max_wait).await
-    }
-    async fn claim(&self, by: InstanceId, limit: usize) -> mcp_event_store::Result<Vec<Claimed>> {
-        self.wrote();
-        self.inner.claim(by, limit).await
+        self.inner.request_cancel(id, who, mode, reason).await
     }
     async fn watch(
         &self,
@@ -378,16 +413,56 @@ impl TaskStore for CountingTasks {
         who: &Owner,
         after: Rev,
         max_wait: Duration,
-    ) -> mcp_event_store::Result<Option<TaskRecord>> {
+    ) -> R<Option<TaskRecord>> {
         self.inner.watch(id, who, after, max_wait).await
     }
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> mcp_event_store::Result<bool> {
-        self.inner.heartbeat(me, lease).await
-    }
-    async fn purge_expired_tasks(&self) -> mcp_event_store::Result<TaskPurgeReport> {
+    async fn purge_expired_tasks(&self) -> R<TaskPurgeReport> {
         self.inner.purge_expired_tasks().await
     }
-    async fn delete(&self, id: &str) -> mcp_event_store::Result<bool> {
+    async fn delete(&self, id: &str) -> R<bool> {
         TaskStore::delete(&*self.inner, id).await
+    }
+}
+
+#[async_trait]
+impl RuntimeStore for CountingTasks {
+    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> R<bool> {
+        self.inner.task_runtime().heartbeat(me, lease).await
+    }
+    async fn is_alive(&self, id: InstanceId) -> R<bool> {
+        self.inner.task_runtime().is_alive(id).await
+    }
+    async fn instances(&self) -> R<Vec<InstanceLease>> {
+        self.inner.task_runtime().instances().await
+    }
+    async fn apply_claimed(
+        &self,
+        task: &TaskDigest,
+        by: Worker,
+        change: WorkerChange<'_>,
+    ) -> R<Applied> {
+        self.wrote();
+        self.inner
+            .task_runtime()
+            .apply_claimed(task, by, change)
+            .await
+    }
+    async fn view_claimed(&self, task: &TaskDigest) -> R<Option<TaskView>> {
+        self.inner.task_runtime().view_claimed(task).await
+    }
+    async fn watch_claimed(
+        &self,
+        task: &TaskDigest,
+        after: Rev,
+        max_wait: Duration,
+    ) -> R<Option<TaskRecord>> {
+        self.inner
+            .task_runtime()
+            .watch_claimed(task, after, max_wait)
+            .await
+    }
+    async fn claim(&self, by: InstanceId, limit: usize) -> R<Vec<Claimed>> {
+        self.wrote();
+        self.inner.task_runtime().claim(by, limit).await
     }
 }

@@ -45,7 +45,7 @@ macro_rules! task_case {
 /// Every case on one backend. Tags add the cases a backend supports beyond
 /// the common ones: `restart` (the store survives the server process),
 /// `shared` (two servers can use the store at once), `tasks` (durable
-/// tasks across two server processes) and `takeover` (resumable tasks
+/// tasks across two server processes) and `takeover` (tasks taken over
 /// taken over from a killed server or worker process).
 macro_rules! e2e_tests {
     ($backend:ident: $fixture:expr $(, $tag:ident)* $(,)?) => {
@@ -202,7 +202,7 @@ fn server_options_set_retention_and_session_check() {
     assert!(parse(&["--help"]).unwrap_err().contains("--max-age <SECS>"));
 }
 
-/// `--task-lease-ms`: the heartbeat lease of the server's durable tasks
+/// `--task-lease-ms`: the lease of the server's instance
 /// (default 30 s); under 3 ms (renewed every third) is refused.
 #[test]
 fn server_options_set_the_task_lease() {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::harness::{ChildServer, Fixture, Server};
 use crate::wire::TaskClient;
 
-/// The heartbeat lease of the servers here: short, so a killed server's
+/// The lease of the servers here: short, so a killed server's
 /// task reads as lost within seconds, not 30.
 const LEASE_MS: u64 = 1_500;
 /// How long a task may take to reach a state these cases wait for.
@@ -185,7 +185,7 @@ pub async fn cancel_on_another_server_stops_the_work(fixture: &Fixture) {
 /// before it died stays `completed` (its outcome was stored). A new server
 /// A' on the same store serves new tasks.
 pub async fn killed_server_tasks_read_failed_elsewhere(fixture: &Fixture) {
-    // Tasks that die with their instance, as before resumable tools.
+    // Tasks that die with their instance, as before takeover.
     let a = spawn_with(fixture, &["--no-takeover"]);
     let b = spawn_with(fixture, &["--no-takeover"]);
     let on_a = TaskClient::new(&a.url);

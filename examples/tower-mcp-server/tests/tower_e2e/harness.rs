@@ -46,7 +46,7 @@ impl Fixture {
 /// The environment variable that makes this test binary a server process.
 pub const CHILD_ENV: &str = "TOWER_MCP_SERVER_E2E_ARGS";
 
-/// How long a test server's heartbeat keeps it alive: short, so the case
+/// How long a test server's lease keeps it alive: short, so the case
 /// of a killed server ends soon.
 pub const TEST_LEASE_MS: u64 = 1_500;
 

@@ -1,127 +1,18 @@
 //! End to end, in process: rmcp's own client and server over a duplex pipe,
-//! the server's handler backed by [`DurableTasks`] over the memory task
-//! store.
+//! the server's handler backed by [`DurableTasks`] on a runtime over the
+//! memory store.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use rmcp::model::*;
 use rmcp::service::{RequestContext, RoleClient, RoleServer, RunningService};
 use rmcp::{ServerHandler, ServiceExt};
 use serde_json::json;
 
 use super::*;
-use mcp_event_store_core::task::{MemoryTaskStore, NewTask, TaskPurgeReport};
-
-/// Counts every write that reaches the store, and the purges.
-struct Counting {
-    inner: MemoryTaskStore,
-    writes: AtomicUsize,
-    purges: AtomicUsize,
-}
-
-impl Counting {
-    fn new() -> Arc<Self> {
-        Arc::new(Self {
-            inner: MemoryTaskStore::new(),
-            writes: AtomicUsize::new(0),
-            purges: AtomicUsize::new(0),
-        })
-    }
-
-    fn wrote(&self) {
-        self.writes.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-#[async_trait]
-impl TaskStore for Counting {
-    async fn try_create(
-        &self,
-        id: &TaskId,
-        task: &NewTask<'_>,
-    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
-        self.wrote();
-        self.inner.try_create(id, task).await
-    }
-    async fn get(&self, id: &str, who: &Owner) -> mcp_event_store_core::Result<Option<TaskRecord>> {
-        self.inner.get(id, who).await
-    }
-    async fn answer(
-        &self,
-        id: &str,
-        who: &Owner,
-        responses: &[(&str, &[u8])],
-    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
-        self.wrote();
-        self.inner.answer(id, who, responses).await
-    }
-    async fn request_cancel(
-        &self,
-        id: &str,
-        who: &Owner,
-        mode: CancelMode,
-    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
-        self.wrote();
-        self.inner.request_cancel(id, who, mode).await
-    }
-    async fn apply_claimed(
-        &self,
-        task: &TaskDigest,
-        by: Worker,
-        change: WorkerChange<'_>,
-    ) -> mcp_event_store_core::Result<Applied> {
-        self.wrote();
-        self.inner.apply_claimed(task, by, change).await
-    }
-    async fn view_claimed(
-        &self,
-        task: &TaskDigest,
-    ) -> mcp_event_store_core::Result<Option<mcp_event_store_core::task::TaskView>> {
-        self.inner.view_claimed(task).await
-    }
-    async fn watch_claimed(
-        &self,
-        task: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
-        self.inner.watch_claimed(task, after, max_wait).await
-    }
-    async fn claim(
-        &self,
-        by: InstanceId,
-        limit: usize,
-    ) -> mcp_event_store_core::Result<Vec<Claimed>> {
-        self.wrote();
-        self.inner.claim(by, limit).await
-    }
-    async fn watch(
-        &self,
-        id: &str,
-        who: &Owner,
-        after: Rev,
-        max_wait: Duration,
-    ) -> mcp_event_store_core::Result<Option<TaskRecord>> {
-        self.inner.watch(id, who, after, max_wait).await
-    }
-    async fn heartbeat(
-        &self,
-        me: InstanceId,
-        lease: Duration,
-    ) -> mcp_event_store_core::Result<bool> {
-        self.inner.heartbeat(me, lease).await
-    }
-    async fn purge_expired_tasks(&self) -> mcp_event_store_core::Result<TaskPurgeReport> {
-        self.purges.fetch_add(1, Ordering::SeqCst);
-        self.inner.purge_expired_tasks().await
-    }
-    async fn delete(&self, id: &str) -> mcp_event_store_core::Result<bool> {
-        self.inner.delete(id).await
-    }
-}
+use mcp_event_store_core::task::{NewTask, TaskId, TaskStore};
+use mcp_event_store_core::{ManualClock, MemoryStore, Store, StoreOptions};
 
 /// The server: each client is its own owner (its `clientInfo.name`).
 #[derive(Clone)]
@@ -144,10 +35,10 @@ impl ServerHandler for Server {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let options = TaskOptions::new().with_poll_interval_ms(10);
-        if self.tasks.is_resumable(&request.name) || self.tasks.hands_off() {
+        if self.tasks.is_takeover(&request.name) || self.tasks.hands_off() {
             let task = self
                 .tasks
-                .spawn_resumable(&ctx, options, ResumableCall::from(&request))
+                .spawn_takeover(&ctx, options, TakeoverCall::from(&request))
                 .await?;
             return Ok(CallToolResponse::Task(task));
         }
@@ -289,14 +180,21 @@ fn by_client_name(ctx: &RequestContext<RoleServer>) -> Owner {
         .unwrap_or(Owner::Anonymous)
 }
 
-async fn tasks_over(store: Arc<dyn TaskStore>) -> DurableTasks {
-    DurableTasks::builder(store)
-        .owner(by_client_name)
-        .heartbeat(Duration::from_millis(100), Duration::from_millis(600))
+/// The tasks of a runtime over `store` with a 600 ms lease.
+async fn tasks_over(store: Arc<dyn Store>) -> DurableTasks {
+    let runtime = Runtime::builder(store)
+        .lease(Duration::from_millis(600))
         .watch_wait(Duration::from_millis(100))
-        .build()
+        .start()
         .await
-        .unwrap()
+        .unwrap();
+    DurableTasks::builder()
+        .owner(by_client_name)
+        .build(&runtime)
+}
+
+fn memory() -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::new())
 }
 
 type Client = RunningService<RoleClient, ClientConfig>;
@@ -371,7 +269,7 @@ fn error_code(error: rmcp::ServiceError) -> ErrorCode {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_counting_task_is_durable_at_once_and_completes_with_its_result() {
-    let store = Counting::new();
+    let store = memory();
     let tasks = tasks_over(store.clone()).await;
     let client = connect(&tasks, "alice", true).await;
     let created = call(&client, "count", json!({"to": 3})).await;
@@ -388,7 +286,6 @@ async fn a_counting_task_is_durable_at_once_and_completes_with_its_result() {
     // T1: the store has it before the client had the CreateTaskResult.
     assert!(
         store
-            .inner
             .get(&id, &Owner::principal(b"alice").unwrap())
             .await
             .unwrap()
@@ -410,7 +307,10 @@ async fn a_counting_task_is_durable_at_once_and_completes_with_its_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_extension_spawn_answers_32021_and_writes_nothing() {
-    let store = Counting::new();
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let store = Arc::new(MemoryStore::with_options(
+        StoreOptions::default().clock(clock.clone()),
+    ));
     let tasks = tasks_over(store.clone()).await;
     let client = connect(&tasks, "bob", false).await;
     let error = client
@@ -423,14 +323,16 @@ async fn without_the_extension_spawn_answers_32021_and_writes_nothing() {
     );
     assert_eq!(ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY.0, -32021);
     // rmcp's own guard would also answer -32021, but after the handler had
-    // created the task: nothing reached the store.
-    assert_eq!(store.writes.load(Ordering::SeqCst), 0);
+    // created the task: no task reached the store, so past every task's
+    // lifetime a purge deletes none.
+    clock.advance(Duration::from_secs(8 * 24 * 3600));
+    assert_eq!(store.purge_expired_tasks().await.unwrap().deleted, 0);
     client.cancel().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_asks_for_input_and_gets_the_answer_through_tasks_update() {
-    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let tasks = tasks_over(memory()).await;
     let client = connect(&tasks, "alice", true).await;
     let id = call(&client, "ask", Value::Null).await.task.task_id;
     let waiting = until(&client, &id, |t| {
@@ -467,7 +369,7 @@ async fn a_task_asks_for_input_and_gets_the_answer_through_tasks_update() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_is_seen_by_a_waiting_task_and_by_one_waiting_for_input() {
-    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let tasks = tasks_over(memory()).await;
     let client = connect(&tasks, "alice", true).await;
     let waiting = call(&client, "wait", Value::Null).await.task.task_id;
     let asking = call(&client, "ask", Value::Null).await.task.task_id;
@@ -505,7 +407,7 @@ async fn cancel_is_seen_by_a_waiting_task_and_by_one_waiting_for_input() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_task_reads_failed_with_32603() {
-    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let tasks = tasks_over(memory()).await;
     let client = connect(&tasks, "alice", true).await;
     let created = call(&client, "sleep", Value::Null).await;
     assert_eq!(created.task.ttl_ms, Some(500));
@@ -526,7 +428,7 @@ async fn an_expired_task_reads_failed_with_32603() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_ids_and_other_owners_tasks_are_32602_for_every_call() {
-    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let tasks = tasks_over(memory()).await;
     let alice = connect(&tasks, "alice", true).await;
     let mallory = connect(&tasks, "mallory", true).await;
     let id = call(&alice, "wait", Value::Null).await.task.task_id;
@@ -552,7 +454,7 @@ async fn unknown_ids_and_other_owners_tasks_are_32602_for_every_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_heartbeat_keeps_a_long_task_alive_and_lapses_once_the_runtime_is_gone() {
-    let store = Arc::new(MemoryTaskStore::new());
+    let store = memory();
     let tasks = tasks_over(store.clone()).await;
     let client = connect(&tasks, "alice", true).await;
     // The lease is 600 ms; the task runs 1.5 s.
@@ -584,27 +486,29 @@ async fn the_heartbeat_keeps_a_long_task_alive_and_lapses_once_the_runtime_is_go
 }
 
 /// T11: a runtime that stalled past its lease before its heartbeat noticed
-/// (here the store's clock jumps three hours; the heartbeat ticks hourly)
+/// (here the store's clock jumps four hours; the lease is three, renewed
+/// hourly)
 /// creates the next task under a fresh instance, not the lapsed one: the
 /// task is born working and runs to its end, where under the lapsed
 /// instance it would read `failed` ("server instance lost") at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_created_after_an_unnoticed_lapse_is_born_alive() {
-    let clock = Arc::new(mcp_event_store_core::ManualClock::new(1_700_000_000_000));
-    let store = Arc::new(MemoryTaskStore::with_options(
-        mcp_event_store_core::StoreOptions::default().clock(clock.clone()),
-        mcp_event_store_core::task::TaskOptions::default(),
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let store = Arc::new(MemoryStore::with_options(
+        StoreOptions::default().clock(clock.clone()),
     ));
     let hour = Duration::from_secs(3600);
-    let tasks = DurableTasks::builder(store.clone())
-        .owner(by_client_name)
-        .heartbeat(hour, 2 * hour)
-        .build()
+    let runtime = Runtime::builder(store)
+        .lease(3 * hour)
+        .start()
         .await
         .unwrap();
+    let tasks = DurableTasks::builder()
+        .owner(by_client_name)
+        .build(&runtime);
     let lapsed = tasks.instance();
     let client = connect(&tasks, "alice", true).await;
-    clock.advance(3 * hour);
+    clock.advance(4 * hour);
 
     let created = call(&client, "count", json!({"to": 2})).await.task;
     assert_eq!(created.status, rmcp::model::TaskStatus::Working);
@@ -616,7 +520,7 @@ async fn a_task_created_after_an_unnoticed_lapse_is_born_alive() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_operation_fails_its_task() {
-    let tasks = tasks_over(Arc::new(MemoryTaskStore::new())).await;
+    let tasks = tasks_over(memory()).await;
     let client = connect(&tasks, "alice", true).await;
     let id = call(&client, "panic", Value::Null).await.task.task_id;
     let task = until(&client, &id, terminal).await;
@@ -628,66 +532,8 @@ async fn a_panicking_operation_fails_its_task() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_runtime_purges_on_its_interval_and_stops_with_its_last_clone() {
-    let store = Counting::new();
-    let tasks = DurableTasks::builder(store.clone())
-        .purge_every(Some(Duration::from_millis(20)))
-        .build()
-        .await
-        .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while store.purges.load(Ordering::SeqCst) < 3 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no purge in 10 s with a 20 ms interval"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    drop(tasks);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let stopped_at = store.purges.load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(store.purges.load(Ordering::SeqCst), stopped_at);
-
-    let off = DurableTasks::builder(store.clone())
-        .purge_every(None)
-        .build()
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(store.purges.load(Ordering::SeqCst), stopped_at);
-    drop(off);
-
-    let zero = DurableTasks::builder(store.clone())
-        .purge_every(Some(Duration::ZERO))
-        .build()
-        .await;
-    assert!(matches!(zero, Err(Error::Config(_))));
-}
-
-#[tokio::test]
-async fn the_lease_must_outlast_the_interval() {
-    let built = DurableTasks::builder(Arc::new(MemoryTaskStore::new()))
-        .heartbeat(Duration::from_secs(30), Duration::from_secs(30))
-        .build()
-        .await;
-    assert!(matches!(built, Err(Error::Config(_))));
-}
-
-#[test]
-fn timestamps_are_iso_8601_utc() {
-    assert_eq!(iso8601(0), "1970-01-01T00:00:00.000Z");
-    assert_eq!(iso8601(951_782_400_000), "2000-02-29T00:00:00.000Z");
-    assert_eq!(iso8601(1_795_000_000_123), "2026-11-18T11:06:40.123Z");
-    assert_eq!(iso8601(-1), "1969-12-31T23:59:59.999Z");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_over_the_store_limit_fails_the_task_instead_of_hanging() {
-    let store = MemoryTaskStore::with_options(
-        mcp_event_store_core::StoreOptions::default().max_payload_bytes(1024),
-        mcp_event_store_core::task::TaskOptions::default(),
-    );
+    let store = MemoryStore::with_options(StoreOptions::default().max_payload_bytes(1024));
     let tasks = tasks_over(Arc::new(store)).await;
     let client = connect(&tasks, "alice", true).await;
     let id = call(&client, "big", Value::Null).await.task.task_id;

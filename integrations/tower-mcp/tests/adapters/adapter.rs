@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use mcp_event_store_conformance::events::Harness;
 use mcp_event_store_core::{MemoryStore, Store, StoreOptions};
-use mcp_event_store_tower_mcp::{TowerEventStore, TowerTaskStore};
+use mcp_event_store_tower_mcp::{Runtime, TowerEventStore, TowerTaskStore};
 use serde_json::json;
 use tower_mcp::CallToolResult;
 use tower_mcp::async_task::{TaskPresence, TaskStore, TaskStoreError};
@@ -39,11 +39,10 @@ fn answer(keys: &[&str], content: serde_json::Value) -> InputResponses {
         .collect()
 }
 
-async fn instance<S: Store + ?Sized>(store: &Arc<S>) -> TowerTaskStore<S> {
-    TowerTaskStore::builder(store.clone())
-        .build()
-        .await
-        .unwrap()
+/// An adapter on a runtime of its own: a process of its own.
+async fn instance(store: Arc<dyn Store>) -> TowerTaskStore {
+    let runtime = Runtime::builder(store).start().await.unwrap();
+    TowerTaskStore::builder(runtime).build().unwrap()
 }
 
 async fn eventually(what: &str, future: impl std::future::Future<Output = ()>) {
@@ -54,13 +53,20 @@ async fn eventually(what: &str, future: impl std::future::Future<Output = ()>) {
 
 /// A cancel through instance B raises the token instance A handed out for
 /// its task (A's guard watches the store), and leaves A's other task alone.
-async fn a_cancel_elsewhere_raises_the_token_where_the_task_runs<S: Store + ?Sized>(store: Arc<S>) {
-    let a = instance(&store).await;
-    let b = instance(&store).await;
+async fn a_cancel_elsewhere_raises_the_token_where_the_task_runs(store: Arc<dyn Store>) {
+    let a = instance(store.clone()).await;
+    let b = instance(store).await;
     let (id, token) = a.create_task("count", json!({}), None, None).await.unwrap();
     let (other, other_token) = a.create_task("count", json!({}), None, None).await.unwrap();
     let cancelled = b.cancel_task(&id, Some("from B")).await.unwrap().unwrap();
     assert_eq!(cancelled.status, TaskStatus::Cancelled);
+    // The reason is kept with the task (T20), shown as tower-mcp shows it.
+    assert_eq!(
+        cancelled.status_message.as_deref(),
+        Some("Cancelled: from B")
+    );
+    let read = a.get_task(&id).await.unwrap().unwrap();
+    assert_eq!(read.status_message.as_deref(), Some("Cancelled: from B"));
     eventually("A's token raised", token.cancelled()).await;
     assert!(!other_token.is_cancelled());
     assert_eq!(
@@ -81,8 +87,8 @@ async fn cancel_elsewhere_raises_the_token_postgres() {
     // B on a handle of its own, as another process: the wake-up crosses by
     // NOTIFY.
     let b = Arc::new(harness.open(StoreOptions::default()).await);
-    let on_a = instance(&a).await;
-    let on_b = instance(&b).await;
+    let on_a = instance(a).await;
+    let on_b = instance(b).await;
     let (id, token) = on_a
         .create_task("count", json!({}), None, None)
         .await
@@ -99,8 +105,8 @@ async fn cancel_elsewhere_raises_the_token_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_answers_are_accepted_once() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let a = instance(&store).await;
-    let b = instance(&store).await;
+    let a = instance(store.clone()).await;
+    let b = instance(store.clone()).await;
     let (id, _) = a.create_task("t", json!({}), None, None).await.unwrap();
     assert!(a.require_input(&id, ask(&["k"]), None).await.unwrap());
     let mut racers = Vec::new();
@@ -142,8 +148,8 @@ async fn racing_answers_are_accepted_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_instance_resumes_with_everything_and_a_token_of_its_own() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let a = instance(&store).await;
-    let b = instance(&store).await;
+    let a = instance(store.clone()).await;
+    let b = instance(store.clone()).await;
     let args = json!({"count": 3, "nested": {"ü": [1, 2]}});
     let (id, _) = a
         .create_task("confirm_count", args.clone(), None, Some("alice".into()))
@@ -176,8 +182,8 @@ async fn another_instance_resumes_with_everything_and_a_token_of_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_instance_lists_its_own_tasks() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let a = instance(&store).await;
-    let b = instance(&store).await;
+    let a = instance(store.clone()).await;
+    let b = instance(store.clone()).await;
     let (on_a, _) = a.create_task("t", json!({}), None, None).await.unwrap();
     let (on_b, _) = b.create_task("t", json!({}), None, None).await.unwrap();
     let ids = |tasks: Vec<tower_mcp::protocol::TaskObject>| -> Vec<String> {
@@ -193,19 +199,33 @@ async fn each_instance_lists_its_own_tasks() {
 }
 
 /// Past its ttl a task is unknown to tower-mcp, but while the store keeps
-/// it (its grace) its owner is told it expired; its tokens are raised.
+/// it (its grace, an hour however short the ttl, T21) its owner is told it
+/// expired; its tokens are raised. `set_ttl(0)` expires a task at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_task_is_present_as_expired_with_its_owner() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let a = instance(&store).await;
+    let a = instance(store.clone()).await;
     let (id, token) = a
         .create_task("t", json!({}), Some(50), Some("bob".into()))
         .await
         .unwrap();
     eventually("expiry raises the token", token.cancelled()).await;
+    // Many ttls later, still expired rather than missing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(a.get_task(&id).await.unwrap().map(|t| t.task_id), None);
     assert_eq!(
         a.task_presence(&id).await.unwrap(),
+        TaskPresence::Expired {
+            owner: Some("bob".into())
+        }
+    );
+    let (cut, _) = a
+        .create_task("t", json!({}), None, Some("bob".into()))
+        .await
+        .unwrap();
+    assert!(a.set_ttl(&cut, 0).await.unwrap());
+    assert_eq!(
+        a.task_presence(&cut).await.unwrap(),
         TaskPresence::Expired {
             owner: Some("bob".into())
         }
@@ -217,18 +237,19 @@ async fn an_expired_task_is_present_as_expired_with_its_owner() {
     );
 }
 
-/// Dropping an adapter stops its heartbeat: its running tasks read
-/// `failed` ("server instance lost") on another instance once its lease
-/// lapses, as when its process dies; finished ones stay as they were.
+/// Dropping an adapter and its runtime stops the lease: its running tasks
+/// read `failed` ("server instance lost") on another instance once its
+/// lease lapses, as when its process dies; finished ones stay as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_instance_leaves_its_running_tasks_failed() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let a = TowerTaskStore::builder(store.clone())
-        .heartbeat(Duration::from_millis(50), Duration::from_millis(300))
-        .build()
+    let runtime = Runtime::builder(store.clone())
+        .lease(Duration::from_millis(300))
+        .start()
         .await
         .unwrap();
-    let b = instance(&store).await;
+    let a = TowerTaskStore::builder(runtime).build().unwrap();
+    let b = instance(store.clone()).await;
     let (running, _) = a.create_task("t", json!({}), None, None).await.unwrap();
     let (done, _) = a.create_task("t", json!({}), None, None).await.unwrap();
     assert!(
@@ -260,7 +281,7 @@ async fn a_dropped_instance_leaves_its_running_tasks_failed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_clearly() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let a = instance(&store).await;
+    let a = instance(store.clone()).await;
     for bad in ["", "t1.", "not-a-task", "t1.zzzzzzzzzzzzzzzzzzzzzzzzzz"] {
         assert!(a.get_task(bad).await.unwrap().is_none());
         assert_eq!(a.task_presence(bad).await.unwrap(), TaskPresence::Missing);

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use mcp_event_store_conformance::events::Harness;
 use mcp_event_store_core::{Store, StoreOptions};
-use mcp_event_store_tower_mcp::{TowerEventStore, TowerSessionStore, TowerTaskStore};
+use mcp_event_store_tower_mcp::{Runtime, TowerEventStore, TowerSessionStore, TowerTaskStore};
 use tower_mcp::testing::store_contracts::{
     event_store_contract, session_store_contract, task_store_contract, task_store_optional_contract,
 };
@@ -39,18 +39,28 @@ async fn sessions<S: Store + ?Sized>(store: Arc<S>) {
         .await;
 }
 
-fn tasks_of<S: Store + ?Sized>(store: &Arc<S>) -> TowerTaskStore<S> {
-    TowerTaskStore::builder(store.clone())
+/// One runtime for the suite (one process), a fresh adapter per check.
+async fn runtime(store: Arc<dyn Store>) -> Runtime {
+    Runtime::builder(store)
         .start()
+        .await
         .expect("the default settings are valid")
 }
 
-async fn tasks<S: Store + ?Sized>(store: Arc<S>) {
-    task_store_contract(|| tasks_of(&store)).await;
+fn tasks_of(runtime: &Runtime) -> TowerTaskStore {
+    TowerTaskStore::builder(runtime.clone())
+        .build()
+        .expect("the default settings are valid")
 }
 
-async fn optional_tasks<S: Store + ?Sized>(store: Arc<S>) {
-    task_store_optional_contract(|| tasks_of(&store)).await;
+async fn tasks(store: Arc<dyn Store>) {
+    let runtime = runtime(store).await;
+    task_store_contract(|| tasks_of(&runtime)).await;
+}
+
+async fn optional_tasks(store: Arc<dyn Store>) {
+    let runtime = runtime(store).await;
+    task_store_optional_contract(|| tasks_of(&runtime)).await;
 }
 
 /// The four suites on one backend, each a test of its own with its own
@@ -83,12 +93,12 @@ macro_rules! contracts {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn task_store_contract() {
-                run(tasks::<$store>).await;
+                run(|store: Arc<$store>| tasks(store)).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn task_store_optional_contract() {
-                run(optional_tasks::<$store>).await;
+                run(|store: Arc<$store>| optional_tasks(store)).await;
             }
         }
     };

@@ -13,7 +13,7 @@ use std::time::Duration;
 use mcp_event_store_conformance::events::Harness;
 use mcp_event_store_core::task::TaskId;
 use mcp_event_store_core::{MemoryStore, Store, StoreOptions};
-use mcp_event_store_tower_mcp::{Takeovers, TowerTaskStore};
+use mcp_event_store_tower_mcp::{Runtime, Takeovers, TowerTaskStore};
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, mpsc};
 use tower_mcp::async_task::TaskStore;
@@ -52,8 +52,8 @@ impl Drop for Stopped {
 }
 
 /// A process: its task store, its router, and the takeovers it runs.
-struct Process<S: ?Sized> {
-    tasks: TowerTaskStore<S>,
+struct Process {
+    tasks: TowerTaskStore,
     router: McpRouter,
     takeovers: Option<Takeovers>,
 }
@@ -61,13 +61,13 @@ struct Process<S: ?Sized> {
 /// The tools every process serves: `work` reports its start, then waits for
 /// a permit of `gate` (none: forever) and completes with who ran it; `ask`
 /// asks for `confirm` first, then completes with the answer's process.
-fn process<S: Store + ?Sized>(
+fn process(
     by: &'static str,
-    tasks: TowerTaskStore<S>,
+    tasks: TowerTaskStore,
     started: mpsc::UnboundedSender<Started>,
     stopped: mpsc::UnboundedSender<&'static str>,
     gate: Arc<Semaphore>,
-) -> Process<S> {
+) -> Process {
     let on_start = started.clone();
     let work = ToolBuilder::new("work")
         .task_support(TaskSupportMode::Optional)
@@ -135,20 +135,27 @@ fn process<S: Store + ?Sized>(
     }
 }
 
-impl<S: ?Sized> Process<S> {
-    /// The process dies: its takeovers stop and its heartbeat with them.
+impl Process {
+    /// The process dies: its takeovers stop, and with its last handles its
+    /// runtime and the runtime's lease.
     fn die(mut self) {
         self.takeovers.take();
     }
 }
 
-async fn adapter<S: Store + ?Sized>(store: &Arc<S>, max_attempts: u32) -> TowerTaskStore<S> {
-    TowerTaskStore::builder(store.clone())
-        .heartbeat(Duration::from_millis(50), Duration::from_millis(250))
+/// The task store of a process of its own: a runtime with a 250 ms lease
+/// claiming every 50 ms, `work` and `ask` taken over.
+async fn adapter(store: &Arc<dyn Store>, max_attempts: u32) -> TowerTaskStore {
+    let runtime = Runtime::builder(store.clone())
+        .lease(Duration::from_millis(250))
         .claim_every(Duration::from_millis(50))
-        .takeover_tools(max_attempts, ["work", "ask"])
-        .build()
+        .max_attempts(max_attempts)
+        .start()
         .await
+        .unwrap();
+    TowerTaskStore::builder(runtime)
+        .takeover_tools(["work", "ask"])
+        .build()
         .unwrap()
 }
 
@@ -178,11 +185,7 @@ async fn eventually<T>(what: &str, future: impl std::future::Future<Output = T>)
 
 /// Waits until `tasks` reads task `id` in `status`, and returns its result
 /// text or error message.
-async fn settles<S: Store + ?Sized>(
-    tasks: &TowerTaskStore<S>,
-    id: &str,
-    status: TaskStatus,
-) -> String {
+async fn settles(tasks: &TowerTaskStore, id: &str, status: TaskStatus) -> String {
     eventually(&format!("the task reads {status}"), async {
         loop {
             let (task, result, error) = tasks.get_task_result(id).await.unwrap().unwrap();
@@ -200,8 +203,9 @@ async fn settles<S: Store + ?Sized>(
 }
 
 /// How many runs of the task under `id` lapsed so far.
-async fn lapses<S: Store + ?Sized>(store: &Arc<S>, id: &str) -> u32 {
+async fn lapses(store: &Arc<dyn Store>, id: &str) -> u32 {
     let view = store
+        .task_runtime()
         .view(&TaskId::parse(id).unwrap())
         .await
         .unwrap()
@@ -215,7 +219,7 @@ async fn lapses<S: Store + ?Sized>(store: &Arc<S>, id: &str) -> u32 {
 /// A's task outlives A: once A's instance lapses, B claims it and its
 /// router runs the tool again with the task's arguments; the outcome is
 /// B's, on run 2.
-async fn a_task_is_taken_over_once_its_instance_lapses<S: Store + ?Sized>(store: Arc<S>) {
+async fn a_task_is_taken_over_once_its_instance_lapses(store: Arc<dyn Store>) {
     let mut ch = channels();
     let gate = Arc::new(Semaphore::new(0));
     let a = process(
@@ -432,7 +436,7 @@ fn attempts_are_bounded() {
 
 /// A cancel through any instance while the task is taken over ends it
 /// `cancelled` and stops the handler running it on the claimant.
-async fn a_cancel_stops_a_task_taken_over<S: Store + ?Sized>(store: Arc<S>) {
+async fn a_cancel_stops_a_task_taken_over(store: Arc<dyn Store>) {
     let mut ch = channels();
     let gate = Arc::new(Semaphore::new(0));
     let a = process(

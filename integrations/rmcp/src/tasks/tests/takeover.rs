@@ -1,26 +1,25 @@
-//! Resumable tasks across runtimes (T16 to T19): takeover of a lapsed
+//! Tasks taken over across runtimes (T16 to T19): takeover of a lapsed
 //! instance's run with its checkpoint and answers, fencing of the stale
 //! run, cancel across a takeover, a run given back for input and resumed
 //! elsewhere, hand-off to a worker.
 //!
 //! Every runtime here claims only when the test says so
-//! ([`DurableTasks::claim_now`]), and its instance lapses only when the
+//! ([`Runtime::claim_now`]), and its instance lapses only when the
 //! store's manual clock jumps past its lease: no timing decides anything.
 //! Each step of the `steps` tool waits for a permit of its runtime's gate,
 //! so the test decides how far a run gets.
 
 use std::sync::Mutex as StdMutex;
 
-use mcp_event_store_core::ManualClock;
-use mcp_event_store_core::StoreOptions;
+use mcp_event_store_runtime::RuntimeBuilder;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::*;
 
 /// "Must happen eventually" bound; never a latency assertion.
 const EVENTUALLY: Duration = Duration::from_secs(30);
-/// The runtimes' heartbeat interval: no beat happens during a test. (The
-/// lease is twice that; the tasks' ttl, rmcp's default, much longer.)
+/// Half the runtimes' lease: no renewal happens during a test. (The tasks'
+/// ttl, rmcp's default, is much longer.)
 const BEAT: Duration = Duration::from_secs(60);
 /// Never, in a test.
 const HOUR: Duration = Duration::from_secs(3600);
@@ -42,21 +41,25 @@ impl Drop for Dropped {
 /// it counts from its last checkpoint to `to`, each step waiting for a
 /// permit of `gate`, saving the step as its checkpoint and its status
 /// message (`at N`). It answers who ran it, from where and on which attempt.
-/// With `{"helper": true}` each checkpoint is saved by a task the run
-/// spawns with a clone of its context, which says `"<label> helper
-/// stopped"` if the save fails.
+/// With `{"leak": true}` it first hands a clone of its context to the
+/// test, as code outside the run might hold one.
 fn steps(
     label: &'static str,
     gate: Arc<Semaphore>,
     events: Events,
-) -> impl Fn(DurableTaskContext, ResumableCall) -> TaskFuture + Send + Sync + 'static {
+    leaks: mpsc::UnboundedSender<DurableTaskContext>,
+) -> impl Fn(DurableTaskContext, TakeoverCall) -> TaskFuture + Send + Sync + 'static {
     move |t, call| {
         let gate = gate.clone();
         let events = events.clone();
+        let leaks = leaks.clone();
         Box::pin(async move {
             let _dropped = Dropped(label, events.clone());
             let _ = events.send(format!("{label} started attempt {}", t.attempt()));
             let arguments = call.arguments.unwrap_or_default();
+            if arguments.get("leak") == Some(&Value::Bool(true)) {
+                let _ = leaks.send(t.clone());
+            }
             let to = if arguments.get("ask") == Some(&Value::Bool(true)) {
                 let request: InputRequest = serde_json::from_value(json!({
                     "method": "elicitation/create",
@@ -71,7 +74,6 @@ fn steps(
             } else {
                 arguments["to"].as_u64().unwrap()
             };
-            let in_helper = arguments.get("helper") == Some(&Value::Bool(true));
             let from: u64 = t
                 .last_checkpoint()
                 .map(|c| std::str::from_utf8(c).unwrap().parse().unwrap())
@@ -79,20 +81,7 @@ fn steps(
             for n in from + 1..=to {
                 gate.acquire().await.unwrap().forget();
                 let _ = events.send(format!("{label} trying {n}"));
-                if in_helper {
-                    let (helper, events) = (t.clone(), events.clone());
-                    tokio::spawn(async move {
-                        let saved = helper.checkpoint(n.to_string()).await;
-                        if saved.is_err() {
-                            let _ = events.send(format!("{label} helper stopped"));
-                        }
-                        saved
-                    })
-                    .await
-                    .unwrap()?;
-                } else {
-                    t.checkpoint(n.to_string()).await?;
-                }
+                t.checkpoint(n.to_string()).await?;
                 let _ = events.send(format!("{label} saved {n}"));
                 t.set_status_message(format!("at {n}")).await?;
             }
@@ -105,48 +94,54 @@ fn steps(
 }
 
 /// A store on a manual clock.
-fn clocked() -> (Arc<ManualClock>, Arc<MemoryTaskStore>) {
+fn clocked() -> (Arc<ManualClock>, Arc<MemoryStore>) {
     let clock = Arc::new(ManualClock::new(1_700_000_000_000));
-    let store = Arc::new(MemoryTaskStore::with_options(
+    let store = Arc::new(MemoryStore::with_options(
         StoreOptions::default().clock(clock.clone()),
-        mcp_event_store_core::task::TaskOptions::default(),
     ));
     (clock, store)
 }
 
-/// One runtime's side of a test: its runtime, its gate, what its runs say.
-struct Runtime {
+/// One instance's side of a test: its tasks, its gate, what its runs say.
+struct Instance {
     tasks: DurableTasks,
     gate: Arc<Semaphore>,
     events: mpsc::UnboundedReceiver<String>,
+    /// The contexts its runs handed out (`{"leak": true}`).
+    leaked: mpsc::UnboundedReceiver<DurableTaskContext>,
     seen: Arc<StdMutex<Vec<String>>>,
 }
 
-impl Runtime {
-    /// A runtime with the `steps` tool, heartbeating every minute on a
-    /// two-minute lease, claiming only when told (its claim loop ticks hourly).
-    async fn start(store: Arc<dyn TaskStore>, label: &'static str) -> Self {
+impl Instance {
+    /// A runtime with the `steps` tool, on a two-minute lease (renewed
+    /// every 40 s, never within a test), claiming only when told (its claim
+    /// rounds tick hourly).
+    async fn start(store: Arc<dyn Store>, label: &'static str) -> Self {
         Self::start_with(store, label, |b| b).await
     }
 
     async fn start_with(
-        store: Arc<dyn TaskStore>,
+        store: Arc<dyn Store>,
         label: &'static str,
-        configure: impl FnOnce(DurableTasksBuilder) -> DurableTasksBuilder,
+        configure: impl FnOnce(RuntimeBuilder) -> RuntimeBuilder,
     ) -> Self {
         let gate = Arc::new(Semaphore::new(0));
         let (sender, events) = mpsc::unbounded_channel();
-        let builder = DurableTasks::builder(store)
-            .owner(by_client_name)
-            .heartbeat(BEAT, 2 * BEAT)
+        let (leaks, leaked) = mpsc::unbounded_channel();
+        let runtime = Runtime::builder(store)
+            .lease(2 * BEAT)
             .claim_every(HOUR)
-            .watch_wait(Duration::from_millis(50))
-            .resumable("steps", steps(label, gate.clone(), sender));
-        let tasks = configure(builder).build().await.unwrap();
+            .watch_wait(Duration::from_millis(50));
+        let runtime = configure(runtime).start().await.unwrap();
+        let tasks = DurableTasks::builder()
+            .owner(by_client_name)
+            .takeover("steps", steps(label, gate.clone(), sender, leaks))
+            .build(&runtime);
         Self {
             tasks,
             gate,
             events,
+            leaked,
             seen: Arc::default(),
         }
     }
@@ -233,7 +228,7 @@ async fn answer_go(client: &Client, id: &str, to: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lapsed_runtimes_task_is_taken_over_with_its_checkpoint_and_answers() {
     let (clock, store) = clocked();
-    let mut a = Runtime::start(store.clone(), "A").await;
+    let mut a = Instance::start(store.clone(), "A").await;
     let client = connect(&a.tasks, "alice", true).await;
     let id = call(&client, "steps", json!({"ask": true}))
         .await
@@ -248,16 +243,16 @@ async fn a_lapsed_runtimes_task_is_taken_over_with_its_checkpoint_and_answers() 
     answer_go(&client, &id, 5).await;
 
     a.gate.add_permits(2);
-    a.tasks.claim_now().await;
+    a.tasks.runtime().claim_now().await;
     a.said("A started attempt 1").await;
     watch_until(&client, &id, never_failed, |t| at(t, 2)).await;
     a.said("A saved 2").await;
 
     // A stalls past its lease; B, alive, takes the task over.
     clock.advance(3 * BEAT);
-    let mut b = Runtime::start(store.clone(), "B").await;
+    let mut b = Instance::start(store.clone(), "B").await;
     b.gate.add_permits(10);
-    b.tasks.claim_now().await;
+    b.tasks.runtime().claim_now().await;
     let done = watch_until(&client, &id, never_failed, terminal).await;
     assert_eq!(completed_text(&done), "B from 2 to 5 on attempt 2");
     b.said("B dropped").await;
@@ -271,32 +266,34 @@ async fn a_lapsed_runtimes_task_is_taken_over_with_its_checkpoint_and_answers() 
     client.cancel().await.unwrap();
 }
 
-/// A's run is taken over while it is stuck; once it goes on, its next
-/// write is fenced and the run stops there: its checkpoint is not saved,
-/// and the task keeps B's result.
+/// A's run is taken over while it is stuck: its runtime sees the newer
+/// claim and stops the run there, before it writes again (its checkpoint
+/// is not saved), and the task keeps B's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_run_is_fenced_and_stops_at_its_next_write() {
+async fn a_stale_run_is_stopped_once_its_task_is_claimed() {
     let (clock, store) = clocked();
-    let mut a = Runtime::start(store.clone(), "A").await;
+    let mut a = Instance::start(store.clone(), "A").await;
     let client = connect(&a.tasks, "alice", true).await;
     a.gate.add_permits(1);
     let id = call(&client, "steps", json!({"to": 3})).await.task.task_id;
     watch_until(&client, &id, never_failed, |t| at(t, 1)).await;
 
     clock.advance(3 * BEAT);
-    let mut b = Runtime::start(store.clone(), "B").await;
+    let mut b = Instance::start(store.clone(), "B").await;
+    b.tasks.runtime().claim_now().await;
+    a.said("A dropped").await;
     b.gate.add_permits(10);
-    b.tasks.claim_now().await;
     let done = watch_until(&client, &id, never_failed, terminal).await;
     assert_eq!(completed_text(&done), "B from 1 to 3 on attempt 2");
     b.said("B dropped").await;
 
-    // A wakes up: its next write is fenced, and the run is stopped.
+    // A's gate opens: nothing of A's runs any more.
     a.gate.add_permits(1);
-    a.said("A trying 2").await;
-    a.said("A dropped").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
-        !a.said_so_far().contains(&"A saved 2".to_owned()),
+        !a.said_so_far()
+            .iter()
+            .any(|s| s == "A trying 2" || s == "A saved 2"),
         "{:?}",
         a.said_so_far()
     );
@@ -305,34 +302,32 @@ async fn a_stale_run_is_fenced_and_stops_at_its_next_write() {
     client.cancel().await.unwrap();
 }
 
-/// A stale run's context used outside the run (by a task the run spawned)
-/// is not left waiting once the run is fenced: while B holds the task, A's
-/// helper's write is fenced and returns an error, and A's run is stopped
-/// all the same.
+/// A stale run's context held outside the run is not left waiting once
+/// the task is claimed by another: its writes are fenced and return an
+/// error, and change nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_runs_context_held_elsewhere_returns() {
     let (clock, store) = clocked();
-    let mut a = Runtime::start(store.clone(), "A").await;
+    let mut a = Instance::start(store.clone(), "A").await;
     let client = connect(&a.tasks, "alice", true).await;
     a.gate.add_permits(1);
-    let arguments = json!({"to": 3, "helper": true});
+    let arguments = json!({"to": 3, "leak": true});
     let id = call(&client, "steps", arguments).await.task.task_id;
+    let held = tokio::time::timeout(EVENTUALLY, a.leaked.recv())
+        .await
+        .unwrap()
+        .unwrap();
     watch_until(&client, &id, never_failed, |t| at(t, 1)).await;
 
     clock.advance(3 * BEAT);
-    let mut b = Runtime::start(store.clone(), "B").await;
-    b.tasks.claim_now().await;
+    let mut b = Instance::start(store.clone(), "B").await;
+    b.tasks.runtime().claim_now().await;
     b.said("B started attempt 2").await;
-
-    // A wakes up while B holds the task: its helper's write is fenced.
-    a.gate.add_permits(1);
-    a.said("A helper stopped").await;
     a.said("A dropped").await;
-    assert!(
-        !a.said_so_far().contains(&"A saved 2".to_owned()),
-        "{:?}",
-        a.said_so_far()
-    );
+
+    assert!(held.checkpoint("2").await.is_err(), "fenced");
+    assert!(held.set_status_message("A's").await.is_err(), "fenced");
+    assert!(held.is_cancel_requested().await, "its run is over");
     b.gate.add_permits(10);
     let done = watch_until(&client, &id, never_failed, terminal).await;
     assert_eq!(completed_text(&done), "B from 1 to 3 on attempt 2");
@@ -346,7 +341,7 @@ async fn a_fenced_runs_context_held_elsewhere_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_is_honoured_across_a_takeover() {
     let (clock, store) = clocked();
-    let a = Runtime::start(store.clone(), "A").await;
+    let a = Instance::start(store.clone(), "A").await;
     let client = connect(&a.tasks, "alice", true).await;
     a.gate.add_permits(1);
     let stuck = call(&client, "steps", json!({"to": 3})).await.task.task_id;
@@ -368,9 +363,9 @@ async fn a_cancel_is_honoured_across_a_takeover() {
     }
 
     clock.advance(3 * BEAT);
-    let mut b = Runtime::start(store.clone(), "B").await;
+    let mut b = Instance::start(store.clone(), "B").await;
     b.gate.add_permits(10);
-    b.tasks.claim_now().await;
+    b.tasks.runtime().claim_now().await;
     for id in [&stuck, &asking] {
         let done = watch_until(&client, id, never_failed, terminal).await;
         assert_eq!(
@@ -394,8 +389,8 @@ async fn a_cancel_is_honoured_across_a_takeover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_given_back_for_input_resumes_on_another_runtime_once_answered() {
     let (_clock, store) = clocked();
-    let mut a = Runtime::start(store.clone(), "A").await;
-    let mut b = Runtime::start(store.clone(), "B").await;
+    let mut a = Instance::start(store.clone(), "A").await;
+    let mut b = Instance::start(store.clone(), "B").await;
     let client = connect(&a.tasks, "alice", true).await;
     let id = call(&client, "steps", json!({"ask": true}))
         .await
@@ -407,12 +402,12 @@ async fn a_task_given_back_for_input_resumes_on_another_runtime_once_answered() 
     })
     .await;
     // Nothing to claim while the client thinks.
-    b.tasks.claim_now().await;
+    b.tasks.runtime().claim_now().await;
     assert!(b.said_so_far().is_empty(), "{:?}", b.said_so_far());
 
     answer_go(&client, &id, 2).await;
     b.gate.add_permits(2);
-    b.tasks.claim_now().await;
+    b.tasks.runtime().claim_now().await;
     let done = watch_until(&client, &id, never_failed, terminal).await;
     assert_eq!(completed_text(&done), "B from 0 to 2 on attempt 1");
     b.said("B dropped").await;
@@ -425,23 +420,25 @@ async fn a_task_given_back_for_input_resumes_on_another_runtime_once_answered() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_front_end_hands_off_to_a_worker() {
     let (_clock, store) = clocked();
-    let front = DurableTasks::builder(store.clone())
-        .owner(by_client_name)
+    let runtime = Runtime::builder(store.clone())
         .hand_off_to_workers()
-        .build()
+        .start()
         .await
         .unwrap();
-    assert!(front.hands_off() && !front.is_resumable("steps"));
+    let front = DurableTasks::builder()
+        .owner(by_client_name)
+        .build(&runtime);
+    assert!(front.hands_off() && !front.is_takeover("steps"));
     let client = connect(&front, "alice", true).await;
     let id = call(&client, "steps", json!({"to": 2})).await.task.task_id;
     let unknown = call(&client, "nowhere", json!({})).await.task.task_id;
-    front.claim_now().await; // a front end claims nothing
+    runtime.claim_now().await; // a front end claims nothing
     assert_eq!(
         get(&client, &id).await.status(),
         rmcp::model::TaskStatus::Working
     );
 
-    let mut worker = Runtime::start_with(store.clone(), "W", |b| {
+    let mut worker = Instance::start_with(store.clone(), "W", |b| {
         b.claim_every(Duration::from_millis(20)).max_running(1)
     })
     .await;
@@ -466,13 +463,13 @@ fn a_call_round_trips_through_the_task_context() {
     let mut arguments = JsonObject::new();
     arguments.insert("to".into(), json!(3));
     for call in [
-        ResumableCall::new("steps", Some(arguments)),
-        ResumableCall::new("bare", None),
+        TakeoverCall::new("steps", Some(arguments)),
+        TakeoverCall::new("bare", None),
     ] {
-        let bytes = call.encode().unwrap();
-        assert_eq!(ResumableCall::decode(Some(&bytes)).unwrap(), call);
+        let bytes = serde_json::to_vec(&call).unwrap();
+        assert_eq!(TakeoverCall::decode(Some(&bytes)).unwrap(), call);
     }
-    assert!(ResumableCall::decode(None).is_err());
-    assert!(ResumableCall::decode(Some(b"[]")).is_err());
-    assert!(ResumableCall::decode(Some(br#"{"tool":"x","arguments":3}"#)).is_err());
+    assert!(TakeoverCall::decode(None).is_err());
+    assert!(TakeoverCall::decode(Some(b"[]")).is_err());
+    assert!(TakeoverCall::decode(Some(br#"{"tool":"x","arguments":3}"#)).is_err());
 }
