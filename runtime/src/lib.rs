@@ -22,9 +22,10 @@
 //! * **The takeover runner** (T16 to T19): tasks created to be taken over
 //!   ([`Runtime::for_takeover`]) are claimed from the store when their
 //!   instance lapsed, when they were queued for a worker, or when they were
-//!   given back while they waited for input, and run again through the
+//!   given back for input and since answered, and run again through the
 //!   [`Executor`] a framework registers ([`Runtime::run_takeovers`]), at
-//!   most [`max_running`](RuntimeBuilder::max_running) at once. Every write
+//!   most [`max_running`](RuntimeBuilder::max_running) at once (but for
+//!   the tasks [`Runtime::claim_for`] claims beside its own). Every write
 //!   names its claim, so a run that lost it is stopped at its next write
 //!   (or sooner, when its claim is seen lost) and changes nothing: *at least
 //!   once, with fencing*.

@@ -14,6 +14,15 @@ use tokio::sync::watch;
 use crate::Runtime;
 use crate::runtime::{failed_with, store_finish};
 
+/// A task's operation, aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How a task's operation ended, for [`TaskRun::drive`] to store.
 ///
 /// Payloads are the serialized JSON the framework sends: a result object,
@@ -120,7 +129,6 @@ impl TaskRun {
         let Claimed {
             task, worker, view, ..
         } = claimed;
-        runtime.hold(&task, worker);
         let (attempt, checkpoint) = view
             .record
             .takeover
@@ -228,7 +236,7 @@ impl TaskRun {
         let applied = self
             .inner
             .runtime
-            .write_as(&self.inner.digest, self.inner.claim, change)
+            .write(&self.inner.digest, self.inner.claim, change)
             .await?;
         if applied == Applied::Fenced {
             self.stop(Stop::Fenced);
@@ -458,7 +466,9 @@ impl TaskRun {
     /// input) or, for a task that may be taken over, when its claim is
     /// seen lost.
     pub async fn drive(self, operation: impl Future<Output = Outcome> + Send + 'static) {
-        let mut operation = tokio::spawn(operation);
+        // Aborted however this ends: stopped, or this future dropped (the
+        // runner that claimed it stopped).
+        let mut operation = AbortOnDrop(tokio::spawn(operation));
         let ended = tokio::select! {
             biased;
             why = self.until_stopped() => {
@@ -469,23 +479,16 @@ impl TaskRun {
                 tracing::debug!(task = ?self.inner.digest, "task run stopped: its claim was lost");
                 None
             }
-            ended = &mut operation => Some(ended),
+            ended = &mut operation.0 => Some(ended),
         };
-        match ended {
-            None => operation.abort(),
-            Some(ended) => {
-                let outcome = ended.unwrap_or_else(|join| {
-                    Outcome::Failed(failed_with(&format!(
-                        "task operation ended abnormally: {join}"
-                    )))
-                });
-                self.store(outcome).await;
-            }
+        if let Some(ended) = ended {
+            let outcome = ended.unwrap_or_else(|join| {
+                Outcome::Failed(failed_with(&format!(
+                    "task operation ended abnormally: {join}"
+                )))
+            });
+            self.store(outcome).await;
         }
-        // Whatever the run wrote, its claim is over here.
-        self.inner
-            .runtime
-            .forget(&self.inner.digest, self.inner.claim);
     }
 
     /// Stores how the operation ended.
@@ -497,17 +500,30 @@ impl TaskRun {
             Outcome::InputRequired { requests, message } => {
                 match self.park(&requests, message.as_deref()).await {
                     Ok(Applied::Changed { .. }) => {}
+                    // Cancelled while the operation ran: it asks in vain.
+                    Ok(Applied::CancelRequested) => self.finish(Finish::Cancelled).await,
                     Ok(other) => {
                         tracing::debug!(task = ?self.inner.digest, ?other, "input not requested")
                     }
+                    // Requests the contract refuses (too large, too many,
+                    // a key out of bounds): nothing could ever answer them.
                     Err(Error::PayloadTooLarge { size, max }) => {
                         let error = failed_with(&format!(
                             "an input request is {size} bytes, the limit is {max}"
                         ));
                         self.finish(Finish::Failed(&error)).await;
                     }
+                    Err(Error::Config(message)) => {
+                        let error = failed_with(&format!("the input requests: {message}"));
+                        self.finish(Finish::Failed(&error)).await;
+                    }
+                    // The store failed: give the task back, so that a run
+                    // asks again, rather than hold it unrun.
                     Err(error) => {
-                        tracing::warn!(task = ?self.inner.digest, %error, "cannot store the input requests")
+                        tracing::warn!(task = ?self.inner.digest, %error, "cannot store the input requests; giving the task back");
+                        if let Err(error) = self.release().await {
+                            tracing::warn!(task = ?self.inner.digest, %error, "cannot give the task back; it is claimed once this instance lapses");
+                        }
                     }
                 }
             }

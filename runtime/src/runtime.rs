@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -30,6 +30,9 @@ pub const DEFAULT_MAX_RUNNING: usize = 16;
 /// how long a run keeps going on a task that already reads expired or
 /// lost, which wake no one.
 pub const DEFAULT_WATCH_WAIT: Duration = Duration::from_secs(5);
+
+/// The most claimed tasks a runtime may run at once.
+pub const MAX_RUNNING: usize = 4096;
 
 /// How many fresh instance ids registration tries before it gives up: a
 /// fresh id is refused only if it was seen lapsed, which a working random
@@ -76,14 +79,13 @@ pub(crate) struct Inner {
     /// Held while a lapsed instance is replaced, so that the calls that
     /// find it lapsed at once register one new instance between them.
     registering: tokio::sync::Mutex<()>,
-    /// The claim this runtime holds on each task it runs that may be taken
-    /// over (T18): what every write to the task names.
-    held: Mutex<HashMap<TaskDigest, Worker>>,
     /// What runs the tasks this runtime claims, while a [`Takeovers`]
-    /// handle lives.
+    /// handle lives, with that handle's generation.
     ///
     /// [`Takeovers`]: crate::Takeovers
-    pub(crate) executor: Mutex<Option<Arc<dyn Executor>>>,
+    pub(crate) executor: Mutex<Option<(u64, Arc<dyn Executor>)>>,
+    /// The generation of the newest [`Takeovers`](crate::Takeovers).
+    pub(crate) generations: AtomicU64,
     /// The claimed runs under way, to stop them with the runner.
     pub(crate) runs: Mutex<HashMap<TaskDigest, (AbortHandle, TaskRun)>>,
     /// A permit per claimed run.
@@ -203,88 +205,25 @@ impl Runtime {
                 created => break created?,
             }
         };
-        let claim = (record.takeover.is_some() && !task.queued).then(|| {
-            let worker = Worker::first(task.instance);
-            self.hold(&id.digest(), worker);
-            worker
-        });
+        let claim =
+            (record.takeover.is_some() && !task.queued).then(|| Worker::first(task.instance));
         let run = TaskRun::created(self.clone(), &id, *task.owner, claim, task.context);
         Ok((id, record, run))
     }
 
-    /// Applies a change to the task under `task` (T4): under this
-    /// runtime's claim on it if it holds one (T18), else as its instance
-    /// (a task that dies with its instance). A change refused as
-    /// [`Applied::Fenced`] drops the claim: this runtime must stop working
-    /// on the task.
-    pub async fn write(&self, task: &TaskDigest, change: WorkerChange<'_>) -> Result<Applied> {
-        let held = lock(&self.inner.held).get(task).copied();
-        self.write_as(task, held, change).await
-    }
-
-    /// [`write`](Self::write) under `claim` (`None`: as this runtime's
-    /// instance).
-    pub(crate) async fn write_as(
+    /// Applies a change to the task under `task` (T4): under `claim`, the
+    /// claim this runtime runs the task under (T18), or, for a task that
+    /// dies with its instance (`None`), as this runtime's instance. A write
+    /// under a claim another claim replaced is [`Applied::Fenced`] and
+    /// changes nothing: the caller must stop working on the task.
+    pub async fn write(
         &self,
         task: &TaskDigest,
         claim: Option<Worker>,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
         let by = claim.unwrap_or_else(|| Worker::first(self.instance()));
-        let ends = matches!(change, WorkerChange::Finish(_) | WorkerChange::Release);
-        let applied = self.runtime_store().apply_claimed(task, by, change).await?;
-        // A claim this write shows over (lost, ended, or the task gone) is
-        // forgotten: nothing more is written under it.
-        match applied {
-            Applied::Fenced | Applied::AlreadyTerminal(_) | Applied::Unknown => {
-                self.forget(task, claim)
-            }
-            Applied::Changed { .. } if ends => self.forget(task, claim),
-            _ => {}
-        }
-        Ok(applied)
-    }
-
-    /// Whether this runtime may write to the task under `task` as `record`
-    /// shows it: always for a task that dies with its instance; for one
-    /// that may be taken over, only under the current claim, held here,
-    /// and not released (T18).
-    pub fn holds(&self, task: &TaskDigest, record: &TaskRecord) -> bool {
-        match &record.takeover {
-            None => true,
-            Some(takeover) => {
-                !takeover.released
-                    && lock(&self.inner.held)
-                        .get(task)
-                        .is_some_and(|worker| worker.epoch == takeover.epoch)
-            }
-        }
-    }
-
-    /// This runtime's claim on the task under `task`, if it holds one.
-    pub fn claim_on(&self, task: &TaskDigest) -> Option<Worker> {
-        lock(&self.inner.held).get(task).copied()
-    }
-
-    /// Forgets this runtime's claim on the task under `task`, for a
-    /// framework that learns otherwise that it is over (the task expired,
-    /// or went).
-    pub fn forget_claim(&self, task: &TaskDigest) {
-        lock(&self.inner.held).remove(task);
-    }
-
-    /// Records `worker` as this runtime's claim on `task`.
-    pub(crate) fn hold(&self, task: &TaskDigest, worker: Worker) {
-        lock(&self.inner.held).insert(*task, worker);
-    }
-
-    /// Forgets the claim `worker` on `task`, unless a newer claim of this
-    /// runtime replaced it.
-    pub(crate) fn forget(&self, task: &TaskDigest, worker: Option<Worker>) {
-        let mut held = lock(&self.inner.held);
-        if worker.is_some() && held.get(task).copied() == worker {
-            held.remove(task);
-        }
+        self.runtime_store().apply_claimed(task, by, change).await
     }
 
     /// Stops the maintenance loop and the takeover runner (the runs it
@@ -301,7 +240,10 @@ impl Runtime {
             maintenance.abort();
             let _ = maintenance.await;
         }
-        crate::takeover::stop_runner(&self.inner);
+        // The claimed runs' tasks given back before the lease ends, so
+        // that none counts an attempt for it.
+        let given_back = crate::takeover::stop_runner(&self.inner, None);
+        let _ = tokio::time::timeout(self.lease() / 3, given_back).await;
         let me = self.instance();
         if let Err(error) = self.runtime_store().retire(me).await {
             tracing::warn!(%error, instance = %me, "cannot end this instance's lease; it lapses on its own");
@@ -370,7 +312,7 @@ impl RuntimeBuilder {
     }
 
     /// How many claimed tasks this runtime runs at once (default
-    /// [`DEFAULT_MAX_RUNNING`], at least 1). Tasks created and run here are
+    /// [`DEFAULT_MAX_RUNNING`], 1 to [`MAX_RUNNING`]). Tasks created and run here are
     /// not counted: the requests that create them bound them.
     pub fn max_running(mut self, tasks: usize) -> Self {
         self.settings.max_running = tasks;
@@ -437,9 +379,10 @@ impl RuntimeBuilder {
                     .into(),
             ));
         }
-        if s.max_running == 0 || s.max_attempts == 0 {
+        if s.max_running == 0 || s.max_running > MAX_RUNNING || s.max_attempts == 0 {
             return Err(Error::Config(format!(
-                "a runtime needs at least one running task ({}) and one attempt ({})",
+                "a runtime needs 1 to {MAX_RUNNING} running tasks ({}) and at least one attempt \
+                 ({})",
                 s.max_running, s.max_attempts
             )));
         }
@@ -449,8 +392,8 @@ impl RuntimeBuilder {
             settings: s,
             instance: Mutex::new(instance),
             registering: tokio::sync::Mutex::new(()),
-            held: Mutex::default(),
             executor: Mutex::default(),
+            generations: AtomicU64::new(0),
             runs: Mutex::default(),
             running: Arc::new(Semaphore::new(s.max_running)),
             claiming: tokio::sync::Mutex::new(()),

@@ -2,8 +2,11 @@
 //! and running them through the framework's [`Executor`].
 
 use std::fmt;
+use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
+use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use mcp_event_store_core::task::{Claimed, Finish, TaskDigest};
 use mcp_event_store_core::{Error, Result};
@@ -17,7 +20,7 @@ use crate::runtime::{Inner, lock};
 const CLAIM_BATCH: usize = 8;
 /// The most batches [`Runtime::claim_for`] claims while looking for its
 /// task.
-const RESUME_BATCHES: usize = 8;
+const RESUME_BATCHES: usize = 4;
 
 /// What runs the tasks a runtime claims: the framework's part of the
 /// takeover runner.
@@ -63,6 +66,9 @@ pub trait Executor: Send + Sync + 'static {
 #[must_use = "dropping the handle stops the takeovers"]
 pub struct Takeovers {
     runtime: Weak<Inner>,
+    /// Which registration this is: dropping a handle a newer one replaced
+    /// stops nothing.
+    generation: u64,
 }
 
 impl fmt::Debug for Takeovers {
@@ -74,38 +80,70 @@ impl fmt::Debug for Takeovers {
 impl Drop for Takeovers {
     fn drop(&mut self) {
         if let Some(inner) = self.runtime.upgrade() {
-            stop_runner(&inner);
+            // Given back in the background: a drop cannot wait.
+            drop(stop_runner(&inner, Some(self.generation)));
         }
     }
 }
 
-/// Lets go of the executor, aborts the runs it claimed and gives their
-/// tasks back (on the tokio runtime, if there is one; else they are
-/// claimed once this instance lapses).
-pub(crate) fn stop_runner(inner: &Inner) {
-    lock(&inner.executor).take();
-    let runs: Vec<_> = lock(&inner.runs).drain().collect();
-    for (_, (handle, run)) in runs {
-        handle.abort();
-        give_back(run);
-    }
+/// Lets go of the executor (if `generation` is the current one, or
+/// whatever it is for `None`), aborts the runs it claimed and gives their
+/// tasks back (T17), on tasks of their own; the future resolves once every
+/// one was given back (or failed to be, and is claimed once this instance
+/// lapses).
+pub(crate) fn stop_runner(
+    inner: &Inner,
+    generation: Option<u64>,
+) -> impl Future<Output = ()> + use<> {
+    let replaced = {
+        let mut executor = lock(&inner.executor);
+        let replaced = generation.is_some_and(|mine| {
+            executor
+                .as_ref()
+                .is_some_and(|(current, _)| *current != mine)
+        });
+        if !replaced {
+            executor.take();
+        }
+        replaced
+    };
+    let runs: Vec<_> = if replaced {
+        Vec::new()
+    } else {
+        lock(&inner.runs).drain().collect()
+    };
+    let given_back: Vec<_> = runs
+        .into_iter()
+        .filter_map(|(_, (handle, run))| {
+            handle.abort();
+            give_back(run)
+        })
+        .collect();
+    futures_util::future::join_all(given_back).map(drop)
 }
 
-/// Gives a run's task back (T17) on a task of its own.
-fn give_back(run: TaskRun) {
-    if let Ok(tokio) = tokio::runtime::Handle::try_current() {
-        tokio.spawn(async move {
-            if let Err(error) = run.release().await {
-                tracing::debug!(task = ?run.digest(), %error, "giving a task back failed; it is claimed once this instance lapses");
-            }
-        });
-    }
+/// Gives a run's task back (T17) on a task of its own, if there is a tokio
+/// runtime to run it on.
+fn give_back(run: TaskRun) -> Option<tokio::task::JoinHandle<()>> {
+    let tokio = tokio::runtime::Handle::try_current().ok()?;
+    Some(tokio.spawn(async move {
+        if let Err(error) = run.release().await {
+            tracing::debug!(task = ?run.digest(), %error, "giving a task back failed; it is claimed once this instance lapses");
+        }
+    }))
 }
 
 /// Whether the maintenance loop's claim rounds run: an executor is
 /// registered and tasks are not handed off.
 pub(crate) fn claims_here(inner: &Inner) -> bool {
     !inner.settings.hand_off && lock(&inner.executor).is_some()
+}
+
+/// The executor registered now.
+fn executor(inner: &Inner) -> Option<Arc<dyn Executor>> {
+    lock(&inner.executor)
+        .as_ref()
+        .map(|(_, executor)| executor.clone())
 }
 
 /// One claim round: as many waiting tasks as there are free permits, in
@@ -123,11 +161,14 @@ impl Runtime {
     /// claimed, at most [`max_running`](crate::RuntimeBuilder::max_running)
     /// running at once. Nothing is claimed by a runtime that
     /// [hands off](crate::RuntimeBuilder::hand_off_to_workers). A second
-    /// call replaces the first's executor.
+    /// call replaces the first's executor (dropping the first handle then
+    /// stops nothing).
     pub fn run_takeovers(&self, executor: Arc<dyn Executor>) -> Takeovers {
-        *lock(&self.inner.executor) = Some(executor);
+        let generation = self.inner.generations.fetch_add(1, Ordering::SeqCst) + 1;
+        *lock(&self.inner.executor) = Some((generation, executor));
         Takeovers {
             runtime: Arc::downgrade(&self.inner),
+            generation,
         }
     }
 
@@ -180,15 +221,23 @@ impl Runtime {
     /// Claims until the task under `task` is among the claimed, for a
     /// framework that runs it itself (tower-mcp resumes a task where its
     /// client's answer arrives): `Some` with its run if this runtime got
-    /// it; `None` if no executor is registered, or another runtime holds
-    /// it. Claims are not by task: the tasks claimed with it run through
-    /// the executor.
+    /// it; `None` if no executor is registered, tasks are handed off, or
+    /// another runtime holds it. Claims are not by task: the tasks claimed
+    /// with it run through the executor, each batch as many as there are
+    /// free permits, and one more.
     pub async fn claim_for(&self, task: &TaskDigest) -> Result<Option<TaskRun>> {
         for _ in 0..RESUME_BATCHES {
-            if lock(&self.inner.executor).is_none() {
+            if self.hands_off() || !self.runs_takeovers() {
                 return Ok(None);
             }
-            let claimed = self.claim(CLAIM_BATCH).await?;
+            let mut permits = Vec::new();
+            while permits.len() + 1 < CLAIM_BATCH {
+                match self.inner.running.clone().try_acquire_owned() {
+                    Ok(permit) => permits.push(permit),
+                    Err(_) => break,
+                }
+            }
+            let claimed = self.claim(permits.len() + 1).await?;
             if claimed.is_empty() {
                 return Ok(None);
             }
@@ -197,8 +246,7 @@ impl Runtime {
                 if claimed.task == *task {
                     found = Some(TaskRun::claimed(self.clone(), claimed));
                 } else {
-                    let permit = self.inner.running.clone().try_acquire_owned().ok();
-                    self.start(claimed, permit);
+                    self.start(claimed, permits.pop());
                 }
             }
             if found.is_some() {
@@ -228,10 +276,12 @@ impl Runtime {
     /// took with its task) runs without one.
     fn start(&self, claimed: Claimed, permit: Option<OwnedSemaphorePermit>) {
         let run = TaskRun::claimed(self.clone(), claimed);
-        let digest = run.digest();
-        let executor = lock(&self.inner.executor).clone();
+        let (digest, claim) = (run.digest(), run.claim());
         let inner = Arc::downgrade(&self.inner);
+        // The executor read under the runs' lock: a runner stopping now
+        // either sees this run among the runs, or this run sees no executor.
         let mut runs = lock(&self.inner.runs);
+        let executor = executor(&self.inner);
         let running = run.clone();
         let handle = tokio::spawn(async move {
             let _permit = permit;
@@ -243,10 +293,21 @@ impl Runtime {
                     run.drive(operation).await;
                 }
                 // The runner stopped between the claim and now.
-                None => give_back(run),
+                None => {
+                    if let Some(giving) = give_back(run) {
+                        let _ = giving.await;
+                    }
+                }
             }
             if let Some(inner) = inner.upgrade() {
-                lock(&inner.runs).remove(&digest);
+                let mut runs = lock(&inner.runs);
+                // Only this run's entry: a newer claim's may be there.
+                if runs
+                    .get(&digest)
+                    .is_some_and(|(_, run)| run.claim() == claim)
+                {
+                    runs.remove(&digest);
+                }
             }
         });
         if let Some((old, _)) = runs.insert(digest, (handle.abort_handle(), running)) {

@@ -73,16 +73,29 @@ struct Started {
 }
 
 /// Reports each run, then ends as the context says: `complete`, `hang`
-/// (until dropped), `panic`, `ask` (for input `k`, unless answered).
+/// (until dropped), `panic`, `ask` (for input `k`, unless answered). Counts
+/// the operations dropped.
 struct Script {
     by: &'static str,
     started: mpsc::UnboundedSender<Started>,
+    dropped: Arc<AtomicUsize>,
+}
+
+/// Counts one more when dropped.
+struct Dropped(Arc<AtomicUsize>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 impl Executor for Script {
     fn run(&self, run: TaskRun) -> BoxFuture<'static, Outcome> {
         let (by, started) = (self.by, self.started.clone());
+        let dropped = Dropped(self.dropped.clone());
         Box::pin(async move {
+            let _dropped = dropped;
             let context = run.context().unwrap_or_default().to_vec();
             let _ = started.send(Started {
                 by,
@@ -104,7 +117,15 @@ impl Executor for Script {
 
 fn script(by: &'static str) -> (Arc<Script>, mpsc::UnboundedReceiver<Started>) {
     let (started, runs) = mpsc::unbounded_channel();
-    (Arc::new(Script { by, started }), runs)
+    let dropped = Arc::default();
+    (
+        Arc::new(Script {
+            by,
+            started,
+            dropped,
+        }),
+        runs,
+    )
 }
 
 async fn next(runs: &mut mpsc::UnboundedReceiver<Started>) -> Started {
@@ -352,12 +373,6 @@ async fn a_run_that_loses_its_claim_is_stopped() {
     let task = first.for_takeover(NewTask::new(&Owner::Anonymous, first.instance()));
     let (_, _, run) = first.create(task.context(b"hang")).await.unwrap();
     let dropped = Arc::new(AtomicUsize::new(0));
-    struct Dropped(Arc<AtomicUsize>);
-    impl Drop for Dropped {
-        fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
     let guard = Dropped(dropped.clone());
     let driving = tokio::spawn(run.clone().drive(async move {
         let _guard = guard;
@@ -581,10 +596,14 @@ async fn a_stopped_runner_gives_its_tasks_back() {
     let (id, _, _) = front.create(task.context(b"hang")).await.unwrap();
     let first = runtime(&store).await;
     let (executor, mut runs) = script("first");
-    let takeovers = first.run_takeovers(executor);
+    let takeovers = first.run_takeovers(executor.clone());
     assert_eq!(next(&mut runs).await.by, "first");
     drop(takeovers);
     assert!(!first.runs_takeovers());
+    eventually("the stopped run's operation dropped", async || {
+        executor.dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
     let second = runtime(&store).await;
     let (executor, mut runs) = script("second");
     let _takeovers = second.run_takeovers(executor);
@@ -599,4 +618,54 @@ async fn a_stopped_runner_gives_its_tasks_back() {
     second.shutdown().await;
     first.shutdown().await;
     front.shutdown().await;
+}
+
+/// A graceful shutdown gives the tasks it runs back before its lease ends:
+/// another runtime runs them on the same attempt, so a task on its last
+/// attempt still runs rather than reading "server instance lost".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_gives_its_tasks_back_before_its_lease_ends() {
+    let store = Arc::new(MemoryStore::new());
+    let front = Runtime::builder(store.clone())
+        .lease(LEASE)
+        .max_attempts(1)
+        .hand_off_to_workers()
+        .start()
+        .await
+        .unwrap();
+    let task = front.for_takeover(NewTask::new(&Owner::Anonymous, front.instance()));
+    let (id, _, _) = front.create(task.context(b"hang")).await.unwrap();
+    let leaving = runtime(&store).await;
+    let (executor, mut runs) = script("leaving");
+    let _takeovers = leaving.run_takeovers(executor);
+    assert_eq!(next(&mut runs).await.attempt, 1);
+    leaving.shutdown().await;
+    let staying = runtime(&store).await;
+    let (executor, mut runs) = script("staying");
+    let _takeovers = staying.run_takeovers(executor);
+    let started = next(&mut runs).await;
+    assert_eq!((started.by, started.attempt), ("staying", 1));
+    let read = store
+        .get(&id.to_string(), &Owner::Anonymous)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.status, TaskStatus::Working, "{read:?}");
+    staying.shutdown().await;
+    front.shutdown().await;
+}
+
+/// A second runner replaces the first; dropping the first's handle then
+/// stops nothing, dropping the second's stops the runner.
+#[tokio::test]
+async fn a_replaced_runner_handle_stops_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let runtime = runtime(&store).await;
+    let first = runtime.run_takeovers(script("first").0);
+    let second = runtime.run_takeovers(script("second").0);
+    drop(first);
+    assert!(runtime.runs_takeovers());
+    drop(second);
+    assert!(!runtime.runs_takeovers());
+    runtime.shutdown().await;
 }

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use mcp_event_store_core::Error;
 use mcp_event_store_core::task::{
     Applied, CancelMode, Finish, MAX_MESSAGE_BYTES, NewTask, Owner, TaskId, TaskRecord,
-    TaskStatus as CoreStatus, TaskView, WorkerChange,
+    TaskStatus as CoreStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_runtime::{Runtime, iso8601, status_message};
 use serde::{Deserialize, Serialize};
@@ -247,11 +247,13 @@ fn task_object(id: &str, record: &TaskRecord, context: &Context) -> TaskObject {
     }
 }
 
-/// A task this process created or resumed: its token, and the guard that
-/// raises it.
+/// A task this process created or resumed: its token, the guard that
+/// raises it, and the claim this process runs it under, for a task that
+/// may be taken over (T18): every write of tower-mcp's run names it.
 struct Local {
     token: CancellationToken,
     guard: AbortHandle,
+    claim: Option<Worker>,
 }
 
 /// What the adapter's handles and its tokens' guards share.
@@ -308,19 +310,39 @@ impl Shared {
                 .is_some_and(|tools| tools.as_ref().is_none_or(|tools| tools.contains(tool)))
     }
 
+    /// The claim this process runs task `id` under, if it holds one.
+    fn claim_of(&self, id: &str) -> Option<Worker> {
+        self.local().get(id).and_then(|local| local.claim)
+    }
+
+    /// Whether this process may write to task `id` as `record` shows it:
+    /// always for a task that dies with its instance; for one that may be
+    /// taken over, only under the current claim, its own, and not released
+    /// (T18). A claim's epoch is never reused, so a claim of this process
+    /// under an instance it replaced after a lapse reads as lost.
+    fn holds(&self, id: &str, record: &TaskRecord) -> bool {
+        record.takeover.as_ref().is_none_or(|takeover| {
+            !takeover.released
+                && self
+                    .claim_of(id)
+                    .is_some_and(|claim| claim.epoch == takeover.epoch)
+        })
+    }
+
     /// Applies a change to task `task` under this process's claim on it,
     /// if it may be taken over (T18), else as this process's instance. A
     /// change refused as [`Applied::Fenced`] (the task was claimed since by
     /// another, or released) raises the task's token here: this process
     /// must stop working on it.
     async fn apply(&self, task: &TaskId, change: WorkerChange<'_>) -> Result<Applied> {
+        let id = task.to_string();
         let applied = self
             .runtime
-            .write(&task.digest(), change)
+            .write(&task.digest(), self.claim_of(&id), change)
             .await
             .map_err(task_error)?;
         if applied == Applied::Fenced {
-            raise(self, &task.to_string());
+            raise(self, &id);
         }
         Ok(applied)
     }
@@ -330,12 +352,12 @@ impl Shared {
     /// the answers reach claims it then. A task this process holds no claim
     /// on is left as it is.
     async fn release_parked(&self, task: &TaskId) {
-        if self.runtime.claim_on(&task.digest()).is_none() {
+        let Some(claim) = self.claim_of(&task.to_string()) else {
             return;
-        }
+        };
         if let Err(e) = self
             .runtime
-            .write(&task.digest(), WorkerChange::Release)
+            .write(&task.digest(), Some(claim), WorkerChange::Release)
             .await
         {
             tracing::warn!(
@@ -347,8 +369,8 @@ impl Shared {
 }
 
 /// The token of task `id` in this process, with a guard that raises it:
-/// one created now if the task has none here yet.
-fn token_for(shared: &Arc<Shared>, id: &str) -> CancellationToken {
+/// one created now, with `claim`, if the task has none here yet.
+fn token_for(shared: &Arc<Shared>, id: &str, claim: Option<Worker>) -> CancellationToken {
     let mut local = shared.local();
     if let Some(known) = local.get(id) {
         return known.token.clone();
@@ -360,20 +382,21 @@ fn token_for(shared: &Arc<Shared>, id: &str) -> CancellationToken {
         Local {
             token: token.clone(),
             guard,
+            claim,
         },
     );
     token
 }
 
-/// A fresh token for task `id` in this process, replacing (and raising)
-/// any it had: for a run under a new claim, which an old claim's raised
-/// token must not stop.
-fn fresh_token_for(shared: &Arc<Shared>, id: &str) -> CancellationToken {
+/// A fresh token for task `id` in this process under `claim`, replacing
+/// (and raising) any it had: for a run under a new claim, which an old
+/// claim's raised token must not stop.
+fn fresh_token_for(shared: &Arc<Shared>, id: &str, claim: Option<Worker>) -> CancellationToken {
     if let Some(old) = shared.local().remove(id) {
         old.token.cancel();
         old.guard.abort();
     }
-    token_for(shared, id)
+    token_for(shared, id, claim)
 }
 
 /// Raises task `id`'s token if this process has one.
@@ -397,9 +420,6 @@ async fn guard(shared: Arc<Shared>, id: String, token: CancellationToken) {
             Ok(Found::Missing | Found::Expired { .. }) => {
                 token.cancel();
                 shared.local().remove(&id);
-                if let Some(task) = TaskId::parse(&id) {
-                    shared.runtime.forget_claim(&task.digest());
-                }
                 return;
             }
             Err(e) => {
@@ -408,7 +428,7 @@ async fn guard(shared: Arc<Shared>, id: String, token: CancellationToken) {
                 continue;
             }
         };
-        if live.stops_work() || !shared.runtime.holds(&live.id.digest(), live.record()) {
+        if live.stops_work() || !shared.holds(&id, live.record()) {
             token.cancel();
         }
         if live.record().status.is_terminal() {
@@ -617,9 +637,9 @@ impl tower_mcp::async_task::TaskStore for TowerTaskStore {
             // tower-mcp runs the handler here at once: never queued.
             task = task.takeover(runtime.max_attempts());
         }
-        let (id, _, _) = runtime.create(task).await.map_err(task_error)?;
+        let (id, _, run) = runtime.create(task).await.map_err(task_error)?;
         let id = id.to_string();
-        let token = token_for(shared, &id);
+        let token = token_for(shared, &id, run.claim());
         Ok((id, token))
     }
 
@@ -631,7 +651,8 @@ impl tower_mcp::async_task::TaskStore for TowerTaskStore {
     }
 
     /// `Expired` with its owner for a task past its ttl that the store
-    /// still keeps (its grace: one ttl, at most an hour).
+    /// still keeps (its grace, `TaskOptions::grace`: an hour by default,
+    /// however short its ttl, T21).
     async fn task_presence(&self, task_id: &str) -> Result<TaskPresence> {
         Ok(match self.shared().read(task_id).await? {
             Found::Live(live) => TaskPresence::Present {
@@ -892,26 +913,32 @@ impl tower_mcp::async_task::TaskStore for TowerTaskStore {
             return Ok(None);
         };
         let mut responses = live.responses()?;
-        let token = if live.record().takeover.is_some()
-            && !shared.runtime.holds(&live.id.digest(), live.record())
-        {
+        let token = if live.record().takeover.is_some() && !shared.holds(task_id, live.record()) {
             // A task that may be taken over runs only under a claim: claim
             // it here if it waits for one (released when it parked, or its
             // instance lapsed), else leave it to whoever holds it.
             let claimed = shared.runtime.claim_for(&live.id.digest()).await;
             match claimed.map_err(task_error)? {
-                Some(run) => {
-                    responses = decode_responses(run.answers())?;
-                    fresh_token_for(shared, task_id)
-                }
+                Some(run) => match decode_responses(run.answers()) {
+                    Ok(all) => {
+                        responses = all;
+                        fresh_token_for(shared, task_id, run.claim())
+                    }
+                    Err(e) => {
+                        // Claimed but not runnable here: given back, not
+                        // held unrun.
+                        let _ = run.release().await;
+                        return Err(e);
+                    }
+                },
                 None => {
-                    let token = token_for(shared, task_id);
+                    let token = token_for(shared, task_id, None);
                     token.cancel();
                     token
                 }
             }
         } else {
-            token_for(shared, task_id)
+            token_for(shared, task_id, None)
         };
         if live.stops_work() {
             token.cancel();

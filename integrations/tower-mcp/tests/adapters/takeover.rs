@@ -1,8 +1,10 @@
 //! Tasks that outlive their process: two or three adapters on one store,
 //! each with a tower-mcp router that runs its takeovers, stand for server
-//! processes sharing the store. A process "dies" when its adapter is
-//! dropped, or "pauses" when the current-thread runtime it lives on is no
-//! longer driven (its heartbeat stops, its handle stays usable).
+//! processes sharing the store, each adapter on a runtime of its own. A
+//! process "dies" when its adapter (which holds the only clone of its
+//! runtime) is dropped, or "pauses" when the current-thread tokio runtime
+//! it lives on is no longer driven (its lease is no longer renewed, its
+//! handle stays usable).
 //!
 //! No test bounds a latency: each waits, under a generous guard, for what
 //! must happen eventually.
@@ -370,6 +372,63 @@ fn a_stale_instance_cannot_write_to_a_task_taken_over() {
         b.die();
     });
     on_a.block_on(async { a.die() });
+}
+
+/// A process that stalled past its lease runs on under a fresh instance,
+/// and its own runtime takes its task over (a second run, through the
+/// router): the first run's writes name the first claim, so they are
+/// refused and raise its token, even though the same process now holds
+/// the task again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_from_before_a_lapse_is_fenced_by_its_own_process() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let clock = Arc::new(mcp_event_store_core::ManualClock::new(
+        now.as_millis() as u64
+    ));
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::with_options(
+        StoreOptions::default().clock(clock.clone()),
+    ));
+    let mut ch = channels();
+    let gate = Arc::new(Semaphore::new(0));
+    let a = process(
+        "A",
+        adapter(&store, 3).await,
+        ch.started_tx.clone(),
+        ch.stopped_tx.clone(),
+        gate.clone(),
+    );
+    let first_instance = a.tasks.runtime().instance();
+    // The first run: tower-mcp's, of the task A creates.
+    let (id, token) = a
+        .tasks
+        .create_task("work", json!({}), None, None)
+        .await
+        .unwrap();
+    // A stalls past its lease: its runtime registers afresh and claims
+    // the task back as a second run.
+    clock.advance(Duration::from_secs(10));
+    let started = eventually("A's runtime runs the task again", ch.started.recv())
+        .await
+        .unwrap();
+    assert_eq!(started.by, "A");
+    assert_ne!(a.tasks.runtime().instance(), first_instance);
+    assert!(
+        !a.tasks
+            .complete_task(&id, CallToolResult::text("the first run's"))
+            .await
+            .unwrap(),
+        "the first run wrote under the second run's claim"
+    );
+    eventually("the first run's token raised", token.cancelled()).await;
+    gate.add_permits(1);
+    assert_eq!(
+        settles(&a.tasks, &id, TaskStatus::Completed).await,
+        "done by A"
+    );
+    assert_eq!(lapses(&store, &id).await, 1);
+    a.die();
 }
 
 /// With two runs allowed, the task is taken over once: when B, its second
