@@ -164,7 +164,9 @@
 //! `checkpoint` (BYTEA), with a partial index on the tasks that may wait
 //! for a claim; its migration is recorded in
 //! `_mes_task_takeover_migrations`, so a release from before it still
-//! opens the schema. A claim is one transaction: it selects the tasks that
+//! opens the schema. Cancel reasons (T20) add the `cancel_reason` column
+//! (BYTEA, as the message) the same way, recorded in
+//! `_mes_task_cancel_reason_migrations`. A claim is one transaction: it selects the tasks that
 //! wait for a runtime `FOR UPDATE SKIP LOCKED` (a task another claimant
 //! holds locked is left to it, and no two claimants wait on each other),
 //! decides each with the shared state machine, and writes it back as every

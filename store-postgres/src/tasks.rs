@@ -236,7 +236,11 @@ fn decode(row: &PgRow) -> Result<TaskRow> {
             .map_err(backend)?
             .map(to_u64),
         cancel_requested: row.try_get(11).map_err(backend)?,
-        cancel_reason: row.try_get(25).map_err(backend)?,
+        cancel_reason: row
+            .try_get::<Option<Vec<u8>>, _>(25)
+            .map_err(backend)?
+            .map(|reason| utf8(reason, "a cancel reason"))
+            .transpose()?,
         outcome: row
             .try_get::<Option<Vec<u8>>, _>(12)
             .map_err(backend)?
@@ -373,7 +377,7 @@ impl TaskRows for PgRows<'_> {
                     .as_ref()
                     .and_then(|t| t.checkpoint.as_deref()),
             )
-            .bind(record.cancel_reason.as_deref());
+            .bind(record.cancel_reason.as_deref().map(str::as_bytes));
         let saved = match self.announce {
             Announce::WithSave => query
                 .bind(self.store.notify_channel())

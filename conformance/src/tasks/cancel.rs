@@ -113,10 +113,11 @@ pub async fn a_cancel_keeps_its_reason<H: TaskHarness>(h: &H) {
     let first = f.cancel(&quiet, CancelMode::Cooperative).await;
     assert_eq!(first.cancel_reason, None);
     let now = f
-        .cancel_because(&quiet, CancelMode::Immediate, Some("client stopped 😀"))
+        .cancel_because(&quiet, CancelMode::Immediate, Some("client\0stopped 😀"))
         .await;
     assert_eq!(now.status, TaskStatus::Cancelled);
-    assert_eq!(now.cancel_reason.as_deref(), Some("client stopped 😀"));
+    assert_eq!(now.cancel_reason.as_deref(), Some("client\0stopped 😀"));
+    assert_eq!(f.get(&quiet).await, now, "read back byte for byte");
 
     // A terminal task keeps nothing.
     let (done, done_id) = f.create().await;

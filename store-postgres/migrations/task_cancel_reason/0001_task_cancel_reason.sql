@@ -6,4 +6,5 @@
 -- so a release from before cancel reasons still opens the schema and
 -- serves events and tasks. Its statements name their columns, so its
 -- writes leave a reason as it is; it reads a task without one.
-ALTER TABLE tasks ADD COLUMN cancel_reason TEXT;
+-- BYTEA, as the status message: text cannot hold NUL.
+ALTER TABLE tasks ADD COLUMN cancel_reason BYTEA;
