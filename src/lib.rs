@@ -354,7 +354,8 @@
 //!     .tasks(|tasks| tasks.takeover("slow_count", slow_count)) // Fn(DurableTaskContext, TakeoverCall) -> TaskFuture
 //!     .start()
 //!     .await?;
-//! // call_tool: self.tasks.spawn_takeover(&ctx, TaskOptions::new(), TakeoverCall::from(&params)).await
+//! // call_tool: self.tasks.spawn_takeover(&ctx, rmcp::task_manager::TaskOptions::new(),
+//! //                                     TakeoverCall::from(&params)).await
 //! // In slow_count: resume from task.last_checkpoint(), task.checkpoint(bytes) after each step.
 //!
 //! // A worker process: its own runtime, the same tools, no HTTP; it claims and runs until shut down.
@@ -440,8 +441,10 @@
 //!
 //! ## Running it
 //!
-//! - Run `purge_expired` periodically (`PurgeTask::spawn(store, Duration::from_secs(30))`);
-//!   count and byte limits are also applied on every append.
+//! - Run `purge_expired` periodically (a [`runtime::Runtime`], and so rmcp's `Durable`,
+//!   purges events, sessions and tasks every minute; without one,
+//!   `PurgeTask::spawn(store, Duration::from_secs(30))`); count and byte limits are also
+//!   applied on every append.
 //! - PostgreSQL: leave autovacuum on (or use `?vacuum=auto`, see [Durability](#durability)); on
 //!   a busy store vacuum `events` sooner with
 //!   `ALTER TABLE mcp_event_store.events SET (autovacuum_vacuum_scale_factor = 0.01)`.

@@ -302,7 +302,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>:t1:{<digest>}:task` | hash | `v`: the whole task in core's [`codec`](mcp_event_store_core::backend::task::codec) encoding (owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, and its inputs: outstanding requests, answered responses, spent keys); `rev`: the task's revision in decimal; `c`, when the task has one: its context (T13), a field of its own so that a release from before contexts, which writes only `v` and `rev`, leaves it as it is |
+//! | `<prefix>:t1:{<digest>}:task` | hash | `v`: the whole task in core's [`codec`](mcp_event_store_core::backend::task::codec) encoding (owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, its inputs: outstanding requests, answered responses, spent keys, and the cancel reason (T20) if any: value format 2); `rev`: the task's revision in decimal; `c`, when the task has one: its context (T13), a field of its own so that a release from before contexts, which writes only `v` and `rev`, leaves it as it is |
 //! | `<prefix>:t1:instance:{<instance id>}` | string | the instance's heartbeat deadline (store-clock ms) |
 //! | `<prefix>:t1:changes` | pub/sub channel | the digest (hex) of each task that changed |
 //! | `<prefix>:t1:takeover` | set | the digest (hex) of each task that may be taken over (T16): a claim's candidates |

@@ -376,7 +376,7 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 "#;
 
-/// `TaskStore::heartbeat`. KEYS: instance. ARGV: clock ms now, new
+/// `RuntimeStore::heartbeat`. KEYS: instance. ARGV: clock ms now, new
 /// deadline (clock ms), backstop TTL ms. A deadline already past by the
 /// store's clock is a lapsed instance, never revived: returns 0 and
 /// changes nothing; else stores the deadline and returns 1.

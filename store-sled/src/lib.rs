@@ -97,7 +97,7 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `mcp-event-store/t1/tasks` | the task's 16-byte digest | the whole task: owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, and its inputs (outstanding requests, answered responses, spent keys) |
+//! | `mcp-event-store/t1/tasks` | the task's 16-byte digest | the whole task: owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, its inputs (outstanding requests, answered responses, spent keys), and the cancel reason (T20) if any |
 //! | `mcp-event-store/t1/task_purge` | `purge_at ++ digest`, big-endian | empty |
 //! | `mcp-event-store/t1/instances` | instance id | heartbeat deadline (ms) |
 //!

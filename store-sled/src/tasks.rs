@@ -2,7 +2,8 @@
 //! (see the crate docs, "Tasks"): `t1/tasks` (digest -> the task with its
 //! inputs), `t1/task_purge` (purge time ++ digest) and `t1/instances`
 //! (instance id -> heartbeat deadline). A task's value is
-//! [`mcp_event_store_core::backend::task::codec`]'s encoding (task format 1).
+//! [`mcp_event_store_core::backend::task::codec`]'s encoding (value
+//! format 1, or 2 for a task with a cancel reason).
 //!
 //! Every mutation is one `compare_and_swap` of the task's one key: read the
 //! value, let the state machine every backend shares decide

@@ -57,8 +57,8 @@
 //! format version, the stream secret, the incarnation counter),
 //! `mes_migrations` (the embedded migrations applied), and for durable tasks
 //! `mes_tasks`, `mes_task_inputs`, `mes_instances`, `mes_task_migrations`,
-//! `mes_task_context_migrations` and `mes_task_takeover_migrations` (see
-//! [Tasks](#tasks)).
+//! `mes_task_context_migrations`, `mes_task_takeover_migrations` and
+//! `mes_task_cancel_reason_migrations` (see [Tasks](#tasks)).
 //!
 //! ## One writer, many readers
 //!
@@ -302,6 +302,12 @@
 //! it selects the tasks that wait for a runtime, decides each with the
 //! shared state machine, and writes them back in the same transaction, so
 //! of racing claimants exactly one claims a task.
+//!
+//! Cancel reasons (T20) take the same path once more: their migration
+//! (`migrations/task_cancel_reason/`) adds the `cancel_reason` column and
+//! is recorded in `mes_task_cancel_reason_migrations`; a release from
+//! before it opens the file, reads a task without its reason, and leaves
+//! the reason as it is when it writes the task.
 //!
 //! # Limits
 //!

@@ -375,7 +375,7 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
 pub struct App {
     /// The HTTP service: tower-mcp's transport at `/mcp`.
     pub router: axum::Router,
-    /// The loop claiming lost `slow_count` tasks, if any.
+    /// The runtime's takeover runner for lost `slow_count` tasks, if any.
     pub takeovers: Option<mcp_event_store::tower_mcp::Takeovers>,
     /// This instance's runtime.
     pub runtime: Runtime,

@@ -104,7 +104,7 @@
 //!   owners to credentials, as they are stored.
 //! * **tower-mcp reads and writes without the owner** (its router
 //!   authorizes first): this crate reads through the runtime's view
-//!   (`TaskStore::view`, T14, new), which returns the owner, and passes it
+//!   (`RuntimeStore::view`, T14), which returns the owner, and passes it
 //!   to the owner-checked calls it makes (`answer`, `request_cancel`,
 //!   `watch`).
 //! * **Expired is unknown there, `failed` here.** tower-mcp forgets a task,

@@ -199,8 +199,8 @@ const EVENTUALLY: Duration = Duration::from_secs(60);
 /// killed (SIGKILL); the client resumes on B, whose follow hold is an hour.
 /// B sends what A stored after the client's cursor, each event once, and
 /// ends the response once A's lease has lapsed: nothing more will come, and
-/// the client may call again. (Without A's presence, B held the response
-/// for its whole hold.)
+/// the client may call again. (Without A recorded as the stream's writer,
+/// and its lease, B held the response for its whole hold.)
 pub async fn resume_of_a_killed_writers_stream_ends(fixture: &Fixture, mode: Mode) {
     let mut args = vec![
         "--store".to_owned(),

@@ -462,7 +462,7 @@ async fn the_heartbeat_keeps_a_long_task_alive_and_lapses_once_the_runtime_is_go
     let done = until(&client, &id, terminal).await;
     assert_eq!(done.status(), rmcp::model::TaskStatus::Completed);
 
-    // A task whose runtime is gone (no clone left, so no heartbeat) reads
+    // A task whose runtime is gone (no clone left, so no lease renewal) reads
     // lost once the lease runs out.
     let owner = Owner::Anonymous;
     let gone = tasks_over(store.clone()).await;
@@ -485,7 +485,7 @@ async fn the_heartbeat_keeps_a_long_task_alive_and_lapses_once_the_runtime_is_go
     client.cancel().await.unwrap();
 }
 
-/// T11: a runtime that stalled past its lease before its heartbeat noticed
+/// T11: a runtime that stalled past its lease before its renewal noticed
 /// (here the store's clock jumps four hours; the lease is three, renewed
 /// hourly)
 /// creates the next task under a fresh instance, not the lapsed one: the
