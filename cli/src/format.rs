@@ -8,40 +8,13 @@ use mcp_event_store::{StoredEvent, StreamInfo};
 use serde_json::{Value, json};
 
 /// Milliseconds since the Unix epoch as RFC 3339 UTC with milliseconds
-/// (`2025-06-01T12:00:00.250Z`). Written with `std` only: one civil-date
-/// conversion is all the CLI needs, not a date crate.
-pub fn rfc3339(millis: i64) -> String {
-    let seconds = millis.div_euclid(1000);
-    let ms = millis.rem_euclid(1000);
-    let days = seconds.div_euclid(86_400);
-    let of_day = seconds.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60
-    )
-}
+/// (`2025-06-01T12:00:00.250Z`): the runtime's `iso8601`, the form task
+/// objects carry.
+pub use mcp_event_store::runtime::iso8601 as rfc3339;
 
 /// `rfc3339` of an optional time, `-` for none (an empty store).
 pub fn time_or_dash(millis: Option<i64>) -> String {
     millis.map_or_else(|| "-".to_owned(), rfc3339)
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day);
-/// Howard Hinnant's `civil_from_days`.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097); // [0, 146096]
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
-    let mp = (5 * doy + 2) / 153; // [0, 11]
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32; // [1, 31]
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32; // [1, 12]
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// A byte count for people: `512 B`, `1.5 KiB`, `3.0 GiB`.

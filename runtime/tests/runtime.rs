@@ -47,6 +47,24 @@ async fn runtime(store: &Arc<MemoryStore>) -> Runtime {
         .unwrap()
 }
 
+/// A front end: a runtime that queues tasks to be taken over for workers
+/// and runs none, their runs at most `max_attempts`.
+async fn front(store: &Arc<MemoryStore>, max_attempts: u32) -> Runtime {
+    Runtime::builder(store.clone())
+        .lease(LEASE)
+        .max_attempts(max_attempts)
+        .hand_off_to_workers()
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Queues a task for workers on `front`, to run `context`.
+async fn queue(front: &Runtime, context: &'static [u8]) -> mcp_event_store_core::task::TaskId {
+    let task = front.for_takeover(NewTask::new(&Owner::Anonymous, front.instance()));
+    front.create(task.context(context)).await.unwrap().0
+}
+
 /// A runtime whose maintenance loop ran on a tokio runtime that is gone:
 /// a process killed, or stalled, with its objects still at hand. Its lease
 /// lapses one lease after it started.
@@ -396,20 +414,10 @@ async fn a_run_that_loses_its_claim_is_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_cancel_ends_the_task_and_a_panic_fails_it() {
     let store = Arc::new(MemoryStore::new());
-    let front = Runtime::builder(store.clone())
-        .lease(LEASE)
-        .hand_off_to_workers()
-        .start()
-        .await
-        .unwrap();
+    let front = front(&store, 3).await;
     let owner = Owner::Anonymous;
-    let queued = |context: &'static [u8]| {
-        front
-            .for_takeover(NewTask::new(&owner, front.instance()))
-            .context(context)
-    };
-    let (cancelled, _, _) = front.create(queued(b"complete")).await.unwrap();
-    let (panicking, _, _) = front.create(queued(b"panic")).await.unwrap();
+    let cancelled = queue(&front, b"complete").await;
+    let panicking = queue(&front, b"panic").await;
     let cancel = mcp_event_store_core::task::CancelMode::Cooperative;
     store
         .request_cancel(&cancelled.to_string(), &owner, cancel, Some("not needed"))
@@ -494,15 +502,9 @@ async fn input_gives_the_task_back_until_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claimed_runs_are_bounded() {
     let store = Arc::new(MemoryStore::new());
-    let front = Runtime::builder(store.clone())
-        .lease(LEASE)
-        .hand_off_to_workers()
-        .start()
-        .await
-        .unwrap();
+    let front = front(&store, 3).await;
     for _ in 0..5 {
-        let task = front.for_takeover(NewTask::new(&Owner::Anonymous, front.instance()));
-        front.create(task.context(b"hang")).await.unwrap();
+        queue(&front, b"hang").await;
     }
     let worker = Runtime::builder(store.clone())
         .lease(LEASE)
@@ -528,17 +530,11 @@ async fn claim_for_returns_its_task_and_runs_the_others() {
     let store = Arc::new(MemoryStore::with_options(
         StoreOptions::default().max_payload_bytes(200),
     ));
-    let front = Runtime::builder(store.clone())
-        .lease(LEASE)
-        .hand_off_to_workers()
-        .start()
-        .await
-        .unwrap();
+    let front = front(&store, 3).await;
     let owner = Owner::Anonymous;
     let mut ids = Vec::new();
     for _ in 0..3 {
-        let task = front.for_takeover(NewTask::new(&owner, front.instance()));
-        ids.push(front.create(task.context(b"complete")).await.unwrap().0);
+        ids.push(queue(&front, b"complete").await);
     }
     let resumer = runtime(&store).await;
     assert!(
@@ -586,14 +582,8 @@ async fn claim_for_returns_its_task_and_runs_the_others() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_runner_gives_its_tasks_back() {
     let store = Arc::new(MemoryStore::new());
-    let front = Runtime::builder(store.clone())
-        .lease(LEASE)
-        .hand_off_to_workers()
-        .start()
-        .await
-        .unwrap();
-    let task = front.for_takeover(NewTask::new(&Owner::Anonymous, front.instance()));
-    let (id, _, _) = front.create(task.context(b"hang")).await.unwrap();
+    let front = front(&store, 3).await;
+    let id = queue(&front, b"hang").await;
     let first = runtime(&store).await;
     let (executor, mut runs) = script("first");
     let takeovers = first.run_takeovers(executor.clone());
@@ -626,15 +616,8 @@ async fn a_stopped_runner_gives_its_tasks_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_gives_its_tasks_back_before_its_lease_ends() {
     let store = Arc::new(MemoryStore::new());
-    let front = Runtime::builder(store.clone())
-        .lease(LEASE)
-        .max_attempts(1)
-        .hand_off_to_workers()
-        .start()
-        .await
-        .unwrap();
-    let task = front.for_takeover(NewTask::new(&Owner::Anonymous, front.instance()));
-    let (id, _, _) = front.create(task.context(b"hang")).await.unwrap();
+    let front = front(&store, 1).await;
+    let id = queue(&front, b"hang").await;
     let leaving = runtime(&store).await;
     let (executor, mut runs) = script("leaving");
     let _takeovers = leaving.run_takeovers(executor);
