@@ -67,7 +67,7 @@ mod time;
 pub use run::{Outcome, Stop, TaskRun};
 pub use runtime::{
     DEFAULT_CLAIM_EVERY, DEFAULT_LEASE, DEFAULT_MAX_RUNNING, DEFAULT_PURGE_EVERY,
-    DEFAULT_WATCH_WAIT, Runtime, RuntimeBuilder,
+    DEFAULT_WATCH_WAIT, MAX_RUNNING, Runtime, RuntimeBuilder,
 };
 pub use streams::DEFAULT_PRODUCER_TTL;
 pub use takeover::{Executor, Takeovers};
