@@ -14,13 +14,13 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::task::{
-    Applied, INSTANCE_LOST_ERROR, NewTask, Owner, TaskStatus, TaskStore, WorkerChange,
+    Applied, INSTANCE_LOST_ERROR, NewTask, Owner, TaskRecord, TaskStatus, TaskStore, WorkerChange,
 };
 use mcp_event_store_core::{
     Error, EventStore, ManualClock, MemoryStore, NewEvent, Retention, SessionStore, Store,
     StoreOptions,
 };
-use mcp_event_store_runtime::{Executor, Outcome, Runtime, TaskRun, internal_error};
+use mcp_event_store_runtime::{Executor, Outcome, Runtime, Takeovers, TaskRun, internal_error};
 use tokio::sync::mpsc;
 
 /// "Must happen eventually" guard; never a latency bound.
@@ -153,6 +153,26 @@ async fn next(runs: &mut mpsc::UnboundedReceiver<Started>) -> Started {
         .expect("the executor lives")
 }
 
+/// The anonymous task `id` as a client reads it.
+async fn read(store: &MemoryStore, id: &impl ToString) -> TaskRecord {
+    let read = store.get(&id.to_string(), &Owner::Anonymous).await;
+    read.unwrap().expect("the task reads")
+}
+
+/// A new runtime `by` that takes over the one task left to run, still on
+/// its first attempt, and leaves it working.
+async fn takes_over_on_the_first_attempt(
+    store: &Arc<MemoryStore>,
+    by: &'static str,
+) -> (Runtime, Takeovers) {
+    let runtime = runtime(store).await;
+    let (executor, mut runs) = script(by);
+    let takeovers = runtime.run_takeovers(executor);
+    let started = next(&mut runs).await;
+    assert_eq!((started.by, started.attempt), (by, 1));
+    (runtime, takeovers)
+}
+
 /// An instance running events, sessions and tasks holds exactly one lease
 /// in the store, and keeps no lease of any other kind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,12 +214,7 @@ async fn the_lease_lives_with_the_runtime() {
         .await
         .unwrap();
     tokio::time::sleep(LEASE * 5).await;
-    let read = store
-        .get(&id.to_string(), &Owner::Anonymous)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(read.status, TaskStatus::Working);
+    assert_eq!(read(&store, &id).await.status, TaskStatus::Working);
     assert!(
         Box::pin(watcher.producer_lost(stream))
             .now_or_never()
@@ -210,12 +225,8 @@ async fn the_lease_lives_with_the_runtime() {
     tokio::time::timeout(EVENTUALLY, watcher.producer_lost(stream))
         .await
         .expect("a writer that stopped renewing is lost");
-    let read = store
-        .get(&id.to_string(), &Owner::Anonymous)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(read.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
+    let lost = read(&store, &id).await;
+    assert_eq!(lost.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
 }
 
 /// A graceful shutdown ends the lease at once: the writer is gone for
@@ -282,17 +293,9 @@ async fn a_lapsed_instance_is_replaced() {
         .await
         .unwrap();
     assert_ne!(runtime.instance(), first, "a fresh instance");
-    let lost = store
-        .get(&id.to_string(), &Owner::Anonymous)
-        .await
-        .unwrap()
-        .unwrap();
+    let lost = read(&store, &id).await;
     assert_eq!(lost.outcome.as_deref(), Some(INSTANCE_LOST_ERROR));
-    let alive = store
-        .get(&second.to_string(), &Owner::Anonymous)
-        .await
-        .unwrap()
-        .unwrap();
+    let alive = read(&store, &second).await;
     assert_eq!(alive.status, TaskStatus::Working);
     runtime.shutdown().await;
 }
@@ -594,17 +597,8 @@ async fn a_stopped_runner_gives_its_tasks_back() {
         executor.dropped.load(Ordering::SeqCst) == 1
     })
     .await;
-    let second = runtime(&store).await;
-    let (executor, mut runs) = script("second");
-    let _takeovers = second.run_takeovers(executor);
-    let started = next(&mut runs).await;
-    assert_eq!((started.by, started.attempt), ("second", 1));
-    let read = store
-        .get(&id.to_string(), &Owner::Anonymous)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(read.status, TaskStatus::Working);
+    let (second, _takeovers) = takes_over_on_the_first_attempt(&store, "second").await;
+    assert_eq!(read(&store, &id).await.status, TaskStatus::Working);
     second.shutdown().await;
     first.shutdown().await;
     front.shutdown().await;
@@ -623,17 +617,8 @@ async fn a_shutdown_gives_its_tasks_back_before_its_lease_ends() {
     let _takeovers = leaving.run_takeovers(executor);
     assert_eq!(next(&mut runs).await.attempt, 1);
     leaving.shutdown().await;
-    let staying = runtime(&store).await;
-    let (executor, mut runs) = script("staying");
-    let _takeovers = staying.run_takeovers(executor);
-    let started = next(&mut runs).await;
-    assert_eq!((started.by, started.attempt), ("staying", 1));
-    let read = store
-        .get(&id.to_string(), &Owner::Anonymous)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(read.status, TaskStatus::Working, "{read:?}");
+    let (staying, _takeovers) = takes_over_on_the_first_attempt(&store, "staying").await;
+    assert_eq!(read(&store, &id).await.status, TaskStatus::Working);
     staying.shutdown().await;
     front.shutdown().await;
 }

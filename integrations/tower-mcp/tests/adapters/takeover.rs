@@ -161,11 +161,14 @@ async fn adapter(store: &Arc<dyn Store>, max_attempts: u32) -> TowerTaskStore {
         .unwrap()
 }
 
+/// What the processes of one test share: where their runs report, and the
+/// gate their `work` runs wait at (closed until a test adds permits).
 struct Channels {
     started_tx: mpsc::UnboundedSender<Started>,
     started: mpsc::UnboundedReceiver<Started>,
     stopped_tx: mpsc::UnboundedSender<&'static str>,
     stopped: mpsc::UnboundedReceiver<&'static str>,
+    gate: Arc<Semaphore>,
 }
 
 fn channels() -> Channels {
@@ -176,6 +179,15 @@ fn channels() -> Channels {
         started,
         stopped_tx,
         stopped,
+        gate: Arc::new(Semaphore::new(0)),
+    }
+}
+
+impl Channels {
+    /// Process `by` on `tasks`, reporting here and gated here.
+    fn process(&self, by: &'static str, tasks: TowerTaskStore) -> Process {
+        let (started, stopped) = (self.started_tx.clone(), self.stopped_tx.clone());
+        process(by, tasks, started, stopped, self.gate.clone())
     }
 }
 
@@ -223,27 +235,14 @@ async fn lapses(store: &Arc<dyn Store>, id: &str) -> u32 {
 /// B's, on run 2.
 async fn a_task_is_taken_over_once_its_instance_lapses(store: Arc<dyn Store>) {
     let mut ch = channels();
-    let gate = Arc::new(Semaphore::new(0));
-    let a = process(
-        "A",
-        adapter(&store, 3).await,
-        ch.started_tx.clone(),
-        ch.stopped_tx.clone(),
-        gate.clone(),
-    );
+    let a = ch.process("A", adapter(&store, 3).await);
     let (id, _) = a
         .tasks
         .create_task("work", json!({"n": 7}), None, None)
         .await
         .unwrap();
     a.die();
-    let b = process(
-        "B",
-        adapter(&store, 3).await,
-        ch.started_tx.clone(),
-        ch.stopped_tx.clone(),
-        gate.clone(),
-    );
+    let b = ch.process("B", adapter(&store, 3).await);
     let started = eventually("B runs the task", ch.started.recv())
         .await
         .unwrap();
@@ -253,7 +252,7 @@ async fn a_task_is_taken_over_once_its_instance_lapses(store: Arc<dyn Store>) {
         b.tasks.get_task(&id).await.unwrap().unwrap().status,
         TaskStatus::Working
     );
-    gate.add_permits(1);
+    ch.gate.add_permits(1);
     assert_eq!(
         settles(&b.tasks, &id, TaskStatus::Completed).await,
         "done by B"
@@ -307,17 +306,10 @@ fn running_runtime() -> tokio::runtime::Runtime {
 fn a_stale_instance_cannot_write_to_a_task_taken_over() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let mut ch = channels();
-    let gate = Arc::new(Semaphore::new(0));
     let on_a = paused_runtime();
     let on_b = running_runtime();
     let (a, id, token) = on_a.block_on(async {
-        let a = process(
-            "A",
-            adapter(&store, 3).await,
-            ch.started_tx.clone(),
-            ch.stopped_tx.clone(),
-            gate.clone(),
-        );
+        let a = ch.process("A", adapter(&store, 3).await);
         let (id, token) = a
             .tasks
             .create_task("work", json!({}), None, None)
@@ -328,13 +320,7 @@ fn a_stale_instance_cannot_write_to_a_task_taken_over() {
     // A is paused from here on: B takes the task over once A's lease runs
     // out, and its handler waits at the gate.
     let b = on_b.block_on(async {
-        let b = process(
-            "B",
-            adapter(&store, 3).await,
-            ch.started_tx.clone(),
-            ch.stopped_tx.clone(),
-            gate.clone(),
-        );
+        let b = ch.process("B", adapter(&store, 3).await);
         let started = eventually("B runs the task", ch.started.recv())
             .await
             .unwrap();
@@ -364,7 +350,7 @@ fn a_stale_instance_cannot_write_to_a_task_taken_over() {
         let (task, _, _) = b.tasks.get_task_result(&id).await.unwrap().unwrap();
         assert_eq!(task.status, TaskStatus::Working);
         assert_ne!(task.status_message.as_deref(), Some("A's message"));
-        gate.add_permits(1);
+        ch.gate.add_permits(1);
         assert_eq!(
             settles(&b.tasks, &id, TaskStatus::Completed).await,
             "done by B"
@@ -391,14 +377,7 @@ async fn a_run_from_before_a_lapse_is_fenced_by_its_own_process() {
         StoreOptions::default().clock(clock.clone()),
     ));
     let mut ch = channels();
-    let gate = Arc::new(Semaphore::new(0));
-    let a = process(
-        "A",
-        adapter(&store, 3).await,
-        ch.started_tx.clone(),
-        ch.stopped_tx.clone(),
-        gate.clone(),
-    );
+    let a = ch.process("A", adapter(&store, 3).await);
     let first_instance = a.tasks.runtime().instance();
     // The first run: tower-mcp's, of the task A creates.
     let (id, token) = a
@@ -422,7 +401,7 @@ async fn a_run_from_before_a_lapse_is_fenced_by_its_own_process() {
         "the first run wrote under the second run's claim"
     );
     eventually("the first run's token raised", token.cancelled()).await;
-    gate.add_permits(1);
+    ch.gate.add_permits(1);
     assert_eq!(
         settles(&a.tasks, &id, TaskStatus::Completed).await,
         "done by A"
@@ -438,18 +417,11 @@ async fn a_run_from_before_a_lapse_is_fenced_by_its_own_process() {
 fn attempts_are_bounded() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let mut ch = channels();
-    let gate = Arc::new(Semaphore::new(0));
     let on_a = paused_runtime();
     let on_b = paused_runtime();
     let on_c = running_runtime();
     let (a, id) = on_a.block_on(async {
-        let a = process(
-            "A",
-            adapter(&store, 2).await,
-            ch.started_tx.clone(),
-            ch.stopped_tx.clone(),
-            gate.clone(),
-        );
+        let a = ch.process("A", adapter(&store, 2).await);
         let (id, _) = a
             .tasks
             .create_task("work", json!({}), None, None)
@@ -458,13 +430,7 @@ fn attempts_are_bounded() {
         (a, id)
     });
     let b = on_b.block_on(async {
-        let b = process(
-            "B",
-            adapter(&store, 2).await,
-            ch.started_tx.clone(),
-            ch.stopped_tx.clone(),
-            gate.clone(),
-        );
+        let b = ch.process("B", adapter(&store, 2).await);
         let started = eventually("B runs the task", ch.started.recv())
             .await
             .unwrap();
@@ -473,13 +439,7 @@ fn attempts_are_bounded() {
     });
     // B is paused from here on, on the task's last run.
     on_c.block_on(async {
-        let c = process(
-            "C",
-            adapter(&store, 2).await,
-            ch.started_tx.clone(),
-            ch.stopped_tx.clone(),
-            gate.clone(),
-        );
+        let c = ch.process("C", adapter(&store, 2).await);
         assert_eq!(
             settles(&c.tasks, &id, TaskStatus::Failed).await,
             "server instance lost"
@@ -497,34 +457,15 @@ fn attempts_are_bounded() {
 /// `cancelled` and stops the handler running it on the claimant.
 async fn a_cancel_stops_a_task_taken_over(store: Arc<dyn Store>) {
     let mut ch = channels();
-    let gate = Arc::new(Semaphore::new(0));
-    let a = process(
-        "A",
-        adapter(&store, 3).await,
-        ch.started_tx.clone(),
-        ch.stopped_tx.clone(),
-        gate.clone(),
-    );
+    let a = ch.process("A", adapter(&store, 3).await);
     let (id, _) = a
         .tasks
         .create_task("work", json!({}), None, None)
         .await
         .unwrap();
     a.die();
-    let b = process(
-        "B",
-        adapter(&store, 3).await,
-        ch.started_tx.clone(),
-        ch.stopped_tx.clone(),
-        gate.clone(),
-    );
-    let c = process(
-        "C",
-        adapter(&store, 3).await,
-        ch.started_tx.clone(),
-        ch.stopped_tx.clone(),
-        gate.clone(),
-    );
+    let b = ch.process("B", adapter(&store, 3).await);
+    let c = ch.process("C", adapter(&store, 3).await);
     let started = eventually("the task is taken over", ch.started.recv())
         .await
         .unwrap();
@@ -536,7 +477,7 @@ async fn a_cancel_stops_a_task_taken_over(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(stopped, started.by);
-    gate.add_permits(1);
+    ch.gate.add_permits(1);
     assert_eq!(
         b.tasks.get_task(&id).await.unwrap().unwrap().status,
         TaskStatus::Cancelled
@@ -588,21 +529,8 @@ async fn send(router: &McpRouter, request: McpRequest) -> McpResponse {
 async fn a_parked_task_resumes_wherever_it_is_answered() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let mut ch = channels();
-    let gate = Arc::new(Semaphore::new(0));
-    let a = process(
-        "A",
-        adapter(&store, 3).await,
-        ch.started_tx.clone(),
-        ch.stopped_tx.clone(),
-        gate.clone(),
-    );
-    let b = process(
-        "B",
-        adapter(&store, 3).await,
-        ch.started_tx.clone(),
-        ch.stopped_tx.clone(),
-        gate.clone(),
-    );
+    let a = ch.process("A", adapter(&store, 3).await);
+    let b = ch.process("B", adapter(&store, 3).await);
     let call = serde_json::from_value(json!({"name": "ask", "arguments": {"x": 1}})).unwrap();
     let McpResponse::FinalCreateTask(created) = send(&a.router, McpRequest::CallTool(call)).await
     else {
