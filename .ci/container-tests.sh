@@ -39,6 +39,8 @@ timed() {
 
 finish() {
     local status=$? start
+    # A failed step leaves no container behind for the next run to trip on.
+    [ "$status" = 0 ] || remove_test_containers
     if [ -n "$dockerd_pid" ]; then
         start=$(now)
         kill "$dockerd_pid" 2>/dev/null || true
@@ -152,6 +154,22 @@ run_kit_test() {
         || { echo "$KIT_TEST did not run" >&2; return 1; }
 }
 
+# Removes every container of the tests, if an engine answers.
+remove_test_containers() {
+    local left
+    left=$(docker ps -aq --filter "label=$LABEL" 2>/dev/null) || return 0
+    [ -z "$left" ] || docker rm -f $left >/dev/null 2>&1 || true
+}
+
+# Containers an earlier run left (one stopped mid-step on a developer's
+# machine) would be counted as this run's leftovers.
+clear_earlier_runs() {
+    local left
+    left=$(docker ps -aq --filter "label=$LABEL" | wc -l)
+    remove_test_containers
+    echo "containers of earlier runs removed: $left"
+}
+
 # The watchdogs remove a binary's containers once it has exited.
 none_left() {
     for _ in $(seq 1 300); do
@@ -166,6 +184,7 @@ none_left() {
 timed "install docker.io" install_docker
 timed "start dockerd" start_engine
 timed "build images" build_images
+timed "clear earlier runs" clear_earlier_runs
 timed "list the test executables" list_tests
 timed "PostgreSQL and Redis suites" run_suites
 timed "test kit: containers removed" run_kit_test
