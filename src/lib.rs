@@ -480,6 +480,7 @@ use std::sync::Arc;
 
 // What applications use; the implementer plumbing stays in
 // `mcp_event_store_core::backend`, for backend crates.
+pub use mcp_event_store_core::bus;
 pub use mcp_event_store_core::task;
 pub use mcp_event_store_core::{
     Backend, BoxError, Clock, Connecting, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, Error,

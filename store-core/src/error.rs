@@ -94,6 +94,30 @@ pub enum Error {
         instance: String,
     },
 
+    /// A bus topic is outside the contract (C19): empty, over
+    /// [`MAX_TOPIC_LEN`](crate::bus::MAX_TOPIC_LEN) bytes, or not visible
+    /// ASCII.
+    #[error("invalid topic: {reason}")]
+    InvalidTopic {
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A bus subscriber's cursor is behind what the store still holds
+    /// (C18): messages after it were purged unread (or it was never one of
+    /// the topic's). Nothing more can be delivered in order; subscribe
+    /// again from now, and catch up on what was missed from the source of
+    /// truth.
+    #[error(
+        "the subscriber to topic {topic:?} fell behind after {cursor:?}: messages were purged unread"
+    )]
+    FellBehind {
+        /// The topic.
+        topic: String,
+        /// The cursor the subscriber resumed after.
+        cursor: String,
+    },
+
     /// The backend failed (I/O, connection, server error). The original error
     /// is kept as the source.
     #[error("{backend} backend error: {source}")]
@@ -111,7 +135,7 @@ impl Error {
     /// `unknown_event_id`, `events_purged`, `invalid_stream_id`,
     /// `invalid_session_id`, `payload_too_large`, `incompatible_format`,
     /// `corrupt`, `config`, `backend_not_enabled`, `closed`,
-    /// `instance_lapsed` or `backend`.
+    /// `instance_lapsed`, `invalid_topic`, `fell_behind` or `backend`.
     ///
     /// ```
     /// use mcp_event_store_core::Error;
@@ -132,6 +156,8 @@ impl Error {
             Error::BackendNotEnabled { .. } => "backend_not_enabled",
             Error::Closed => "closed",
             Error::InstanceLapsed { .. } => "instance_lapsed",
+            Error::InvalidTopic { .. } => "invalid_topic",
+            Error::FellBehind { .. } => "fell_behind",
             Error::Backend { .. } => "backend",
         }
     }

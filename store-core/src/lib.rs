@@ -71,6 +71,21 @@
 //!   health check, bounded in memory.
 //! * **C16 Whole streams.** A stream's every retained event from its
 //!   oldest, for a transport that numbers events itself.
+//! * **C17 Bus.** A message published to a [`bus::Topic`] on any handle
+//!   reaches every subscription to that topic on every handle sharing the
+//!   store, in publish order, each once, and never a message of another
+//!   topic (nor an event of a stream); it is durable once `publish`
+//!   returns.
+//! * **C18 Bus catch-up.** A subscription resumed after a message's
+//!   cursor receives every message published after it; one whose cursor
+//!   retention overtook is [`Error::FellBehind`], when it subscribes or
+//!   when it reaches the gap: never a silent gap.
+//! * **C19 Bus bounds.** A topic is 1 to 256 bytes of visible ASCII, else
+//!   [`Error::InvalidTopic`]; a message over the payload limit is
+//!   [`Error::PayloadTooLarge`], and either refusal stores nothing;
+//!   messages are kept under the store's retention; a subscription reads
+//!   the store only as it is polled, so a slow one holds no backlog in
+//!   memory.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -86,6 +101,7 @@ mod options;
 mod store;
 
 pub mod backend;
+pub mod bus;
 pub mod observe;
 pub mod task;
 

@@ -1,7 +1,7 @@
 //! The contract is stated in one place, core's docs: the event clauses in
 //! the crate docs (`src/lib.rs`), the task clauses in the `task` module
 //! docs (`src/task/mod.rs`), each one a `**Cn ` or `**Tn ` bullet. Every
-//! other mention of the whole range in the repository ("C1 to C16", "T1 to
+//! other mention of the whole range in the repository ("C1 to C19", "T1 to
 //! T21", in docs, READMEs and test comments, across a line break too) must
 //! name the newest clause, so a new clause cannot leave stale ranges behind.
 //! The CHANGELOG is history and keeps the ranges of its day.
@@ -43,7 +43,7 @@ fn ranges(text: &str, prefix: char) -> Vec<u32> {
     let start = format!("{prefix}1 to {prefix}");
     text.match_indices(&start)
         .filter(|(at, _)| {
-            // Not the tail of a longer word or number ("XC1 to C16").
+            // Not the tail of a longer word or number ("XC1 to C19").
             !text[..*at].ends_with(|c: char| c.is_ascii_alphanumeric())
         })
         .filter_map(|(at, _)| {
@@ -119,8 +119,8 @@ fn every_range_quoted_names_the_newest_clause() {
 
 #[test]
 fn the_scan_reads_ranges_across_lines_and_comments() {
-    let text = flattened("//! clauses T1\n//! to T19, and C1 to C16; XC1 to C2");
+    let text = flattened("//! clauses T1\n//! to T19, and C1 to C19; XC1 to C2");
     assert_eq!(ranges(&text, 'T'), [19]);
-    assert_eq!(ranges(&text, 'C'), [16]);
+    assert_eq!(ranges(&text, 'C'), [19]);
     assert_eq!(defined("* **C1 One.**\n* **C2 Two.** **C10x", 'C'), [1, 2]);
 }

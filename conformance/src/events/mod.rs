@@ -1,4 +1,4 @@
-//! The conformance suite: every backend runs every case (contract C1 to C16).
+//! The conformance suite: every backend runs every case (contract C1 to C19).
 //!
 //! Each case is a plain async function taking a [`Harness`]; the
 //! [`event_suite!`](crate::event_suite) macro turns them all into
@@ -12,6 +12,7 @@
 //! The calling crate needs `tokio` with the `macros` and `rt-multi-thread`
 //! features among its dev-dependencies.
 
+mod bus;
 mod concurrency;
 mod follow;
 mod ids;
@@ -25,6 +26,7 @@ mod sessions;
 mod sharing;
 mod support;
 
+pub use bus::*;
 pub use concurrency::*;
 pub use follow::*;
 pub use ids::*;
@@ -194,6 +196,7 @@ macro_rules! event_suite {
         $crate::__conformance_follow!($harness);
         $crate::__conformance_inspect!($harness);
         $crate::__conformance_oldest!($harness);
+        $crate::__conformance_bus!($harness);
     };
     ($harness:expr, persistent) => {
         $crate::event_suite!($harness);
@@ -387,6 +390,7 @@ mod registration {
                 ("follow", include_str!("follow.rs")),
                 ("inspect", include_str!("inspect.rs")),
                 ("oldest", include_str!("oldest.rs")),
+                ("bus", include_str!("bus.rs")),
             ],
             dir: "events",
         }
