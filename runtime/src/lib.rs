@@ -30,6 +30,19 @@
 //!   (or sooner, when its claim is seen lost) and changes nothing: *at least
 //!   once, with fencing*.
 //!
+//! * **The bus between instances** (core's bus, C17 to C19): what is
+//!   held only in memory stops at the instance that holds it, so the
+//!   instances tell each other through the store. A server-to-client
+//!   request carries an id naming its instance ([`Runtime::request_id`]);
+//!   the instance a client posts the answer to routes it there
+//!   ([`Runtime::route_reply`]), where [`Runtime::replies`] hands it to
+//!   the waiting session. A notification raised once
+//!   ([`Runtime::notify`]) is heard by every instance
+//!   ([`Runtime::notifications`]), and so is a session ended anywhere
+//!   ([`Runtime::end_session`], [`Runtime::ended_sessions`]). Each comes
+//!   through a [`Listener`], which keeps its subscription across errors
+//!   and says when retention overtook it.
+//!
 //! A [`TaskRun`] is one run of a task on this instance, whether the
 //! instance created it or claimed it: its claim, its checkpoint, its
 //! answers, its writes, and [`TaskRun::drive`], which runs an operation and
@@ -58,12 +71,14 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod bus;
 mod run;
 mod runtime;
 mod streams;
 mod takeover;
 mod time;
 
+pub use bus::{Audience, Heard, Listener, Notification, Reply, Route};
 pub use run::{Outcome, Stop, TaskRun};
 pub use runtime::{
     DEFAULT_CLAIM_EVERY, DEFAULT_LEASE, DEFAULT_MAX_RUNNING, DEFAULT_PURGE_EVERY,

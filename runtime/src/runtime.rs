@@ -94,6 +94,12 @@ pub(crate) struct Inner {
     pub(crate) claiming: tokio::sync::Mutex<()>,
     maintenance: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// The store's bus, for what instances tell each other.
+    pub(crate) bus: mcp_event_store_core::bus::StoreBus,
+    /// How many request ids this runtime minted.
+    pub(crate) requests: AtomicU64,
+    /// Turns `true` at shutdown: listeners end.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl fmt::Debug for Runtime {
@@ -235,6 +241,7 @@ impl Runtime {
     /// The store stays open; the runtime creates no task after it.
     pub async fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.stopping.send_replace(true);
         let maintenance = lock(&self.inner.maintenance).take();
         if let Some(maintenance) = maintenance {
             maintenance.abort();
@@ -388,6 +395,9 @@ impl RuntimeBuilder {
         }
         let instance = register(self.store.task_runtime(), s.lease).await?;
         let inner = Arc::new(Inner {
+            bus: crate::bus::new_bus(&self.store),
+            requests: AtomicU64::new(0),
+            stopping: tokio::sync::watch::Sender::new(false),
             store: self.store,
             settings: s,
             instance: Mutex::new(instance),

@@ -1,0 +1,416 @@
+//! What the instances of one deployment tell each other, over the store's
+//! bus (core's [`bus`](mcp_event_store_core::bus), C17 to C19): the
+//! answers to server-to-client requests that reached another instance,
+//! notifications for listeners wherever they are connected, and sessions
+//! ended anywhere.
+//!
+//! Each comes as a [`Listener`]: it keeps its subscription across backend
+//! errors (resuming after the last message, so nothing is lost) and says
+//! [`Heard::Missed`] when retention overtook it, then goes on from now.
+//! It ends when the runtime shuts down.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt};
+use mcp_event_store_core::bus::{Bus, Cursor, Message, Start, StoreBus, Subscription, Topic};
+use mcp_event_store_core::task::InstanceId;
+use mcp_event_store_core::{Error, Result};
+
+use crate::Runtime;
+
+/// The topic every instance hears notifications on.
+const NOTIFICATIONS: &str = "mcp/notifications";
+/// The topic every instance hears ended sessions on.
+const ENDED_SESSIONS: &str = "mcp/sessions/ended";
+/// The topic of an instance's replies: this and its id.
+const REPLIES_PREFIX: &str = "mcp/replies/";
+
+/// The first pause before a listener subscribes again after a backend
+/// error; it doubles up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// What a [`Listener`] yields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Heard<T> {
+    /// The next message.
+    Message(T),
+    /// Retention overtook the listener (it was too slow, or away too
+    /// long): messages were lost. It goes on with those published from
+    /// now; whoever acts on the messages should catch up from the source
+    /// of truth.
+    Missed,
+}
+
+/// Messages of one kind from every instance, in the order published.
+///
+/// It keeps its subscription across backend errors (resuming after the
+/// last message, so nothing is lost), yields [`Heard::Missed`] when
+/// retention overtook it and goes on from now, and ends when the runtime
+/// shuts down. It reads the store only as it is polled: a slow listener
+/// holds no backlog.
+pub struct Listener<T> {
+    heard: BoxStream<'static, Heard<T>>,
+}
+
+impl<T> fmt::Debug for Listener<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener").finish_non_exhaustive()
+    }
+}
+
+impl<T> Stream for Listener<T> {
+    type Item = Heard<T>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Heard<T>>> {
+        self.heard.poll_next_unpin(cx)
+    }
+}
+
+/// A server-to-client request's answer that a client sent to another
+/// instance, forwarded here, where the request waits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// The session the client answered in.
+    pub session: String,
+    /// The JSON-RPC response or error, as the client sent it.
+    pub message: Bytes,
+}
+
+/// Where [`Runtime::route_reply`] sent an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The request waits here (or its id is not one this runtime minted):
+    /// hand the answer to the local session.
+    Local,
+    /// Forwarded to the instance whose request waits for it.
+    Forwarded(InstanceId),
+    /// The instance that sent the request is gone (its lease lapsed):
+    /// nobody will take the answer.
+    Gone(InstanceId),
+}
+
+/// Who a notification is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Audience {
+    /// Every listener of every session.
+    All,
+    /// The listeners of one session.
+    Session(String),
+}
+
+/// A notification raised on some instance, for the listeners of this one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notification {
+    /// Who it is for.
+    pub audience: Audience,
+    /// The JSON-RPC notification, as raised.
+    pub message: Bytes,
+}
+
+impl Runtime {
+    /// The store's bus, shared by every instance on the store: for
+    /// messages of an application's own.
+    pub fn bus(&self) -> &StoreBus {
+        &self.inner.bus
+    }
+
+    /// Listens to `topic` from now, for as long as the runtime runs.
+    pub async fn listen(&self, topic: &Topic) -> Result<Listener<Message>> {
+        self.ensure_open()?;
+        let first = self.inner.bus.subscribe(topic, Start::Now).await?;
+        Ok(self.keep(topic.clone(), first, Some))
+    }
+
+    /// A fresh id for a server-to-client request sent from this instance:
+    /// unique across instances and restarts, and naming this instance, so
+    /// that whichever instance the client answers knows where the request
+    /// waits ([`route_reply`](Self::route_reply)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mcp_event_store_core::Result<()> {
+    /// # let store = std::sync::Arc::new(mcp_event_store_core::MemoryStore::new());
+    /// # let runtime = mcp_event_store_runtime::Runtime::builder(store).start().await?;
+    /// let id = runtime.request_id();
+    /// assert!(id.starts_with(&runtime.instance().to_string()));
+    /// assert_ne!(runtime.request_id(), id);
+    /// # runtime.shutdown().await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn request_id(&self) -> String {
+        let n = self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        format!("{}.{n}", self.instance())
+    }
+
+    /// Sends a client's answer (`message`, a JSON-RPC response or error
+    /// to request `id`, in `session`) to the instance whose request waits
+    /// for it; see [`Route`].
+    pub async fn route_reply(&self, session: &str, id: &str, message: &[u8]) -> Result<Route> {
+        let Some(to) = request_instance(id) else {
+            return Ok(Route::Local);
+        };
+        if to == self.instance() {
+            return Ok(Route::Local);
+        }
+        if !self.runtime_store().is_alive(to).await? {
+            return Ok(Route::Gone(to));
+        }
+        let topic = replies_topic(&to);
+        self.inner
+            .bus
+            .publish(&topic, &frame(session.as_bytes(), message)?)
+            .await?;
+        Ok(Route::Forwarded(to))
+    }
+
+    /// The answers other instances forward here: hand each to its session.
+    pub async fn replies(&self) -> Result<Listener<Reply>> {
+        self.ensure_open()?;
+        let topic = replies_topic(&self.instance());
+        let first = self.inner.bus.subscribe(&topic, Start::Now).await?;
+        Ok(self.keep(topic, first, |message| {
+            let (session, reply) = unframe(&message.payload)?;
+            Some(Reply {
+                session: String::from_utf8(session.to_vec()).ok()?,
+                message: reply,
+            })
+        }))
+    }
+
+    /// Tells every instance that `session` ended (a client deleted it
+    /// here): each ends it where it holds it.
+    pub async fn end_session(&self, session: &str) -> Result<()> {
+        self.inner
+            .bus
+            .publish(&topic(ENDED_SESSIONS), session.as_bytes())
+            .await
+            .map(drop)
+    }
+
+    /// The sessions ended on any instance, this one included.
+    pub async fn ended_sessions(&self) -> Result<Listener<String>> {
+        self.ensure_open()?;
+        let topic = topic(ENDED_SESSIONS);
+        let first = self.inner.bus.subscribe(&topic, Start::Now).await?;
+        Ok(self.keep(topic, first, |message| {
+            String::from_utf8(message.payload.to_vec()).ok()
+        }))
+    }
+
+    /// Raises a notification once for the listeners of every instance.
+    pub async fn notify(&self, audience: &Audience, message: &[u8]) -> Result<()> {
+        let to: &[u8] = match audience {
+            Audience::All => b"",
+            Audience::Session(session) if session.is_empty() => {
+                return Err(Error::InvalidSessionId {
+                    reason: "a notification's session is 1 or more bytes".into(),
+                });
+            }
+            Audience::Session(session) => session.as_bytes(),
+        };
+        self.inner
+            .bus
+            .publish(&topic(NOTIFICATIONS), &frame(to, message)?)
+            .await
+            .map(drop)
+    }
+
+    /// The notifications raised on any instance, this one included: deliver
+    /// each to this instance's listeners it is for.
+    pub async fn notifications(&self) -> Result<Listener<Notification>> {
+        self.ensure_open()?;
+        let topic = topic(NOTIFICATIONS);
+        let first = self.inner.bus.subscribe(&topic, Start::Now).await?;
+        Ok(self.keep(topic, first, |message| {
+            let (to, notification) = unframe(&message.payload)?;
+            let audience = match to.is_empty() {
+                true => Audience::All,
+                false => Audience::Session(String::from_utf8(to.to_vec()).ok()?),
+            };
+            Some(Notification {
+                audience,
+                message: notification,
+            })
+        }))
+    }
+
+    /// A listener over `first`, subscribed again after errors, until the
+    /// runtime shuts down; `decode` turns a message into what it yields
+    /// (`None`: not one of ours, skipped).
+    fn keep<T: Send + 'static>(
+        &self,
+        topic: Topic,
+        first: Subscription,
+        decode: impl Fn(Message) -> Option<T> + Send + 'static,
+    ) -> Listener<T> {
+        struct State<D> {
+            bus: StoreBus,
+            topic: Topic,
+            subscription: Option<Subscription>,
+            last: Option<Cursor>,
+            retry: Duration,
+            stopping: tokio::sync::watch::Receiver<bool>,
+            decode: D,
+        }
+        let state = State {
+            bus: self.inner.bus.clone(),
+            topic,
+            subscription: Some(first),
+            last: None,
+            retry: FIRST_RETRY,
+            stopping: self.inner.stopping.subscribe(),
+            decode,
+        };
+        let heard = futures_util::stream::unfold(state, |mut state| async move {
+            loop {
+                let Some(subscription) = &mut state.subscription else {
+                    // After a backend error: resume after the last message
+                    // heard (from now if none was, so say some may be lost).
+                    let start = state.last.map_or(Start::Now, Start::After);
+                    tokio::select! {
+                        _ = state.stopping.wait_for(|stopping| *stopping) => return None,
+                        () = tokio::time::sleep(state.retry) => {}
+                    }
+                    match state.bus.subscribe(&state.topic, start).await {
+                        Ok(subscription) => {
+                            state.subscription = Some(subscription);
+                            if start == Start::Now {
+                                return Some((Heard::Missed, state));
+                            }
+                        }
+                        Err(Error::FellBehind { .. }) => {
+                            state.last = None;
+                            state.retry = FIRST_RETRY;
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, topic = %state.topic, retry_in = ?state.retry,
+                                "cannot listen to the bus; retrying");
+                            state.retry = (state.retry * 2).min(MAX_RETRY);
+                        }
+                    }
+                    continue;
+                };
+                let next = tokio::select! {
+                    _ = state.stopping.wait_for(|stopping| *stopping) => return None,
+                    next = subscription.next() => next,
+                };
+                match next {
+                    Some(Ok(message)) => {
+                        state.last = Some(message.cursor);
+                        state.retry = FIRST_RETRY;
+                        match (state.decode)(message) {
+                            Some(decoded) => return Some((Heard::Message(decoded), state)),
+                            None => tracing::warn!(topic = %state.topic,
+                                "skipped a bus message this release cannot read"),
+                        }
+                    }
+                    Some(Err(Error::FellBehind { .. })) => {
+                        tracing::warn!(topic = %state.topic,
+                            "retention overtook a bus listener: messages were lost");
+                        state.last = None;
+                        state.subscription = None;
+                        match state.bus.subscribe(&state.topic, Start::Now).await {
+                            Ok(subscription) => state.subscription = Some(subscription),
+                            Err(error) => tracing::warn!(%error, topic = %state.topic,
+                                "cannot listen to the bus; retrying"),
+                        }
+                        return Some((Heard::Missed, state));
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, topic = %state.topic,
+                            "a bus subscription failed; subscribing again");
+                        state.subscription = None;
+                    }
+                    // A subscription ends only after an error.
+                    None => state.subscription = None,
+                }
+            }
+        });
+        Listener {
+            heard: heard.boxed(),
+        }
+    }
+}
+
+fn topic(name: &str) -> Topic {
+    Topic::new(name).expect("the runtime's topics are valid")
+}
+
+fn replies_topic(instance: &InstanceId) -> Topic {
+    topic(&format!("{REPLIES_PREFIX}{instance}"))
+}
+
+/// The instance a [`Runtime::request_id`] names.
+fn request_instance(id: &str) -> Option<InstanceId> {
+    let (instance, n) = id.split_once('.')?;
+    n.parse::<u64>().ok()?;
+    InstanceId::parse(instance)
+}
+
+/// `head` and `body` as one message: `head`'s length (2 bytes, big
+/// endian), `head`, `body`.
+fn frame(head: &[u8], body: &[u8]) -> Result<Vec<u8>> {
+    let len = u16::try_from(head.len()).map_err(|_| Error::InvalidSessionId {
+        reason: format!(
+            "a session id is at most 65535 bytes; this one is {}",
+            head.len()
+        ),
+    })?;
+    let mut framed = Vec::with_capacity(2 + head.len() + body.len());
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(head);
+    framed.extend_from_slice(body);
+    Ok(framed)
+}
+
+/// The `head` and `body` of a [`frame`], or `None` if it is not one.
+fn unframe(framed: &Bytes) -> Option<(Bytes, Bytes)> {
+    let len = usize::from(u16::from_be_bytes(framed.get(..2)?.try_into().ok()?));
+    let head = framed.get(2..2 + len)?;
+    Some((Bytes::copy_from_slice(head), framed.slice(2 + len..)))
+}
+
+pub(crate) fn new_bus(store: &Arc<dyn mcp_event_store_core::Store>) -> StoreBus {
+    StoreBus::new(store.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_garbage_is_refused() {
+        let framed = Bytes::from(frame(b"session-1", b"{}").unwrap());
+        assert_eq!(
+            unframe(&framed),
+            Some((Bytes::from_static(b"session-1"), Bytes::from_static(b"{}")))
+        );
+        assert_eq!(unframe(&Bytes::from_static(b"\x00")), None);
+        assert_eq!(unframe(&Bytes::from_static(b"\x00\x09abc")), None);
+        assert!(frame(&vec![b'x'; 70_000], b"").is_err());
+    }
+
+    #[test]
+    fn request_ids_name_their_instance_and_nothing_else_does() {
+        let instance = InstanceId::generate().unwrap();
+        assert_eq!(request_instance(&format!("{instance}.7")), Some(instance));
+        for other in [
+            "7",
+            "x.7",
+            &format!("{instance}"),
+            &format!("{instance}.x"),
+            "",
+        ] {
+            assert_eq!(request_instance(other), None, "{other:?}");
+        }
+    }
+}

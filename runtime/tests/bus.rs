@@ -1,0 +1,155 @@
+//! What instances tell each other through the runtime: replies routed to
+//! the instance whose request waits, notifications and ended sessions
+//! heard by every instance. Two runtimes on one store stand for two
+//! instances behind a load balancer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use mcp_event_store_core::{EventStore, MemoryStore, Retention, StoreOptions};
+use mcp_event_store_runtime::{Audience, Heard, Listener, Notification, Reply, Route, Runtime};
+
+/// "Must happen eventually" guard; never a latency bound.
+const EVENTUALLY: Duration = Duration::from_secs(30);
+
+async fn runtime(store: &Arc<MemoryStore>) -> Runtime {
+    Runtime::builder(store.clone())
+        .purge_every(None)
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn heard<T>(listener: &mut Listener<T>) -> Heard<T> {
+    tokio::time::timeout(EVENTUALLY, listener.next())
+        .await
+        .expect("heard within the guard")
+        .expect("the listener lives")
+}
+
+async fn message<T: std::fmt::Debug>(listener: &mut Listener<T>) -> T {
+    match heard(listener).await {
+        Heard::Message(message) => message,
+        Heard::Missed => panic!("the listener missed messages"),
+    }
+}
+
+/// An answer posted to B for a request A sent reaches A's replies, with
+/// its session; one to B's own request, or to an id no runtime minted,
+/// stays with B; one for an instance that shut down is refused as gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_reaches_the_instance_whose_request_waits() {
+    let store = Arc::new(MemoryStore::new());
+    let (a, b) = (runtime(&store).await, runtime(&store).await);
+    let mut replies_a = a.replies().await.unwrap();
+    let mut replies_b = b.replies().await.unwrap();
+    let id = a.request_id();
+    let answer = br#"{"jsonrpc":"2.0","id":"x","result":{}}"#;
+    assert_eq!(
+        b.route_reply("session-1", &id, answer).await.unwrap(),
+        Route::Forwarded(a.instance())
+    );
+    assert_eq!(
+        message(&mut replies_a).await,
+        Reply {
+            session: "session-1".into(),
+            message: answer.to_vec().into(),
+        }
+    );
+    for local in [b.request_id(), "0".to_owned(), "not.an.id".to_owned()] {
+        assert_eq!(
+            b.route_reply("session-1", &local, answer).await.unwrap(),
+            Route::Local,
+            "{local}"
+        );
+    }
+    let gone = a.instance();
+    a.shutdown().await;
+    assert_eq!(
+        b.route_reply("session-1", &id, answer).await.unwrap(),
+        Route::Gone(gone)
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), replies_b.next())
+            .await
+            .is_err(),
+        "B heard a reply meant for A"
+    );
+    assert!(
+        replies_a.next().await.is_none(),
+        "a listener outlived its runtime"
+    );
+    b.shutdown().await;
+}
+
+/// A notification raised once, on either instance, is heard by both, in
+/// the order raised, with its audience.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_is_heard_on_every_instance() {
+    let store = Arc::new(MemoryStore::new());
+    let (a, b) = (runtime(&store).await, runtime(&store).await);
+    let mut on_a = a.notifications().await.unwrap();
+    let mut on_b = b.notifications().await.unwrap();
+    let all = br#"{"jsonrpc":"2.0","method":"notifications/resources/list_changed"}"#;
+    let one = br#"{"jsonrpc":"2.0","method":"notifications/message"}"#;
+    a.notify(&Audience::All, all).await.unwrap();
+    b.notify(&Audience::Session("s-9".into()), one)
+        .await
+        .unwrap();
+    for listener in [&mut on_a, &mut on_b] {
+        assert_eq!(
+            message(listener).await,
+            Notification {
+                audience: Audience::All,
+                message: all.to_vec().into(),
+            }
+        );
+        assert_eq!(
+            message(listener).await,
+            Notification {
+                audience: Audience::Session("s-9".into()),
+                message: one.to_vec().into(),
+            }
+        );
+    }
+    assert!(
+        a.notify(&Audience::Session(String::new()), one)
+            .await
+            .is_err()
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A session ended on one instance is heard ended on every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_session_is_heard_everywhere() {
+    let store = Arc::new(MemoryStore::new());
+    let (a, b) = (runtime(&store).await, runtime(&store).await);
+    let mut on_a = a.ended_sessions().await.unwrap();
+    let mut on_b = b.ended_sessions().await.unwrap();
+    b.end_session("session-7").await.unwrap();
+    assert_eq!(message(&mut on_a).await, "session-7");
+    assert_eq!(message(&mut on_b).await, "session-7");
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A listener retention overtook says so, then hears what comes next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overtaken_listener_says_it_missed_and_goes_on() {
+    let store = Arc::new(MemoryStore::with_options(
+        StoreOptions::default().retention(Retention::unbounded().max_events_per_stream(3)),
+    ));
+    let a = runtime(&store).await;
+    let mut slow = a.ended_sessions().await.unwrap();
+    for i in 0..10 {
+        a.end_session(&format!("s-{i}")).await.unwrap();
+    }
+    store.purge_expired().await.unwrap();
+    assert_eq!(heard(&mut slow).await, Heard::Missed);
+    a.end_session("after").await.unwrap();
+    assert_eq!(message(&mut slow).await, "after");
+    a.shutdown().await;
+}
