@@ -151,6 +151,18 @@ impl Runtime {
         format!("{}.{n}", self.instance())
     }
 
+    /// Counts an answer dropped because no request here waits for it
+    /// (forged, repeated, or another session's): a framework's transport
+    /// calls it when it drops one.
+    pub fn reply_dropped(&self) {
+        self.inner.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many answers were dropped so far ([`reply_dropped`](Self::reply_dropped)).
+    pub fn replies_dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
     /// Sends a client's answer (`message`, a JSON-RPC response or error
     /// to request `id`, in `session`) to the instance whose request waits
     /// for it; see [`Route`].

@@ -98,6 +98,8 @@ pub(crate) struct Inner {
     pub(crate) bus: mcp_event_store_core::bus::StoreBus,
     /// How many request ids this runtime minted.
     pub(crate) requests: AtomicU64,
+    /// How many answers were dropped as no request's here.
+    pub(crate) dropped: AtomicU64,
     /// Turns `true` at shutdown: listeners end.
     pub(crate) stopping: tokio::sync::watch::Sender<bool>,
 }
@@ -397,6 +399,7 @@ impl RuntimeBuilder {
         let inner = Arc::new(Inner {
             bus: crate::bus::new_bus(&self.store),
             requests: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
             stopping: tokio::sync::watch::Sender::new(false),
             store: self.store,
             settings: s,

@@ -3,7 +3,8 @@
 //! removed even when the test panics ([`Namespace`]), a child process that
 //! is killed by pid when its guard drops ([`ChildGuard`]), and the reader
 //! that follows streams by cursor and checks every acknowledged event
-//! ([`AckLog`]).
+//! ([`AckLog`]), and (feature `proxy`) a round-robin reverse proxy to put
+//! several instances behind ([`RoundRobin`]).
 //!
 //! Server-backed tests never skip: when no server answers, [`find_server`]
 //! panics with a message naming every way to provide one.
@@ -21,11 +22,15 @@
 mod acks;
 mod child;
 mod namespace;
+#[cfg(feature = "proxy")]
+mod proxy;
 mod server;
 
 pub use acks::{Ack, AckLog};
 pub use child::{ChildGuard, ChildLines, test_child, test_path};
 pub use namespace::{Cleanup, Namespace, random_suffix};
+#[cfg(feature = "proxy")]
+pub use proxy::RoundRobin;
 pub use server::{
     CONTAINER_LABEL, Container, ImageRef, Probe, SERVER_SOURCE_ENV, ServerSource, ServerSpec,
     find_server,

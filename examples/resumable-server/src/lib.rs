@@ -72,6 +72,13 @@
 //! result as the call produces them, on this instance or any other sharing
 //! the store.
 //!
+//! A third tool, `ask_client`, is for 2025-era sessions: it asks the
+//! client for a sampling message, then for a form elicitation, and answers
+//! with both. Run two instances on one PostgreSQL or Redis store (or one
+//! SQLite file) behind a load balancer without session affinity: the
+//! client's answers reach either instance and are routed to the one whose
+//! request waits for them.
+//!
 //! # Durable tasks (MCP 2026-07-28)
 //!
 //! The server also speaks the tasks extension (SEP-2663,
@@ -155,10 +162,10 @@ use mcp_event_store::task::Owner;
 use mcp_event_store::{DynStore, Retention, StoreOptions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
-    GetTaskParams, GetTaskResult, Implementation, InputRequest, JsonObject, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
-    UpdateTaskParams,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ClientResult,
+    ContentBlock, GetTaskParams, GetTaskResult, Implementation, InputRequest, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, ServerRequest, Tool, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::task_manager::TaskOptions;
@@ -584,12 +591,82 @@ fn confirm_count_tool() -> Tool {
     )
 }
 
+fn ask_client_tool() -> Tool {
+    Tool::new(
+        "ask_client",
+        "In a session (2025-era protocol): asks the client for a sampling message, then for \
+         a form elicitation, and answers with both. Behind a load balancer without affinity, \
+         the client's answers may reach another instance: they are routed back here.",
+        Arc::new(
+            serde_json::from_value(serde_json::json!({"type": "object", "properties": {}}))
+                .expect("a valid schema"),
+        ),
+    )
+}
+
 fn tool(name: &str) -> Option<Tool> {
     match name {
         "slow_count" => Some(slow_count_tool()),
         "confirm_count" => Some(confirm_count_tool()),
+        "ask_client" => Some(ask_client_tool()),
         _ => None,
     }
+}
+
+/// `ask_client`: a sampling request and an elicitation, sent to the client
+/// on this session's stream and answered by the client with `POST`s that
+/// any instance may receive.
+async fn ask_client(context: &RequestContext<RoleServer>) -> Result<CallToolResult, ErrorData> {
+    let sampled = ask(
+        context,
+        serde_json::json!({
+            "method": "sampling/createMessage",
+            "params": {
+                "messages": [{"role": "user", "content": {"type": "text", "text": "Name a colour."}}],
+                "maxTokens": 16
+            }
+        }),
+    )
+    .await?;
+    let colour = sampled["content"]["text"]
+        .as_str()
+        .unwrap_or("(no text)")
+        .to_owned();
+    let answer = ask(
+        context,
+        serde_json::json!({
+            "method": "elicitation/create",
+            "params": {
+                "mode": "form",
+                "message": format!("Is {colour} right?"),
+                "requestedSchema": {"type": "object", "properties": {"sure": {"type": "boolean"}}}
+            }
+        }),
+    )
+    .await?;
+    Ok(text_result(format!(
+        "sampled {colour}; elicitation {} {}",
+        answer["action"], answer["content"]
+    )))
+}
+
+/// Sends the client `request` (a JSON-RPC request's method and params) and
+/// waits for its answer, as JSON.
+async fn ask(
+    context: &RequestContext<RoleServer>,
+    request: serde_json::Value,
+) -> Result<serde_json::Value, ErrorData> {
+    let method = request["method"].clone();
+    let failed = |error: &dyn std::fmt::Display| {
+        ErrorData::internal_error(format!("asking the client ({method}): {error}"), None)
+    };
+    let request: ServerRequest = serde_json::from_value(request).map_err(|e| failed(&e))?;
+    let answer: ClientResult = context
+        .peer
+        .send_request(request)
+        .await
+        .map_err(|e| failed(&e))?;
+    serde_json::to_value(answer).map_err(|e| failed(&e))
 }
 
 fn argument(
@@ -737,6 +814,7 @@ impl ServerHandler for SlowCounter {
         Ok(ListToolsResult::with_all_items(vec![
             slow_count_tool(),
             confirm_count_tool(),
+            ask_client_tool(),
         ]))
     }
 
@@ -754,6 +832,9 @@ impl ServerHandler for SlowCounter {
                 format!("no tool named {:?}", request.name),
                 None,
             ));
+        }
+        if request.name == "ask_client" {
+            return Ok(ask_client(&context).await?.into());
         }
         let args = request.arguments.as_ref();
         let count = argument(args, "count", 10, MAX_COUNT)?;

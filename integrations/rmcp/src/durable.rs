@@ -64,6 +64,15 @@ pub type SessionManager = SessionScoped<LocalSessionManager, dyn Store>;
 ///   deleted or expired on one instance ends on every instance.
 /// * **Tasks** (MCP 2026-07-28): [`DurableTasks`] on the runtime
 ///   ([`tasks`](Self::tasks)), to clone into each handler.
+/// * **Across instances** (session mode), through the runtime's bus: each
+///   request a tool sends the client (sampling, elicitation, roots) goes
+///   out under an id naming this instance ([`Routed`](crate::Routed)), so
+///   the client's answer reaches the waiting request whichever instance a
+///   load balancer sends it to (one for an instance that is gone is
+///   refused: 500 with the reason); and a `DELETE` on any instance ends the
+///   session on every instance at once (its streams end, its waiting
+///   requests fail), not only at the session's next request. No session
+///   affinity is needed.
 ///
 /// The runtime runs while the `Durable` or anything serving with it (a
 /// service, a session manager, the event store) lives, and stops at
@@ -350,7 +359,11 @@ impl DurableBuilder {
             Some(hold) => events.with_follow_hold(hold),
             None => events.without_follow(),
         };
-        let sessions = Arc::new(RmcpSessionStore::new(store.clone()).with_ttl(self.session_ttl));
+        let sessions = Arc::new(
+            RmcpSessionStore::new(store.clone())
+                .with_ttl(self.session_ttl)
+                .with_runtime(runtime.clone()),
+        );
         let mut local = LocalSessionManager::default();
         local.session_config.sse_retry = Some(self.sse_retry);
         let local = local.with_event_store(Arc::new(events.clone()));
@@ -358,8 +371,10 @@ impl DurableBuilder {
             SessionScoped::new(local, store)
                 .with_binding_ttl(guard_ttl)
                 .with_session_store(&sessions)
-                .with_session_check_interval(self.session_check),
+                .with_session_check_interval(self.session_check)
+                .with_runtime(runtime.clone()),
         );
+        session_manager.listen_across().await?;
         Ok(Durable {
             inner: Arc::new(Inner {
                 runtime,

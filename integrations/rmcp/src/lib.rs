@@ -298,6 +298,7 @@
 mod codec;
 mod durable;
 mod events;
+mod routed;
 mod scoped;
 mod sessions;
 pub mod tasks;
@@ -307,6 +308,7 @@ pub use codec::{DecodeError, decode, encode, replays_exactly};
 pub use durable::{DEFAULT_SSE_RETRY, Durable, DurableBuilder, SessionManager};
 pub use events::{DEFAULT_FOLLOW_HOLD, RmcpEventStore};
 pub use mcp_event_store_runtime::{self as runtime, Runtime, RuntimeBuilder};
+pub use routed::Routed;
 pub use scoped::{
     DEFAULT_BINDING_KEY_PREFIX, DEFAULT_BINDING_TTL, DEFAULT_SESSION_CHECK_INTERVAL, ScopedError,
     SessionScoped,

@@ -17,6 +17,7 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use tokio::time::Instant;
 
+use super::routed::Routed;
 use super::sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL};
 use super::tracker::{Absent, Cleanup, Stored, Tracker, spawn};
 use super::{RmcpEventStore, RmcpSessionStore};
@@ -25,6 +26,7 @@ use mcp_event_store_core::Retention;
 use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::backend::validate_session_id;
 use mcp_event_store_core::{EventStore, SessionStore};
+use mcp_event_store_runtime::{Heard, Route, Runtime};
 
 /// How long a stream stays bound to its session by default: one hour, the
 /// default [`Retention`]'s maximum age, so a binding lives as long as the
@@ -152,6 +154,12 @@ const CLEANUP_CONCURRENCY: usize = 8;
 ///   price: a session created here and deleted on another instance before
 ///   its first request here is not noticed here. Link the session store.
 ///
+/// With a runtime ([`with_runtime`](Self::with_runtime), as
+/// [`Durable`](crate::Durable) wires it), a `DELETE` is also pushed to
+/// every instance over the store's bus, and each closes its copy at once
+/// ([`listen_across`](Self::listen_across)): the check above remains for
+/// sessions that expire, and for a push missed.
+///
 /// A session expires when its state expires in the session store
 /// ([`RmcpSessionStore::with_ttl`], 24 hours by default, counted from its
 /// creation or its latest restore on another instance, since rmcp does not
@@ -191,6 +199,9 @@ pub struct SessionScoped<M, S: ?Sized> {
     session_prefix: String,
     check_every: Duration,
     tracker: Arc<Tracker>,
+    /// The runtime whose bus carries answers and ended sessions between
+    /// instances, if any ([`with_runtime`](Self::with_runtime)).
+    runtime: Option<Runtime>,
 }
 
 impl<S: EventStore + SessionStore + ?Sized> SessionScoped<LocalSessionManager, S> {
@@ -238,7 +249,20 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
             session_prefix: DEFAULT_SESSION_KEY_PREFIX.to_owned(),
             check_every: DEFAULT_SESSION_CHECK_INTERVAL,
             tracker: Arc::default(),
+            runtime: None,
         }
+    }
+
+    /// Serves sessions across instances through `runtime`'s bus: each
+    /// request this instance sends a client carries an id naming this
+    /// instance ([`Routed`]), and a client's answer posted to another
+    /// instance is forwarded here, to the request waiting for it (once
+    /// [`listen_across`](SessionScoped::listen_across) runs). An answer
+    /// for an instance that is gone is refused: rmcp answers the client's
+    /// `POST` with 500 and this error's text.
+    pub fn with_runtime(mut self, runtime: Runtime) -> Self {
+        self.runtime = Some(runtime);
+        self
     }
 
     /// Ties the binding lifetime to the event retention of the store: a
@@ -342,6 +366,23 @@ pub enum ScopedError<E> {
     /// The store failed while the resume was checked; the resume is refused.
     #[error("could not check the Last-Event-ID against the session: {0}")]
     Store(#[source] mcp_event_store_core::Error),
+    /// A client answered a request of an instance that is gone (its lease
+    /// lapsed): nobody waits for the answer.
+    #[error("the instance that sent request {request_id} is gone; nobody waits for this answer")]
+    RequestGone {
+        /// The request's id.
+        request_id: String,
+    },
+    /// The bus failed while an answer was forwarded to the instance whose
+    /// request waits for it.
+    #[error("could not forward the answer to request {request_id}: {source}")]
+    Forward {
+        /// The request's id.
+        request_id: String,
+        /// What failed.
+        #[source]
+        source: mcp_event_store_core::Error,
+    },
 }
 
 impl<E> ScopedError<E> {
@@ -491,13 +532,129 @@ where
     }
 }
 
+/// The request a client's message answers, if it is an answer.
+fn answered(message: &ClientJsonRpcMessage) -> Option<&rmcp::model::RequestId> {
+    match message {
+        ClientJsonRpcMessage::Response(response) => Some(&response.id),
+        ClientJsonRpcMessage::Error(error) => error.id.as_ref(),
+        _ => None,
+    }
+}
+
+impl<M, S> SessionScoped<M, S>
+where
+    M: SessionManager + 'static,
+    S: EventStore + SessionStore + ?Sized + 'static,
+{
+    /// Starts hearing, through the runtime's bus
+    /// ([`with_runtime`](Self::with_runtime)), what the other instances
+    /// tell this one, until the runtime shuts down or this manager is
+    /// dropped:
+    ///
+    /// * answers clients posted to another instance for requests of this
+    ///   one, each handed to its session (dropped and counted,
+    ///   [`Runtime::replies_dropped`], if the session is not held here);
+    /// * sessions a client deleted on another instance, each closed here
+    ///   at once if held here (its open streams end, its waiting requests
+    ///   fail), where the session check would see it only on the
+    ///   session's next request.
+    ///
+    /// Once it returns, nothing published is missed. Without a runtime it
+    /// does nothing.
+    pub async fn listen_across(self: &Arc<Self>) -> mcp_event_store_core::Result<()> {
+        let Some(runtime) = &self.runtime else {
+            return Ok(());
+        };
+        let mut replies = runtime.replies().await?;
+        let mut ended = runtime.ended_sessions().await?;
+        let manager = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(heard) = replies.next().await {
+                let Some(manager) = manager.upgrade() else {
+                    return;
+                };
+                let Heard::Message(reply) = heard else {
+                    tracing::warn!(
+                        "answers forwarded from other instances were lost; their requests wait until they time out"
+                    );
+                    continue;
+                };
+                // Each on its own: a busy session must not hold up others.
+                tokio::spawn(async move { manager.take_reply(reply).await });
+            }
+        });
+        let manager = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(heard) = ended.next().await {
+                let Some(manager) = manager.upgrade() else {
+                    return;
+                };
+                match heard {
+                    Heard::Message(session) => manager.ended_elsewhere(session.into()).await,
+                    Heard::Missed => tracing::warn!(
+                        "sessions ended on other instances may have been missed; each ends here at its next request"
+                    ),
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Hands an answer forwarded from another instance to its session.
+    async fn take_reply(&self, reply: mcp_event_store_runtime::Reply) {
+        let dropped = || {
+            if let Some(runtime) = &self.runtime {
+                runtime.reply_dropped();
+            }
+        };
+        let message: ClientJsonRpcMessage = match serde_json::from_slice(&reply.message) {
+            Ok(message) => message,
+            Err(error) => {
+                tracing::warn!(%error, "dropped a forwarded answer that is not a JSON-RPC message");
+                return dropped();
+            }
+        };
+        let session: SessionId = reply.session.into();
+        match self.inner.has_session(&session).await {
+            Ok(true) => {}
+            _ => {
+                tracing::warn!(session_id = %session, "dropped a forwarded answer: the session is not held here");
+                return dropped();
+            }
+        }
+        if let Err(error) = self.inner.accept_message(&session, message).await {
+            tracing::warn!(session_id = %session, %error, "dropped a forwarded answer");
+            dropped();
+        }
+    }
+
+    /// Closes a session a client deleted on another instance, if held here.
+    async fn ended_elsewhere(&self, id: SessionId) {
+        if !matches!(self.inner.has_session(&id).await, Ok(true)) {
+            return;
+        }
+        tracing::info!(session_id = %id, "session deleted on another instance; closing it here");
+        if let Err(error) = self.inner.close_session(&id).await {
+            tracing::warn!(session_id = %id, %error, "could not close a session deleted elsewhere");
+        }
+        if let Some(tracked) = self.tracker.take(&id) {
+            spawn(delete_bindings(
+                self.store.clone(),
+                self.prefix.clone(),
+                tracked.live_bindings(self.ttl, Instant::now()),
+                id,
+            ));
+        }
+    }
+}
+
 impl<M, S> SessionManager for SessionScoped<M, S>
 where
     M: SessionManager,
     S: EventStore + SessionStore + ?Sized,
 {
     type Error = ScopedError<M::Error>;
-    type Transport = M::Transport;
+    type Transport = Routed<M::Transport>;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         let (id, transport) = self
@@ -506,7 +663,7 @@ where
             .await
             .map_err(ScopedError::Manager)?;
         self.tracker.track(&id, Stored::Unknown);
-        Ok((id, transport))
+        Ok((id, Routed::new(transport, self.runtime.clone())))
     }
 
     async fn initialize_session(
@@ -602,6 +759,25 @@ where
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<(), Self::Error> {
+        if let Some(runtime) = &self.runtime
+            && let Some(request_id) = answered(&message)
+        {
+            let request_id = request_id.to_string();
+            let bytes = serde_json::to_vec(&message).expect("a parsed message serializes");
+            let forward = |source| ScopedError::Forward {
+                request_id: request_id.clone(),
+                source,
+            };
+            match runtime
+                .route_reply(id, &request_id, &bytes)
+                .await
+                .map_err(forward)?
+            {
+                Route::Local => {}
+                Route::Forwarded(_) => return Ok(()),
+                Route::Gone(_) => return Err(ScopedError::RequestGone { request_id }),
+            }
+        }
         self.inner
             .accept_message(id, message)
             .await
@@ -642,11 +818,17 @@ where
             .restore_session(id.clone())
             .await
             .map_err(ScopedError::Manager)?;
-        if matches!(outcome, RestoreOutcome::Restored(_)) {
-            // rmcp restores only what it just loaded from the session store.
-            self.tracker.track(&id, Stored::Yes);
-        }
-        Ok(outcome)
+        Ok(match outcome {
+            RestoreOutcome::Restored(transport) => {
+                // rmcp restores only what it just loaded from the session store.
+                self.tracker.track(&id, Stored::Yes);
+                RestoreOutcome::Restored(Routed::new(transport, self.runtime.clone()))
+            }
+            RestoreOutcome::AlreadyPresent => RestoreOutcome::AlreadyPresent,
+            // NotSupported, and any outcome a later rmcp adds: no session
+            // here to serve.
+            _ => RestoreOutcome::NotSupported,
+        })
     }
 
     fn event_store(&self) -> Option<Arc<dyn RmcpEventStoreTrait>> {

@@ -14,6 +14,7 @@ use super::tracker::Tracker;
 use mcp_event_store_core::Error;
 use mcp_event_store_core::SessionStore;
 use mcp_event_store_core::backend::validate_session_id;
+use mcp_event_store_runtime::Runtime;
 
 /// How long a session's state stays restorable by default: 24 hours.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -54,6 +55,8 @@ pub struct RmcpSessionStore<S: ?Sized> {
     refresh_on_load: bool,
     /// Managers to tell when a session's state is written.
     linked: RwLock<Vec<Weak<Tracker>>>,
+    /// Tells every instance when a client deleted a session.
+    runtime: Option<Runtime>,
 }
 
 impl<S: ?Sized> RmcpSessionStore<S> {
@@ -66,7 +69,17 @@ impl<S: ?Sized> RmcpSessionStore<S> {
             prefix: DEFAULT_SESSION_KEY_PREFIX.to_owned(),
             refresh_on_load: true,
             linked: RwLock::default(),
+            runtime: None,
         }
+    }
+
+    /// Tells every instance on `runtime`'s bus when a client deletes a
+    /// session (`DELETE`, the only time rmcp deletes a session's state), so
+    /// that each closes its copy at once
+    /// ([`SessionScoped::listen_across`](super::SessionScoped::listen_across)).
+    pub fn with_runtime(mut self, runtime: Runtime) -> Self {
+        self.runtime = Some(runtime);
+        self
     }
 
     /// Sets how long a session stays restorable after it was stored (or
@@ -214,6 +227,11 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
         match self.store.delete_session(&key).await {
             Ok(_) | Err(Error::InvalidSessionId { .. }) => {
                 self.deleted(session_id);
+                if let Some(runtime) = &self.runtime
+                    && let Err(error) = runtime.end_session(session_id).await
+                {
+                    tracing::warn!(session_id, %error, "could not tell the other instances that a session was deleted; each ends it at its next request");
+                }
                 Ok(())
             }
             Err(e) => Err(AdapterError::store("delete session", e).into()),

@@ -10,6 +10,7 @@
 
 use resumable_server as server;
 
+mod across;
 mod cases;
 mod harness;
 mod measure;
@@ -25,6 +26,19 @@ macro_rules! e2e_case {
         async fn $name() {
             let fixture = $fixture.await;
             $crate::cases::$case(&fixture, $mode).await;
+            fixture.teardown().await;
+        }
+    };
+}
+
+/// One case of instances behind a round-robin proxy for a backend (they
+/// start their own server processes).
+macro_rules! across_case {
+    ($fixture:expr, $name:ident, $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let fixture = $fixture.await;
+            $crate::across::$case(&fixture).await;
             fixture.teardown().await;
         }
     };
@@ -77,6 +91,8 @@ macro_rules! e2e_tests {
         e2e_case!($fixture, stateless_one_resume_on_another_instance_streams_the_rest, one_resume_on_another_instance_streams_the_rest, Mode::Stateless);
         e2e_case!($fixture, sessions_resume_of_a_killed_writers_stream_ends, resume_of_a_killed_writers_stream_ends, Mode::Sessions);
         e2e_case!($fixture, stateless_resume_of_a_killed_writers_stream_ends, resume_of_a_killed_writers_stream_ends, Mode::Stateless);
+        across_case!($fixture, round_robin_server_requests_complete, server_requests_complete_behind_a_round_robin_proxy);
+        across_case!($fixture, sessions_deleted_on_one_instance_end_at_once_on_another, a_delete_on_one_instance_ends_the_session_on_the_other);
     };
     (@tasks $fixture:expr) => {
         task_case!($fixture, tasks_created_on_one_server_are_read_on_another, created_on_one_server_read_on_another);

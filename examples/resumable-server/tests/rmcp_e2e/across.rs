@@ -1,0 +1,158 @@
+//! Two server processes on one store behind a round-robin proxy with no
+//! session affinity (the test kit's `RoundRobin`): every request goes to
+//! the other instance than the one before, so a client's answer to a
+//! server's request lands, half the time, where nobody sent it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_event_store_conformance::testkit::RoundRobin;
+use rmcp::model::{CallToolRequestParams, ClientConfig, ElicitRequestParams, ElicitResult};
+#[allow(deprecated)] // sampling is 2025-era, as this client is
+use rmcp::model::{CreateMessageRequestParams, CreateMessageResult};
+use rmcp::service::RequestContext;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::common::client_side_sse::FixedInterval;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+
+use crate::harness::{ChildServer, Fixture, RETRY};
+use crate::wire::Client;
+
+/// A client that answers sampling with "teal" and every elicitation with
+/// `{"sure": true}`, speaking the 2025-era protocol (the last with
+/// server-to-client requests).
+#[derive(Clone)]
+struct Answers;
+
+impl ClientHandler for Answers {
+    fn get_info(&self) -> ClientConfig {
+        serde_json::from_value(serde_json::json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"sampling": {}, "elicitation": {"form": {}}},
+            "clientInfo": {"name": "round-robin-e2e", "version": "0"}
+        }))
+        .expect("a valid client config")
+    }
+
+    #[allow(deprecated)] // sampling is 2025-era, as this client is
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "role": "assistant",
+            "content": {"type": "text", "text": "teal"},
+            "model": "e2e"
+        }))
+        .expect("a valid sampling result"))
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "action": "accept",
+            "content": {"sure": true}
+        }))
+        .expect("a valid elicitation result"))
+    }
+}
+
+fn address(url: &str) -> SocketAddr {
+    url.trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+/// Two server processes, the proxy in front of them.
+fn servers(fixture: &Fixture) -> [ChildServer; 2] {
+    let args = [
+        "--store".to_owned(),
+        fixture.url().to_owned(),
+        "--retry-ms".to_owned(),
+        RETRY.as_millis().to_string(),
+    ];
+    [ChildServer::spawn(&args), ChildServer::spawn(&args)]
+}
+
+/// A tool's sampling and elicitation requests complete, call after call,
+/// although the client's answers reach both instances in turn: each
+/// answer is routed to the instance whose request waits for it.
+pub async fn server_requests_complete_behind_a_round_robin_proxy(fixture: &Fixture) {
+    let [a, b] = servers(fixture);
+    let proxy = RoundRobin::start(vec![address(&a.url), address(&b.url)])
+        .await
+        .expect("the proxy listens");
+    let mut config = StreamableHttpClientTransportConfig::with_uri(proxy.url("/mcp"));
+    let mut retry = FixedInterval::default();
+    retry.duration = RETRY;
+    config.retry_config = Arc::new(retry);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let client = Answers.serve(transport).await.expect("connect");
+    for call in 0..4 {
+        let result = tokio::time::timeout(
+            Duration::from_secs(60),
+            client.call_tool(CallToolRequestParams::new("ask_client")),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("call {call}: no answer within a minute"))
+        .unwrap_or_else(|e| panic!("call {call}: {e}"));
+        let text = result.content[0]
+            .as_text()
+            .unwrap_or_else(|| panic!("a text result: {result:?}"));
+        assert_eq!(
+            text.text, "sampled teal; elicitation \"accept\" {\"sure\":true}",
+            "call {call}"
+        );
+    }
+    let served = proxy.served();
+    assert!(
+        served.iter().all(|n| *n >= 4),
+        "both instances served: {served:?}"
+    );
+    client.cancel().await.expect("close the client");
+}
+
+/// A `DELETE` on one instance ends the session on the other at once: a
+/// call in flight there ends, and its next request is 404, although that
+/// instance would look the session up in the store only ten minutes later.
+pub async fn a_delete_on_one_instance_ends_the_session_on_the_other(fixture: &Fixture) {
+    let args = [
+        "--store".to_owned(),
+        fixture.url().to_owned(),
+        "--retry-ms".to_owned(),
+        RETRY.as_millis().to_string(),
+        "--session-check-ms".to_owned(),
+        "600000".to_owned(),
+    ];
+    let [a, b] = [ChildServer::spawn(&args), ChildServer::spawn(&args)];
+    let mut on_a = Client::new(&a.url);
+    on_a.initialize().await;
+    let on_b = on_a.on(&b.url);
+    assert_eq!(
+        on_b.call_status(2).await,
+        200,
+        "B restores and serves the session"
+    );
+    // A call on B that would run for ten minutes.
+    let in_flight = on_b.call_slow_count(3, 600, 1_000).await;
+    assert_eq!(on_a.delete().await, 202, "DELETE on A");
+    let (_, ended) = in_flight.collect_for(Duration::from_secs(30)).await;
+    assert!(ended, "the call in flight on B ends with its session");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut id = 4;
+    while on_b.call_status(id).await != 404 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B still serves a session deleted on A"
+        );
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
