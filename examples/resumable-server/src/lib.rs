@@ -158,6 +158,7 @@ use mcp_event_store::rmcp::{
     Durable, DurableTaskContext, DurableTasks, DurableTasksBuilder, Runtime, RuntimeBuilder,
     TakeoverCall,
 };
+use mcp_event_store::runtime::Audience;
 use mcp_event_store::task::Owner;
 use mcp_event_store::{DynStore, Retention, StoreOptions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -165,7 +166,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ClientResult,
     ContentBlock, GetTaskParams, GetTaskResult, Implementation, InputRequest, JsonObject,
     ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig, ServerRequest, Tool, UpdateTaskParams,
+    ServerConfig, ServerNotification, ServerRequest, Tool, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::task_manager::TaskOptions;
@@ -406,6 +407,8 @@ impl Options {
 pub struct SlowCounter {
     tasks: DurableTasks,
     task_ttl: Option<Duration>,
+    /// Raises `announce`'s notification on every instance.
+    durable: Option<Durable>,
 }
 
 impl SlowCounter {
@@ -415,7 +418,35 @@ impl SlowCounter {
         Self {
             tasks,
             task_ttl: options.retention.max_age,
+            durable: None,
         }
+    }
+
+    /// `announce` raises its notification through `durable`, for the
+    /// listeners of every instance sharing the store.
+    pub fn announcing_through(mut self, durable: &Durable) -> Self {
+        self.durable = Some(durable.clone());
+        self
+    }
+
+    /// `announce`: `text` as a log message to every listener everywhere.
+    async fn announce(&self, args: Option<&JsonObject>) -> Result<CallToolResult, ErrorData> {
+        let Some(text) = args.and_then(|a| a.get("text")).and_then(|t| t.as_str()) else {
+            return Err(ErrorData::invalid_params("text must be a string", None));
+        };
+        let Some(durable) = &self.durable else {
+            return Err(ErrorData::internal_error("announce is not wired", None));
+        };
+        let notification: ServerNotification = serde_json::from_value(serde_json::json!({
+            "method": "notifications/message",
+            "params": {"level": "info", "data": text}
+        }))
+        .map_err(|e| ErrorData::internal_error(format!("the notification: {e}"), None))?;
+        durable
+            .notify(&Audience::All, notification)
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("announcing: {e}"), None))?;
+        Ok(text_result(format!("announced {text:?}")))
     }
 
     /// rmcp's task options for a count whose steps are `interval` apart:
@@ -604,11 +635,28 @@ fn ask_client_tool() -> Tool {
     )
 }
 
+fn announce_tool() -> Tool {
+    Tool::new(
+        "announce",
+        "Sends `text` as a log message notification to every listener (standalone GET) of \
+         every session, on every instance sharing the store.",
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "type": "object",
+                "properties": {"text": {"type": "string"}},
+                "required": ["text"]
+            }))
+            .expect("a valid schema"),
+        ),
+    )
+}
+
 fn tool(name: &str) -> Option<Tool> {
     match name {
         "slow_count" => Some(slow_count_tool()),
         "confirm_count" => Some(confirm_count_tool()),
         "ask_client" => Some(ask_client_tool()),
+        "announce" => Some(announce_tool()),
         _ => None,
     }
 }
@@ -815,6 +863,7 @@ impl ServerHandler for SlowCounter {
             slow_count_tool(),
             confirm_count_tool(),
             ask_client_tool(),
+            announce_tool(),
         ]))
     }
 
@@ -835,6 +884,9 @@ impl ServerHandler for SlowCounter {
         }
         if request.name == "ask_client" {
             return Ok(ask_client(&context).await?.into());
+        }
+        if request.name == "announce" {
+            return Ok(self.announce(request.arguments.as_ref()).await?.into());
         }
         let args = request.arguments.as_ref();
         let count = argument(args, "count", 10, MAX_COUNT)?;
@@ -937,7 +989,7 @@ pub fn router(
     options: &Options,
     shutdown: &CancellationToken,
 ) -> axum::Router {
-    let handler = SlowCounter::new(tasks, options);
+    let handler = SlowCounter::new(tasks, options).announcing_through(durable);
     let mut config = if options.stateless {
         durable.stateless_config()
     } else {

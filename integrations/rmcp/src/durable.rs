@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use mcp_event_store_core::task::{CancelMode, Owner};
 use mcp_event_store_core::{Result, Store};
-use mcp_event_store_runtime::{Runtime, RuntimeBuilder};
+use mcp_event_store_runtime::{Audience, Runtime, RuntimeBuilder};
 use rmcp::ServerHandler;
+use rmcp::model::{ServerJsonRpcMessage, ServerNotification};
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -71,8 +72,9 @@ pub type SessionManager = SessionScoped<LocalSessionManager, dyn Store>;
 ///   load balancer sends it to (one for an instance that is gone is
 ///   refused: 500 with the reason); and a `DELETE` on any instance ends the
 ///   session on every instance at once (its streams end, its waiting
-///   requests fail), not only at the session's next request. No session
-///   affinity is needed.
+///   requests fail), not only at the session's next request; and a
+///   notification raised once ([`notify`](Self::notify)) reaches the
+///   listeners of every instance. No session affinity is needed.
 ///
 /// The runtime runs while the `Durable` or anything serving with it (a
 /// service, a session manager, the event store) lives, and stops at
@@ -221,6 +223,33 @@ impl Durable {
     /// The session store as rmcp's `SessionStore`, as [`config`](Self::config) sets it.
     pub fn sessions(&self) -> &Arc<RmcpSessionStore<dyn Store>> {
         &self.inner.sessions
+    }
+
+    /// Raises `notification` once, for the listeners of `audience` on every
+    /// instance sharing the store (a `resources/list_changed` for all, a
+    /// log message for one session): each instance stores it in the
+    /// standalone stream of the sessions whose `GET` it serves and sends
+    /// it there ([`SessionScoped::listen_across`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(durable: mcp_event_store_rmcp::Durable) -> mcp_event_store_core::Result<()> {
+    /// use mcp_event_store_rmcp::runtime::Audience;
+    /// use rmcp::model::{ResourceListChangedNotification, ServerNotification};
+    ///
+    /// let changed = ServerNotification::ResourceListChangedNotification(
+    ///     ResourceListChangedNotification::default(),
+    /// );
+    /// durable.notify(&Audience::All, changed).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn notify(
+        &self,
+        audience: &Audience,
+        notification: ServerNotification,
+    ) -> Result<()> {
+        let message = ServerJsonRpcMessage::notification(notification);
+        let bytes = serde_json::to_vec(&message).expect("a notification serializes");
+        self.inner.runtime.notify(audience, &bytes).await
     }
 
     /// This instance's runtime: its lease, maintenance and task runs.

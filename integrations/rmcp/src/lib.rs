@@ -298,6 +298,7 @@
 mod codec;
 mod durable;
 mod events;
+mod listeners;
 mod routed;
 mod scoped;
 mod sessions;

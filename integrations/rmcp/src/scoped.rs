@@ -17,6 +17,7 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use tokio::time::Instant;
 
+use super::listeners::Listeners;
 use super::routed::Routed;
 use super::sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL};
 use super::tracker::{Absent, Cleanup, Stored, Tracker, spawn};
@@ -26,7 +27,7 @@ use mcp_event_store_core::Retention;
 use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::backend::validate_session_id;
 use mcp_event_store_core::{EventStore, SessionStore};
-use mcp_event_store_runtime::{Heard, Route, Runtime};
+use mcp_event_store_runtime::{Audience, Heard, Route, Runtime};
 
 /// How long a stream stays bound to its session by default: one hour, the
 /// default [`Retention`]'s maximum age, so a binding lives as long as the
@@ -202,6 +203,9 @@ pub struct SessionScoped<M, S: ?Sized> {
     /// The runtime whose bus carries answers and ended sessions between
     /// instances, if any ([`with_runtime`](Self::with_runtime)).
     runtime: Option<Runtime>,
+    /// The standalone streams served here, for notifications raised
+    /// anywhere.
+    listeners: Arc<Listeners>,
 }
 
 impl<S: EventStore + SessionStore + ?Sized> SessionScoped<LocalSessionManager, S> {
@@ -250,6 +254,7 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
             check_every: DEFAULT_SESSION_CHECK_INTERVAL,
             tracker: Arc::default(),
             runtime: None,
+            listeners: Arc::default(),
         }
     }
 
@@ -427,16 +432,18 @@ where
     M: SessionManager,
     S: EventStore + SessionStore + ?Sized,
 {
+    /// `Ok(true)` for the session's standalone stream, `Ok(false)` for one
+    /// of its request streams.
     pub(super) async fn check_owner(
         &self,
         session: &SessionId,
         last_event_id: &str,
-    ) -> Result<(), ScopedError<M::Error>> {
+    ) -> Result<bool, ScopedError<M::Error>> {
         let Some(id) = EventId::parse(last_event_id) else {
             return Err(ScopedError::foreign(last_event_id));
         };
         match self.store.get_session(&self.binding_key(&id.token)).await {
-            Ok(Some(owner)) if owner == session.as_bytes() => return Ok(()),
+            Ok(Some(owner)) if owner == session.as_bytes() => return Ok(false),
             Ok(Some(_)) => return Err(ScopedError::foreign(last_event_id)),
             Ok(None) => {}
             Err(e) => return Err(ScopedError::Store(e)),
@@ -444,7 +451,9 @@ where
         // Not a request stream of any session: the standalone stream of
         // this one is the only other thing it may be.
         match self.store.get_stream_id_for_event_id(last_event_id).await {
-            Ok(Some(stream)) if stream.strip_suffix(":common") == Some(session.as_ref()) => Ok(()),
+            Ok(Some(stream)) if stream.strip_suffix(":common") == Some(session.as_ref()) => {
+                Ok(true)
+            }
             Ok(_) => Err(ScopedError::foreign(last_event_id)),
             Err(e) => Err(ScopedError::Store(e)),
         }
@@ -557,7 +566,15 @@ where
     /// * sessions a client deleted on another instance, each closed here
     ///   at once if held here (its open streams end, its waiting requests
     ///   fail), where the session check would see it only on the
-    ///   session's next request.
+    ///   session's next request;
+    /// * notifications raised on any instance
+    ///   ([`Durable::notify`](crate::Durable::notify)), each stored in the
+    ///   standalone stream (`<session>:common`) of every session it is for
+    ///   whose listener (a standalone `GET`, live or resumed) is here, and
+    ///   given to the live ones, so a client hears it wherever its `GET`
+    ///   landed, and again after a resume. (A session with no listener
+    ///   anywhere does not get it, as a notification rmcp sends with no
+    ///   `GET` open reaches no one either.)
     ///
     /// Once it returns, nothing published is missed. Without a runtime it
     /// does nothing.
@@ -567,6 +584,21 @@ where
         };
         let mut replies = runtime.replies().await?;
         let mut ended = runtime.ended_sessions().await?;
+        let mut notifications = runtime.notifications().await?;
+        let manager = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(heard) = notifications.next().await {
+                let Some(manager) = manager.upgrade() else {
+                    return;
+                };
+                match heard {
+                    Heard::Message(notification) => manager.deliver(notification).await,
+                    Heard::Missed => tracing::warn!(
+                        "notifications raised on other instances were lost for this instance's listeners"
+                    ),
+                }
+            }
+        });
         let manager = Arc::downgrade(self);
         tokio::spawn(async move {
             while let Some(heard) = replies.next().await {
@@ -598,6 +630,38 @@ where
             }
         });
         Ok(())
+    }
+
+    /// Stores a notification raised on any instance in the standalone
+    /// stream of each session it is for that has a listener here, and
+    /// gives it to the live ones (the resumed ones follow the store).
+    async fn deliver(&self, notification: mcp_event_store_runtime::Notification) {
+        let message: ServerJsonRpcMessage = match serde_json::from_slice(&notification.message) {
+            Ok(message) => message,
+            Err(error) => {
+                return tracing::warn!(%error, "dropped a notification that is not a JSON-RPC message");
+            }
+        };
+        let sessions = match notification.audience {
+            Audience::All => self.listeners.sessions(),
+            Audience::Session(session) if self.listeners.has(&session) => vec![session.into()],
+            Audience::Session(_) => return,
+        };
+        for session in sessions {
+            let mut event = ServerSseMessage::from_message(message.clone());
+            if let Some(events) = self.inner.event_store() {
+                match events
+                    .store_event(&format!("{session}:common"), &event)
+                    .await
+                {
+                    Ok(id) => event.event_id = Some(id),
+                    Err(error) => {
+                        tracing::warn!(session_id = %session, %error, "could not store a notification; sending it unstored");
+                    }
+                }
+            }
+            self.listeners.deliver(&session, &event);
+        }
     }
 
     /// Hands an answer forwarded from another instance to its session.
@@ -788,10 +852,12 @@ where
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner
+        let stream = self
+            .inner
             .create_standalone_stream(id)
             .await
-            .map_err(ScopedError::Manager)
+            .map_err(ScopedError::Manager)?;
+        Ok(self.listeners.live(id, stream))
     }
 
     async fn resume(
@@ -799,14 +865,22 @@ where
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        if let Err(refused) = self.check_owner(id, &last_event_id).await {
-            tracing::warn!(session_id = %id, error = %refused, "resume refused");
-            return Err(refused);
-        }
-        self.inner
+        let standalone = match self.check_owner(id, &last_event_id).await {
+            Ok(standalone) => standalone,
+            Err(refused) => {
+                tracing::warn!(session_id = %id, error = %refused, "resume refused");
+                return Err(refused);
+            }
+        };
+        let stream = self
+            .inner
             .resume(id, last_event_id)
             .await
-            .map_err(ScopedError::Manager)
+            .map_err(ScopedError::Manager)?;
+        Ok(match standalone {
+            true => self.listeners.following(id, stream).left_stream(),
+            false => stream.right_stream(),
+        })
     }
 
     async fn restore_session(

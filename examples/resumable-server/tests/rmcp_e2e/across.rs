@@ -156,3 +156,57 @@ pub async fn a_delete_on_one_instance_ends_the_session_on_the_other(fixture: &Fi
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A notification raised once on A reaches every listener: a session's
+/// standalone stream on A and another session's on B, each once, with an
+/// event id (it is stored, so a resume finds it too).
+pub async fn a_notification_raised_on_one_instance_reaches_listeners_on_every_instance(
+    fixture: &Fixture,
+) {
+    let [a, b] = servers(fixture);
+    let mut first = Client::new(&a.url);
+    first.initialize().await;
+    let mut second = Client::new(&b.url);
+    second.initialize().await;
+    let mut on_a = first.listen().await;
+    let mut on_b = second.listen().await;
+    // A listener is registered once its stream is open: give the GETs a
+    // moment to be served before raising (the test retries, never times).
+    let mut announced = 0;
+    let mut heard = [false, false];
+    let mut seen = [
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while heard != [true, true] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the announcement never reached both listeners: {heard:?}"
+        );
+        announced += 1;
+        let text = format!("hello {announced}");
+        let result = first
+            .post(serde_json::json!({
+                "jsonrpc": "2.0", "id": 100 + announced, "method": "tools/call",
+                "params": {"name": "announce", "arguments": {"text": text}}
+            }))
+            .await;
+        assert_eq!(result.status(), 200, "announce");
+        for (i, stream) in [&mut on_a, &mut on_b].into_iter().enumerate() {
+            while let Ok(Some(event)) = stream.next_within(Duration::from_millis(500)).await {
+                let Some(message) = event.message() else {
+                    continue;
+                };
+                if message["method"] == "notifications/message" {
+                    assert!(event.id.is_some(), "a stored notification has an id");
+                    let data = message["params"]["data"].to_string();
+                    assert!(seen[i].insert(data), "listener {i} heard {message} twice");
+                    if message["params"]["data"] == text.as_str() {
+                        heard[i] = true;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -269,6 +269,21 @@ impl Client {
             .expect("GET")
     }
 
+    /// Opens the session's standalone stream (`GET`, no `Last-Event-ID`):
+    /// where notifications not tied to a request arrive.
+    pub async fn listen(&self) -> Sse {
+        let response = self
+            .http
+            .get(&self.url)
+            .headers(self.headers())
+            .header("Accept", "text/event-stream")
+            .send()
+            .await
+            .expect("GET");
+        assert_eq!(response.status(), StatusCode::OK, "the standalone stream");
+        Sse::new(response)
+    }
+
     /// Resumes after `last_event_id`; the response must be an SSE stream.
     pub async fn resume(&self, last_event_id: &str) -> Sse {
         let response = self
