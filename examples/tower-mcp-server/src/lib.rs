@@ -53,7 +53,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use mcp_event_store::DynStore;
-use mcp_event_store::tower_mcp::{Runtime, TowerEventStore, TowerSessionStore, TowerTaskStore};
+use mcp_event_store::tower_mcp::{
+    Across, Broadcast, Runtime, TowerEventStore, TowerSessionStore, TowerTaskStore,
+};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tower_mcp::extract::{Context, Json, State};
@@ -61,6 +63,7 @@ use tower_mcp::protocol::{
     ElicitAction, ElicitFieldValue, ElicitFormParams, ElicitFormSchema, ElicitRequestParams,
     InputRequest, InputRequiredResult, InputResponse, RequestOutcome,
 };
+use tower_mcp::transport::http::SessionConfig;
 use tower_mcp::{
     BoxError, CallToolResult, HttpTransport, McpRouter, RequestContext, TaskSupportMode, Tool,
     ToolBuilder,
@@ -87,7 +90,8 @@ pub const CONFIRM_KEY: &str = "confirm";
                   with a progress notification per step; a task when the client declares the \
                   tasks extension), confirm_count (asks the client to confirm through an \
                   elicitation, input key `confirm`, then counts) and running_counts (the \
-                  counts running in this process).\n\n\
+                  counts running in this process) and announce (tells every client of every instance \
+                  that the resource list changed).\n\n\
                   Two instances on one PostgreSQL, Redis or SQLite file serve the same \
                   sessions and tasks. Stop it with Ctrl-C or SIGTERM. Logs go to stderr \
                   (RUST_LOG, default `info,tower_mcp=warn`).\n\n\
@@ -122,6 +126,10 @@ pub struct Options {
     #[arg(long, value_name = "SECS", default_value_t = 1_800,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub session_ttl_secs: u64,
+    /// How often idle sessions are looked for (at least 100).
+    #[arg(long, value_name = "MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(100..))]
+    pub session_cleanup_ms: u64,
     /// Accept this `Host` header (repeatable); loopback names are always
     /// accepted.
     #[arg(long = "allow-host", value_name = "HOST")]
@@ -319,14 +327,36 @@ fn running_counts(running: Running) -> Tool {
         .build()
 }
 
+/// The tool that tells every client of every instance that the resource
+/// list changed, raised once through [`Across`].
+fn announce(across: Across) -> Tool {
+    ToolBuilder::new("announce")
+        .description(
+            "Tells every client of every instance sharing the store that the resource list \
+             changed (notifications/resources/list_changed)",
+        )
+        .handler(move |_: NoInput| {
+            let across = across.clone();
+            async move {
+                across
+                    .raise(&Broadcast::ResourcesListChanged)
+                    .await
+                    .map_err(|e| tower_mcp::Error::internal(e.to_string()))?;
+                Ok(CallToolResult::text("announced"))
+            }
+        })
+        .build()
+}
+
 /// The server's HTTP service on `store`: tower-mcp's Streamable HTTP
 /// transport at `/mcp`, its sessions, events and tasks in the store, run
 /// by the runtime (this instance's one lease, purges of expired events,
-/// sessions and tasks, takeovers).
+/// sessions and tasks, takeovers), wired across instances through
+/// [`Across`].
 ///
 /// # Errors
 ///
-/// If the runtime cannot register this instance.
+/// If the runtime cannot register this instance or listen on the bus.
 pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     let lease = options.lease();
     let mut runtime = Runtime::builder(store.clone())
@@ -342,6 +372,7 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     }
     let tasks = Arc::new(builder.build()?);
     let running = Running::default();
+    let across = Across::new(runtime.clone());
     let router = McpRouter::new()
         .server_info(
             "mcp-event-store-tower-mcp-server",
@@ -351,20 +382,31 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
         .tool(slow_count(running.clone()))
         .tool(confirm_count(running.clone()))
         .tool(running_counts(running))
+        .tool(announce(across.clone()))
         .with_tasks();
     let takeovers = options
         .takeover
         .is_some()
         .then(|| tasks.run_takeovers(router.clone()));
+    // Across instances: idle cleanup spares sessions served elsewhere, a
+    // DELETE ends the session on every instance, and what `announce`
+    // raises reaches every instance's clients.
+    let sessions = TowerSessionStore::new(store.clone()).across_instances();
+    let events = TowerEventStore::new(store).across_instances();
     let mut transport = HttpTransport::new(router)
-        .session_store(Arc::new(TowerSessionStore::new(store.clone())))
-        .event_store(Arc::new(TowerEventStore::new(store)))
-        .session_ttl(Duration::from_secs(options.session_ttl_secs));
+        .session_store(Arc::new(sessions))
+        .event_store(Arc::new(events))
+        .session_config(
+            SessionConfig::with_ttl(Duration::from_secs(options.session_ttl_secs))
+                .cleanup_interval(Duration::from_millis(options.session_cleanup_ms)),
+        )
+        .external_notifications(across.notifications().await?);
     if !options.allowed_hosts.is_empty() {
         transport = transport.allowed_hosts(options.allowed_hosts.clone());
     }
+    let (router, handle) = transport.into_router_at_with_handle("/mcp");
     Ok(App {
-        router: transport.into_router_at("/mcp"),
+        router: router.layer(across.end_sessions(handle).await?),
         takeovers,
         runtime,
     })

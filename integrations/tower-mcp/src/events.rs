@@ -55,6 +55,7 @@ const REPLAY_ATTEMPTS: usize = 3;
 pub struct TowerEventStore<S: ?Sized = dyn Store> {
     store: Arc<S>,
     namespace: String,
+    across_instances: bool,
 }
 
 impl<S: ?Sized> Clone for TowerEventStore<S> {
@@ -62,6 +63,7 @@ impl<S: ?Sized> Clone for TowerEventStore<S> {
         Self {
             store: self.store.clone(),
             namespace: self.namespace.clone(),
+            across_instances: self.across_instances,
         }
     }
 }
@@ -81,7 +83,21 @@ impl<S: EventStore + ?Sized> TowerEventStore<S> {
         Self {
             store,
             namespace: DEFAULT_NAMESPACE.to_owned(),
+            across_instances: false,
         }
+    }
+
+    /// The same for instances wired with [`Across`](crate::Across), whose
+    /// [`end_sessions`](crate::Across::end_sessions) layer is on the router:
+    /// only a client's `DELETE` (or a session ended on another instance)
+    /// purges a session's events. tower-mcp's idle cleanup, which sees only
+    /// this instance's use of a session, leaves them to the store's
+    /// retention (C8), as another instance may still be serving it.
+    ///
+    /// Without that layer no `DELETE` would purge: do not set this alone.
+    pub fn across_instances(mut self) -> Self {
+        self.across_instances = true;
+        self
     }
 
     /// The same over another namespace: the prefix of every stream id it
@@ -181,6 +197,13 @@ impl<S: EventStore + ?Sized> tower_mcp::event_store::EventStore for TowerEventSt
     }
 
     async fn purge_session(&self, session_id: &str) -> Result<()> {
+        if self.across_instances && !crate::across::ending_on_purpose() {
+            tracing::debug!(
+                session_id = %session_id,
+                "left a session idle on this instance to retention: another may serve it"
+            );
+            return Ok(());
+        }
         match self.store.delete_stream(&self.stream_id(session_id)).await {
             Ok(_) | Err(Error::InvalidStreamId { .. }) => Ok(()),
             Err(e) => Err(event_error(e)),

@@ -59,16 +59,13 @@
 //! * **What tower-mcp does not store cannot be resumed.** Its transport
 //!   stores only the events of GET streams (the standalone stream and
 //!   `subscriptions/listen`), and a session's events only while a GET
-//!   stream is open; POST responses carry no event ids. Its local idle
-//!   cleanup deletes a session, and purges its events, on an instance where
-//!   the session idled, even while another instance serves it: that
-//!   instance's next `save` puts the session back, the events stay gone.
-//!   This crate cannot tell such a purge from a client's `DELETE`.
-//! * **Nor does it invalidate sessions across instances**: an instance
-//!   that holds a session keeps serving it after a `DELETE` on another,
-//!   and writes its record back. Prefer session affinity for 2025-11-25
-//!   clients. Each of these limits is pinned by a test in
-//!   `examples/tower-mcp-server/tests/tower_e2e`.
+//!   stream is open; POST responses carry no event ids (pinned by a test
+//!   in `examples/tower-mcp-server/tests/tower_e2e`).
+//! * **Idle cleanup is per instance**: tower-mcp deletes a session, and
+//!   purges its events, on an instance where it idled, even while another
+//!   instance serves it. The stores built
+//!   [`across_instances`](TowerSessionStore::across_instances), with the
+//!   layer of [Across instances](#across-instances), spare such a session.
 //!
 //! # Sessions
 //!
@@ -80,6 +77,69 @@
 //!   store has no insert-if-absent. Two creates racing under one id could
 //!   both succeed; tower-mcp draws a random UUID for every session, so it
 //!   never races itself so. A taken id gets a fresh UUID.
+//!
+//! # Across instances
+//!
+//! Instances on one store act as one behind a load balancer without
+//! session affinity as far as tower-mcp 0.25 lets a session's live state
+//! out. [`Across`] carries over the runtime's bus what it can:
+//!
+//! * **A `DELETE` ends the session everywhere**: its layer
+//!   ([`Across::end_sessions`], on the router built with
+//!   `into_router_at_with_handle`) publishes a client's `DELETE`, and
+//!   every instance ends the session it holds (tower-mcp's
+//!   `SessionHandle::terminate_session`) and closes the session's SSE
+//!   responses it is sending, within the bus's latency. Without it, an
+//!   instance that restored a session keeps serving it from memory after a
+//!   `DELETE` on another and writes its record back.
+//! * **Idle cleanup spares a session served elsewhere**: with the session
+//!   and event stores built `across_instances`, tower-mcp's local idle
+//!   cleanup deletes no record that another instance's `save` kept live
+//!   (tower-mcp saves on every request) and purges no events (they are
+//!   left to the store's retention); a client's `DELETE`, told apart by
+//!   the layer, deletes and purges as before.
+//! * **Broadcast notifications reach every instance**: [`Across::raise`]
+//!   publishes a list change or resource update once, and every instance
+//!   hands it to tower-mcp's external notification channel
+//!   ([`Across::notifications`]), which sends it to its own clients.
+//!
+//! What tower-mcp 0.25 gives no seam for, so that stays per instance
+//! (pinned by tests in `examples/tower-mcp-server/tests/tower_e2e` where a
+//! client can observe it):
+//!
+//! * **A server-to-client request's answer** (sampling, elicitation or
+//!   roots in a 2025-11-25 session) must reach the instance that sent the
+//!   request: tower-mcp keeps the waiting request in that instance's
+//!   memory, numbers it itself and offers no hook to route an answer, so
+//!   an answer POSTed to another instance is dropped there and the request
+//!   times out. The 2026-07-28 flow (input requests carried by the task or
+//!   by `inputResponses`) has no such state and works on any instance.
+//! * **Notifications for one session** (progress, log messages,
+//!   `notifications/tasks`): tower-mcp sends only from inside the request
+//!   or to all of an instance's sessions; a notification for one session
+//!   published by another framework's adapter is skipped here.
+//! * **`resources/subscribe`** is kept per instance: a resource update is
+//!   delivered to the sessions that subscribed to it on the instance that
+//!   delivers it, so every instance delivers it to its own subscribers.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # async fn demo(store: Arc<dyn mcp_event_store_core::Store>, router: tower_mcp::McpRouter)
+//! #     -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use mcp_event_store_tower_mcp::{Across, Broadcast, Runtime, TowerEventStore, TowerSessionStore};
+//! use tower_mcp::HttpTransport;
+//!
+//! let runtime = Runtime::builder(store.clone()).start().await?;
+//! let across = Across::new(runtime);
+//! let transport = HttpTransport::new(router)
+//!     .session_store(Arc::new(TowerSessionStore::new(store.clone()).across_instances()))
+//!     .event_store(Arc::new(TowerEventStore::new(store).across_instances()))
+//!     .external_notifications(across.notifications().await?);
+//! let (app, sessions) = transport.into_router_at_with_handle("/mcp");
+//! let app = app.layer(across.end_sessions(sessions).await?);
+//! across.raise(&Broadcast::ResourcesListChanged).await?;
+//! # let _ = app; Ok(()) }
+//! ```
 //!
 //! # Tasks
 //!
@@ -259,12 +319,14 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod across;
 mod events;
 mod sessions;
 mod support;
 mod takeover;
 mod tasks;
 
+pub use across::{Across, Broadcast, EndSessions, EndSessionsLayer};
 pub use events::TowerEventStore;
 pub use mcp_event_store_runtime::{self as runtime, Runtime, RuntimeBuilder, Takeovers};
 pub use sessions::TowerSessionStore;

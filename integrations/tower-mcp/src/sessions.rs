@@ -51,6 +51,7 @@ const CREATE_ATTEMPTS: usize = 8;
 pub struct TowerSessionStore<S: ?Sized = dyn Store> {
     store: Arc<S>,
     namespace: String,
+    across_instances: bool,
 }
 
 impl<S: ?Sized> Clone for TowerSessionStore<S> {
@@ -58,6 +59,7 @@ impl<S: ?Sized> Clone for TowerSessionStore<S> {
         Self {
             store: self.store.clone(),
             namespace: self.namespace.clone(),
+            across_instances: self.across_instances,
         }
     }
 }
@@ -77,7 +79,23 @@ impl<S: SessionStore + ?Sized> TowerSessionStore<S> {
         Self {
             store,
             namespace: DEFAULT_NAMESPACE.to_owned(),
+            across_instances: false,
         }
+    }
+
+    /// The same for instances wired with [`Across`](crate::Across), whose
+    /// [`end_sessions`](crate::Across::end_sessions) layer is on the router:
+    /// a delete that is neither a client's `DELETE` nor a session ended on
+    /// another instance (that is, tower-mcp's idle cleanup, which sees only
+    /// this instance's use of a session) leaves a record another
+    /// instance's `save` keeps live, so a session idle here but served
+    /// elsewhere is not deleted under it.
+    ///
+    /// Without that layer every `DELETE` would look like idle cleanup: do
+    /// not set this alone.
+    pub fn across_instances(mut self) -> Self {
+        self.across_instances = true;
+        self
     }
 
     /// The same over another namespace: the prefix of every session key it
@@ -155,6 +173,16 @@ impl<S: SessionStore + ?Sized> tower_mcp::session_store::SessionStore for TowerS
     }
 
     async fn delete(&self, id: &str) -> Result<()> {
+        if self.across_instances
+            && !crate::across::ending_on_purpose()
+            && self.read(id).await?.is_some()
+        {
+            tracing::debug!(
+                session_id = %id,
+                "spared a session idle on this instance that another served within its time to live"
+            );
+            return Ok(());
+        }
         match self.store.delete_session(&self.key(id)).await {
             Ok(_) | Err(Error::InvalidSessionId { .. }) => Ok(()),
             Err(e) => Err(session_error(e)),

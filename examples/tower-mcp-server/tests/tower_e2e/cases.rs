@@ -206,12 +206,10 @@ pub async fn session_deleted_on_one_server_is_gone_on_another(fixture: &Fixture)
     );
 }
 
-/// tower-mcp 0.25 does not invalidate a session across instances (its
-/// docs say so): B, which restored the session before A deleted it, keeps
-/// serving it from memory, and its next request writes the record back,
-/// so A serves it again too. This pins down the limit; nothing a store
-/// can do reaches B's memory.
-pub async fn a_session_another_server_holds_outlives_a_delete(fixture: &Fixture) {
+/// A session B restored before A deleted it ends on B too (the `DELETE`
+/// goes over the bus): B's GET stream of it ends, B answers 404, and B
+/// writes no record back, so A answers 404 as well.
+pub async fn a_session_another_server_holds_ends_with_a_delete(fixture: &Fixture) {
     let a = ChildServer::start(fixture.url());
     let b = ChildServer::start(fixture.url());
     let session = initialize(&a.url).await;
@@ -221,20 +219,101 @@ pub async fn a_session_another_server_holds_outlives_a_delete(fixture: &Fixture)
             .status
             .is_success()
     );
+    let on_b = Stream::open(&b.url, &session, None).await;
     assert!(delete(&a.url, &session).await.is_success());
-    assert!(
-        post(&b.url, Some(&session), list_tools(3))
-            .await
-            .status
-            .is_success(),
-        "B still holds the session"
+    // B ends the stream after it ended the session.
+    on_b.ends().await;
+    assert_eq!(
+        post(&b.url, Some(&session), list_tools(3)).await.status,
+        reqwest::StatusCode::NOT_FOUND,
+        "B no longer serves the session"
     );
+    assert_eq!(
+        post(&a.url, Some(&session), list_tools(4)).await.status,
+        reqwest::StatusCode::NOT_FOUND,
+        "nothing wrote the record back"
+    );
+}
+
+/// What the `announce` tool raises once on A reaches the GET streams of
+/// sessions on A and on B (tower-mcp's external notifications, fed by
+/// the bus on each instance).
+pub async fn a_broadcast_raised_on_one_server_reaches_clients_of_every_server(fixture: &Fixture) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let on_a = initialize(&a.url).await;
+    let on_b = initialize(&b.url).await;
+    let mut stream_a = Stream::open(&a.url, &on_a, None).await;
+    let mut stream_b = Stream::open(&b.url, &on_b, None).await;
+    let called = post(
+        &a.url,
+        Some(&on_a),
+        json!({
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "announce", "arguments": {}}
+        }),
+    )
+    .await;
+    assert_eq!(text_of(&called.answer.expect("the result")), "announced");
+    for stream in [&mut stream_b, &mut stream_a] {
+        stream
+            .next_with_method("notifications/resources/list_changed")
+            .await;
+    }
+}
+
+/// tower-mcp's idle cleanup on A (the session idled there) neither deletes
+/// the record nor purges the events of a session B keeps serving: the
+/// events B stored stay in the store, read from the store itself.
+pub async fn idle_cleanup_spares_a_session_another_server_serves(fixture: &Fixture) {
+    let quick = ["--session-ttl-secs", "1", "--session-cleanup-ms", "200"];
+    let a = ChildServer::start_with(fixture.url(), &quick);
+    let b = ChildServer::start_with(fixture.url(), &quick);
+    let session = initialize(&a.url).await;
+    let store = mcp_event_store::connect(fixture.url())
+        .await
+        .expect("the store opens");
+    let stream_id =
+        mcp_event_store::tower_mcp::TowerEventStore::new(store.clone()).stream_id(&session.id);
+    let stored = || async {
+        use futures_util::StreamExt;
+        store
+            .replay_stream(&stream_id)
+            .await
+            .expect("the session's stream replays")
+            .events
+            .count()
+            .await
+    };
+    let mut on_b = Stream::open(&b.url, &session, None).await;
+    let called = post(&b.url, Some(&session), count_call(2, 2, "kept")).await;
+    assert_eq!(text_of(&called.answer.expect("the result")), "counted to 2");
+    on_b.next_with_method("notifications/progress").await;
+    let before = stored().await;
+    assert!(before > 0, "B stored the progress it sent");
+    // B keeps the session busy while it idles on A, until A's cleanup has
+    // removed it from A's memory.
+    let busy = async {
+        for id in 10.. {
+            let listed = post(&b.url, Some(&session), list_tools(id)).await;
+            assert!(listed.status.is_success(), "B serves: {}", listed.status);
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        }
+    };
+    let cleaned_on_a = ["Expired session removed", session.id.as_str()];
+    tokio::select! {
+        () = busy => unreachable!(),
+        () = a.logs(&cleaned_on_a) => {}
+    }
+    // One more cleanup round has passed on A.
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // (B may still be storing what it sent: it stores after sending.)
+    assert!(stored().await >= before, "A's idle cleanup purged nothing");
     assert!(
-        post(&a.url, Some(&session), list_tools(4))
+        post(&b.url, Some(&session), list_tools(1_000))
             .await
             .status
-            .is_success(),
-        "B wrote the record back, and A restored it"
+            .is_success()
     );
 }
 

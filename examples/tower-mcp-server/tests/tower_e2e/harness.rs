@@ -133,6 +133,23 @@ impl ChildServer {
         server
     }
 
+    /// Waits (at most [`EVENTUALLY`](crate::wire::EVENTUALLY)) until the
+    /// server has logged a line containing every one of `needles`.
+    pub async fn logs(&self, needles: &[&str]) {
+        let found = || {
+            let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            log.iter()
+                .any(|line| needles.iter().all(|needle| line.contains(needle)))
+        };
+        tokio::time::timeout(crate::wire::EVENTUALLY, async {
+            while !found() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the server at {} never logged {needles:?}", self.url));
+    }
+
     /// `SIGKILL`s the server and waits for it to die.
     pub fn kill(mut self) {
         self.child.kill().expect("kill the server process");

@@ -38,7 +38,9 @@ macro_rules! e2e_tests {
             case!(stream_dropped_on_one_server_resumes_on_another);
             case!(notifications_with_no_get_stream_open_are_never_stored);
             case!(session_deleted_on_one_server_is_gone_on_another);
-            case!(a_session_another_server_holds_outlives_a_delete);
+            case!(a_session_another_server_holds_ends_with_a_delete);
+            case!(a_broadcast_raised_on_one_server_reaches_clients_of_every_server);
+            case!(idle_cleanup_spares_a_session_another_server_serves);
             case!(task_created_on_one_server_is_read_answered_and_cancelled_through_another);
             case!(tasks_of_a_killed_server_read_failed_on_another);
             case!(task_of_a_killed_server_is_taken_over_by_another);
@@ -71,7 +73,8 @@ async fn child_server() {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
                 "warn,mcp_event_store_tower_mcp=debug,mcp_event_store_redis=debug,\
-                 mcp_event_store_sqlite=debug,mcp_event_store_postgres=debug"
+                 mcp_event_store_sqlite=debug,mcp_event_store_postgres=debug,\
+                 tower_mcp::transport::http::session=debug"
                     .into()
             }),
         )

@@ -201,6 +201,33 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// Waits (at most [`EVENTUALLY`]) for the server to end the stream,
+    /// skipping what it sends first.
+    pub async fn ends(mut self) {
+        tokio::time::timeout(EVENTUALLY, async {
+            while let Some(chunk) = self.body.next().await {
+                if chunk.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("the server ends the stream within the guard");
+    }
+
+    /// The next event whose JSON-RPC method is `method`, skipping others.
+    pub async fn next_with_method(&mut self, method: &str) -> Value {
+        loop {
+            let event = self.next().await;
+            let message: Value = serde_json::from_str(&event.data).expect("a JSON-RPC message");
+            if message["method"] == method {
+                return message;
+            }
+        }
+    }
+}
+
 /// The `_meta` every 2026-07-28 request carries: its revision, and the
 /// client's capabilities, declaring the tasks extension.
 fn final_meta() -> Value {
