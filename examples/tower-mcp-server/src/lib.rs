@@ -30,6 +30,11 @@
 //!   `tasks/update` on any instance, which then runs the count.
 //! * `running_counts`: how many counts run in this process now (what a
 //!   cancel through another instance is seen to stop by).
+//! * `ask_client` (`prompt`, optional): asks the client for an LLM
+//!   completion (`sampling/createMessage`, 2025-11-25 sessions) and answers
+//!   `sampled: <text>`. It shows a limit tower-mcp 0.25 sets: the answer
+//!   must be POSTed to the instance running the call, which keeps the
+//!   waiting request in its memory; another instance drops it.
 //!
 //! Options (`tower-mcp-server --help`): `--store URL` (default
 //! `sqlite://mcp-tower-mcp-server.db`), `--bind ADDR` (default
@@ -65,8 +70,8 @@ use tower_mcp::protocol::{
 };
 use tower_mcp::transport::http::SessionConfig;
 use tower_mcp::{
-    BoxError, CallToolResult, HttpTransport, McpRouter, RequestContext, TaskSupportMode, Tool,
-    ToolBuilder,
+    BoxError, CallToolResult, CreateMessageParams, HttpTransport, McpRouter, RequestContext,
+    SamplingMessage, TaskSupportMode, Tool, ToolBuilder,
 };
 
 /// The highest count the tools accept.
@@ -89,9 +94,11 @@ pub const CONFIRM_KEY: &str = "confirm";
                   Tools: slow_count (counts to `count`, waiting `interval_ms` between steps, \
                   with a progress notification per step; a task when the client declares the \
                   tasks extension), confirm_count (asks the client to confirm through an \
-                  elicitation, input key `confirm`, then counts) and running_counts (the \
-                  counts running in this process) and announce (tells every client of every instance \
-                  that the resource list changed).\n\n\
+                  elicitation, input key `confirm`, then counts), running_counts (the \
+                  counts running in this process), announce (tells every client of every instance \
+                  that the resource list changed) and ask_client (asks the client for an LLM \
+                  completion, sampling in a 2025-11-25 session, and answers `sampled: <text>`; \
+                  the client must answer the instance running the call).\n\n\
                   Two instances on one PostgreSQL, Redis or SQLite file serve the same \
                   sessions and tasks. Stop it with Ctrl-C or SIGTERM. Logs go to stderr \
                   (RUST_LOG, default `info,tower_mcp=warn`).\n\n\
@@ -188,6 +195,17 @@ impl CountInput {
 /// No arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct NoInput {}
+
+/// The arguments of `ask_client`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct AskInput {
+    /// What to ask the client's model (default: a fixed question).
+    #[serde(default)]
+    pub prompt: Option<String>,
+}
+
+/// What `ask_client` asks when the call names no prompt.
+pub const DEFAULT_PROMPT: &str = "Say something.";
 
 /// Counts the counts running in this process, for as long as each runs:
 /// a count dropped on cancellation stops counting too.
@@ -348,6 +366,28 @@ fn announce(across: Across) -> Tool {
         .build()
 }
 
+/// The tool that asks the client for an LLM completion: a server-to-client
+/// request (`sampling/createMessage`) sent on the SSE response of the
+/// call's POST, in a 2025-11-25 session. It exists to show, end to end,
+/// what tower-mcp 0.25 keeps on one instance: the request waits in the
+/// memory of the instance running the call, numbered by it, and only an
+/// answer POSTed to that instance completes it.
+fn ask_client() -> Tool {
+    ToolBuilder::new("ask_client")
+        .description(
+            "Asks the client for an LLM completion of `prompt` (sampling/createMessage, \
+             2025-11-25 sessions) and answers `sampled: <text>`",
+        )
+        .extractor_handler((), |ctx: Context, Json(input): Json<AskInput>| async move {
+            let prompt = input.prompt.unwrap_or_else(|| DEFAULT_PROMPT.to_owned());
+            let params = CreateMessageParams::new(vec![SamplingMessage::user(prompt)], 100);
+            let sampled = ctx.sample(params).await?;
+            let text = sampled.first_text().unwrap_or_default();
+            Ok(CallToolResult::text(format!("sampled: {text}")))
+        })
+        .build()
+}
+
 /// The server's HTTP service on `store`: tower-mcp's Streamable HTTP
 /// transport at `/mcp`, its sessions, events and tasks in the store, run
 /// by the runtime (this instance's one lease, purges of expired events,
@@ -383,6 +423,7 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
         .tool(confirm_count(running.clone()))
         .tool(running_counts(running))
         .tool(announce(across.clone()))
+        .tool(ask_client())
         .with_tasks();
     let takeovers = options
         .takeover
@@ -390,7 +431,8 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
         .then(|| tasks.run_takeovers(router.clone()));
     // Across instances: idle cleanup spares sessions served elsewhere, a
     // DELETE ends the session on every instance, and what `announce`
-    // raises reaches every instance's clients.
+    // raises reaches every instance's clients. Sampling (`ask_client`)
+    // stays on the instance that asked: tower-mcp gives it no seam.
     let sessions = TowerSessionStore::new(store.clone()).across_instances();
     let events = TowerEventStore::new(store).across_instances();
     let mut transport = HttpTransport::new(router)
@@ -400,7 +442,8 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
             SessionConfig::with_ttl(Duration::from_secs(options.session_ttl_secs))
                 .cleanup_interval(Duration::from_millis(options.session_cleanup_ms)),
         )
-        .external_notifications(across.notifications().await?);
+        .external_notifications(across.notifications().await?)
+        .with_sampling();
     if !options.allowed_hosts.is_empty() {
         transport = transport.allowed_hosts(options.allowed_hosts.clone());
     }

@@ -111,9 +111,12 @@
 //!   roots in a 2025-11-25 session) must reach the instance that sent the
 //!   request: tower-mcp keeps the waiting request in that instance's
 //!   memory, numbers it itself and offers no hook to route an answer, so
-//!   an answer POSTed to another instance is dropped there and the request
-//!   times out. The 2026-07-28 flow (input requests carried by the task or
-//!   by `inputResponses`) has no such state and works on any instance.
+//!   an answer POSTed to another instance is dropped there (answered
+//!   `202 Accepted`) and the request waits on, for an answer POSTed to its
+//!   instance or until its POST's stream closes (pinned by
+//!   `an_answer_posted_to_another_server_is_dropped_there`). The
+//!   2026-07-28 flow (input requests carried by the task or by
+//!   `inputResponses`) has no such state and works on any instance.
 //! * **Notifications for one session** (progress, log messages,
 //!   `notifications/tasks`): tower-mcp sends only from inside the request
 //!   or to all of an instance's sessions; a notification for one session

@@ -4,7 +4,8 @@ use serde_json::{Value, json};
 
 use crate::harness::{ChildServer, Fixture};
 use crate::wire::{
-    Stream, counts_until, delete, get_task, initialize, post, request, start_task, task_until,
+    Stream, counts_until, delete, get_task, initialize, initialize_with, post, request, start_task,
+    task_until,
 };
 
 fn list_tools(id: i64) -> Value {
@@ -315,6 +316,60 @@ pub async fn idle_cleanup_spares_a_session_another_server_serves(fixture: &Fixtu
             .status
             .is_success()
     );
+}
+
+/// A limit of tower-mcp 0.25 this integration cannot carry across
+/// instances: the answer to a server-to-client request (here the
+/// `sampling/createMessage` of `ask_client`, in a 2025-11-25 session) must
+/// be POSTed to the instance that sent it. A keeps the waiting request in
+/// its memory (a table of the live session), numbers it itself (each
+/// instance counts from 1 per session) and offers no hook to route an
+/// answer, so B, which serves the session too, restores it, finds no
+/// request of that id waiting, logs "Received response for unknown
+/// request" and answers `202 Accepted`: the answer is dropped. The call on
+/// A completes only with the answer POSTed to A, proof B's never reached it.
+pub async fn an_answer_posted_to_another_server_is_dropped_there(fixture: &Fixture) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let session = initialize_with(&a.url, json!({"sampling": {}})).await;
+    let mut call = Stream::post(
+        &a.url,
+        &session,
+        json!({
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "ask_client", "arguments": {"prompt": "Who answers?"}}
+        }),
+    )
+    .await;
+    let asked = call.next_with_method("sampling/createMessage").await;
+    assert_eq!(
+        asked["params"]["messages"][0]["content"]["text"], "Who answers?",
+        "{asked}"
+    );
+    let asked_id = asked["id"].clone();
+    assert!(asked_id.is_number() || asked_id.is_string(), "{asked}");
+    let answer = |text: &str| {
+        json!({
+            "jsonrpc": "2.0", "id": asked_id.clone(),
+            "result": {
+                "role": "assistant",
+                "content": {"type": "text", "text": text},
+                "model": "e2e"
+            }
+        })
+    };
+
+    let on_b = post(&b.url, Some(&session), answer("from B")).await;
+    assert_eq!(on_b.status, reqwest::StatusCode::ACCEPTED, "B's answer");
+    b.logs(&["Received response for unknown request"]).await;
+    // Not a correctness threshold: time for a forwarded answer to reach A,
+    // were there any forwarding.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+
+    let on_a = post(&a.url, Some(&session), answer("from A")).await;
+    assert_eq!(on_a.status, reqwest::StatusCode::ACCEPTED, "A's answer");
+    let result = call.next_answer(2).await;
+    assert_eq!(text_of(&result), "sampled: from A", "{result}");
 }
 
 /// A task created on A is read through B (waiting for input), answered

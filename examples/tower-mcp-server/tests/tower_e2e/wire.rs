@@ -45,9 +45,8 @@ pub struct Posted {
     pub answer: Option<Value>,
 }
 
-/// A POST of `body` to `url`, in `session` if any.
-pub async fn post(url: &str, session: Option<&Session>, body: Value) -> Posted {
-    let id = body.get("id").and_then(Value::as_i64);
+/// A 2025-11-25 POST of `body` to `url`, in `session` if any.
+fn legacy_post(url: &str, session: Option<&Session>, body: &Value) -> reqwest::RequestBuilder {
     let mut request = client()
         .post(url)
         .header("Content-Type", "application/json")
@@ -56,8 +55,13 @@ pub async fn post(url: &str, session: Option<&Session>, body: Value) -> Posted {
     if let Some(session) = session {
         request = request.header("Mcp-Session-Id", &session.id);
     }
-    let response = request
-        .body(body.to_string())
+    request.body(body.to_string())
+}
+
+/// A POST of `body` to `url`, in `session` if any.
+pub async fn post(url: &str, session: Option<&Session>, body: Value) -> Posted {
+    let id = body.get("id").and_then(Value::as_i64);
+    let response = legacy_post(url, session, &body)
         .send()
         .await
         .expect("the server answers");
@@ -71,6 +75,11 @@ pub async fn post(url: &str, session: Option<&Session>, body: Value) -> Posted {
 
 /// Starts a session on `url` (`initialize`, then `notifications/initialized`).
 pub async fn initialize(url: &str) -> Session {
+    initialize_with(url, json!({})).await
+}
+
+/// Starts a session on `url` whose client declares `capabilities`.
+pub async fn initialize_with(url: &str, capabilities: Value) -> Session {
     let response = client()
         .post(url)
         .header("Content-Type", "application/json")
@@ -80,7 +89,7 @@ pub async fn initialize(url: &str) -> Session {
                 "jsonrpc": "2.0", "id": 1, "method": "initialize",
                 "params": {
                     "protocolVersion": LEGACY,
-                    "capabilities": {},
+                    "capabilities": capabilities,
                     "clientInfo": {"name": "tower-e2e", "version": "1"}
                 }
             })
@@ -133,7 +142,8 @@ pub struct Event {
     pub data: String,
 }
 
-/// A session's GET stream, read event by event.
+/// An SSE stream read event by event: a session's GET stream, or the
+/// response of a POST the server answered with one.
 pub struct Stream {
     body: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
     buffer: String,
@@ -157,6 +167,34 @@ impl Stream {
             "GET stream: {}",
             response.status()
         );
+        Self::of(response)
+    }
+
+    /// POSTs `body` to `url` in `session` and reads the SSE stream the
+    /// server answers with (it must answer with one).
+    pub async fn post(url: &str, session: &Session, body: Value) -> Self {
+        let response = legacy_post(url, Some(session), &body)
+            .send()
+            .await
+            .expect("the server answers");
+        assert!(
+            response.status().is_success(),
+            "POST: {}",
+            response.status()
+        );
+        let kind = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert!(
+            kind.starts_with("text/event-stream"),
+            "a POST answered with an SSE stream, not {kind:?}"
+        );
+        Self::of(response)
+    }
+
+    fn of(response: reqwest::Response) -> Self {
         Self {
             body: response.bytes_stream().boxed(),
             buffer: String::new(),
@@ -219,12 +257,27 @@ impl Stream {
     /// The next event whose JSON-RPC method is `method`, skipping others.
     pub async fn next_with_method(&mut self, method: &str) -> Value {
         loop {
-            let event = self.next().await;
-            let message: Value = serde_json::from_str(&event.data).expect("a JSON-RPC message");
+            let message = self.next_message().await;
             if message["method"] == method {
                 return message;
             }
         }
+    }
+
+    /// The next event that answers request `id` (a JSON-RPC response, no
+    /// method), skipping others.
+    pub async fn next_answer(&mut self, id: i64) -> Value {
+        loop {
+            let message = self.next_message().await;
+            if message.get("method").is_none() && message["id"] == id {
+                return message;
+            }
+        }
+    }
+
+    async fn next_message(&mut self) -> Value {
+        let event = self.next().await;
+        serde_json::from_str(&event.data).expect("a JSON-RPC message")
     }
 }
 
