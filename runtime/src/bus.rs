@@ -32,6 +32,11 @@ const ENDED_SESSIONS: &str = "mcp/sessions/ended";
 /// The topic of an instance's replies: this and its id.
 const REPLIES_PREFIX: &str = "mcp/replies/";
 
+/// How many notifications the listeners sharing one subscription may be
+/// behind the quickest before the slowest hears [`Heard::Missed`] (and
+/// what they share holds no more).
+const FANOUT_CAPACITY: usize = 1_024;
+
 /// The first pause before a listener subscribes again after a backend
 /// error; it doubles up to [`MAX_RETRY`].
 const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -55,7 +60,9 @@ pub enum Heard<T> {
 /// last message, so nothing is lost), yields [`Heard::Missed`] when
 /// retention overtook it and goes on from now, and ends when the runtime
 /// shuts down. It reads the store only as it is polled: a slow listener
-/// holds no backlog.
+/// holds no backlog. (The listeners of
+/// [`notifications`](Runtime::notifications) share one subscription
+/// instead, within a bounded window: see there.)
 pub struct Listener<T> {
     heard: BoxStream<'static, Heard<T>>,
 }
@@ -238,21 +245,36 @@ impl Runtime {
 
     /// The notifications raised on any instance, this one included: deliver
     /// each to this instance's listeners it is for.
+    ///
+    /// Every listener this runtime hands out shares one subscription to
+    /// the bus (made by the first call), so a thousand listeners cost the
+    /// store what one does: each notification is read once and handed to
+    /// each. A listener that falls more than 1,024 notifications behind
+    /// the others hears [`Heard::Missed`] and goes on from the newest, so
+    /// a slow one holds up nobody and holds no more than that.
     pub async fn notifications(&self) -> Result<Listener<Notification>> {
         self.ensure_open()?;
-        let topic = topic(NOTIFICATIONS);
-        let first = self.inner.bus.subscribe(&topic, Start::Now).await?;
-        Ok(self.keep(topic, first, |message| {
-            let (to, notification) = unframe(&message.payload)?;
-            let audience = match to.is_empty() {
-                true => Audience::All,
-                false => Audience::Session(String::from_utf8(to.to_vec()).ok()?),
-            };
-            Some(Notification {
-                audience,
-                message: notification,
+        let fanout = self
+            .inner
+            .notified
+            .get_or_try_init(|| async {
+                let topic = topic(NOTIFICATIONS);
+                let first = self.inner.bus.subscribe(&topic, Start::Now).await?;
+                let heard = self.keep(topic, first, |message| {
+                    let (to, notification) = unframe(&message.payload)?;
+                    let audience = match to.is_empty() {
+                        true => Audience::All,
+                        false => Audience::Session(String::from_utf8(to.to_vec()).ok()?),
+                    };
+                    Some(Notification {
+                        audience,
+                        message: notification,
+                    })
+                });
+                Ok::<_, Error>(Fanout::start(heard))
             })
-        }))
+            .await?;
+        Ok(fanout.listener(self.inner.stopping.subscribe()))
     }
 
     /// A listener over `first`, subscribed again after errors, until the
@@ -393,6 +415,61 @@ fn unframe(framed: &Bytes) -> Option<(Bytes, Bytes)> {
 
 pub(crate) fn new_bus(store: &Arc<dyn mcp_event_store_core::Store>) -> StoreBus {
     StoreBus::new(store.clone())
+}
+
+/// One listener's messages handed to many in this process: what the
+/// listeners of [`Runtime::notifications`] share.
+pub(crate) struct Fanout<T> {
+    sender: tokio::sync::broadcast::Sender<Heard<T>>,
+}
+
+impl<T: Clone + Send + 'static> Fanout<T> {
+    /// Hands out what `source` hears, on a task of its own, until it ends
+    /// (at shutdown).
+    fn start(mut source: Listener<T>) -> Self {
+        let (sender, _) = tokio::sync::broadcast::channel(FANOUT_CAPACITY);
+        let handing = sender.clone();
+        tokio::spawn(async move {
+            while let Some(heard) = source.next().await {
+                // None listening now is no error: the next listener
+                // starts from what comes after.
+                let _ = handing.send(heard);
+            }
+        });
+        Self { sender }
+    }
+
+    /// A listener of what is heard from now, until `stopping` turns
+    /// `true`.
+    fn listener(&self, stopping: tokio::sync::watch::Receiver<bool>) -> Listener<T> {
+        use tokio::sync::broadcast::error::RecvError;
+
+        let state = (self.sender.subscribe(), stopping);
+        let heard = futures_util::stream::unfold(
+            state,
+            |(mut receiver, mut stopping)| async move {
+                let next = tokio::select! {
+                    _ = stopping.wait_for(|stopping| *stopping) => return None,
+                    next = receiver.recv() => next,
+                };
+                let heard = match next {
+                    Ok(heard) => heard,
+                    Err(RecvError::Lagged(skipped)) => {
+                        tracing::warn!(
+                            skipped,
+                            "a notification listener fell behind the others: notifications were lost to it"
+                        );
+                        Heard::Missed
+                    }
+                    Err(RecvError::Closed) => return None,
+                };
+                Some((heard, (receiver, stopping)))
+            },
+        );
+        Listener {
+            heard: heard.boxed(),
+        }
+    }
 }
 
 #[cfg(test)]

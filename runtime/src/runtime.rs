@@ -102,6 +102,10 @@ pub(crate) struct Inner {
     pub(crate) dropped: AtomicU64,
     /// Turns `true` at shutdown: listeners end.
     pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    /// The one subscription to notifications that every
+    /// [`notifications`](Runtime::notifications) listener of this runtime
+    /// shares, made by the first.
+    pub(crate) notified: tokio::sync::OnceCell<crate::bus::Fanout<crate::Notification>>,
 }
 
 impl fmt::Debug for Runtime {
@@ -401,6 +405,7 @@ impl RuntimeBuilder {
             requests: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             stopping: tokio::sync::watch::Sender::new(false),
+            notified: tokio::sync::OnceCell::new(),
             store: self.store,
             settings: s,
             instance: Mutex::new(instance),

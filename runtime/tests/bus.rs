@@ -153,3 +153,55 @@ async fn an_overtaken_listener_says_it_missed_and_goes_on() {
     assert_eq!(message(&mut slow).await, "after");
     a.shutdown().await;
 }
+
+/// However many notification listeners an instance hands out (one per
+/// `subscriptions/listen` request, say), they share one subscription to
+/// the store: each hears every notification once. One that falls more
+/// than the shared window behind says it missed some and goes on, while
+/// the others hear everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notification_listeners_share_one_subscription_and_a_slow_one_misses_alone() {
+    let store = Arc::new(MemoryStore::new());
+    let a = runtime(&store).await;
+    let before = store.open_follows();
+    let mut listeners = Vec::new();
+    for _ in 0..100 {
+        listeners.push(a.notifications().await.unwrap());
+    }
+    assert_eq!(
+        store.open_follows(),
+        before + 1,
+        "100 listeners, one subscription"
+    );
+    let mut slow = a.notifications().await.unwrap();
+    // More than the shared window (1,024) while `slow` is not polled; the
+    // others keep up.
+    let raised = 1_100;
+    for i in 0..raised {
+        a.notify(&Audience::All, format!("{i}").as_bytes())
+            .await
+            .unwrap();
+        for listener in &mut listeners {
+            assert_eq!(message(listener).await.message, format!("{i}").into_bytes());
+        }
+    }
+    assert_eq!(heard(&mut slow).await, Heard::Missed);
+    // It goes on with what is still in the window, in order, then hears
+    // what comes next.
+    let mut last = None;
+    while let Ok(Some(Heard::Message(notification))) =
+        tokio::time::timeout(Duration::from_millis(200), slow.next()).await
+    {
+        let n: u64 = std::str::from_utf8(&notification.message)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(last.is_none_or(|last| n == last + 1), "in order");
+        last = Some(n);
+    }
+    assert_eq!(last, Some(raised - 1), "it caught up with the newest");
+    a.notify(&Audience::All, b"after").await.unwrap();
+    assert_eq!(message(&mut slow).await.message, b"after".to_vec());
+    a.shutdown().await;
+    assert!(slow.next().await.is_none(), "listeners end at shutdown");
+}
