@@ -166,9 +166,9 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ClientResult,
     ContentBlock, GetTaskParams, GetTaskResult, Implementation, InputRequest, JsonObject,
     ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig, ServerNotification, ServerRequest, Tool, UpdateTaskParams,
+    ServerConfig, ServerNotification, ServerRequest, SubscriptionFilter, Tool, UpdateTaskParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::task_manager::TaskOptions;
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -407,7 +407,8 @@ impl Options {
 pub struct SlowCounter {
     tasks: DurableTasks,
     task_ttl: Option<Duration>,
-    /// Raises `announce`'s notification on every instance.
+    /// Raises the notifications of `announce` and `tools_changed` on every
+    /// instance, and serves `subscriptions/listen` across instances.
     durable: Option<Durable>,
 }
 
@@ -422,8 +423,9 @@ impl SlowCounter {
         }
     }
 
-    /// `announce` raises its notification through `durable`, for the
-    /// listeners of every instance sharing the store.
+    /// `announce` and `tools_changed` raise their notifications through
+    /// `durable` for the listeners of every instance sharing the store, and
+    /// `subscriptions/listen` hears them there (`Durable::listen`).
     pub fn announcing_through(mut self, durable: &Durable) -> Self {
         self.durable = Some(durable.clone());
         self
@@ -434,19 +436,39 @@ impl SlowCounter {
         let Some(text) = args.and_then(|a| a.get("text")).and_then(|t| t.as_str()) else {
             return Err(ErrorData::invalid_params("text must be a string", None));
         };
-        let Some(durable) = &self.durable else {
-            return Err(ErrorData::internal_error("announce is not wired", None));
-        };
         let notification: ServerNotification = serde_json::from_value(serde_json::json!({
             "method": "notifications/message",
             "params": {"level": "info", "data": text}
         }))
         .map_err(|e| ErrorData::internal_error(format!("the notification: {e}"), None))?;
+        self.raise(notification).await?;
+        Ok(text_result(format!("announced {text:?}")))
+    }
+
+    /// `tools_changed`: `notifications/tools/list_changed` to every
+    /// listener everywhere.
+    async fn tools_changed(&self) -> Result<CallToolResult, ErrorData> {
+        self.raise(ServerNotification::ToolListChangedNotification(
+            Default::default(),
+        ))
+        .await?;
+        Ok(text_result(
+            "raised notifications/tools/list_changed".to_owned(),
+        ))
+    }
+
+    /// Raises `notification` for every listener of every instance.
+    async fn raise(&self, notification: ServerNotification) -> Result<(), ErrorData> {
+        let Some(durable) = &self.durable else {
+            return Err(ErrorData::internal_error(
+                "notifications are not wired (SlowCounter::announcing_through)",
+                None,
+            ));
+        };
         durable
             .notify(&Audience::All, notification)
             .await
-            .map_err(|e| ErrorData::internal_error(format!("announcing: {e}"), None))?;
-        Ok(text_result(format!("announced {text:?}")))
+            .map_err(|e| ErrorData::internal_error(format!("raising a notification: {e}"), None))
     }
 
     /// rmcp's task options for a count whose steps are `interval` apart:
@@ -651,12 +673,26 @@ fn announce_tool() -> Tool {
     )
 }
 
+fn tools_changed_tool() -> Tool {
+    Tool::new(
+        "tools_changed",
+        "Sends notifications/tools/list_changed to every listener, on every instance sharing \
+         the store: the standalone GET of every 2025-era session and every 2026-07-28 \
+         subscriptions/listen request that asked for tool list changes.",
+        Arc::new(
+            serde_json::from_value(serde_json::json!({"type": "object", "properties": {}}))
+                .expect("a valid schema"),
+        ),
+    )
+}
+
 fn tool(name: &str) -> Option<Tool> {
     match name {
         "slow_count" => Some(slow_count_tool()),
         "confirm_count" => Some(confirm_count_tool()),
         "ask_client" => Some(ask_client_tool()),
         "announce" => Some(announce_tool()),
+        "tools_changed" => Some(tools_changed_tool()),
         _ => None,
     }
 }
@@ -840,6 +876,7 @@ impl ServerHandler for SlowCounter {
         ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
+                .enable_tool_list_changed()
                 .enable_tasks()
                 .build(),
         )
@@ -854,6 +891,27 @@ impl ServerHandler for SlowCounter {
         )
     }
 
+    /// `subscriptions/listen` (2026-07-28): tool list changes, raised on
+    /// any instance (`tools_changed`).
+    fn accepted_subscription_filter(
+        &self,
+        _requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        self.durable
+            .as_ref()
+            .map(|_| SubscriptionFilter::builder().tools_list_changed().build())
+    }
+
+    async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+        match &self.durable {
+            Some(durable) => durable.listen(subscription).await,
+            None => {
+                subscription.cancelled().await;
+                Ok(())
+            }
+        }
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -864,6 +922,7 @@ impl ServerHandler for SlowCounter {
             confirm_count_tool(),
             ask_client_tool(),
             announce_tool(),
+            tools_changed_tool(),
         ]))
     }
 
@@ -887,6 +946,9 @@ impl ServerHandler for SlowCounter {
         }
         if request.name == "announce" {
             return Ok(self.announce(request.arguments.as_ref()).await?.into());
+        }
+        if request.name == "tools_changed" {
+            return Ok(self.tools_changed().await?.into());
         }
         let args = request.arguments.as_ref();
         let count = argument(args, "count", 10, MAX_COUNT)?;

@@ -4,15 +4,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use mcp_event_store_core::task::{CancelMode, Owner};
 use mcp_event_store_core::{Result, Store};
-use mcp_event_store_runtime::{Audience, Runtime, RuntimeBuilder};
-use rmcp::ServerHandler;
+use mcp_event_store_runtime::{Audience, Heard, Runtime, RuntimeBuilder};
 use rmcp::model::{ServerJsonRpcMessage, ServerNotification};
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, ServerHandler};
 
 use crate::sessions::DEFAULT_SESSION_TTL;
 use crate::tasks::{DurableTasks, DurableTasksBuilder};
@@ -74,7 +75,9 @@ pub type SessionManager = SessionScoped<LocalSessionManager, dyn Store>;
 ///   session on every instance at once (its streams end, its waiting
 ///   requests fail), not only at the session's next request; and a
 ///   notification raised once ([`notify`](Self::notify)) reaches the
-///   listeners of every instance. No session affinity is needed.
+///   listeners of every instance (and, in any mode, the 2026-07-28
+///   `subscriptions/listen` requests served with [`listen`](Self::listen)).
+///   No session affinity is needed.
 ///
 /// The runtime runs while the `Durable` or anything serving with it (a
 /// service, a session manager, the event store) lives, and stops at
@@ -252,6 +255,90 @@ impl Durable {
         self.inner.runtime.notify(audience, &bytes).await
     }
 
+    /// Serves one 2026-07-28 `subscriptions/listen` request across
+    /// instances: every notification for all listeners raised on any
+    /// instance ([`notify`](Self::notify) with [`Audience::All`]) is sent on
+    /// it, as far as the filter the request was accepted with allows
+    /// (rmcp's `SubscriptionSink` drops the rest, and refuses progress, log
+    /// messages and, in rmcp 3.11, `notifications/tasks`, which have no
+    /// filter there). Call it from `ServerHandler::listen`, with
+    /// `accepted_subscription_filter` saying what the server sends.
+    ///
+    /// It returns `Ok` when the request is cancelled or the runtime shuts
+    /// down (rmcp then sends the final result, as for a graceful
+    /// teardown). A notification for one session is not sent here: the
+    /// protocol's `subscriptions/listen` belongs to no session.
+    ///
+    /// ```no_run
+    /// use rmcp::model::SubscriptionFilter;
+    /// use rmcp::service::SubscriptionContext;
+    /// use rmcp::{ErrorData, ServerHandler};
+    ///
+    /// struct Server {
+    ///     durable: mcp_event_store_rmcp::Durable,
+    /// }
+    ///
+    /// impl ServerHandler for Server {
+    ///     fn accepted_subscription_filter(&self, _: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+    ///         Some(SubscriptionFilter::builder().tools_list_changed().build())
+    ///     }
+    ///
+    ///     async fn listen(&self, subscription: SubscriptionContext) -> Result<(), ErrorData> {
+    ///         self.durable.listen(subscription).await
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// An internal error if the bus cannot be subscribed to (the store is
+    /// unreachable) or the subscription's stream fails.
+    pub async fn listen(
+        &self,
+        subscription: SubscriptionContext,
+    ) -> std::result::Result<(), ErrorData> {
+        let mut heard =
+            self.inner.runtime.notifications().await.map_err(|e| {
+                ErrorData::internal_error(format!("listening on the bus: {e}"), None)
+            })?;
+        loop {
+            let next = tokio::select! {
+                () = subscription.cancelled() => return Ok(()),
+                next = heard.next() => next,
+            };
+            let notification = match next {
+                None => return Ok(()),
+                Some(Heard::Missed) => {
+                    tracing::warn!(
+                        "notifications raised on other instances were lost for a subscriptions/listen request (the bus's retention overtook this instance)"
+                    );
+                    continue;
+                }
+                Some(Heard::Message(notification)) => notification,
+            };
+            if notification.audience != Audience::All {
+                continue;
+            }
+            let Some(notification) = server_notification(&notification.message) else {
+                continue;
+            };
+            match subscription.sink().send(notification).await {
+                Ok(()) => {}
+                Err(SubscriptionSendError::SubscriptionClosed) => return Ok(()),
+                Err(
+                    SubscriptionSendError::NotificationNotAccepted(_)
+                    | SubscriptionSendError::UnsupportedNotification(_),
+                ) => {}
+                Err(error) => {
+                    return Err(ErrorData::internal_error(
+                        format!("sending on a subscriptions/listen stream: {error}"),
+                        None,
+                    ));
+                }
+            }
+        }
+    }
+
     /// This instance's runtime: its lease, maintenance and task runs.
     pub fn runtime(&self) -> &Runtime {
         &self.inner.runtime
@@ -419,3 +506,15 @@ impl DurableBuilder {
 
 #[cfg(test)]
 mod tests;
+
+/// The notification a message heard on the bus carries, if it is one
+/// (another framework's adapter may publish what rmcp cannot read).
+fn server_notification(message: &[u8]) -> Option<ServerNotification> {
+    match serde_json::from_slice(message) {
+        Ok(ServerJsonRpcMessage::Notification(notification)) => Some(notification.notification),
+        Ok(_) | Err(_) => {
+            tracing::debug!("skipped a message on the bus that is no server notification");
+            None
+        }
+    }
+}

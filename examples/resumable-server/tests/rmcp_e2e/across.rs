@@ -18,7 +18,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
 
 use crate::harness::{ChildServer, Fixture, RETRY};
-use crate::wire::Client;
+use crate::wire::{Client, TaskClient};
 
 /// A client that answers sampling with "teal" and every elicitation with
 /// `{"sure": true}`, speaking the 2025-era protocol (the last with
@@ -205,6 +205,54 @@ pub async fn a_notification_raised_on_one_instance_reaches_listeners_on_every_in
                     if message["params"]["data"] == text.as_str() {
                         heard[i] = true;
                     }
+                }
+            }
+        }
+    }
+}
+
+/// A tool list change raised once on A (the `tools_changed` tool, through
+/// `Durable::notify`) reaches 2026-07-28 `subscriptions/listen` requests
+/// served by A and by B (`Durable::listen`), each stamped with its own
+/// subscription's id.
+pub async fn a_change_raised_on_one_instance_reaches_subscriptions_on_every_instance(
+    fixture: &Fixture,
+) {
+    let [a, b] = servers(fixture);
+    let client = TaskClient::new(&a.url);
+    let mut on_a = client
+        .listen(1, serde_json::json!({"toolsListChanged": true}))
+        .await;
+    let mut on_b = client
+        .on(&b.url)
+        .listen(2, serde_json::json!({"toolsListChanged": true}))
+        .await;
+    // A listen request hears the bus once its handler runs, just after the
+    // acknowledgment: raise until both heard one (the test retries, never
+    // times).
+    let mut heard = [false, false];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut raised = 0;
+    while heard != [true, true] {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the change never reached both subscriptions: {heard:?}"
+        );
+        raised += 1;
+        let result = client
+            .call_tool(100 + raised, "tools_changed", serde_json::json!({}))
+            .await;
+        assert!(result.get("result").is_some(), "tools_changed: {result}");
+        for (i, stream) in [&mut on_a, &mut on_b].into_iter().enumerate() {
+            while let Ok(Some(event)) = stream.next_within(Duration::from_millis(500)).await {
+                let Some(message) = event.message() else {
+                    continue;
+                };
+                if message["method"] == "notifications/tools/list_changed" {
+                    let subscription =
+                        &message["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"];
+                    assert_eq!(subscription, &serde_json::json!(i + 1), "{message}");
+                    heard[i] = true;
                 }
             }
         }

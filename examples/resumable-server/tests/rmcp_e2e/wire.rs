@@ -374,31 +374,8 @@ impl TaskClient {
     /// Sends request `method` with `params` (its `_meta` added) and returns
     /// the JSON-RPC response to it (`result` or `error`), read from a JSON
     /// body or from the SSE stream the server answers with.
-    pub async fn request(&self, id: u64, method: &str, name: &str, mut params: Value) -> Value {
-        let capabilities = if self.declare_tasks {
-            json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
-        } else {
-            json!({})
-        };
-        params["_meta"] = json!({
-            "io.modelcontextprotocol/protocolVersion": TASKS_PROTOCOL,
-            "io.modelcontextprotocol/clientCapabilities": capabilities,
-        });
-        let mut request = self
-            .http
-            .post(&self.url)
-            .header("MCP-Protocol-Version", TASKS_PROTOCOL)
-            .header("Mcp-Method", method)
-            .header("Mcp-Name", name)
-            .header("Content-Type", "application/json")
-            .header("Accept", "application/json, text/event-stream")
-            .body(
-                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
-            );
-        if let Some(authorization) = &self.authorization {
-            request = request.header("Authorization", authorization);
-        }
-        let response = request.send().await.expect("POST");
+    pub async fn request(&self, id: u64, method: &str, name: &str, params: Value) -> Value {
+        let response = self.send(id, method, name, params).await;
         let is_sse = response
             .headers()
             .get("content-type")
@@ -418,6 +395,59 @@ impl TaskClient {
             }
         }
         panic!("{method}: the stream ended without a response to {id}");
+    }
+
+    /// `subscriptions/listen` for `notifications` (a filter, e.g.
+    /// `{"toolsListChanged": true}`): the stream the server answers with.
+    pub async fn listen(&self, id: u64, notifications: Value) -> Sse {
+        let response = self
+            .send(
+                id,
+                "subscriptions/listen",
+                "",
+                json!({"notifications": notifications}),
+            )
+            .await;
+        assert_eq!(response.status(), 200, "subscriptions/listen");
+        Sse::new(response)
+    }
+
+    /// POSTs request `method` with `params` (its `_meta` added), naming
+    /// `name` in `Mcp-Name` unless it is empty (a method that names
+    /// nothing).
+    async fn send(
+        &self,
+        id: u64,
+        method: &str,
+        name: &str,
+        mut params: Value,
+    ) -> reqwest::Response {
+        let capabilities = if self.declare_tasks {
+            json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
+        } else {
+            json!({})
+        };
+        params["_meta"] = json!({
+            "io.modelcontextprotocol/protocolVersion": TASKS_PROTOCOL,
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
+        });
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header("MCP-Protocol-Version", TASKS_PROTOCOL)
+            .header("Mcp-Method", method)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .body(
+                json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+            );
+        if !name.is_empty() {
+            request = request.header("Mcp-Name", name);
+        }
+        if let Some(authorization) = &self.authorization {
+            request = request.header("Authorization", authorization);
+        }
+        request.send().await.expect("POST")
     }
 
     /// `tools/call`; the response.
