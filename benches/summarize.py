@@ -112,6 +112,43 @@ if rows:
     for case, p in rows:
         print(f"| {p['backend']} | {case} | {fmt_time(p['p50_ns'])} | {fmt_time(p['p99_ns'])} |")
 
+
+def bus_percentiles(backend, variant):
+    path = os.path.join(root, "bus", backend, variant, "latency", "percentiles.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.loads(f.readline())
+    return None
+
+
+bus_rows = []
+for b in backends:
+    store = bus_percentiles(b, "store")
+    if not store:
+        continue
+    for variant in ("store", "notify", "publish", "xadd"):
+        p = bus_percentiles(b, variant)
+        if p:
+            ratio = "" if variant == "store" else f"{store['median_ns'] / p['median_ns']:.2f}"
+            bus_rows.append((b, variant, p, ratio))
+if bus_rows:
+    print("\nBus: publish on one handle to delivery on another, single deliveries (`cargo bench --bench bus`; ratio = store median / this primitive's)\n")
+    print("| backend | through | p50 | p99 | store/primitive |")
+    print("|---|---|---|---|---|")
+    for b, variant, p, ratio in bus_rows:
+        print(f"| {b} | {variant} | {fmt_time(p['median_ns'])} | {fmt_time(p['p99_ns'])} | {ratio} |")
+    fanout = [data.get(f"bus/{b}/{v}/{n}") for b in backends for v in ("fanout", "listeners") for n in ("1", "1000")]
+    if any(fanout):
+        print("\nBus fan-out: one publish until every subscriber on the other handle has it (median); "
+              "each its own subscription, or the runtime's notification listeners sharing one\n")
+        print("| backend | 1 subscription | 1,000 subscriptions | 1 listener | 1,000 listeners | 1,000: subscriptions / listeners |")
+        print("|---|---|---|---|---|---|")
+        for b in backends:
+            cells = [data.get(f"bus/{b}/{v}/{n}") for v in ("fanout", "listeners") for n in ("1", "1000")]
+            if all(cells):
+                print(f"| {b} | " + " | ".join(fmt_time(c[0]) for c in cells)
+                      + f" | {cells[1][0] / cells[3][0]:.1f} |")
+
 http = os.path.join(root, "http_load")
 if os.path.isdir(http):
     print("\nHTTP load (the example server, one process; `cargo bench --bench http`)\n")

@@ -24,40 +24,10 @@ use mcp_event_store_benches as common;
 
 use std::time::{Duration, Instant};
 
-use common::Backend;
+use common::two_handles;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::StreamExt;
 use mcp_event_store::{DynStore, EventId, FollowOptions, NewEvent, Replay};
-use mcp_event_store_conformance::events::{Harness, MemoryHarness};
-use mcp_event_store_postgres::testing::PostgresHarness;
-use mcp_event_store_redis::testing::RedisHarness;
-use mcp_event_store_sled::testing::SledHarness;
-use mcp_event_store_sqlite::testing::SqliteHarness;
-use std::sync::Arc;
-
-/// Removes a bench's storage once its handles are dropped.
-type Teardown = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-
-/// Two handles on one fresh storage of `backend` (the backend's own test
-/// harness: a temporary file or directory, a schema, a key prefix), and
-/// what removes it.
-async fn two_handles(backend: Backend) -> (DynStore, DynStore, Teardown) {
-    async fn open<H: Harness>(harness: H) -> (DynStore, DynStore, Teardown)
-    where
-        H::Store: mcp_event_store::task::RuntimeStore,
-    {
-        let a = harness.open(common::unbounded()).await;
-        let b = harness.open(common::unbounded()).await;
-        (Arc::new(a), Arc::new(b), Box::pin(harness.teardown()))
-    }
-    match backend {
-        Backend::Memory => open(MemoryHarness::new().await).await,
-        Backend::Sqlite => open(SqliteHarness::new().await).await,
-        Backend::Postgres => open(PostgresHarness::new().await).await,
-        Backend::Redis => open(RedisHarness::new().await).await,
-        Backend::Sled => open(SledHarness::new().await).await,
-    }
-}
 
 async fn follow(store: &DynStore, after: &EventId) -> Replay {
     store
@@ -83,11 +53,6 @@ async fn one_delivery(writer: &DynStore, follower: &mut Replay, data: &[u8]) -> 
     appended.elapsed()
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let at = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[at]
-}
-
 fn latency(c: &mut Criterion) {
     let rt = common::runtime();
     let data = common::payload();
@@ -110,28 +75,11 @@ fn latency(c: &mut Criterion) {
             }
             times
         });
-        times.sort();
-        let (median, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
-        println!(
-            "follow/{}/latency: median {:.3} ms, p99 {:.3} ms over {samples} deliveries",
-            backend.name(),
-            median.as_secs_f64() * 1e3,
-            p99.as_secs_f64() * 1e3,
+        common::report_percentiles(
+            backend,
+            &format!("follow/{}/latency", backend.name()),
+            &mut times,
         );
-        if !common::quick() {
-            let dir = common::criterion_dir()
-                .join("follow")
-                .join(backend.name())
-                .join("latency");
-            std::fs::create_dir_all(&dir).expect("the criterion directory");
-            let json = format!(
-                "{{\"backend\":\"{}\",\"samples\":{samples},\"median_ns\":{},\"p99_ns\":{}}}\n",
-                backend.name(),
-                median.as_nanos(),
-                p99.as_nanos()
-            );
-            std::fs::write(dir.join("percentiles.json"), json).expect("write percentiles");
-        }
 
         let mut group = c.benchmark_group(format!("follow/{}", backend.name()));
         group.sample_size(30);

@@ -406,3 +406,70 @@ pub async fn raw(loaded: &Loaded, plan: &[StreamPlan]) -> Raw {
         Storage::Sled(storage) => Raw::Sled(sled::raw(storage, token, probe).await),
     }
 }
+
+/// Removes a bench's storage once its handles are dropped.
+pub type Teardown = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+/// Two handles on one fresh storage of `backend` (the backend's own test
+/// harness: a temporary file or directory, a schema, a key prefix), and
+/// what removes it: for the benches of what crosses handles (following,
+/// the bus). For memory, A and B are one handle; for sled, two handles in
+/// one process, as sled allows.
+pub async fn two_handles(backend: Backend) -> (DynStore, DynStore, Teardown) {
+    use mcp_event_store_conformance::events::{Harness, MemoryHarness};
+
+    async fn open<H: Harness>(harness: H) -> (DynStore, DynStore, Teardown)
+    where
+        H::Store: mcp_event_store::task::RuntimeStore,
+    {
+        let a = harness.open(unbounded()).await;
+        let b = harness.open(unbounded()).await;
+        (
+            std::sync::Arc::new(a),
+            std::sync::Arc::new(b),
+            Box::pin(harness.teardown()),
+        )
+    }
+    match backend {
+        Backend::Memory => open(MemoryHarness::new().await).await,
+        Backend::Sqlite => open(mcp_event_store_sqlite::testing::SqliteHarness::new().await).await,
+        Backend::Postgres => {
+            open(mcp_event_store_postgres::testing::PostgresHarness::new().await).await
+        }
+        Backend::Redis => open(mcp_event_store_redis::testing::RedisHarness::new().await).await,
+        Backend::Sled => open(mcp_event_store_sled::testing::SledHarness::new().await).await,
+    }
+}
+
+/// The value at fraction `p` (0 to 1) of `sorted`.
+pub fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+    let at = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[at]
+}
+
+/// Sorts `times` (single deliveries of `backend`'s case `case`, a
+/// criterion id such as `follow/sqlite/latency`), prints their median and
+/// 99th percentile, and (unless quick) writes them to
+/// `<criterion dir>/<case>/percentiles.json` for the performance report.
+pub fn report_percentiles(backend: Backend, case: &str, times: &mut [std::time::Duration]) {
+    times.sort();
+    let (median, p99) = (percentile(times, 0.5), percentile(times, 0.99));
+    println!(
+        "{case}: median {:.3} ms, p99 {:.3} ms over {} deliveries",
+        median.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        times.len()
+    );
+    if !quick() {
+        let dir = criterion_dir().join(case);
+        std::fs::create_dir_all(&dir).expect("the criterion directory");
+        let json = format!(
+            "{{\"backend\":\"{}\",\"case\":\"{case}\",\"samples\":{},\"median_ns\":{},\"p99_ns\":{}}}\n",
+            backend.name(),
+            times.len(),
+            median.as_nanos(),
+            p99.as_nanos()
+        );
+        std::fs::write(dir.join("percentiles.json"), json).expect("write percentiles");
+    }
+}
