@@ -258,3 +258,85 @@ pub async fn a_change_raised_on_one_instance_reaches_subscriptions_on_every_inst
         }
     }
 }
+
+/// The next request the server sends the client on `stream`.
+async fn next_request(stream: &mut crate::wire::Sse) -> serde_json::Value {
+    loop {
+        let event = stream.next().await.expect("the call's stream goes on");
+        if let Some(message) = event.message()
+            && message.get("method").is_some()
+            && message.get("id").is_some()
+        {
+            return message;
+        }
+    }
+}
+
+/// A forged answer (the id of a request that session V waits for, posted
+/// in another session F, on either instance) is dropped where it lands,
+/// never delivered to V: V's tool hears only V's own client's answer.
+pub async fn a_forged_answer_from_another_session_never_reaches_the_waiting_one(fixture: &Fixture) {
+    use crate::wire::Sse;
+    use serde_json::json;
+
+    let [a, b] = servers(fixture);
+    let mut victim = Client::new(&a.url);
+    victim.initialize().await;
+    let mut forger = Client::new(&b.url);
+    forger.initialize().await;
+    let call = victim
+        .post(json!({
+            "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "ask_client", "arguments": {}}
+        }))
+        .await;
+    let mut stream = Sse::new(call);
+    let asked = next_request(&mut stream).await;
+    assert_eq!(asked["method"], "sampling/createMessage", "{asked}");
+    let answer = |text: &str| {
+        json!({
+            "jsonrpc": "2.0", "id": asked["id"],
+            "result": {"role": "assistant", "model": "m", "content": {"type": "text", "text": text}}
+        })
+    };
+    for forged in [forger.clone(), forger.on(&a.url)] {
+        forged.post(answer("forged")).await;
+    }
+    // Time for a misrouted answer to arrive, were it routed (not a bound
+    // on anything that passes): the call must still wait.
+    match stream.next_within(Duration::from_secs(2)).await {
+        Err(()) => {}
+        Ok(event) => panic!("the call went on after forged answers: {event:?}"),
+    }
+    let posted = victim.on(&b.url).post(answer("teal")).await;
+    assert!(
+        posted.status().is_success(),
+        "the answer: {}",
+        posted.status()
+    );
+    let asked = next_request(&mut stream).await;
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    assert_eq!(asked["params"]["message"], "Is teal right?", "{asked}");
+    let posted = victim
+        .post(json!({
+            "jsonrpc": "2.0", "id": asked["id"],
+            "result": {"action": "accept", "content": {"sure": true}}
+        }))
+        .await;
+    assert!(
+        posted.status().is_success(),
+        "the answer: {}",
+        posted.status()
+    );
+    loop {
+        let event = stream.next().await.expect("the call's result");
+        if event.is_response_to(7) {
+            let result = event.message().expect("JSON");
+            let text = result["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(text.starts_with("sampled teal"), "{result}");
+            return;
+        }
+    }
+}
