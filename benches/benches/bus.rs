@@ -36,7 +36,7 @@ use mcp_event_store_benches as common;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{Backend, two_handles};
+use common::{Backend, Delivery, two_handles};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use futures_util::StreamExt;
 use mcp_event_store::DynStore;
@@ -46,54 +46,6 @@ use tokio::sync::mpsc;
 
 /// How long one delivery may take before the bench fails.
 const GUARD: Duration = Duration::from_secs(30);
-
-/// How many single deliveries give the percentiles.
-fn samples() -> usize {
-    if common::quick() { 20 } else { 1_000 }
-}
-
-/// One way of carrying a message from one handle or connection to
-/// another.
-trait Delivery {
-    /// Sends one message and waits until the other side has it: the time
-    /// from the call.
-    fn one(&mut self) -> impl Future<Output = Duration>;
-}
-
-/// Times `samples()` single deliveries (the percentiles), then has
-/// criterion estimate one as `bus/<backend>/<variant>/latency`.
-fn measure(
-    c: &mut Criterion,
-    rt: &tokio::runtime::Runtime,
-    backend: Backend,
-    variant: &str,
-    delivery: &mut impl Delivery,
-) {
-    let mut times: Vec<Duration> = rt.block_on(async {
-        let mut times = Vec::with_capacity(samples());
-        for _ in 0..samples() {
-            times.push(delivery.one().await);
-        }
-        times
-    });
-    let group_name = format!("bus/{}/{variant}", backend.name());
-    common::report_percentiles(backend, &format!("{group_name}/latency"), &mut times);
-    let mut group = c.benchmark_group(group_name);
-    group.sample_size(30);
-    group.measurement_time(Duration::from_secs(5));
-    group.bench_function("latency", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    total += delivery.one().await;
-                }
-                total
-            })
-        })
-    });
-    group.finish();
-}
 
 /// Waits at most [`GUARD`] for `next`.
 async fn within_guard<T>(next: impl Future<Output = Option<T>>) -> T {
@@ -324,22 +276,46 @@ fn latency(c: &mut Criterion) {
     for backend in common::selected() {
         let (a, b, cleanup) = rt.block_on(two_handles(backend));
         let mut store = rt.block_on(ThroughStore::new(a, b));
-        measure(c, &rt, backend, "store", &mut store);
+        common::deliveries(
+            c,
+            &rt,
+            backend,
+            &format!("bus/{}/store", backend.name()),
+            &mut store,
+        );
         // What the handles and connections spawn as they close needs the
         // runtime: each is dropped inside it.
         rt.block_on(async { drop(store) });
         match backend {
             Backend::Postgres => {
                 let mut notify = rt.block_on(Notify::new());
-                measure(c, &rt, backend, "notify", &mut notify);
+                common::deliveries(
+                    c,
+                    &rt,
+                    backend,
+                    &format!("bus/{}/notify", backend.name()),
+                    &mut notify,
+                );
                 rt.block_on(async { drop(notify) });
             }
             Backend::Redis => {
                 let mut publish = rt.block_on(Publish::new());
-                measure(c, &rt, backend, "publish", &mut publish);
+                common::deliveries(
+                    c,
+                    &rt,
+                    backend,
+                    &format!("bus/{}/publish", backend.name()),
+                    &mut publish,
+                );
                 rt.block_on(async { drop(publish) });
                 let mut xadd = rt.block_on(Xadd::new());
-                measure(c, &rt, backend, "xadd", &mut xadd);
+                common::deliveries(
+                    c,
+                    &rt,
+                    backend,
+                    &format!("bus/{}/xadd", backend.name()),
+                    &mut xadd,
+                );
                 rt.block_on(async { drop(xadd) });
             }
             Backend::Memory | Backend::Sqlite | Backend::Sled => {}

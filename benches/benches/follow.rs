@@ -24,7 +24,7 @@ use mcp_event_store_benches as common;
 
 use std::time::{Duration, Instant};
 
-use common::two_handles;
+use common::{Delivery, two_handles};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::StreamExt;
 use mcp_event_store::{DynStore, EventId, FollowOptions, NewEvent, Replay};
@@ -36,69 +36,53 @@ async fn follow(store: &DynStore, after: &EventId) -> Replay {
         .expect("follow")
 }
 
-/// Appends on `writer`, then waits until `follower` yields that event;
-/// returns the time from the append's return to the delivery.
-async fn one_delivery(writer: &DynStore, follower: &mut Replay, data: &[u8]) -> Duration {
-    let id = writer
-        .store_event("followed", NewEvent::new(data))
-        .await
-        .expect("append");
-    let appended = Instant::now();
-    let event = tokio::time::timeout(Duration::from_secs(30), follower.events.next())
-        .await
-        .expect("delivered within 30 s")
-        .expect("the follow goes on")
-        .expect("no error");
-    assert_eq!(event.id, id, "the follower got another event");
-    appended.elapsed()
+/// Appends on `writer`, then waits until `follower` yields that event.
+struct Following {
+    writer: DynStore,
+    follower: Replay,
+    data: Vec<u8>,
+}
+
+impl Delivery for Following {
+    /// The time from the append's return to the delivery.
+    async fn one(&mut self) -> Duration {
+        let id = self
+            .writer
+            .store_event("followed", NewEvent::new(&self.data))
+            .await
+            .expect("append");
+        let appended = Instant::now();
+        let event = tokio::time::timeout(Duration::from_secs(30), self.follower.events.next())
+            .await
+            .expect("delivered within 30 s")
+            .expect("the follow goes on")
+            .expect("no error");
+        assert_eq!(event.id, id, "the follower got another event");
+        appended.elapsed()
+    }
 }
 
 fn latency(c: &mut Criterion) {
     let rt = common::runtime();
-    let data = common::payload();
-    let samples = if common::quick() { 20 } else { 1_000 };
     for backend in common::selected() {
         let (writer, reader, cleanup) = rt.block_on(two_handles(backend));
+        let data = common::payload();
         let start = rt.block_on(async {
             writer
                 .store_event("followed", NewEvent::new(&data))
                 .await
                 .expect("append")
         });
-        let mut follower = rt.block_on(follow(&reader, &start));
-
-        // Single deliveries, for the median and the tail.
-        let mut times: Vec<Duration> = rt.block_on(async {
-            let mut times = Vec::with_capacity(samples);
-            for _ in 0..samples {
-                times.push(one_delivery(&writer, &mut follower, &data).await);
-            }
-            times
-        });
-        common::report_percentiles(
-            backend,
-            &format!("follow/{}/latency", backend.name()),
-            &mut times,
-        );
-
-        let mut group = c.benchmark_group(format!("follow/{}", backend.name()));
-        group.sample_size(30);
-        group.measurement_time(Duration::from_secs(5));
-        group.bench_function("latency", |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        total += one_delivery(&writer, &mut follower, &data).await;
-                    }
-                    total
-                })
-            })
-        });
-        group.finish();
-        drop(follower);
+        let follower = rt.block_on(follow(&reader, &start));
+        let mut following = Following {
+            writer,
+            follower,
+            data,
+        };
+        let group = format!("follow/{}", backend.name());
+        common::deliveries(c, &rt, backend, &group, &mut following);
+        drop(following);
         drop(reader);
-        drop(writer);
         rt.block_on(cleanup);
     }
 }

@@ -447,6 +447,52 @@ pub fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration
     sorted[at]
 }
 
+/// One way of carrying a message from one handle or connection to
+/// another, for [`deliveries`].
+pub trait Delivery {
+    /// Sends one message and waits until the other side has it: the time
+    /// the case measures.
+    fn one(&mut self) -> impl std::future::Future<Output = std::time::Duration>;
+}
+
+/// Times 1,000 single deliveries (20 when quick) of `delivery` and
+/// reports their percentiles ([`report_percentiles`]), then has criterion
+/// estimate one as `<group>/latency`.
+pub fn deliveries(
+    c: &mut criterion::Criterion,
+    rt: &tokio::runtime::Runtime,
+    backend: Backend,
+    group: &str,
+    delivery: &mut impl Delivery,
+) {
+    use std::time::Duration;
+
+    let samples = if quick() { 20 } else { 1_000 };
+    let mut times: Vec<Duration> = rt.block_on(async {
+        let mut times = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            times.push(delivery.one().await);
+        }
+        times
+    });
+    report_percentiles(backend, &format!("{group}/latency"), &mut times);
+    let mut measured = c.benchmark_group(group);
+    measured.sample_size(30);
+    measured.measurement_time(Duration::from_secs(5));
+    measured.bench_function("latency", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    total += delivery.one().await;
+                }
+                total
+            })
+        })
+    });
+    measured.finish();
+}
+
 /// Sorts `times` (single deliveries of `backend`'s case `case`, a
 /// criterion id such as `follow/sqlite/latency`), prints their median and
 /// 99th percentile, and (unless quick) writes them to
