@@ -430,11 +430,13 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
         .is_some()
         .then(|| tasks.run_takeovers(router.clone()));
     // Across instances: idle cleanup spares sessions served elsewhere, a
-    // DELETE ends the session on every instance, and what `announce`
-    // raises reaches every instance's clients. Sampling (`ask_client`)
+    // DELETE ends the session on every instance, what `announce` raises
+    // reaches every instance's clients, and a task's status reaches its
+    // listeners on every instance. Sampling (`ask_client`)
     // stays on the instance that asked: tower-mcp gives it no seam.
     let sessions = TowerSessionStore::new(store.clone()).across_instances();
     let events = TowerEventStore::new(store).across_instances();
+    let announcing = router.clone();
     let mut transport = HttpTransport::new(router)
         .session_store(Arc::new(sessions))
         .event_store(Arc::new(events))
@@ -449,7 +451,12 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     }
     let (router, handle) = transport.into_router_at_with_handle("/mcp");
     Ok(App {
-        router: router.layer(across.end_sessions(handle).await?),
+        router: router.layer(
+            across
+                .layer(handle)
+                .await?
+                .announcing_tasks(announcing, TowerTaskStore::clone(&tasks)),
+        ),
         takeovers,
         runtime,
     })

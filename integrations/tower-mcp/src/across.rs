@@ -14,7 +14,9 @@ use mcp_event_store_core::Result;
 use mcp_event_store_runtime::{Audience, Heard, Notification, Runtime};
 use serde_json::{Value, json};
 use tokio::sync::watch;
-use tower_mcp::{NotificationReceiver, ServerNotification, SessionHandle};
+use tower_mcp::{McpRouter, NotificationReceiver, ServerNotification, SessionHandle};
+
+use crate::TowerTaskStore;
 
 /// The header that names a request's session (HTTP header names are
 /// case-insensitive).
@@ -22,7 +24,7 @@ const SESSION_HEADER: &str = "mcp-session-id";
 
 tokio::task_local! {
     /// Set while a session ends on purpose: a client's `DELETE` through
-    /// [`EndSessions`], or a session ended on another instance. A delete
+    /// [`AcrossService`], or a session ended on another instance. A delete
     /// outside it is tower-mcp's idle cleanup.
     static ENDING: ();
 }
@@ -118,7 +120,7 @@ impl From<Broadcast> for ServerNotification {
 /// runtime's bus ([`Runtime::end_session`], [`Runtime::notify`]): sessions a
 /// client deleted, and notifications for every client.
 ///
-/// * **Sessions end everywhere.** [`end_sessions`](Self::end_sessions)
+/// * **Sessions end everywhere.** [`layer`](Self::layer)
 ///   gives a layer for the router tower-mcp builds: a `DELETE` it answers
 ///   200 is published, and every instance ends the session it holds
 ///   (tower-mcp's `SessionHandle::terminate_session`) and closes the
@@ -131,10 +133,11 @@ impl From<Broadcast> for ServerNotification {
 ///   hands it to tower-mcp's external notification channel
 ///   ([`notifications`](Self::notifications)), which delivers it to its
 ///   own clients.
-///
 /// * **Idle cleanup spares what another instance serves**, with the
 ///   session and event stores built `across_instances` (which need this
 ///   layer to tell a client's `DELETE` from tower-mcp's idle cleanup).
+/// * **A task's status reaches its listeners everywhere**, with the layer
+///   [`announcing_tasks`](AcrossLayer::announcing_tasks).
 ///
 /// Every instance on the store should be wired so. The rest of what a
 /// session holds live on its instance cannot be carried with tower-mcp
@@ -150,7 +153,7 @@ impl From<Broadcast> for ServerNotification {
 /// let transport = HttpTransport::new(router.tools_list_changed(true))
 ///     .external_notifications(across.notifications().await?);
 /// let (app, sessions) = transport.into_router_at_with_handle("/mcp");
-/// let app = app.layer(across.end_sessions(sessions).await?);
+/// let app = app.layer(across.layer(sessions).await?);
 /// // Later, on any instance: every client on every instance hears it.
 /// across.raise(&Broadcast::ToolsListChanged).await?;
 /// # let _ = app; Ok(()) }
@@ -267,7 +270,7 @@ impl Across {
     ///
     /// The bus's, if it cannot subscribe; `Closed` after the runtime shut
     /// down.
-    pub async fn end_sessions(&self, sessions: SessionHandle) -> Result<EndSessionsLayer> {
+    pub async fn layer(&self, sessions: SessionHandle) -> Result<AcrossLayer> {
         let mut ended = self.runtime.ended_sessions().await?;
         let shared = Arc::new(Shared {
             runtime: self.runtime.clone(),
@@ -288,7 +291,10 @@ impl Across {
                 }
             }
         });
-        Ok(EndSessionsLayer { shared })
+        Ok(AcrossLayer {
+            shared,
+            tasks: None,
+        })
     }
 }
 
@@ -414,44 +420,148 @@ impl Drop for Watching {
     }
 }
 
-/// The layer [`Across::end_sessions`] returns: apply it to tower-mcp's
+/// The layer [`Across::layer`] returns: apply it to tower-mcp's
 /// router (`Router::layer`).
 #[derive(Clone)]
-pub struct EndSessionsLayer {
+pub struct AcrossLayer {
     shared: Arc<Shared>,
+    tasks: Option<Arc<TaskWatch>>,
 }
 
-impl fmt::Debug for EndSessionsLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EndSessionsLayer").finish_non_exhaustive()
+impl AcrossLayer {
+    /// The same, also carrying task status across instances: for each task
+    /// a `subscriptions/listen` request through this layer names
+    /// (`taskIds`), this instance watches the task in the store while the
+    /// request's stream lasts, and has `router` announce every change made
+    /// through any instance (`notifications/tasks`, tower-mcp's
+    /// `McpRouter::notify_task_status_changed`) to its own listeners of
+    /// that task. tower-mcp announces only the transitions it drives on
+    /// the instance driving them; so a listener on this instance of a task
+    /// that another instance runs, completes, takes over or asks input for
+    /// hears of it too. (On the instance driving a transition its
+    /// listeners may hear it twice: each notification is the whole task,
+    /// as `tasks/get` reads it.)
+    ///
+    /// `router` is the router tower-mcp serves (a clone), `tasks` its task
+    /// store. The layer reads the body of a `POST` whose `Mcp-Method`
+    /// header is `subscriptions/listen` (at most 1 MiB; a larger one is
+    /// answered 413).
+    pub fn announcing_tasks(mut self, router: McpRouter, tasks: TowerTaskStore) -> Self {
+        self.tasks = Some(Arc::new(TaskWatch {
+            router,
+            tasks,
+            watched: Mutex::new(HashMap::new()),
+        }));
+        self
     }
 }
 
-impl<S> tower_layer::Layer<S> for EndSessionsLayer {
-    type Service = EndSessions<S>;
+/// The largest `subscriptions/listen` body the layer reads for its
+/// `taskIds`.
+const LISTEN_BODY_LIMIT: usize = 1 << 20;
 
-    fn layer(&self, inner: S) -> EndSessions<S> {
-        EndSessions {
-            inner,
-            shared: self.shared.clone(),
+/// The tasks this instance watches for its `subscriptions/listen` streams.
+struct TaskWatch {
+    router: McpRouter,
+    tasks: TowerTaskStore,
+    /// Per task id, how many streams want it and the watcher announcing it.
+    watched: Mutex<HashMap<String, (usize, tokio::task::AbortHandle)>>,
+}
+
+impl TaskWatch {
+    /// Watches `ids` (once each, however many streams want one) until the
+    /// returned guard drops.
+    fn watch(self: &Arc<Self>, ids: Vec<String>) -> WatchedTasks {
+        let mut watched = self.watched.lock().unwrap_or_else(PoisonError::into_inner);
+        for id in &ids {
+            let entry = watched.entry(id.clone()).or_insert_with(|| {
+                let (router, tasks, id) = (self.router.clone(), self.tasks.clone(), id.clone());
+                let watcher = tokio::spawn(async move {
+                    tasks.announce_changes(&id, &router).await;
+                });
+                (0, watcher.abort_handle())
+            });
+            entry.0 += 1;
+        }
+        WatchedTasks {
+            watch: self.clone(),
+            ids,
         }
     }
 }
 
-/// The service of an [`EndSessionsLayer`] around tower-mcp's router.
-#[derive(Clone)]
-pub struct EndSessions<S> {
-    inner: S,
-    shared: Arc<Shared>,
+/// A stream's hold on the tasks it listens to; the last one's drop stops
+/// a task's watcher.
+struct WatchedTasks {
+    watch: Arc<TaskWatch>,
+    ids: Vec<String>,
 }
 
-impl<S> fmt::Debug for EndSessions<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EndSessions").finish_non_exhaustive()
+impl Drop for WatchedTasks {
+    fn drop(&mut self) {
+        let mut watched = self
+            .watch
+            .watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for id in &self.ids {
+            if let Some((wanted, watcher)) = watched.get_mut(id) {
+                *wanted -= 1;
+                if *wanted == 0 {
+                    watcher.abort();
+                    watched.remove(id);
+                }
+            }
+        }
     }
 }
 
-impl<S> tower_service::Service<Request<Body>> for EndSessions<S>
+/// The task ids a `subscriptions/listen` request's filter names.
+fn listened_tasks(body: &[u8]) -> Vec<String> {
+    let Ok(request) = serde_json::from_slice::<Value>(body) else {
+        return Vec::new();
+    };
+    request["params"]["notifications"]["taskIds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|id| id.as_str().map(str::to_owned))
+        .collect()
+}
+
+impl fmt::Debug for AcrossLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcrossLayer").finish_non_exhaustive()
+    }
+}
+
+impl<S> tower_layer::Layer<S> for AcrossLayer {
+    type Service = AcrossService<S>;
+
+    fn layer(&self, inner: S) -> AcrossService<S> {
+        AcrossService {
+            inner,
+            shared: self.shared.clone(),
+            tasks: self.tasks.clone(),
+        }
+    }
+}
+
+/// The service of an [`AcrossLayer`] around tower-mcp's router.
+#[derive(Clone)]
+pub struct AcrossService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+    tasks: Option<Arc<TaskWatch>>,
+}
+
+impl<S> fmt::Debug for AcrossService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcrossService").finish_non_exhaustive()
+    }
+}
+
+impl<S> tower_service::Service<Request<Body>> for AcrossService<S>
 where
     S: tower_service::Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -480,7 +590,30 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
+        let tasks = self.tasks.clone().filter(|_| {
+            method == Method::POST
+                && request
+                    .headers()
+                    .get("mcp-method")
+                    .is_some_and(|m| m.as_bytes() == b"subscriptions/listen")
+        });
         Box::pin(async move {
+            let (request, watched_tasks) = match tasks {
+                None => (request, None),
+                Some(tasks) => {
+                    let (parts, body) = request.into_parts();
+                    let Ok(body) = axum::body::to_bytes(body, LISTEN_BODY_LIMIT).await else {
+                        return Ok(Response::builder()
+                            .status(StatusCode::PAYLOAD_TOO_LARGE)
+                            .body(Body::from(
+                                "a subscriptions/listen request is at most 1 MiB",
+                            ))
+                            .expect("a static response"));
+                    };
+                    let watched = tasks.watch(listened_tasks(&body));
+                    (Request::from_parts(parts, Body::from(body)), Some(watched))
+                }
+            };
             let response = if method == Method::DELETE {
                 ENDING.scope((), inner.call(request)).await?
             } else {
@@ -492,9 +625,21 @@ where
             {
                 shared.deleted_here(session).await;
             }
-            Ok(match watching {
+            let response = match watching {
                 Some(watching) if is_event_stream(&response) => watching.cut(response),
                 _ => response,
+            };
+            // The listened tasks are watched while the stream is sent.
+            Ok(match watched_tasks {
+                Some(watched) => {
+                    let (parts, body) = response.into_parts();
+                    let body = body.into_data_stream().map(move |chunk| {
+                        let _holding = &watched;
+                        chunk
+                    });
+                    Response::from_parts(parts, Body::from_stream(body))
+                }
+                None => response,
             })
         })
     }

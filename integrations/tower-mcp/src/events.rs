@@ -88,7 +88,7 @@ impl<S: EventStore + ?Sized> TowerEventStore<S> {
     }
 
     /// The same for instances wired with [`Across`](crate::Across), whose
-    /// [`end_sessions`](crate::Across::end_sessions) layer is on the router:
+    /// [`layer`](crate::Across::layer) layer is on the router:
     /// only a client's `DELETE` (or a session ended on another instance)
     /// purges a session's events. tower-mcp's idle cleanup, which sees only
     /// this instance's use of a session, leaves them to the store's

@@ -85,7 +85,7 @@
 //! out. [`Across`] carries over the runtime's bus what it can:
 //!
 //! * **A `DELETE` ends the session everywhere**: its layer
-//!   ([`Across::end_sessions`], on the router built with
+//!   ([`Across::layer`], on the router built with
 //!   `into_router_at_with_handle`) publishes a client's `DELETE`, and
 //!   every instance ends the session it holds (tower-mcp's
 //!   `SessionHandle::terminate_session`) and closes the session's SSE
@@ -102,6 +102,11 @@
 //!   publishes a list change or resource update once, and every instance
 //!   hands it to tower-mcp's external notification channel
 //!   ([`Across::notifications`]), which sends it to its own clients.
+//! * **A task's status reaches its listeners on every instance**: with
+//!   [`AcrossLayer::announcing_tasks`], each instance watches in the store
+//!   the tasks its `subscriptions/listen` streams name (`taskIds`) and has
+//!   its router announce every change (`notifications/tasks`), wherever
+//!   the change was made: a run, a takeover, an answer, a cancel.
 //!
 //! What tower-mcp 0.25 gives no seam for, so that stays per instance
 //! (pinned by tests in `examples/tower-mcp-server/tests/tower_e2e` where a
@@ -117,10 +122,10 @@
 //!   `an_answer_posted_to_another_server_is_dropped_there`). The
 //!   2026-07-28 flow (input requests carried by the task or by
 //!   `inputResponses`) has no such state and works on any instance.
-//! * **Notifications for one session** (progress, log messages,
-//!   `notifications/tasks`): tower-mcp sends only from inside the request
-//!   or to all of an instance's sessions; a notification for one session
-//!   published by another framework's adapter is skipped here.
+//! * **Notifications for one session** (progress, log messages):
+//!   tower-mcp sends only from inside the request or to all of an
+//!   instance's sessions; a notification for one session published by
+//!   another framework's adapter is skipped here.
 //! * **`resources/subscribe`** is kept per instance: a resource update is
 //!   delivered to the sessions that subscribed to it on the instance that
 //!   delivers it, so every instance delivers it to its own subscribers.
@@ -139,7 +144,9 @@
 //!     .event_store(Arc::new(TowerEventStore::new(store).across_instances()))
 //!     .external_notifications(across.notifications().await?);
 //! let (app, sessions) = transport.into_router_at_with_handle("/mcp");
-//! let app = app.layer(across.end_sessions(sessions).await?);
+//! let app = app.layer(across.layer(sessions).await?);
+//! // With tasks: `.announcing_tasks(router.clone(), tasks.clone())` on the
+//! // layer, given the router and its `TowerTaskStore`.
 //! across.raise(&Broadcast::ResourcesListChanged).await?;
 //! # let _ = app; Ok(()) }
 //! ```
@@ -307,8 +314,9 @@
 //!   opt their tools in.
 //! * **A run through the router is a plain call, not tower-mcp's task
 //!   run**: the handler finds no `TaskContext` (no task id to find it by),
-//!   no `notifications/tasks` is pushed for it (clients polling
-//!   `tasks/get` see every change), and a tool with
+//!   tower-mcp pushes no `notifications/tasks` for it (clients polling
+//!   `tasks/get` see every change, and listeners hear them through
+//!   [`AcrossLayer::announcing_tasks`]), and a tool with
 //!   `TaskSupportMode::Required` is refused as a plain call, which fails
 //!   the task. The request claims every input capability (roots,
 //!   sampling, elicitation), as tower-mcp's own replay checks none; a
@@ -329,7 +337,7 @@ mod support;
 mod takeover;
 mod tasks;
 
-pub use across::{Across, Broadcast, EndSessions, EndSessionsLayer};
+pub use across::{Across, AcrossLayer, AcrossService, Broadcast};
 pub use events::TowerEventStore;
 pub use mcp_event_store_runtime::{self as runtime, Runtime, RuntimeBuilder, Takeovers};
 pub use sessions::TowerSessionStore;

@@ -84,7 +84,7 @@ impl<S: SessionStore + ?Sized> TowerSessionStore<S> {
     }
 
     /// The same for instances wired with [`Across`](crate::Across), whose
-    /// [`end_sessions`](crate::Across::end_sessions) layer is on the router:
+    /// [`layer`](crate::Across::layer) layer is on the router:
     /// a delete that is neither a client's `DELETE` nor a session ended on
     /// another instance (that is, tower-mcp's idle cleanup, which sees only
     /// this instance's use of a session) leaves a record another

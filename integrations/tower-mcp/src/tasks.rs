@@ -451,6 +451,48 @@ async fn guard(shared: Arc<Shared>, id: String, token: CancellationToken) {
     }
 }
 
+impl TowerTaskStore {
+    /// Has `router` announce each change of task `task_id` made through
+    /// any instance sharing the store (the store's watch, T10) to its
+    /// `subscriptions/listen` streams, until the task ended (its last
+    /// change included), goes or expires. A change before the first read
+    /// is not announced: tower-mcp's status notifications are best effort,
+    /// `tasks/get` the truth.
+    pub(crate) async fn announce_changes(&self, task_id: &str, router: &tower_mcp::McpRouter) {
+        let shared = &self.inner.shared;
+        let mut seen = None;
+        loop {
+            let live = match shared.read(task_id).await {
+                Ok(Found::Live(live)) => live,
+                Ok(Found::Missing | Found::Expired { .. }) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading a watched task failed; retrying");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            let rev = live.record().rev;
+            if seen.is_some_and(|seen| seen != rev) {
+                router.notify_task_status_changed(task_id).await;
+            }
+            seen = Some(rev);
+            if live.record().status.is_terminal() {
+                return;
+            }
+            let wait = live.until_expiry().min(shared.runtime.watch_wait());
+            if let Err(e) = shared
+                .runtime
+                .store()
+                .watch(task_id, &live.view.owner, rev, wait)
+                .await
+            {
+                tracing::debug!(error = %e, "watching a task failed; retrying");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
 /// Aborts the tokens' guards when the last handle goes.
 struct Inner {
     shared: Arc<Shared>,

@@ -263,6 +263,31 @@ pub async fn a_broadcast_raised_on_one_server_reaches_clients_of_every_server(fi
     }
 }
 
+/// A listener on B of a task A runs hears its status (tower-mcp announces
+/// only what it drives, on the instance driving it; the layer has B watch
+/// the task in the store and announce each change): the task's
+/// `notifications/tasks` reach B's `subscriptions/listen` stream, up to
+/// its completion, each the whole task.
+pub async fn a_tasks_status_reaches_its_listener_on_another_server(fixture: &Fixture) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let task = start_task(
+        &a.url,
+        "slow_count",
+        json!({"count": 20, "interval_ms": 100}),
+    )
+    .await;
+    let mut listening = crate::wire::listen_to_tasks(&b.url, &[&task]).await;
+    loop {
+        let heard = listening.next_with_method("notifications/tasks").await;
+        assert_eq!(heard["params"]["taskId"], task.as_str(), "{heard}");
+        if heard["params"]["status"] == "completed" {
+            break;
+        }
+        assert_eq!(heard["params"]["status"], "working", "{heard}");
+    }
+}
+
 /// tower-mcp's idle cleanup on A (the session idled there) neither deletes
 /// the record nor purges the events of a session B keeps serving: the
 /// events B stored stay in the store, read from the store itself.

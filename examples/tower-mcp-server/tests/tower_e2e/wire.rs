@@ -295,21 +295,46 @@ fn final_meta() -> Value {
 
 /// A 2026-07-28 request: `method` with `params` (plus `_meta`), `name` in
 /// the `Mcp-Name` header; the JSON-RPC answer.
-pub async fn request(url: &str, method: &str, name: &str, mut params: Value) -> Value {
-    params["_meta"] = final_meta();
-    let response = client()
-        .post(url)
-        .header("Content-Type", "application/json")
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", FINAL)
-        .header("Mcp-Method", method)
-        .header("Mcp-Name", name)
-        .body(json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string())
+pub async fn request(url: &str, method: &str, name: &str, params: Value) -> Value {
+    let response = final_post(url, method, name, params)
         .send()
         .await
         .expect("the server answers");
     let text = response.text().await.expect("a body");
     answer_in(&text, 7).unwrap_or_else(|| panic!("no answer to {method} in {text}"))
+}
+
+/// A 2026-07-28 request (id 7) of `method` with `params` (plus `_meta`),
+/// `name` in the `Mcp-Name` header (none if empty), ready to send.
+fn final_post(url: &str, method: &str, name: &str, mut params: Value) -> reqwest::RequestBuilder {
+    params["_meta"] = final_meta();
+    let request = client()
+        .post(url)
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", FINAL)
+        .header("Mcp-Method", method)
+        .body(json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string());
+    match name {
+        "" => request,
+        name => request.header("Mcp-Name", name),
+    }
+}
+
+/// `subscriptions/listen` for the status of `tasks`: the stream the
+/// server answers with.
+pub async fn listen_to_tasks(url: &str, tasks: &[&str]) -> Stream {
+    let params = json!({"notifications": {"taskIds": tasks}});
+    let response = final_post(url, "subscriptions/listen", "", params)
+        .send()
+        .await
+        .expect("the server answers");
+    assert!(
+        response.status().is_success(),
+        "subscriptions/listen: {}",
+        response.status()
+    );
+    Stream::of(response)
 }
 
 /// `tools/call` of `tool` as a task; the task's id.
