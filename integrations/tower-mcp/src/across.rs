@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Method, Request, Response, StatusCode, header};
@@ -133,6 +134,16 @@ impl From<Broadcast> for ServerNotification {
 ///   hands it to tower-mcp's external notification channel
 ///   ([`notifications`](Self::notifications)), which delivers it to its
 ///   own clients.
+///   Each instance then refuses the session (404) for an hour, so a record
+///   another instance wrote back before it heard is never restored.
+/// * **A session initialized through another instance is served here.**
+///   tower-mcp holds a session it created waiting for the client's
+///   `notifications/initialized`, and refuses its requests until then;
+///   behind a load balancer that notification may reach another instance.
+///   The layer drops this instance's copy when tower-mcp refuses so, and
+///   sends the request again: tower-mcp restores the session from its
+///   record, as initialized, as any other instance would. (Its GET stream
+///   here, opened on the dropped copy, ends; the client opens it again.)
 /// * **Idle cleanup spares what another instance serves**, with the
 ///   session and event stores built `across_instances` (which need this
 ///   layer to tell a client's `DELETE` from tower-mcp's idle cleanup).
@@ -252,6 +263,11 @@ impl Across {
     ///   deletes the record and events again if a request here wrote them
     ///   back meanwhile), and its SSE responses here end.
     ///
+    /// The layer also refuses a deleted session for an hour, and serves a
+    /// session whose `notifications/initialized` reached another instance
+    /// (see [`Across`]); it buffers each `POST` in a session (up to 4 MiB;
+    /// a larger one is answered 413) to send it again if need be.
+    ///
     /// Only a client's `DELETE` is published, not tower-mcp's idle cleanup
     /// (which removes a session idle *on this instance* from its memory).
     /// With the session and event stores built `across_instances`
@@ -276,6 +292,7 @@ impl Across {
             runtime: self.runtime.clone(),
             sessions,
             streams: Mutex::new(HashMap::new()),
+            ended: Mutex::default(),
         });
         let listening = Arc::downgrade(&shared);
         tokio::spawn(async move {
@@ -324,12 +341,57 @@ struct Shared {
     /// Per session, the signal its SSE responses on this instance end on;
     /// an entry lives while a response watches it.
     streams: Mutex<HashMap<String, watch::Sender<bool>>>,
+    /// Sessions deleted anywhere, refused here for [`ENDED_KEPT`]: so that
+    /// a record another instance wrote back before it heard of the delete
+    /// is never restored and served here.
+    ended: Mutex<Ended>,
+}
+
+/// Sessions deleted anywhere, oldest first.
+#[derive(Default)]
+struct Ended {
+    at: HashMap<String, Instant>,
+    order: std::collections::VecDeque<(Instant, String)>,
+}
+
+impl Ended {
+    fn insert(&mut self, session: &str) {
+        let now = Instant::now();
+        self.forget_before(now);
+        if self.at.len() >= ENDED_MAX
+            && let Some((_, oldest)) = self.order.pop_front()
+        {
+            self.at.remove(&oldest);
+        }
+        if self.at.insert(session.to_owned(), now).is_none() {
+            self.order.push_back((now, session.to_owned()));
+        }
+    }
+
+    fn contains(&mut self, session: &str) -> bool {
+        self.forget_before(Instant::now());
+        self.at.contains_key(session)
+    }
+
+    fn forget_before(&mut self, now: Instant) {
+        while let Some((at, _)) = self.order.front()
+            && now.duration_since(*at) >= ENDED_KEPT
+        {
+            let (_, session) = self.order.pop_front().expect("a front");
+            self.at.remove(&session);
+        }
+    }
 }
 
 impl Shared {
+    fn ended(&self) -> std::sync::MutexGuard<'_, Ended> {
+        self.ended.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// A client deleted `session` here: tells every instance, and ends its
     /// responses here.
     async fn deleted_here(&self, session: &str) {
+        self.ended().insert(session);
         if let Err(error) = self.runtime.end_session(session).await {
             tracing::warn!(
                 session_id = %session, %error,
@@ -341,6 +403,7 @@ impl Shared {
 
     /// `session` was deleted on some instance (this one included).
     async fn ended_somewhere(&self, session: &str) {
+        self.ended().insert(session);
         let terminated = ENDING.scope((), self.sessions.terminate_session(session));
         if terminated.await {
             tracing::info!(session_id = %session, "session deleted on another instance; ended here");
@@ -459,6 +522,24 @@ impl AcrossLayer {
 /// The largest `subscriptions/listen` body the layer reads for its
 /// `taskIds`.
 const LISTEN_BODY_LIMIT: usize = 1 << 20;
+
+/// The largest request body in a session the layer keeps to send again
+/// (see [`AcrossService`]); a larger one goes through once, as it came.
+const RETRY_BODY_LIMIT: usize = 4 << 20;
+
+/// The largest JSON answer the layer reads to tell tower-mcp's refusal of
+/// a session whose `initialized` notification reached another instance.
+const REFUSAL_LIMIT: usize = 4 << 10;
+
+/// What tower-mcp answers, on an instance holding a session it created,
+/// to a request sent after the client's `notifications/initialized`
+/// reached another instance.
+const NOT_INITIALIZED: &str = "Client must send notifications/initialized before making requests";
+
+/// How long an instance refuses a session deleted anywhere, and how many
+/// it remembers at most (the oldest go first).
+const ENDED_KEPT: Duration = Duration::from_secs(3_600);
+const ENDED_MAX: usize = 100_000;
 
 /// The tasks this instance watches for its `subscriptions/listen` streams.
 struct TaskWatch {
@@ -582,14 +663,19 @@ where
             .filter(|session| !session.is_empty())
             .map(str::to_owned);
         let method = request.method().clone();
-        let watching = match (&method, &session) {
-            (&Method::GET | &Method::POST, Some(session)) => Some(self.shared.watch(session)),
-            _ => None,
-        };
         // The clone is the ready one's twin; keep the one polled ready.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
+        // Deleted: whatever record another instance wrote back before it
+        // heard, this instance restores nothing.
+        let deleted = session
+            .as_deref()
+            .is_some_and(|session| shared.ended().contains(session));
+        let watching = match (&method, &session) {
+            (&Method::GET | &Method::POST, Some(session)) => Some(self.shared.watch(session)),
+            _ => None,
+        };
         let tasks = self.tasks.clone().filter(|_| {
             method == Method::POST
                 && request
@@ -598,6 +684,9 @@ where
                     .is_some_and(|m| m.as_bytes() == b"subscriptions/listen")
         });
         Box::pin(async move {
+            if deleted {
+                return Ok(not_found());
+            }
             let (request, watched_tasks) = match tasks {
                 None => (request, None),
                 Some(tasks) => {
@@ -614,10 +703,12 @@ where
                     (Request::from_parts(parts, Body::from(body)), Some(watched))
                 }
             };
-            let response = if method == Method::DELETE {
-                ENDING.scope((), inner.call(request)).await?
-            } else {
-                inner.call(request).await?
+            let response = match (&method, &session) {
+                (&Method::DELETE, _) => ENDING.scope((), inner.call(request)).await?,
+                (&Method::POST, Some(session)) => {
+                    initialized_elsewhere(&mut inner, &shared, session, request).await?
+                }
+                _ => inner.call(request).await?,
             };
             if method == Method::DELETE
                 && response.status() == StatusCode::OK
@@ -645,6 +736,81 @@ where
     }
 }
 
+/// Sends `request` (a `POST` in `session`) through `inner`; when tower-mcp
+/// refuses it because the session, created on this instance, never heard
+/// the client's `notifications/initialized` (which reached another
+/// instance), drops this instance's copy of the session (its record stays:
+/// the session store spares it, as another instance serves it) and sends
+/// it again, so tower-mcp restores the session from its record, as the
+/// client initialized it, as it would on any other instance.
+async fn initialized_elsewhere<S>(
+    inner: &mut S,
+    shared: &Shared,
+    session: &str,
+    request: Request<Body>,
+) -> std::result::Result<Response<Body>, S::Error>
+where
+    S: tower_service::Service<Request<Body>, Response = Response<Body>>,
+{
+    let (parts, body) = request.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, RETRY_BODY_LIMIT).await else {
+        return Ok(Response::builder()
+            .status(StatusCode::PAYLOAD_TOO_LARGE)
+            .body(Body::from("a request is at most 4 MiB"))
+            .expect("a static response"));
+    };
+    let again = Request::from_parts(parts.clone(), Body::from(body.clone()));
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    let response = inner
+        .call(Request::from_parts(parts, Body::from(body)))
+        .await?;
+    let (response, refused) = refused_as_uninitialized(response).await;
+    if !refused {
+        return Ok(response);
+    }
+    tracing::info!(
+        session_id = %session,
+        "the session's initialized notification reached another instance; restoring it here from its record"
+    );
+    shared.sessions.terminate_session(session).await;
+    // Its GET stream here, if any, was the dropped copy's: it ends, and the
+    // client opens it again.
+    shared.end_streams(session);
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    inner.call(again).await
+}
+
+/// `response`, and whether it is tower-mcp's refusal of a session that
+/// never heard `notifications/initialized` (a small JSON answer).
+async fn refused_as_uninitialized(response: Response<Body>) -> (Response<Body>, bool) {
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    let small = axum::body::HttpBody::size_hint(response.body())
+        .upper()
+        .is_some_and(|length| length <= REFUSAL_LIMIT as u64);
+    if !is_json || !small {
+        return (response, false);
+    }
+    let (parts, body) = response.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, REFUSAL_LIMIT).await else {
+        return (Response::from_parts(parts, Body::empty()), false);
+    };
+    let refused = serde_json::from_slice::<Value>(&body)
+        .is_ok_and(|answer| answer["error"]["message"] == NOT_INITIALIZED);
+    (Response::from_parts(parts, Body::from(body)), refused)
+}
+
+/// tower-mcp's answer to a session it does not know.
+fn not_found() -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::NOT_FOUND)
+        .body(Body::from("session not found"))
+        .expect("a static response")
+}
+
 fn is_event_stream(response: &Response<Body>) -> bool {
     response
         .headers()
@@ -656,6 +822,49 @@ fn is_event_stream(response: &Response<Body>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deleted_sessions_are_remembered_within_a_bound() {
+        let mut ended = Ended::default();
+        for i in 0..=ENDED_MAX {
+            ended.insert(&format!("s-{i}"));
+        }
+        assert!(!ended.contains("s-0"), "the oldest went first");
+        assert!(ended.contains("s-1") && ended.contains(&format!("s-{ENDED_MAX}")));
+        assert_eq!(ended.at.len(), ENDED_MAX);
+        assert_eq!(ended.order.len(), ENDED_MAX);
+        ended.insert("s-1");
+        assert_eq!(ended.order.len(), ENDED_MAX, "one entry per session");
+    }
+
+    #[test]
+    fn only_tower_mcps_refusal_of_an_uninitialized_session_is_one() {
+        let answer = |body: &str| {
+            Response::builder()
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_owned()))
+                .unwrap()
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let refusal = format!(
+            r#"{{"jsonrpc":"2.0","id":3,"error":{{"code":-32600,"message":"{NOT_INITIALIZED}"}}}}"#
+        );
+        let (kept, refused) = runtime.block_on(refused_as_uninitialized(answer(&refusal)));
+        assert!(refused);
+        let kept = runtime
+            .block_on(axum::body::to_bytes(kept.into_body(), usize::MAX))
+            .unwrap();
+        assert_eq!(kept, refusal.as_bytes(), "the answer is kept whole");
+        for other in [
+            r#"{"jsonrpc":"2.0","id":3,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":3,"error":{"code":-32600,"message":"other"}}"#,
+            "not json",
+        ] {
+            assert!(!runtime.block_on(refused_as_uninitialized(answer(other))).1);
+        }
+    }
 
     #[test]
     fn broadcasts_round_trip_as_json_rpc_and_nothing_else_is_one() {

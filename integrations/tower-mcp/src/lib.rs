@@ -89,9 +89,17 @@
 //!   `into_router_at_with_handle`) publishes a client's `DELETE`, and
 //!   every instance ends the session it holds (tower-mcp's
 //!   `SessionHandle::terminate_session`) and closes the session's SSE
-//!   responses it is sending, within the bus's latency. Without it, an
+//!   responses it is sending, within the bus's latency, and refuses it
+//!   from then on (for an hour), whatever record another instance wrote
+//!   back before it heard. Without it, an
 //!   instance that restored a session keeps serving it from memory after a
 //!   `DELETE` on another and writes its record back.
+//! * **A session initialized through another instance is served**:
+//!   tower-mcp refuses the requests of a session it created until it hears
+//!   `notifications/initialized`, which a load balancer may send to
+//!   another instance; the layer then drops the stale copy and tower-mcp
+//!   restores the session from its record (proven by
+//!   `behind_a_round_robin_proxy_one_session_spans_both_servers`).
 //! * **Idle cleanup spares a session served elsewhere**: with the session
 //!   and event stores built `across_instances`, tower-mcp's local idle
 //!   cleanup deletes no record that another instance's `save` kept live

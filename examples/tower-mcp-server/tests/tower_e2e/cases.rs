@@ -288,6 +288,75 @@ pub async fn a_tasks_status_reaches_its_listener_on_another_server(fixture: &Fix
     }
 }
 
+/// Behind a round-robin proxy with no session affinity (the test kit's:
+/// each request goes to the other server than the one before), one
+/// session spans both: its calls are served whichever server gets them
+/// (the one that created it heard no `notifications/initialized`, which
+/// went to the other, and restores it from its record), a
+/// broadcast raised through the proxy reaches its GET stream wherever that
+/// is served, and once it is deleted every request is answered 404,
+/// whichever server gets it (the other within the bus's latency), and its
+/// GET stream ends.
+pub async fn behind_a_round_robin_proxy_one_session_spans_both_servers(fixture: &Fixture) {
+    use mcp_event_store_conformance::testkit::RoundRobin;
+
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let address = |url: &str| -> std::net::SocketAddr {
+        url.trim_start_matches("http://")
+            .trim_end_matches("/mcp")
+            .parse()
+            .expect("a server address")
+    };
+    let proxy = RoundRobin::start(vec![address(&a.url), address(&b.url)])
+        .await
+        .expect("the proxy listens");
+    let url = proxy.url("/mcp");
+    let session = initialize(&url).await;
+    for id in 2..6 {
+        let listed = post(&url, Some(&session), list_tools(id)).await;
+        assert!(listed.status.is_success(), "tools/list: {}", listed.status);
+        let listed = listed.answer.expect("an answer");
+        assert!(listed["result"]["tools"].is_array(), "{listed}");
+    }
+    let mut stream = Stream::open(&url, &session, None).await;
+    let called = post(
+        &url,
+        Some(&session),
+        json!({
+            "jsonrpc": "2.0", "id": 6, "method": "tools/call",
+            "params": {"name": "announce", "arguments": {}}
+        }),
+    )
+    .await;
+    assert_eq!(text_of(&called.answer.expect("the result")), "announced");
+    stream
+        .next_with_method("notifications/resources/list_changed")
+        .await;
+    assert!(delete(&url, &session).await.is_success());
+    // The server that did not get the DELETE hears of it over the bus: until
+    // then it may still answer. Then both answer 404, time after time (4 in
+    // a row: each server twice).
+    let deadline = tokio::time::Instant::now() + crate::wire::EVENTUALLY;
+    let mut not_found_in_a_row = 0;
+    let mut id = 10;
+    while not_found_in_a_row < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a server still serves the deleted session"
+        );
+        let status = post(&url, Some(&session), list_tools(id)).await.status;
+        if status == reqwest::StatusCode::NOT_FOUND {
+            not_found_in_a_row += 1;
+        } else {
+            not_found_in_a_row = 0;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        id += 1;
+    }
+    stream.ends().await;
+}
+
 /// tower-mcp's idle cleanup on A (the session idled there) neither deletes
 /// the record nor purges the events of a session B keeps serving: the
 /// events B stored stay in the store, read from the store itself.

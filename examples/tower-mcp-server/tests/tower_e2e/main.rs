@@ -42,6 +42,7 @@ macro_rules! e2e_tests {
             case!(a_broadcast_raised_on_one_server_reaches_clients_of_every_server);
             case!(idle_cleanup_spares_a_session_another_server_serves);
             case!(a_tasks_status_reaches_its_listener_on_another_server);
+            case!(behind_a_round_robin_proxy_one_session_spans_both_servers);
             case!(an_answer_posted_to_another_server_is_dropped_there);
             case!(task_created_on_one_server_is_read_answered_and_cancelled_through_another);
             case!(tasks_of_a_killed_server_read_failed_on_another);
