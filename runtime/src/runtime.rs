@@ -487,9 +487,13 @@ async fn maintain(inner: Weak<Inner>) {
     let mut beats = interval(settings.lease / 3);
     let mut purges = interval(settings.purge_every.unwrap_or(Duration::MAX / 4));
     let mut claims = interval(settings.claim_every);
-    // The first ticks are at once: the instance was just registered.
+    // The first ticks are at once: the instance was just registered, and
+    // an executor registers after the start (`run_takeovers`), so the
+    // first claim round is one `claim_every` after the start, not
+    // whenever this task first runs.
     beats.tick().await;
     purges.tick().await;
+    claims.tick().await;
     let mut purging: Option<JoinHandle<()>> = None;
     let mut claiming: Option<JoinHandle<()>> = None;
     let busy = |job: &Option<JoinHandle<()>>| job.as_ref().is_some_and(|job| !job.is_finished());
