@@ -192,9 +192,47 @@ impl Runtime {
     }
 
     /// The answers other instances forward here: hand each to its session.
+    ///
+    /// They are addressed to this runtime's instance; when it lapsed and
+    /// was replaced by a fresh one (whose id the requests sent from then on
+    /// carry), the listener hears the fresh instance's instead.
     pub async fn replies(&self) -> Result<Listener<Reply>> {
         self.ensure_open()?;
-        let topic = replies_topic(&self.instance());
+        let mut instance = self.inner.instance.subscribe();
+        let first = self.replies_to(*instance.borrow_and_update()).await?;
+        let runtime = Arc::downgrade(&self.inner);
+        let heard =
+            futures_util::stream::unfold((first, instance), move |(mut listener, mut instance)| {
+                let runtime = runtime.clone();
+                async move {
+                    loop {
+                        tokio::select! {
+                            heard = listener.next() => {
+                                return heard.map(|heard| (heard, (listener, instance)));
+                            }
+                            changed = instance.changed() => {
+                                let (Ok(()), Some(inner)) = (changed, runtime.upgrade()) else {
+                                    return None;
+                                };
+                                let fresh = *instance.borrow_and_update();
+                                match (Runtime { inner }).replies_to(fresh).await {
+                                    Ok(replies) => listener = replies,
+                                    Err(error) => tracing::warn!(%error, instance = %fresh,
+                                        "cannot listen to the fresh instance's replies"),
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        Ok(Listener {
+            heard: heard.boxed(),
+        })
+    }
+
+    /// The answers forwarded to `instance`.
+    async fn replies_to(&self, instance: InstanceId) -> Result<Listener<Reply>> {
+        let topic = replies_topic(&instance);
         let first = self.inner.bus.subscribe(&topic, Start::Now).await?;
         Ok(self.keep(topic, first, |message| {
             let (session, reply) = unframe(&message.payload)?;

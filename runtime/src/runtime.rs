@@ -75,7 +75,9 @@ pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) settings: Settings,
     /// The instance this runtime runs as: replaced when it lapsed.
-    instance: Mutex<InstanceId>,
+    /// (A watch, so that what is addressed to the instance, its replies
+    /// on the bus, follows a replacement.)
+    pub(crate) instance: tokio::sync::watch::Sender<InstanceId>,
     /// Held while a lapsed instance is replaced, so that the calls that
     /// find it lapsed at once register one new instance between them.
     registering: tokio::sync::Mutex<()>,
@@ -162,7 +164,7 @@ impl Runtime {
     /// The instance this runtime runs as now (a fresh one replaces it if
     /// it lapsed).
     pub fn instance(&self) -> InstanceId {
-        *lock(&self.inner.instance)
+        *self.inner.instance.borrow()
     }
 
     /// How long one renewal keeps this instance alive.
@@ -291,7 +293,7 @@ impl Runtime {
              read failed, and new work runs under a fresh instance"
         );
         let fresh = register(self.runtime_store(), self.lease()).await?;
-        *lock(&self.inner.instance) = fresh;
+        self.inner.instance.send_replace(fresh);
         Ok(fresh)
     }
 }
@@ -408,7 +410,7 @@ impl RuntimeBuilder {
             notified: tokio::sync::OnceCell::new(),
             store: self.store,
             settings: s,
-            instance: Mutex::new(instance),
+            instance: tokio::sync::watch::Sender::new(instance),
             registering: tokio::sync::Mutex::new(()),
             executor: Mutex::default(),
             generations: AtomicU64::new(0),

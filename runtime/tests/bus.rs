@@ -205,3 +205,63 @@ async fn notification_listeners_share_one_subscription_and_a_slow_one_misses_alo
     a.shutdown().await;
     assert!(slow.next().await.is_none(), "listeners end at shutdown");
 }
+
+/// Replies follow the instance: once this runtime's instance lapsed and a
+/// fresh one replaced it, the requests it sends name the fresh one, and
+/// the answers forwarded to it reach the same replies listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_follow_a_replaced_instance() {
+    use mcp_event_store_core::ManualClock;
+    use mcp_event_store_core::task::{NewTask, Owner};
+
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let store = Arc::new(MemoryStore::with_options(
+        StoreOptions::default().clock(clock.clone()),
+    ));
+    let start = |lease: u64| {
+        Runtime::builder(store.clone())
+            .lease(Duration::from_secs(lease))
+            .purge_every(None)
+            .start()
+    };
+    let (a, b) = (start(30).await.unwrap(), start(3_600).await.unwrap());
+    let mut replies = a.replies().await.unwrap();
+    let (heard, mut hearing) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(Heard::Message(reply)) = replies.next().await {
+            if heard.send(reply).is_err() {
+                return;
+            }
+        }
+    });
+    let first = a.instance();
+    clock.advance(Duration::from_secs(31));
+    a.create(NewTask::new(&Owner::Anonymous, first))
+        .await
+        .unwrap();
+    assert_ne!(a.instance(), first, "a fresh instance");
+    // The listener moves over as it runs: answers forwarded before it did
+    // are lost, so answer again until one arrives (never a time bound).
+    let deadline = tokio::time::Instant::now() + EVENTUALLY;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no answer to the fresh instance's request arrived"
+        );
+        let id = a.request_id();
+        assert_eq!(
+            b.route_reply("session-1", &id, id.as_bytes())
+                .await
+                .unwrap(),
+            Route::Forwarded(a.instance())
+        );
+        if let Ok(Some(reply)) =
+            tokio::time::timeout(Duration::from_millis(200), hearing.recv()).await
+        {
+            assert_eq!(reply.session, "session-1");
+            break;
+        }
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
