@@ -9,12 +9,13 @@
 //! [`Heard::Missed`] when retention overtook it, then goes on from now.
 //! It ends when the runtime shuts down.
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
@@ -36,6 +37,12 @@ const REPLIES_PREFIX: &str = "mcp/replies/";
 /// behind the quickest before the slowest hears [`Heard::Missed`] (and
 /// what they share holds no more).
 const FANOUT_CAPACITY: usize = 1_024;
+
+/// How long a runtime remembers a session ended anywhere
+/// ([`Runtime::session_ended`]), and how many at most (the oldest go
+/// first).
+const ENDED_KEPT: Duration = Duration::from_secs(3_600);
+const ENDED_MAX: usize = 100_000;
 
 /// The first pause before a listener subscribes again after a backend
 /// error; it doubles up to [`MAX_RETRY`].
@@ -246,6 +253,7 @@ impl Runtime {
     /// Tells every instance that `session` ended (a client deleted it
     /// here): each ends it where it holds it.
     pub async fn end_session(&self, session: &str) -> Result<()> {
+        self.inner.ended().insert(session);
         self.inner
             .bus
             .publish(&topic(ENDED_SESSIONS), session.as_bytes())
@@ -253,14 +261,30 @@ impl Runtime {
             .map(drop)
     }
 
-    /// The sessions ended on any instance, this one included.
+    /// The sessions ended on any instance, this one included. Each one
+    /// heard is also remembered ([`session_ended`](Self::session_ended)).
     pub async fn ended_sessions(&self) -> Result<Listener<String>> {
         self.ensure_open()?;
         let topic = topic(ENDED_SESSIONS);
         let first = self.inner.bus.subscribe(&topic, Start::Now).await?;
-        Ok(self.keep(topic, first, |message| {
-            String::from_utf8(message.payload.to_vec()).ok()
+        let runtime = Arc::downgrade(&self.inner);
+        Ok(self.keep(topic, first, move |message| {
+            let session = String::from_utf8(message.payload.to_vec()).ok()?;
+            if let Some(inner) = runtime.upgrade() {
+                inner.ended().insert(&session);
+            }
+            Some(session)
         }))
+    }
+
+    /// Whether `session` was ended within the last hour: here
+    /// ([`end_session`](Self::end_session)), or on another instance as a
+    /// listener of [`ended_sessions`](Self::ended_sessions) heard. A
+    /// framework answers such a session as unknown, whatever it still
+    /// holds or another instance wrote back before it heard. At most
+    /// 100,000 are remembered (the oldest go first).
+    pub fn session_ended(&self, session: &str) -> bool {
+        self.inner.ended().contains(session)
     }
 
     /// Raises a notification once for the listeners of every instance.
@@ -455,6 +479,43 @@ pub(crate) fn new_bus(store: &Arc<dyn mcp_event_store_core::Store>) -> StoreBus 
     StoreBus::new(store.clone())
 }
 
+/// Sessions ended anywhere, oldest first, for [`ENDED_KEPT`].
+#[derive(Default)]
+pub(crate) struct Ended {
+    at: HashMap<String, Instant>,
+    order: VecDeque<(Instant, String)>,
+}
+
+impl Ended {
+    fn insert(&mut self, session: &str) {
+        let now = Instant::now();
+        self.forget_before(now);
+        if self.at.len() >= ENDED_MAX
+            && let Some((_, oldest)) = self.order.pop_front()
+        {
+            self.at.remove(&oldest);
+        }
+        if self.at.insert(session.to_owned(), now).is_none() {
+            self.order.push_back((now, session.to_owned()));
+        }
+    }
+
+    fn contains(&mut self, session: &str) -> bool {
+        self.forget_before(Instant::now());
+        self.at.contains_key(session)
+    }
+
+    fn forget_before(&mut self, now: Instant) {
+        while let Some((at, _)) = self.order.front()
+            && now.duration_since(*at) >= ENDED_KEPT
+        {
+            if let Some((_, session)) = self.order.pop_front() {
+                self.at.remove(&session);
+            }
+        }
+    }
+}
+
 /// One listener's messages handed to many in this process: what the
 /// listeners of [`Runtime::notifications`] share.
 pub(crate) struct Fanout<T> {
@@ -513,6 +574,20 @@ impl<T: Clone + Send + 'static> Fanout<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ended_sessions_are_remembered_within_a_bound() {
+        let mut ended = Ended::default();
+        for i in 0..=ENDED_MAX {
+            ended.insert(&format!("s-{i}"));
+        }
+        assert!(!ended.contains("s-0"), "the oldest went first");
+        assert!(ended.contains("s-1") && ended.contains(&format!("s-{ENDED_MAX}")));
+        assert_eq!(ended.at.len(), ENDED_MAX);
+        assert_eq!(ended.order.len(), ENDED_MAX);
+        ended.insert("s-1");
+        assert_eq!(ended.order.len(), ENDED_MAX, "one entry per session");
+    }
 
     #[test]
     fn frames_round_trip_and_garbage_is_refused() {

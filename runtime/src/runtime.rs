@@ -108,6 +108,14 @@ pub(crate) struct Inner {
     /// [`notifications`](Runtime::notifications) listener of this runtime
     /// shares, made by the first.
     pub(crate) notified: tokio::sync::OnceCell<crate::bus::Fanout<crate::Notification>>,
+    /// Sessions ended anywhere lately ([`Runtime::session_ended`]).
+    ended: Mutex<crate::bus::Ended>,
+}
+
+impl Inner {
+    pub(crate) fn ended(&self) -> std::sync::MutexGuard<'_, crate::bus::Ended> {
+        lock(&self.ended)
+    }
 }
 
 impl fmt::Debug for Runtime {
@@ -408,6 +416,7 @@ impl RuntimeBuilder {
             dropped: AtomicU64::new(0),
             stopping: tokio::sync::watch::Sender::new(false),
             notified: tokio::sync::OnceCell::new(),
+            ended: Mutex::default(),
             store: self.store,
             settings: s,
             instance: tokio::sync::watch::Sender::new(instance),

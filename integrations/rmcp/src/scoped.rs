@@ -665,6 +665,14 @@ where
     }
 
     /// Hands an answer forwarded from another instance to its session.
+    /// Whether a client deleted session `id` lately, on any instance
+    /// ([`Runtime::session_ended`]).
+    fn ended_anywhere(&self, id: &SessionId) -> bool {
+        self.runtime
+            .as_ref()
+            .is_some_and(|runtime| runtime.session_ended(id))
+    }
+
     async fn take_reply(&self, reply: mcp_event_store_runtime::Reply) {
         let dropped = || {
             if let Some(runtime) = &self.runtime {
@@ -750,7 +758,9 @@ where
         {
             return Ok(false);
         }
-        Ok(self.still_stored(id).await)
+        // Checked last: a session ended elsewhere while this ran is closed
+        // here, and possibly untracked, by now; it is unknown all the same.
+        Ok(self.still_stored(id).await && !self.ended_anywhere(id))
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
@@ -887,6 +897,10 @@ where
         &self,
         id: SessionId,
     ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
+        if self.ended_anywhere(&id) {
+            // Whatever state another instance wrote back before it heard.
+            return Ok(RestoreOutcome::NotSupported);
+        }
         let outcome = self
             .inner
             .restore_session(id.clone())

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Method, Request, Response, StatusCode, header};
@@ -292,7 +291,6 @@ impl Across {
             runtime: self.runtime.clone(),
             sessions,
             streams: Mutex::new(HashMap::new()),
-            ended: Mutex::default(),
         });
         let listening = Arc::downgrade(&shared);
         tokio::spawn(async move {
@@ -341,57 +339,12 @@ struct Shared {
     /// Per session, the signal its SSE responses on this instance end on;
     /// an entry lives while a response watches it.
     streams: Mutex<HashMap<String, watch::Sender<bool>>>,
-    /// Sessions deleted anywhere, refused here for [`ENDED_KEPT`]: so that
-    /// a record another instance wrote back before it heard of the delete
-    /// is never restored and served here.
-    ended: Mutex<Ended>,
-}
-
-/// Sessions deleted anywhere, oldest first.
-#[derive(Default)]
-struct Ended {
-    at: HashMap<String, Instant>,
-    order: std::collections::VecDeque<(Instant, String)>,
-}
-
-impl Ended {
-    fn insert(&mut self, session: &str) {
-        let now = Instant::now();
-        self.forget_before(now);
-        if self.at.len() >= ENDED_MAX
-            && let Some((_, oldest)) = self.order.pop_front()
-        {
-            self.at.remove(&oldest);
-        }
-        if self.at.insert(session.to_owned(), now).is_none() {
-            self.order.push_back((now, session.to_owned()));
-        }
-    }
-
-    fn contains(&mut self, session: &str) -> bool {
-        self.forget_before(Instant::now());
-        self.at.contains_key(session)
-    }
-
-    fn forget_before(&mut self, now: Instant) {
-        while let Some((at, _)) = self.order.front()
-            && now.duration_since(*at) >= ENDED_KEPT
-        {
-            let (_, session) = self.order.pop_front().expect("a front");
-            self.at.remove(&session);
-        }
-    }
 }
 
 impl Shared {
-    fn ended(&self) -> std::sync::MutexGuard<'_, Ended> {
-        self.ended.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// A client deleted `session` here: tells every instance, and ends its
     /// responses here.
     async fn deleted_here(&self, session: &str) {
-        self.ended().insert(session);
         if let Err(error) = self.runtime.end_session(session).await {
             tracing::warn!(
                 session_id = %session, %error,
@@ -403,7 +356,6 @@ impl Shared {
 
     /// `session` was deleted on some instance (this one included).
     async fn ended_somewhere(&self, session: &str) {
-        self.ended().insert(session);
         let terminated = ENDING.scope((), self.sessions.terminate_session(session));
         if terminated.await {
             tracing::info!(session_id = %session, "session deleted on another instance; ended here");
@@ -536,11 +488,6 @@ const REFUSAL_LIMIT: usize = 4 << 10;
 /// reached another instance.
 const NOT_INITIALIZED: &str = "Client must send notifications/initialized before making requests";
 
-/// How long an instance refuses a session deleted anywhere, and how many
-/// it remembers at most (the oldest go first).
-const ENDED_KEPT: Duration = Duration::from_secs(3_600);
-const ENDED_MAX: usize = 100_000;
-
 /// The tasks this instance watches for its `subscriptions/listen` streams.
 struct TaskWatch {
     router: McpRouter,
@@ -671,7 +618,7 @@ where
         // heard, this instance restores nothing.
         let deleted = session
             .as_deref()
-            .is_some_and(|session| shared.ended().contains(session));
+            .is_some_and(|session| shared.runtime.session_ended(session));
         let watching = match (&method, &session) {
             (&Method::GET | &Method::POST, Some(session)) => Some(self.shared.watch(session)),
             _ => None,
@@ -822,20 +769,6 @@ fn is_event_stream(response: &Response<Body>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn deleted_sessions_are_remembered_within_a_bound() {
-        let mut ended = Ended::default();
-        for i in 0..=ENDED_MAX {
-            ended.insert(&format!("s-{i}"));
-        }
-        assert!(!ended.contains("s-0"), "the oldest went first");
-        assert!(ended.contains("s-1") && ended.contains(&format!("s-{ENDED_MAX}")));
-        assert_eq!(ended.at.len(), ENDED_MAX);
-        assert_eq!(ended.order.len(), ENDED_MAX);
-        ended.insert("s-1");
-        assert_eq!(ended.order.len(), ENDED_MAX, "one entry per session");
-    }
 
     #[test]
     fn only_tower_mcps_refusal_of_an_uninitialized_session_is_one() {
