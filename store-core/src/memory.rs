@@ -10,26 +10,24 @@ use bytes::Bytes;
 
 use crate::backend::dense::{self, DenseStream};
 use crate::backend::follow::{self, Wakeups};
-use crate::backend::observe;
+use crate::backend::task::OwnerKey;
+use crate::backend::{
+    BackendHandle, EventBackend, Reader, RuntimeBackend, SessionBackend, TaskBackend,
+};
 use crate::error::{Error, Result};
 use crate::event::{NewEvent, StoredEvent};
 use crate::id::{EventId, StreamKey, StreamToken};
-use crate::inspect::{
-    HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage, check_list_limit,
-};
-use crate::options::{PurgeReport, Retention, StoreOptions};
+use crate::inspect::{HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage};
+use crate::options::{PurgeReport, StoreOptions};
 use crate::store::FollowOptions;
-use crate::store::{EventStore, Page, Replay, SessionStore, paged_replay};
+use crate::store::{Page, Replay, paged_replay};
 use crate::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, MemoryTaskStore, NewTask, Owner, Rev,
-    RuntimeStore, TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker,
-    WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, MemoryTaskStore, NewTask, Rev,
+    TaskDigest, TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
 };
 
-const BACKEND: &str = "memory";
-
-/// An [`EventStore`], [`SessionStore`] and [`TaskStore`] kept in process
-/// memory.
+/// An [`EventStore`](crate::EventStore), [`SessionStore`](crate::SessionStore)
+/// and [`TaskStore`](crate::task::TaskStore) kept in process memory.
 ///
 /// Useful for tests and for single-process servers that accept losing
 /// resumability on restart. It is bounded by its [`Retention`](crate::Retention)
@@ -40,6 +38,11 @@ const BACKEND: &str = "memory";
 /// Clones share the same data, like two handles on one database. Its tasks
 /// are a [`MemoryTaskStore`] with the same options (its clock, payload
 /// limit and task lifetimes).
+///
+/// It is built as every backend is: it implements the job traits of
+/// [`backend`](crate::backend) ([`EventBackend`], [`SessionBackend`],
+/// [`TaskBackend`], [`RuntimeBackend`]), and the public traits, with their
+/// checks and observation, come from core.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -198,14 +201,12 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn now(&self) -> i64 {
-        self.inner.options.clock.now_millis()
-    }
-
-    fn append(&self, stream_id: &str, event: NewEvent<'_>) -> EventId {
+    /// Appends an event under the lock: its stream's next id, the stream
+    /// trimmed to the retention limits.
+    fn insert(&self, stream_id: &str, event: NewEvent<'_>) -> EventId {
         let token = self.inner.key.token(stream_id);
         let retention = self.inner.options.retention;
-        let now = self.now();
+        let now = self.now_millis();
         let mut state = self.state();
         let state = &mut *state;
         let stream = state.streams.entry(token).or_insert_with(|| {
@@ -277,80 +278,100 @@ impl MemoryStore {
     }
 }
 
+impl BackendHandle for MemoryStore {
+    const NAME: &'static str = "memory";
+
+    fn store_options(&self) -> &StoreOptions {
+        &self.inner.options
+    }
+
+    /// A memory store is never closed: it lives as long as its handles.
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
 #[async_trait]
-impl EventStore for MemoryStore {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        observe::append(BACKEND, stream_id, event.data.len(), async {
-            self.inner
-                .options
-                .check_append(stream_id, event.data.len())?;
-            let id = self.append(stream_id, event);
-            self.inner.wakeups.wake(&id.token);
-            Ok(id)
-        })
-        .await
+impl EventBackend for MemoryStore {
+    async fn append(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        let id = self.insert(stream_id, event);
+        self.inner.wakeups.wake(&id.token);
+        Ok(id)
     }
 
-    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        observe::replay(BACKEND, last_event_id, async {
-            let cursor: EventId = last_event_id.parse()?;
-            let (stream_id, after) = {
-                let state = self.state();
-                let stream = state
-                    .streams
-                    .get(&cursor.token)
-                    .ok_or_else(|| Error::unknown_event_id(last_event_id))?;
-                let after = dense::check_cursor(last_event_id, &cursor, stream.dense())?;
-                (stream.stream_id.clone(), after)
-            };
-            let store = self.clone();
-            let raw = last_event_id.to_owned();
-            let token = cursor.token;
-            let incarnation = cursor.position.major;
-            let start = dense::position(incarnation, after);
-            let events = paged_replay(start, move |after| {
-                let page = store.page(&raw, token, incarnation, after.minor);
-                async move { page }
-            });
-            Ok(Replay { stream_id, events })
-        })
-        .await
-    }
-
-    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
-        observe::replay(BACKEND, stream_id, async {
-            crate::options::validate_stream_id(stream_id)?;
-            let token = self.inner.key.token(stream_id);
-            let oldest = {
-                let state = self.state();
-                state.streams.get(&token).and_then(|stream| {
-                    let first = stream.events.front()?.seq;
-                    Some((stream.incarnation, first))
-                })
-            };
-            let Some((incarnation, first)) = oldest else {
-                return Ok(Replay::empty(stream_id));
-            };
-            // Read as a replay after the event before the oldest: the same
-            // pages and gap checks, so retention overtaking it is refused.
-            let raw = EventId::new(token, dense::position(incarnation, first)).to_string();
-            let store = self.clone();
-            let events = paged_replay(dense::position(incarnation, first - 1), move |after| {
-                let page = store.page(&raw, token, incarnation, after.minor);
-                async move { page }
-            });
-            Ok(Replay {
-                stream_id: stream_id.to_owned(),
-                events,
-            })
-        })
-        .await
-    }
-
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
-        let Some(id) = EventId::parse(event_id) else {
-            return Ok(None);
+    async fn replay_after(&self, raw: &str, cursor: EventId) -> Result<Replay> {
+        let (stream_id, after) = {
+            let state = self.state();
+            let stream = state
+                .streams
+                .get(&cursor.token)
+                .ok_or_else(|| Error::unknown_event_id(raw))?;
+            let after = dense::check_cursor(raw, &cursor, stream.dense())?;
+            (stream.stream_id.clone(), after)
         };
+        let store = self.clone();
+        let raw = raw.to_owned();
+        let token = cursor.token;
+        let incarnation = cursor.position.major;
+        let start = dense::position(incarnation, after);
+        let events = paged_replay(start, move |after| {
+            let page = store.page(&raw, token, incarnation, after.minor);
+            async move { page }
+        });
+        Ok(Replay { stream_id, events })
+    }
+
+    async fn replay_whole(&self, stream_id: &str) -> Result<Replay> {
+        let token = self.inner.key.token(stream_id);
+        let oldest = {
+            let state = self.state();
+            state.streams.get(&token).and_then(|stream| {
+                let first = stream.events.front()?.seq;
+                Some((stream.incarnation, first))
+            })
+        };
+        let Some((incarnation, first)) = oldest else {
+            return Ok(Replay::empty(stream_id));
+        };
+        // Read as a replay after the event before the oldest: the same
+        // pages and gap checks, so retention overtaking it is refused.
+        let raw = EventId::new(token, dense::position(incarnation, first)).to_string();
+        let store = self.clone();
+        let events = paged_replay(dense::position(incarnation, first - 1), move |after| {
+            let page = store.page(&raw, token, incarnation, after.minor);
+            async move { page }
+        });
+        Ok(Replay {
+            stream_id: stream_id.to_owned(),
+            events,
+        })
+    }
+
+    async fn follow_after(
+        &self,
+        raw: &str,
+        cursor: EventId,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        // Subscribe before the first read, so no append falls in between.
+        let subscription = self.inner.wakeups.subscribe(cursor.token);
+        let first = self.replay_after(raw, cursor).await?;
+        Ok(follow::follow(
+            Self::NAME,
+            first,
+            subscription,
+            raw.to_owned(),
+            RECHECK,
+            options,
+            follow::reread(self.clone()),
+        ))
+    }
+
+    fn follows_open(&self) -> usize {
+        self.inner.wakeups.followers()
+    }
+
+    async fn stream_of(&self, id: EventId) -> Result<Option<String>> {
         let state = self.state();
         Ok(state
             .streams
@@ -359,74 +380,41 @@ impl EventStore for MemoryStore {
             .map(|stream| stream.stream_id.clone()))
     }
 
-    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
-        crate::options::validate_stream_id(stream_id)?;
+    async fn remove_stream(&self, stream_id: &str) -> Result<u64> {
         let token = self.inner.key.token(stream_id);
         let removed = self.state().streams.remove(&token);
         Ok(removed.map_or(0, |s| s.events.len() as u64))
     }
 
-    async fn purge_expired(&self) -> Result<PurgeReport> {
-        observe::purge(BACKEND, async {
-            let now = self.now();
-            let mut report = PurgeReport::default();
-            let mut state = self.state();
-            if let Some(cutoff) = self.inner.options.retention.expiry_cutoff_millis(now) {
-                state.streams.retain(|_, stream| {
-                    while stream.events.front().is_some_and(|e| e.stored_at < cutoff) {
-                        let dropped = stream.events.pop_front().expect("front exists");
-                        stream.bytes -= dropped.data.len() as u64;
-                        report.events += 1;
-                    }
-                    let keep = !stream.events.is_empty();
-                    if !keep {
-                        report.streams += 1;
-                    }
-                    keep
-                });
-            }
-            state.sessions.retain(|_, session| {
-                let keep = session.expires_at > now;
+    async fn purge(&self) -> Result<PurgeReport> {
+        let now = self.now_millis();
+        let mut report = PurgeReport::default();
+        let mut state = self.state();
+        if let Some(cutoff) = self.inner.options.retention.expiry_cutoff_millis(now) {
+            state.streams.retain(|_, stream| {
+                while stream.events.front().is_some_and(|e| e.stored_at < cutoff) {
+                    let dropped = stream.events.pop_front().expect("front exists");
+                    stream.bytes -= dropped.data.len() as u64;
+                    report.events += 1;
+                }
+                let keep = !stream.events.is_empty();
                 if !keep {
-                    report.sessions += 1;
+                    report.streams += 1;
                 }
                 keep
             });
-            Ok(report)
-        })
-        .await
+        }
+        state.sessions.retain(|_, session| {
+            let keep = session.expires_at > now;
+            if !keep {
+                report.sessions += 1;
+            }
+            keep
+        });
+        Ok(report)
     }
 
-    async fn follow_events_after(
-        &self,
-        last_event_id: &str,
-        options: FollowOptions,
-    ) -> Result<Replay> {
-        let cursor: EventId = last_event_id.parse()?;
-        // Subscribe before the first read, so no append falls in between.
-        let subscription = self.inner.wakeups.subscribe(cursor.token);
-        let first = self.replay_events_after(last_event_id).await?;
-        let store = self.clone();
-        Ok(follow::follow(
-            BACKEND,
-            first,
-            subscription,
-            last_event_id.to_owned(),
-            RECHECK,
-            options,
-            follow::reread(store),
-        ))
-    }
-
-    fn open_follows(&self) -> usize {
-        self.inner.wakeups.followers()
-    }
-
-    fn retention(&self) -> Retention {
-        self.inner.options.retention
-    }
-
-    async fn stats(&self) -> Result<StoreStats> {
+    async fn inspect_stats(&self) -> Result<StoreStats> {
         let state = self.state();
         let mut stats = StoreStats::default();
         for stream in state.streams.values().filter(|s| !s.events.is_empty()) {
@@ -440,8 +428,11 @@ impl EventStore for MemoryStore {
         Ok(stats)
     }
 
-    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
-        let limit = check_list_limit(limit)?;
+    async fn inspect_streams(
+        &self,
+        after: Option<&StreamCursor>,
+        limit: usize,
+    ) -> Result<StreamPage> {
         let start = match after {
             None => Bound::Unbounded,
             Some(cursor) => {
@@ -473,9 +464,9 @@ impl EventStore for MemoryStore {
         Ok(StreamPage::new(streams, next))
     }
 
-    async fn check(&self) -> Result<HealthReport> {
+    async fn inspect_check(&self) -> Result<HealthReport> {
         Ok(HealthReport::new(
-            BACKEND,
+            Self::NAME,
             FORMAT_VERSION,
             vec![
                 Setting::warn(
@@ -490,12 +481,14 @@ impl EventStore for MemoryStore {
 }
 
 #[async_trait]
-impl SessionStore for MemoryStore {
-    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        let expires_at = self
-            .inner
-            .options
-            .check_session_put(session_id, state.len(), ttl)?;
+impl SessionBackend for MemoryStore {
+    async fn session_put(
+        &self,
+        session_id: &str,
+        state: &[u8],
+        _ttl: Duration,
+        expires_at: i64,
+    ) -> Result<()> {
         self.state().sessions.insert(
             session_id.to_owned(),
             Session {
@@ -506,8 +499,8 @@ impl SessionStore for MemoryStore {
         Ok(())
     }
 
-    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
-        let now = self.now();
+    async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>> {
+        let now = self.now_millis();
         let state = self.state();
         Ok(state
             .sessions
@@ -516,8 +509,8 @@ impl SessionStore for MemoryStore {
             .map(|s| s.state.clone()))
     }
 
-    async fn delete_session(&self, session_id: &str) -> Result<bool> {
-        let now = self.now();
+    async fn session_delete(&self, session_id: &str) -> Result<bool> {
+        let now = self.now_millis();
         let removed = self.state().sessions.remove(session_id);
         Ok(removed.is_some_and(|s| s.expires_at > now))
     }
@@ -525,90 +518,91 @@ impl SessionStore for MemoryStore {
 
 /// The tasks of a [`MemoryStore`]: its [`MemoryTaskStore`], one call each.
 #[async_trait]
-impl TaskStore for MemoryStore {
-    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
-        self.inner.tasks.try_create(id, task).await
-    }
-
-    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-        self.inner.tasks.get(id, who).await
-    }
-
-    async fn answer(
+impl TaskBackend for MemoryStore {
+    async fn task_create(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        task: &NewTask<'_>,
+    ) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.task_create(digest, task).await
+    }
+
+    async fn task_read(&self, digest: TaskDigest, reader: Reader) -> Result<Option<TaskRecord>> {
+        self.inner.tasks.task_read(digest, reader).await
+    }
+
+    async fn task_answer(
+        &self,
+        digest: TaskDigest,
+        owner: OwnerKey,
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
-        self.inner.tasks.answer(id, who, responses).await
+        self.inner.tasks.task_answer(digest, owner, responses).await
     }
 
-    async fn request_cancel(
+    async fn task_cancel(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         mode: CancelMode,
         reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        self.inner.tasks.request_cancel(id, who, mode, reason).await
+        self.inner
+            .tasks
+            .task_cancel(digest, owner, mode, reason)
+            .await
     }
 
-    async fn watch(
+    async fn task_watch(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        reader: Reader,
         after: Rev,
         max_wait: Duration,
     ) -> Result<Option<TaskRecord>> {
-        self.inner.tasks.watch(id, who, after, max_wait).await
+        self.inner
+            .tasks
+            .task_watch(digest, reader, after, max_wait)
+            .await
     }
 
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
-        self.inner.tasks.purge_expired_tasks().await
+    async fn task_purge(&self) -> Result<TaskPurgeReport> {
+        self.inner.tasks.task_purge().await
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
-        self.inner.tasks.delete(id).await
+    async fn task_delete(&self, digest: TaskDigest) -> Result<bool> {
+        self.inner.tasks.task_delete(digest).await
     }
 }
 
 #[async_trait]
-impl RuntimeStore for MemoryStore {
-    async fn apply_claimed(
+impl RuntimeBackend for MemoryStore {
+    async fn lease_renew(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        self.inner.tasks.lease_renew(me, lease).await
+    }
+
+    async fn lease_alive(&self, id: InstanceId) -> Result<bool> {
+        self.inner.tasks.lease_alive(id).await
+    }
+
+    async fn leases(&self) -> Result<Vec<InstanceLease>> {
+        self.inner.tasks.leases().await
+    }
+
+    async fn claimed_apply(
         &self,
         task: &TaskDigest,
         by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
-        self.inner.tasks.apply_claimed(task, by, change).await
+        self.inner.tasks.claimed_apply(task, by, change).await
     }
 
-    async fn watch_claimed(
-        &self,
-        task: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        self.inner.tasks.watch_claimed(task, after, max_wait).await
+    async fn claimed_view(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
+        self.inner.tasks.claimed_view(task).await
     }
 
-    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
-        self.inner.tasks.claim(by, limit).await
-    }
-
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
-        self.inner.tasks.heartbeat(me, lease).await
-    }
-
-    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
-        self.inner.tasks.is_alive(id).await
-    }
-
-    async fn instances(&self) -> Result<Vec<InstanceLease>> {
-        self.inner.tasks.instances().await
-    }
-
-    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
-        self.inner.tasks.view_claimed(task).await
+    async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        self.inner.tasks.claim_tasks(by, limit).await
     }
 }

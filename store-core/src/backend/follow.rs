@@ -30,10 +30,11 @@ use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::jobs::{EventBackend, ensure_open};
 use crate::backend::observe::{self, FollowGauge};
 use crate::error::Result;
 use crate::event::StoredEvent;
-use crate::id::{STREAM_TOKEN_LEN, StreamToken};
+use crate::id::{EventId, STREAM_TOKEN_LEN, StreamToken};
 use crate::store::{FollowOptions, Replay};
 use crate::task::{Rev, TaskDigest, TaskRecord};
 
@@ -226,17 +227,25 @@ where
     }
 }
 
-/// The re-read a follow of `store` runs after each wake-up: a replay after
-/// the newest id delivered, on a clone of the handle.
-pub fn reread<S>(
-    store: S,
+/// The re-read a follow of `backend` runs after each wake-up: the
+/// backend's replay after the newest id delivered, on a clone of the
+/// handle. Once the handle is closed it fails with
+/// [`Error::Closed`](crate::Error::Closed), which ends the follow. It is
+/// not observed as a replay of its own: the follow it serves was, once,
+/// when it opened ([`EventBackend`]).
+pub fn reread<B>(
+    backend: B,
 ) -> impl FnMut(String) -> BoxFuture<'static, Result<Replay>> + Send + 'static
 where
-    S: crate::EventStore + Clone,
+    B: EventBackend + Clone,
 {
     move |cursor: String| {
-        let store = store.clone();
-        Box::pin(async move { store.replay_events_after(&cursor).await })
+        let backend = backend.clone();
+        Box::pin(async move {
+            ensure_open(&backend)?;
+            let after: EventId = cursor.parse()?;
+            backend.replay_after(&cursor, after).await
+        })
     }
 }
 

@@ -1,19 +1,27 @@
 //! For backend authors: the plumbing every backend shares.
 //!
-//! Applications never need this module. A backend crate uses it to number
-//! dense streams and check cursors and gaps ([`dense`]), to follow streams
-//! ([`follow`]), to record the spans and metrics every store reports
-//! ([`observe`]), to page through long replays ([`paged_replay`]), to derive
-//! stream tokens from a per-store secret ([`StreamKey`], [`StreamToken`]),
-//! and to check the input every store refuses the same way
-//! ([`validate_stream_id`], [`validate_session_id`], [`check_list_limit`]);
-//! and a task store's shared parts ([`task`]: the state machine, the step
-//! driver of row stores, the one-value codec).
+//! Applications never need this module. A backend crate implements the
+//! job traits ([`jobs`]: [`BackendHandle`], [`EventBackend`],
+//! [`SessionBackend`], [`TaskBackend`], [`RuntimeBackend`]), which say only
+//! what its database makes different; the public traits
+//! ([`EventStore`](crate::EventStore), [`SessionStore`](crate::SessionStore),
+//! [`TaskStore`](crate::task::TaskStore), [`RuntimeStore`](crate::task::RuntimeStore))
+//! come from core over them, with the closed check, the input every store
+//! refuses the same way ([`validate_stream_id`], [`validate_session_id`],
+//! [`check_list_limit`], the task limits) and the spans and metrics
+//! ([`observe`]) written once. For the job itself it uses the rest of this
+//! module: dense streams and their cursor and gap checks ([`dense`]),
+//! following ([`follow`]), long replays in pages ([`paged_replay`]), stream
+//! tokens from a per-store secret ([`StreamKey`], [`StreamToken`]), and a
+//! task store's shared parts ([`task`]: the state machine, the step driver
+//! of row stores, the one-value codec).
 //!
-//! A new backend is a crate that implements [`EventStore`](crate::EventStore)
-//! and [`SessionStore`](crate::SessionStore) with these, exports a
-//! [`Backend`](crate::Backend) descriptor as `BACKEND`, and runs the
-//! suites of the crate `mcp-event-store-conformance` from its own tests.
+//! A new backend is a crate that implements the job traits with these,
+//! exports a [`Backend`](crate::Backend) descriptor as `BACKEND`, and runs
+//! the suites of the crate `mcp-event-store-conformance` from its own
+//! tests. [`MemoryStore`](crate::MemoryStore) and
+//! [`MemoryTaskStore`](crate::task::MemoryTaskStore) are built the same
+//! way.
 //!
 //! # Every backend crate has the same shape
 //!
@@ -24,21 +32,31 @@
 //! repeated one), `setup.rs` (opening, migrations or layout, the format check,
 //! the stream secret), `store.rs` (the front door: the public store type,
 //! `connect(url)`, `connect_with(url, options)` where a parameter given in the
-//! URL wins, `close(&self)`, then thin trait impls), `state.rs` (what the
-//! clones of one handle share, and the crate-internal accessors the job files
-//! reach it through), `error.rs` (`NAME`, the backend's name in errors, spans
-//! and metrics, and the mapping of driver errors to [`Error`](crate::Error)),
-//! files named for the jobs the database makes different (`append.rs`,
-//! `replay.rs`, `follow.rs`, `purge.rs`, `inspect.rs`, `sessions.rs`,
-//! `tasks.rs`), and `testing.rs` (the harnesses of the conformance suites,
-//! feature `conformance`). The job files take what they share from
-//! `state.rs` and `error.rs` and name the store type through the crate root;
-//! nothing imports from `store.rs` but `lib.rs`. Crate docs
-//! use the same headings: Connecting, Layout, Durability, Retention,
-//! Following, Inspecting, Format, Limits.
+//! URL wins, `close(&self)`, its accessors, then `impl BackendHandle` and
+//! `impl EventBackend`, one line a method calling the job file's function of
+//! the same name: `append::append`, `replay::replay_after`,
+//! `replay::replay_whole`, `replay::stream_of`, `follow::follow_after`,
+//! `follow::follows_open`, `purge::remove_stream`, `purge::purge`,
+//! `inspect::stats`, `inspect::streams`, `inspect::check`), `state.rs` (what
+//! the clones of one handle share, and the crate-internal accessors the job
+//! files reach it through), `error.rs` (`NAME`, the backend's name in errors,
+//! spans and metrics, and the mapping of driver errors to
+//! [`Error`](crate::Error)), files named for the jobs the database makes
+//! different (`append.rs`, `replay.rs`, `follow.rs`, `purge.rs`,
+//! `inspect.rs`, each a set of free functions taking the store;
+//! `sessions.rs`, which holds `impl SessionBackend`, and `tasks.rs`, which
+//! holds `impl TaskBackend` and `impl RuntimeBackend`), and `testing.rs` (the
+//! harnesses of the conformance suites, feature `conformance`). The job files
+//! take what they share from `state.rs` and `error.rs` and name the store
+//! type through the crate root; nothing imports from `store.rs` but
+//! `lib.rs`. No job file checks closed-ness, validates input or records an
+//! append, replay or purge: core does, around it. (A replay's later pages,
+//! read after the call returned, are the backend's to refuse once the
+//! handle is closed.) Crate docs use the same headings: Connecting,
+//! Layout, Durability, Retention, Following, Inspecting, Format, Limits.
 //!
 //! A new backend is a crate `store-<name>` (a workspace member by its
-//! directory name) that implements the traits with the plumbing in
+//! directory name) that implements the job traits with the plumbing in
 //! `mcp_event_store_core::backend`, exports its `BACKEND` descriptor, and
 //! implements `Harness`, `PersistentHarness`, `UrlHarness`, `TaskHarness`
 //! and `PersistentTaskHarness` from `mcp-event-store-conformance`,
@@ -84,8 +102,11 @@
 
 pub mod dense;
 pub mod follow;
+pub mod jobs;
 pub mod observe;
 pub mod task;
+
+pub use jobs::{BackendHandle, EventBackend, Reader, RuntimeBackend, SessionBackend, TaskBackend};
 
 pub use crate::event::{retry_from_millis, retry_to_millis};
 pub use crate::id::{STREAM_KEY_LEN, STREAM_TOKEN_LEN, StreamKey, StreamToken};

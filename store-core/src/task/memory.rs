@@ -9,17 +9,15 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
-    TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
-    millis,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, TaskDigest,
+    TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange, millis,
 };
-use crate::backend::task::{
-    InputEffect, Step, check_message, check_responses, count_ended, replacement,
-};
+use crate::backend::task::{InputEffect, OwnerKey, Step, count_ended, replacement};
+use crate::backend::{BackendHandle, Reader, RuntimeBackend, TaskBackend};
 use crate::error::{Error, Result};
 use crate::options::StoreOptions;
 
-/// A [`TaskStore`] kept in process memory.
+/// A [`TaskStore`](crate::task::TaskStore) kept in process memory.
 ///
 /// Every mutation is one critical section under one lock, so exactly one
 /// of racing finishers wins; each task has a `watch` channel of its `rev`
@@ -27,6 +25,10 @@ use crate::options::StoreOptions;
 /// change slips between the two. Clones, and handles from
 /// [`share_with_options`](Self::share_with_options), share the same data,
 /// like two handles on one database. Nothing survives the process.
+///
+/// Like every backend it implements the job traits
+/// ([`TaskBackend`], [`RuntimeBackend`]); the public traits, with their
+/// checks, come from core.
 #[derive(Clone, Debug)]
 pub struct MemoryTaskStore {
     inner: Arc<Inner>,
@@ -73,6 +75,11 @@ enum InputState {
 }
 
 impl Task {
+    /// Whether `key` names this task's owner (T3).
+    fn owned_by(&self, key: &[u8]) -> bool {
+        self.owner.digest().map_or(&[][..], |digest| &digest[..]) == key
+    }
+
     /// The record as stored, with its inputs.
     fn stored(&self) -> TaskRecord {
         let mut inputs: Vec<_> = self.inputs.iter().collect();
@@ -133,16 +140,16 @@ impl Task {
 }
 
 impl State {
-    /// The task under `digest` as `who` may see it at `now` (`None` for
-    /// any owner), with the task itself.
+    /// The task under `digest` as the owner with key `who` may see it at
+    /// `now` (`None` for any owner), with the task itself.
     fn seen(
         &mut self,
         digest: &TaskDigest,
-        who: Option<&Owner>,
+        who: Option<&[u8]>,
         now: i64,
     ) -> Option<(TaskRecord, &mut Task)> {
         let task = self.tasks.get_mut(digest)?;
-        if who.is_some_and(|who| *who != task.owner) {
+        if who.is_some_and(|who| !task.owned_by(who)) {
             return None;
         }
         let alive_until = self.instances.get(&task.instance).copied();
@@ -193,17 +200,29 @@ impl MemoryTaskStore {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
 
-    fn now(&self) -> i64 {
-        self.inner.options.clock.now_millis()
+impl BackendHandle for MemoryTaskStore {
+    const NAME: &'static str = "memory";
+
+    fn store_options(&self) -> &StoreOptions {
+        &self.inner.options
+    }
+
+    /// A memory store is never closed: it lives as long as its handles.
+    fn is_closed(&self) -> bool {
+        false
     }
 }
 
 #[async_trait]
-impl TaskStore for MemoryTaskStore {
-    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
-        task.check()?;
-        let now = self.now();
+impl TaskBackend for MemoryTaskStore {
+    async fn task_create(
+        &self,
+        digest: TaskDigest,
+        task: &NewTask<'_>,
+    ) -> Result<Option<TaskRecord>> {
+        let now = self.now_millis();
         let record = TaskRecord::created(task, now, &self.inner.options.tasks);
         let mut state = self.state();
         if state
@@ -213,7 +232,7 @@ impl TaskStore for MemoryTaskStore {
         {
             return Err(Error::instance_lapsed(&task.instance));
         }
-        let std::collections::hash_map::Entry::Vacant(slot) = state.tasks.entry(id.digest()) else {
+        let std::collections::hash_map::Entry::Vacant(slot) = state.tasks.entry(digest) else {
             return Ok(None);
         };
         slot.insert(Task {
@@ -227,30 +246,23 @@ impl TaskStore for MemoryTaskStore {
         Ok(Some(record))
     }
 
-    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(None);
-        };
-        let now = self.now();
+    async fn task_read(&self, digest: TaskDigest, reader: Reader) -> Result<Option<TaskRecord>> {
+        let now = self.now_millis();
         Ok(self
             .state()
-            .seen(&digest, Some(who), now)
+            .seen(&digest, reader.owner().map(Vec::as_slice), now)
             .map(|(seen, _)| seen))
     }
 
-    async fn answer(
+    async fn task_answer(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
-        check_responses(responses)?;
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(None);
-        };
-        let now = self.now();
+        let now = self.now_millis();
         let mut state = self.state();
-        let Some((seen, task)) = state.seen(&digest, Some(who), now) else {
+        let Some((seen, task)) = state.seen(&digest, Some(&owner), now) else {
             return Ok(None);
         };
         if seen.status.is_terminal() {
@@ -270,20 +282,16 @@ impl TaskStore for MemoryTaskStore {
         Ok(Some(task.stored()))
     }
 
-    async fn request_cancel(
+    async fn task_cancel(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         mode: CancelMode,
         reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        check_message(reason)?;
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(None);
-        };
-        let now = self.now();
+        let now = self.now_millis();
         let mut state = self.state();
-        let Some((seen, task)) = state.seen(&digest, Some(who), now) else {
+        let Some((seen, task)) = state.seen(&digest, Some(&owner), now) else {
             return Ok(None);
         };
         if seen.status.is_terminal() {
@@ -298,21 +306,42 @@ impl TaskStore for MemoryTaskStore {
         Ok(Some(task.stored()))
     }
 
-    async fn watch(
+    async fn task_watch(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        reader: Reader,
         after: Rev,
         max_wait: Duration,
     ) -> Result<Option<TaskRecord>> {
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(None);
-        };
-        self.watch_as(&digest, Some(who), after, max_wait).await
+        let deadline = tokio::time::Instant::now() + max_wait;
+        let who = reader.owner().map(Vec::as_slice);
+        loop {
+            let mut changed = {
+                let now = self.now_millis();
+                let mut state = self.state();
+                let Some((seen, task)) = state.seen(&digest, who, now) else {
+                    return Ok(None);
+                };
+                if seen.rev > after {
+                    return Ok(Some(seen));
+                }
+                // Subscribed under the lock of the read: a change after it
+                // is a change this receiver sees.
+                task.changed.subscribe()
+            };
+            tokio::select! {
+                // An error means the task was deleted: the re-read says so.
+                _ = changed.changed() => {}
+                () = tokio::time::sleep_until(deadline) => {
+                    let now = self.now_millis();
+                    return Ok(self.state().seen(&digest, who, now).map(|(seen, _)| seen));
+                }
+            }
+        }
     }
 
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
-        let now = self.now();
+    async fn task_purge(&self) -> Result<TaskPurgeReport> {
+        let now = self.now_millis();
         let mut report = TaskPurgeReport::default();
         let mut state = self.state();
         let State { tasks, instances } = &mut *state;
@@ -339,24 +368,20 @@ impl TaskStore for MemoryTaskStore {
         Ok(report)
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(false);
-        };
+    async fn task_delete(&self, digest: TaskDigest) -> Result<bool> {
         Ok(self.state().tasks.remove(&digest).is_some())
     }
 }
 
 #[async_trait]
-impl RuntimeStore for MemoryTaskStore {
-    async fn apply_claimed(
+impl RuntimeBackend for MemoryTaskStore {
+    async fn claimed_apply(
         &self,
         digest: &TaskDigest,
         by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
-        change.check(self.inner.options.max_payload_bytes)?;
-        let now = self.now();
+        let now = self.now_millis();
         let mut state = self.state();
         let holder_alive_until = state
             .tasks
@@ -432,17 +457,8 @@ impl RuntimeStore for MemoryTaskStore {
         Ok(Applied::Changed { rev, answer })
     }
 
-    async fn watch_claimed(
-        &self,
-        digest: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        self.watch_as(digest, None, after, max_wait).await
-    }
-
-    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
-        let now = self.now();
+    async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        let now = self.now_millis();
         let mut state = self.state();
         if state.instances.get(&by).is_none_or(|until| *until <= now) {
             return Err(Error::instance_lapsed(&by));
@@ -473,8 +489,8 @@ impl RuntimeStore for MemoryTaskStore {
         Ok(claimed)
     }
 
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
-        let now = self.now();
+    async fn lease_renew(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        let now = self.now_millis();
         let mut state = self.state();
         if state.instances.get(&me).is_some_and(|until| *until <= now) {
             return Ok(false);
@@ -484,8 +500,8 @@ impl RuntimeStore for MemoryTaskStore {
         Ok(true)
     }
 
-    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
-        let now = self.now();
+    async fn lease_alive(&self, id: InstanceId) -> Result<bool> {
+        let now = self.now_millis();
         Ok(self
             .state()
             .instances
@@ -493,8 +509,8 @@ impl RuntimeStore for MemoryTaskStore {
             .is_some_and(|until| *until > now))
     }
 
-    async fn instances(&self) -> Result<Vec<InstanceLease>> {
-        let now = self.now();
+    async fn leases(&self) -> Result<Vec<InstanceLease>> {
+        let now = self.now_millis();
         Ok(self
             .state()
             .instances
@@ -503,48 +519,12 @@ impl RuntimeStore for MemoryTaskStore {
             .collect())
     }
 
-    async fn view_claimed(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {
-        let now = self.now();
+    async fn claimed_view(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {
+        let now = self.now_millis();
         let state = self.state();
         let Some(task) = state.tasks.get(digest) else {
             return Ok(None);
         };
         Ok(task.view(state.instances.get(&task.instance).copied(), now))
-    }
-}
-
-impl MemoryTaskStore {
-    /// A watch of `digest` as `who` sees it (anyone, `None`).
-    async fn watch_as(
-        &self,
-        digest: &TaskDigest,
-        who: Option<&Owner>,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        let deadline = tokio::time::Instant::now() + max_wait;
-        loop {
-            let mut changed = {
-                let now = self.now();
-                let mut state = self.state();
-                let Some((seen, task)) = state.seen(digest, who, now) else {
-                    return Ok(None);
-                };
-                if seen.rev > after {
-                    return Ok(Some(seen));
-                }
-                // Subscribed under the lock of the read: a change after it
-                // is a change this receiver sees.
-                task.changed.subscribe()
-            };
-            tokio::select! {
-                // An error means the task was deleted: the re-read says so.
-                _ = changed.changed() => {}
-                () = tokio::time::sleep_until(deadline) => {
-                    let now = self.now();
-                    return Ok(self.state().seen(digest, who, now).map(|(seen, _)| seen));
-                }
-            }
-        }
     }
 }
