@@ -1,5 +1,5 @@
-//! Appends (C1, C2, C6): the store's side (checks, the stream token, the
-//! write queued for the writer) and the writer's (the stream row and its
+//! Appends (C1, C2, C6): the store's side (the stream token, the write
+//! queued for the writer) and the writer's (the stream row and its
 //! incarnation, the sequence number, a group's multi-row insert, the inline
 //! trim to the retention limits).
 
@@ -7,7 +7,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use mcp_event_store_core::backend::{StreamToken, dense, observe, retry_to_millis};
+use mcp_event_store_core::backend::{StreamToken, dense, retry_to_millis};
 use mcp_event_store_core::{Error, EventId, NewEvent, Position, Result};
 use rusqlite::{OptionalExtension, ToSql, params, params_from_iter};
 
@@ -17,32 +17,27 @@ use crate::purge::trim_stream;
 use crate::replay::to_incarnation;
 use crate::writer::{Answer, Append, Known, Reply, Write, Writer, padded};
 
-pub(crate) async fn store_event(
+/// Appends one event: the write queued for the writer, answered once
+/// committed.
+pub(crate) async fn append(
     store: &SqliteStore,
     stream_id: &str,
     event: NewEvent<'_>,
 ) -> Result<EventId> {
-    observe::append(NAME, stream_id, event.data.len(), async {
-        store
-            .inner
-            .options
-            .check_append(stream_id, event.data.len())?;
-        let token = store.inner.key.token(stream_id);
-        let position = store
-            .write(
-                Reply::Position,
-                Write::Append(Append {
-                    token,
-                    stream_id: stream_id.to_owned(),
-                    data: event.data.to_vec(),
-                    retry_ms: retry_to_millis(event.retry),
-                    now: store.now(),
-                }),
-            )
-            .await?;
-        Ok(EventId::new(token, position))
-    })
-    .await
+    let token = store.inner.key.token(stream_id);
+    let position = store
+        .write(
+            Reply::Position,
+            Write::Append(Append {
+                token,
+                stream_id: stream_id.to_owned(),
+                data: event.data.to_vec(),
+                retry_ms: retry_to_millis(event.retry),
+                now: store.now(),
+            }),
+        )
+        .await?;
+    Ok(EventId::new(token, position))
 }
 
 impl Writer {

@@ -2,36 +2,38 @@
 //! writer after its commits and by the watcher for other handles and
 //! processes, re-reading by cursor with the replay's own read.
 
-use mcp_event_store_core::backend::follow;
-use mcp_event_store_core::{Error, EventId, EventStore, FollowOptions, Replay, Result};
+use mcp_event_store_core::backend::follow::{self, reread};
+use mcp_event_store_core::{Error, EventId, FollowOptions, Replay, Result};
 
 use crate::SqliteStore;
 use crate::error::NAME;
+use crate::replay::replay_after;
 
-pub(crate) async fn follow_events_after(
+/// The replay after `cursor` that stays open.
+pub(crate) async fn follow_after(
     store: &SqliteStore,
-    last_event_id: &str,
+    raw: &str,
+    cursor: EventId,
     options: FollowOptions,
 ) -> Result<Replay> {
-    let cursor: EventId = last_event_id.parse()?;
     // Subscribe before the first read, so no append falls in between;
     // the watcher, started after the read, wakes a stream it has not
     // seen before at its first poll that finds anything written.
     let subscription = store.inner.wakeups.subscribe(cursor.token);
-    let first = store.replay_events_after(last_event_id).await?;
+    let first = replay_after(store, raw, cursor).await?;
     store.inner.watcher.ensure();
-    let store = store.clone();
+    let mut again = reread(store.clone());
     Ok(follow::follow(
         NAME,
         first,
         subscription,
-        last_event_id.to_owned(),
+        raw.to_owned(),
         store.inner.follow_recheck,
         options,
-        move |cursor| {
-            let store = store.clone();
+        move |cursor: String| {
+            let replay = again(cursor.clone());
             async move {
-                match store.replay_events_after(&cursor).await {
+                match replay.await {
                     // The cursor was delivered, so it was issued: the
                     // stream was deleted or expired whole (perhaps
                     // started again) under the follower.
@@ -43,6 +45,7 @@ pub(crate) async fn follow_events_after(
     ))
 }
 
-pub(crate) fn open_follows(store: &SqliteStore) -> usize {
+/// How many follows of this handle are open.
+pub(crate) fn follows_open(store: &SqliteStore) -> usize {
     store.inner.wakeups.followers()
 }

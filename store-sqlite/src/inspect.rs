@@ -18,7 +18,6 @@
 //! longer than one page takes, however many streams there are.
 
 use mcp_event_store_core::backend::StreamToken;
-use mcp_event_store_core::backend::check_list_limit;
 use mcp_event_store_core::{Error, Result};
 use mcp_event_store_core::{
     HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage,
@@ -81,12 +80,11 @@ pub(crate) async fn stats(store: &SqliteStore) -> Result<StoreStats> {
     Ok(stats)
 }
 
-pub(crate) async fn list_streams(
+pub(crate) async fn streams(
     store: &SqliteStore,
     after: Option<&StreamCursor>,
     limit: usize,
 ) -> Result<StreamPage> {
-    let limit = check_list_limit(limit)?;
     // The cursor is the last listed stream's token, in the event ids'
     // own text form; streams are listed in token order.
     let after = match after {

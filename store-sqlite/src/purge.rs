@@ -5,13 +5,13 @@
 
 use std::collections::HashSet;
 
-use mcp_event_store_core::backend::{StreamToken, observe, validate_stream_id};
+use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::{Error, PurgeReport, Result, Retention};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use crate::SqliteStore;
-use crate::error::{NAME, sqlite_error};
+use crate::error::sqlite_error;
 use crate::writer::{Command, Reply, Write, Writer, execute};
 
 /// Rows one purge transaction deletes at most, and one delete statement
@@ -22,27 +22,26 @@ const PURGE_BATCH: i64 = 500;
 /// Streams one limit-enforcement step visits at most.
 const LIMIT_SCAN_BATCH: i64 = 100;
 
-pub(crate) async fn delete_stream(store: &SqliteStore, stream_id: &str) -> Result<u64> {
-    validate_stream_id(stream_id)?;
+/// Deletes a stream and its events, in one transaction of the writer's.
+pub(crate) async fn remove_stream(store: &SqliteStore, stream_id: &str) -> Result<u64> {
     let token = store.inner.key.token(stream_id);
     store
         .write(Reply::Count, Write::DeleteStream { token })
         .await
 }
 
-pub(crate) async fn purge_expired(store: &SqliteStore) -> Result<PurgeReport> {
-    observe::purge(NAME, async {
-        let now = store.now();
-        let (reply, answer) = oneshot::channel();
-        store
-            .inner
-            .writer
-            .send(Command::Purge { now, reply })
-            .await
-            .map_err(|_| Error::Closed)?;
-        answer.await.map_err(|_| Error::Closed)?
-    })
-    .await
+/// Applies retention now: a purge job for the writer, run in bounded steps
+/// between append groups.
+pub(crate) async fn purge(store: &SqliteStore) -> Result<PurgeReport> {
+    let now = store.now();
+    let (reply, answer) = oneshot::channel();
+    store
+        .inner
+        .writer
+        .send(Command::Purge { now, reply })
+        .await
+        .map_err(|_| Error::Closed)?;
+    answer.await.map_err(|_| Error::Closed)?
 }
 
 /// Where a purge in progress has got to.

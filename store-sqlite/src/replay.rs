@@ -7,123 +7,112 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
-use mcp_event_store_core::backend::{
-    Page, StreamToken, observe, paged_replay, retry_from_millis, validate_stream_id,
-};
+use mcp_event_store_core::backend::{Page, StreamToken, paged_replay, retry_from_millis};
 use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
 use rusqlite::OptionalExtension;
 
 use crate::SqliteStore;
-use crate::error::{NAME, sqlite_error};
+use crate::error::sqlite_error;
 
-pub(crate) async fn replay_events_after(
+/// The replay after `cursor` (`raw` as the client sent it): the stream's
+/// row and first page in one read, the cursor checked against the row,
+/// then pages as they are polled.
+pub(crate) async fn replay_after(
     store: &SqliteStore,
-    last_event_id: &str,
+    raw: &str,
+    cursor: EventId,
 ) -> Result<Replay> {
-    observe::replay(NAME, last_event_id, async {
-        let cursor: EventId = last_event_id.parse()?;
-        let (incarnation, after) = dense::cursor_parts(last_event_id, cursor.position)?;
-        // SQLite integers stop at i64::MAX: beyond it, never issued.
-        let after_sql = i64::try_from(after).map_err(|_| Error::unknown_event_id(last_event_id))?;
-        let (stream, first_page) = store
-            .page_with_stream(cursor.token, incarnation, after_sql)
-            .await?;
-        let (stream_id, state) = stream.ok_or_else(|| Error::unknown_event_id(last_event_id))?;
-        // Another incarnation (an earlier life of the stream), a zero
-        // part or a sequence number beyond the newest: never issued.
-        dense::check_cursor(last_event_id, &cursor, state)?;
-        let first = first_page.first().map(|e| e.id.position.minor);
-        dense::check_page(last_event_id, after, first, Some(state.last_seq))?;
-        let mut first_page = Some(store.page(first_page, Some(state.last_seq)));
-        let store = store.clone();
-        let raw: Arc<str> = last_event_id.into();
-        let token = cursor.token;
-        let events = paged_replay(dense::position(incarnation, after), move |after| {
-            let first_page = first_page.take();
-            let store = store.clone();
-            let raw = raw.clone();
-            async move {
-                match first_page {
-                    Some(page) => Ok(page),
-                    None => {
-                        store
-                            .checked_page(&raw, token, incarnation, after.minor)
-                            .await
-                    }
-                }
-            }
-        });
-        Ok(Replay { stream_id, events })
-    })
-    .await
+    let (incarnation, after) = dense::cursor_parts(raw, cursor.position)?;
+    // SQLite integers stop at i64::MAX: beyond it, never issued.
+    let after_sql = i64::try_from(after).map_err(|_| Error::unknown_event_id(raw))?;
+    let (stream, first_page) =
+        page_with_stream(store, cursor.token, incarnation, after_sql).await?;
+    let (stream_id, state) = stream.ok_or_else(|| Error::unknown_event_id(raw))?;
+    // Another incarnation (an earlier life of the stream), a zero part or
+    // a sequence number beyond the newest: never issued.
+    dense::check_cursor(raw, &cursor, state)?;
+    let first = first_page.first().map(|e| e.id.position.minor);
+    dense::check_page(raw, after, first, Some(state.last_seq))?;
+    let first_page = page(store, first_page, Some(state.last_seq));
+    let events = pages(
+        store,
+        raw.into(),
+        cursor.token,
+        incarnation,
+        after,
+        first_page,
+    );
+    Ok(Replay { stream_id, events })
 }
 
 /// Every retained event of a stream, from its oldest (C16): the stream's
 /// row and first page in one statement, then pages as a replay after the
 /// event before the oldest, with the same gap checks.
-pub(crate) async fn replay_stream(store: &SqliteStore, stream_id: &str) -> Result<Replay> {
-    observe::replay(NAME, stream_id, async {
-        validate_stream_id(stream_id)?;
-        let token = store.inner.key.token(stream_id);
-        // Named under incarnation 0 until the row says which it is.
-        let (stream, first_page) = store.page_with_stream(token, 0, 0).await?;
-        let Some((_, state)) = stream else {
-            return Ok(Replay::empty(stream_id));
-        };
-        let Some(first) = state.first_retained else {
-            return Ok(Replay::empty(stream_id));
-        };
-        let incarnation = state.incarnation;
-        let first_page: Vec<StoredEvent> = first_page
-            .into_iter()
-            .map(|mut e| {
-                e.id.position.major = incarnation;
-                e
-            })
-            .collect();
-        let after = first - 1;
-        let raw: Arc<str> = EventId::new(token, dense::position(incarnation, first))
-            .to_string()
-            .into();
-        dense::check_page(
-            &raw,
-            after,
-            first_page.first().map(|e| e.id.position.minor),
-            Some(state.last_seq),
-        )?;
-        let mut first_page = Some(store.page(first_page, Some(state.last_seq)));
-        let store = store.clone();
-        let events = paged_replay(dense::position(incarnation, after), move |after| {
-            let first_page = first_page.take();
-            let store = store.clone();
-            let raw = raw.clone();
-            async move {
-                match first_page {
-                    Some(page) => Ok(page),
-                    None => {
-                        store
-                            .checked_page(&raw, token, incarnation, after.minor)
-                            .await
-                    }
-                }
-            }
-        });
-        Ok(Replay {
-            stream_id: stream_id.to_owned(),
-            events,
+pub(crate) async fn replay_whole(store: &SqliteStore, stream_id: &str) -> Result<Replay> {
+    let token = store.inner.key.token(stream_id);
+    // Named under incarnation 0 until the row says which it is.
+    let (stream, first_page) = page_with_stream(store, token, 0, 0).await?;
+    let Some((_, state)) = stream else {
+        return Ok(Replay::empty(stream_id));
+    };
+    let Some(first) = state.first_retained else {
+        return Ok(Replay::empty(stream_id));
+    };
+    let incarnation = state.incarnation;
+    let first_page: Vec<StoredEvent> = first_page
+        .into_iter()
+        .map(|mut e| {
+            e.id.position.major = incarnation;
+            e
         })
+        .collect();
+    let after = first - 1;
+    let raw: Arc<str> = EventId::new(token, dense::position(incarnation, first))
+        .to_string()
+        .into();
+    dense::check_page(
+        &raw,
+        after,
+        first_page.first().map(|e| e.id.position.minor),
+        Some(state.last_seq),
+    )?;
+    let first_page = page(store, first_page, Some(state.last_seq));
+    Ok(Replay {
+        stream_id: stream_id.to_owned(),
+        events: pages(store, raw, token, incarnation, after, first_page),
     })
-    .await
 }
 
-pub(crate) async fn get_stream_id_for_event_id(
+/// The events after `after`: `first`, then pages read as they are polled,
+/// each checked against the stream's row; `raw` names the replay in errors.
+fn pages(
     store: &SqliteStore,
-    event_id: &str,
-) -> Result<Option<String>> {
-    let Some(id) = EventId::parse(event_id) else {
-        return Ok(None);
-    };
+    raw: Arc<str>,
+    token: StreamToken,
+    incarnation: u64,
+    after: u64,
+    first: Page,
+) -> BoxStream<'static, Result<StoredEvent>> {
+    let mut first = Some(first);
+    let store = store.clone();
+    paged_replay(dense::position(incarnation, after), move |after| {
+        let first = first.take();
+        let store = store.clone();
+        let raw = raw.clone();
+        async move {
+            match first {
+                Some(page) => Ok(page),
+                None => checked_page(&store, &raw, token, incarnation, after.minor).await,
+            }
+        }
+    })
+}
+
+/// The stream of a retained event (C4), in the stream's current
+/// incarnation: an id of an earlier life of the stream finds nothing.
+pub(crate) async fn stream_of(store: &SqliteStore, id: EventId) -> Result<Option<String>> {
     // A zero part was never issued; neither was anything SQLite cannot
     // hold.
     let Some((Ok(incarnation), Ok(seq))) = dense::parts(id.position)
@@ -131,9 +120,7 @@ pub(crate) async fn get_stream_id_for_event_id(
     else {
         return Ok(None);
     };
-    // The event is retained in the stream's current incarnation: an id
-    // of an earlier life of the stream finds nothing. On a page thread, as
-    // a resume's replay that usually follows.
+    // On a page thread, as a resume's replay that usually follows.
     let token = id.token;
     store
         .inner
@@ -159,66 +146,64 @@ const STREAM_OF_EVENT: &str = "SELECT s.stream_id FROM mes_events e \
      JOIN mes_streams s ON s.token = e.token \
      WHERE e.token = ?1 AND e.seq = ?2 AND s.incarnation = ?3";
 
-impl SqliteStore {
-    /// One page of a stream's events after sequence number `after`, read on
-    /// a page thread in one read transaction (so one snapshot) with the
-    /// stream's row: its id and state, for the cursor and gap checks. The events are named under
-    /// `incarnation`, the cursor's; they are only used when the row says
-    /// that is the stream's current incarnation (every event of a token
-    /// belongs to the current row: a stream's events go before or with its
-    /// row). `None` for the row: no such stream, and then no events.
-    async fn page_with_stream(
-        &self,
-        token: StreamToken,
-        incarnation: u64,
-        after: i64,
-    ) -> Result<PageWithStream> {
-        let limit = i64::try_from(self.inner.options.page_size).unwrap_or(i64::MAX);
-        self.inner
-            .pages
-            .run(move |conn| read_page(conn, token, incarnation, after, limit))
-            .await
-    }
+/// One page of a stream's events after sequence number `after`, read on
+/// a page thread in one read transaction (so one snapshot) with the
+/// stream's row: its id and state, for the cursor and gap checks. The
+/// events are named under `incarnation`, the cursor's; they are only used
+/// when the row says that is the stream's current incarnation (every event
+/// of a token belongs to the current row: a stream's events go before or
+/// with its row). `None` for the row: no such stream, and then no events.
+async fn page_with_stream(
+    store: &SqliteStore,
+    token: StreamToken,
+    incarnation: u64,
+    after: i64,
+) -> Result<PageWithStream> {
+    let limit = i64::try_from(store.inner.options.page_size).unwrap_or(i64::MAX);
+    store
+        .inner
+        .pages
+        .run(move |conn| read_page(conn, token, incarnation, after, limit))
+        .await
+}
 
-    /// A replay page after the first, checked for gaps (C5) against the
-    /// stream's row as of the same snapshot. A stream that is gone, or that
-    /// was deleted and started again under a new incarnation, lost the
-    /// events after the cursor: [`Error::EventsPurged`], never events of
-    /// its new life.
-    async fn checked_page(
-        &self,
-        raw: &str,
-        token: StreamToken,
-        incarnation: u64,
-        after: u64,
-    ) -> Result<Page> {
-        let (stream, events) = self
-            .page_with_stream(token, incarnation, from_seq(after)?)
-            .await?;
-        let Some((_, state)) = stream.filter(|(_, state)| state.incarnation == incarnation) else {
-            // The rows read, if any, are the new life's.
-            return Err(Error::events_purged(raw));
-        };
-        let first = events.first().map(|e| e.id.position.minor);
-        dense::check_page(raw, after, first, Some(state.last_seq))?;
-        Ok(self.page(events, Some(state.last_seq)))
-    }
+/// A replay page after the first, checked for gaps (C5) against the
+/// stream's row as of the same snapshot. A stream that is gone, or that
+/// was deleted and started again under a new incarnation, lost the events
+/// after the cursor: [`Error::EventsPurged`], never events of its new
+/// life. Once the handle is closed the page threads are, and the page is
+/// [`Error::Closed`].
+async fn checked_page(
+    store: &SqliteStore,
+    raw: &str,
+    token: StreamToken,
+    incarnation: u64,
+    after: u64,
+) -> Result<Page> {
+    let (stream, events) = page_with_stream(store, token, incarnation, from_seq(after)?).await?;
+    let Some((_, state)) = stream.filter(|(_, state)| state.incarnation == incarnation) else {
+        // The rows read, if any, are the new life's.
+        return Err(Error::events_purged(raw));
+    };
+    let first = events.first().map(|e| e.id.position.minor);
+    dense::check_page(raw, after, first, Some(state.last_seq))?;
+    Ok(page(store, events, Some(state.last_seq)))
+}
 
-    /// A checked page; the last when it is short or reaches the stream's
-    /// newest event as of its snapshot (later events reach a client live).
-    fn page(&self, events: Vec<StoredEvent>, last_seq: Option<u64>) -> Page {
-        let reached_end = events
-            .last()
-            .zip(last_seq)
-            .is_some_and(|(event, last_seq)| event.id.position.minor >= last_seq);
-        Page {
-            last: reached_end || events.len() < self.inner.options.page_size,
-            events,
-        }
+/// A checked page; the last when it is short or reaches the stream's
+/// newest event as of its snapshot (later events reach a client live).
+fn page(store: &SqliteStore, events: Vec<StoredEvent>, last_seq: Option<u64>) -> Page {
+    let reached_end = events
+        .last()
+        .zip(last_seq)
+        .is_some_and(|(event, last_seq)| event.id.position.minor >= last_seq);
+    Page {
+        last: reached_end || events.len() < store.inner.options.page_size,
+        events,
     }
 }
 
-/// What [`SqliteStore::page_with_stream`] reads, on a page thread: the
+/// What [`page_with_stream`] reads, on a page thread: the
 /// stream's row, then the page, in one read transaction, so one snapshot.
 fn read_page(
     conn: &rusqlite::Connection,

@@ -3,26 +3,26 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::Result;
+use mcp_event_store_core::backend::SessionBackend;
 use rusqlite::{OptionalExtension, params};
 
 use crate::SqliteStore;
 use crate::error::{db_error, sqlite_error};
 use crate::writer::{Reply, Write, Writer, execute};
 
-pub(crate) async fn put_session(
-    store: &SqliteStore,
-    session_id: &str,
-    state: &[u8],
-    ttl: Duration,
-) -> Result<()> {
-    let expires_at = store
-        .inner
-        .options
-        .check_session_put(session_id, state.len(), ttl)?;
-    store
-        .write(
+#[async_trait]
+impl SessionBackend for SqliteStore {
+    async fn session_put(
+        &self,
+        session_id: &str,
+        state: &[u8],
+        _ttl: Duration,
+        expires_at: i64,
+    ) -> Result<()> {
+        self.write(
             Reply::Unit,
             Write::PutSession {
                 session_id: session_id.to_owned(),
@@ -31,24 +31,23 @@ pub(crate) async fn put_session(
             },
         )
         .await
-}
+    }
 
-pub(crate) async fn get_session(store: &SqliteStore, session_id: &str) -> Result<Option<Bytes>> {
-    let state: Option<Vec<u8>> = sqlx::query_scalar(
-        "SELECT state FROM mes_sessions WHERE session_id = ?1 AND expires_at > ?2",
-    )
-    .bind(session_id)
-    .bind(store.now())
-    .fetch_optional(&store.inner.readers)
-    .await
-    .map_err(db_error)?;
-    Ok(state.map(Bytes::from))
-}
+    async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>> {
+        let state: Option<Vec<u8>> = sqlx::query_scalar(
+            "SELECT state FROM mes_sessions WHERE session_id = ?1 AND expires_at > ?2",
+        )
+        .bind(session_id)
+        .bind(self.now())
+        .fetch_optional(&self.inner.readers)
+        .await
+        .map_err(db_error)?;
+        Ok(state.map(Bytes::from))
+    }
 
-pub(crate) async fn delete_session(store: &SqliteStore, session_id: &str) -> Result<bool> {
-    let now = store.now();
-    store
-        .write(
+    async fn session_delete(&self, session_id: &str) -> Result<bool> {
+        let now = self.now();
+        self.write(
             Reply::Flag,
             Write::DeleteSession {
                 session_id: session_id.to_owned(),
@@ -56,6 +55,7 @@ pub(crate) async fn delete_session(store: &SqliteStore, session_id: &str) -> Res
             },
         )
         .await
+    }
 }
 
 impl Writer {

@@ -3,6 +3,7 @@
 //! plumbing the job files reach it through.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use mcp_event_store_core::backend::StreamKey;
@@ -40,6 +41,8 @@ pub(crate) struct Inner {
     pub(crate) follow_recheck: Duration,
     /// What the store was opened to survive, for the health check.
     pub(crate) durability: Durability,
+    /// Set by [`SqliteStore::close`].
+    pub(crate) closed: AtomicBool,
 }
 
 impl SqliteStore {

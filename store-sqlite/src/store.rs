@@ -1,31 +1,29 @@
-//! [`SqliteStore`]: opening and closing a handle, and the trait
-//! implementations, which hand each call to the file for its job.
+//! [`SqliteStore`]: opening and closing a handle, and the event job's
+//! trait implementation, which hands each call to the file for its job
+//! (sessions and tasks implement theirs in their own files).
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
-use bytes::Bytes;
 #[cfg(doc)]
 use mcp_event_store_core::Error;
 use mcp_event_store_core::backend::follow::Wakeups;
-use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
-    TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
-};
+use mcp_event_store_core::backend::{BackendHandle, EventBackend};
 use mcp_event_store_core::{
-    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    Retention, SessionStore, StoreStats, StreamCursor, StreamPage,
+    EventId, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result, StoreOptions,
+    StoreStats, StreamCursor, StreamPage,
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::error::NAME;
 use crate::options::{SqliteOptions, WRITER_QUEUE};
 use crate::pages::PageReaders;
 use crate::state::Inner;
 use crate::watcher::Watcher;
 use crate::writer::{Command, Writer};
-use crate::{append, follow, inspect, purge, replay, sessions, setup, tasks};
+use crate::{append, follow, inspect, purge, replay, setup};
 
 /// An event store (and session store) in one SQLite database file.
 ///
@@ -115,6 +113,7 @@ impl SqliteStore {
                 task_recheck: options.follow_recheck,
                 follow_recheck: options.follow_recheck,
                 durability: options.durability,
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -124,6 +123,7 @@ impl SqliteStore {
     /// threads (waiting for them) and the follow watcher. Later calls on any clone fail with [`Error::Closed`];
     /// open follows end with it. Closing again does nothing.
     pub async fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
         let (reply, done) = oneshot::channel();
         if self
             .inner
@@ -144,163 +144,70 @@ impl SqliteStore {
     }
 }
 
+impl BackendHandle for SqliteStore {
+    const NAME: &'static str = NAME;
+
+    fn store_options(&self) -> &StoreOptions {
+        &self.inner.options
+    }
+
+    fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
+    }
+}
+
 #[async_trait]
-impl EventStore for SqliteStore {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        append::store_event(self, stream_id, event).await
+impl EventBackend for SqliteStore {
+    async fn append(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        append::append(self, stream_id, event).await
     }
 
-    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        replay::replay_events_after(self, last_event_id).await
+    async fn replay_after(&self, raw: &str, cursor: EventId) -> Result<Replay> {
+        replay::replay_after(self, raw, cursor).await
     }
 
-    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
-        replay::replay_stream(self, stream_id).await
+    async fn replay_whole(&self, stream_id: &str) -> Result<Replay> {
+        replay::replay_whole(self, stream_id).await
     }
 
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
-        replay::get_stream_id_for_event_id(self, event_id).await
-    }
-
-    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
-        purge::delete_stream(self, stream_id).await
-    }
-
-    async fn purge_expired(&self) -> Result<PurgeReport> {
-        purge::purge_expired(self).await
-    }
-
-    async fn follow_events_after(
+    async fn follow_after(
         &self,
-        last_event_id: &str,
+        raw: &str,
+        cursor: EventId,
         options: FollowOptions,
     ) -> Result<Replay> {
-        follow::follow_events_after(self, last_event_id, options).await
+        follow::follow_after(self, raw, cursor, options).await
     }
 
-    fn open_follows(&self) -> usize {
-        follow::open_follows(self)
+    fn follows_open(&self) -> usize {
+        follow::follows_open(self)
     }
 
-    fn retention(&self) -> Retention {
-        self.inner.options.retention
+    async fn stream_of(&self, id: EventId) -> Result<Option<String>> {
+        replay::stream_of(self, id).await
     }
 
-    async fn stats(&self) -> Result<StoreStats> {
+    async fn remove_stream(&self, stream_id: &str) -> Result<u64> {
+        purge::remove_stream(self, stream_id).await
+    }
+
+    async fn purge(&self) -> Result<PurgeReport> {
+        purge::purge(self).await
+    }
+
+    async fn inspect_stats(&self) -> Result<StoreStats> {
         inspect::stats(self).await
     }
 
-    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
-        inspect::list_streams(self, after, limit).await
+    async fn inspect_streams(
+        &self,
+        after: Option<&StreamCursor>,
+        limit: usize,
+    ) -> Result<StreamPage> {
+        inspect::streams(self, after, limit).await
     }
 
-    async fn check(&self) -> Result<HealthReport> {
+    async fn inspect_check(&self) -> Result<HealthReport> {
         inspect::check(self).await
-    }
-}
-
-#[async_trait]
-impl SessionStore for SqliteStore {
-    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        sessions::put_session(self, session_id, state, ttl).await
-    }
-
-    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
-        sessions::get_session(self, session_id).await
-    }
-
-    async fn delete_session(&self, session_id: &str) -> Result<bool> {
-        sessions::delete_session(self, session_id).await
-    }
-}
-
-/// Durable tasks in `mes_tasks`, `mes_task_inputs` and `mes_instances`; see
-/// the crate's "Tasks" section.
-#[async_trait]
-impl TaskStore for SqliteStore {
-    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
-        tasks::try_create(self, id, task).await
-    }
-
-    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-        tasks::get(self, id, who).await
-    }
-
-    async fn answer(
-        &self,
-        id: &str,
-        who: &Owner,
-        responses: &[(&str, &[u8])],
-    ) -> Result<Option<TaskRecord>> {
-        tasks::answer(self, id, who, responses).await
-    }
-
-    async fn request_cancel(
-        &self,
-        id: &str,
-        who: &Owner,
-        mode: CancelMode,
-        reason: Option<&str>,
-    ) -> Result<Option<TaskRecord>> {
-        tasks::request_cancel(self, id, who, mode, reason).await
-    }
-
-    async fn watch(
-        &self,
-        id: &str,
-        who: &Owner,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        tasks::watch(self, id, who, after, max_wait).await
-    }
-
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
-        tasks::purge_expired_tasks(self).await
-    }
-
-    async fn delete(&self, id: &str) -> Result<bool> {
-        tasks::delete(self, id).await
-    }
-}
-
-#[async_trait]
-impl RuntimeStore for SqliteStore {
-    async fn apply_claimed(
-        &self,
-        task: &TaskDigest,
-        by: Worker,
-        change: WorkerChange<'_>,
-    ) -> Result<Applied> {
-        tasks::apply(self, task, by, change).await
-    }
-
-    async fn watch_claimed(
-        &self,
-        task: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        tasks::watch_claimed(self, task, after, max_wait).await
-    }
-
-    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
-        tasks::claim(self, by, limit).await
-    }
-
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
-        tasks::heartbeat(self, me, lease).await
-    }
-
-    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
-        tasks::is_alive(self, id).await
-    }
-
-    async fn instances(&self) -> Result<Vec<InstanceLease>> {
-        tasks::instances(self).await
-    }
-
-    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
-        tasks::view(self, task).await
     }
 }

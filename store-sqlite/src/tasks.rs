@@ -23,7 +23,6 @@
 //! task watcher to re-read its task's `rev` (T10). Each watcher also
 //! re-reads every `follow_recheck`, should a wake-up be missed.
 
-use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -34,11 +33,11 @@ use mcp_event_store_core::backend::task::rows::{
     self, ANSWERED, OUTSTANDING, SPENT, TaskRow, TaskRows, stored_digest,
 };
 use mcp_event_store_core::backend::task::{
-    OwnedWorkerChange, OwnerKey, TaskDigest, TaskMachine, check_message, check_responses,
-    client_call, owner_key, stored_instance,
+    OwnedWorkerChange, OwnerKey, TaskDigest, TaskMachine, owner_key, stored_instance,
 };
+use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, Takeover, TaskId,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, Takeover,
     TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
@@ -143,212 +142,200 @@ fn to_u32(n: i64) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::Corrupt(format!("a task counter is {n}")))
 }
 
-// ------------------------------------------------------------ client side
+// ------------------------------------------------------------ the traits
 
-pub(crate) async fn try_create(
-    store: &SqliteStore,
-    id: &TaskId,
-    task: &NewTask<'_>,
-) -> Result<Option<TaskRecord>> {
-    task.check()?;
-    let now = store.now();
-    let record = TaskRecord::created(task, now, &store.inner.options.tasks);
-    task_write(
-        store,
-        TaskWrite::Create {
-            digest: id.digest(),
-            owner: owner_key(task.owner),
-            instance: task.instance,
-            record: Box::new(record),
-        },
-    )
-    .await
-    .and_then(record_answer)
-}
-
-/// The task as its runtime reads it (T14), from one snapshot.
-pub(crate) async fn view(store: &SqliteStore, digest: &TaskDigest) -> Result<Option<TaskView>> {
-    let now = store.now();
-    let row = snapshot(store, digest).await?;
-    row.map_or(Ok(None), |row| row.view(now))
-}
-
-pub(crate) async fn get(store: &SqliteStore, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-    let Some((digest, owner)) = client_call(id, who) else {
-        return Ok(None);
-    };
-    read(store, &digest, &owner).await
-}
-
-pub(crate) async fn answer(
-    store: &SqliteStore,
-    id: &str,
-    who: &Owner,
-    responses: &[(&str, &[u8])],
-) -> Result<Option<TaskRecord>> {
-    check_responses(responses)?;
-    let Some((digest, owner)) = client_call(id, who) else {
-        return Ok(None);
-    };
-    let write = TaskWrite::Answer {
-        digest,
-        owner,
-        responses: responses
-            .iter()
-            .map(|(key, response)| ((*key).to_owned(), response.to_vec()))
-            .collect(),
-        now: store.now(),
-    };
-    task_write(store, write).await.and_then(record_answer)
-}
-
-pub(crate) async fn request_cancel(
-    store: &SqliteStore,
-    id: &str,
-    who: &Owner,
-    mode: CancelMode,
-    reason: Option<&str>,
-) -> Result<Option<TaskRecord>> {
-    check_message(reason)?;
-    let Some((digest, owner)) = client_call(id, who) else {
-        return Ok(None);
-    };
-    let write = TaskWrite::Cancel {
-        digest,
-        owner,
-        mode,
-        reason: reason.map(str::to_owned),
-        now: store.now(),
-    };
-    task_write(store, write).await.and_then(record_answer)
-}
-
-pub(crate) async fn apply(
-    store: &SqliteStore,
-    digest: &TaskDigest,
-    by: Worker,
-    change: WorkerChange<'_>,
-) -> Result<Applied> {
-    change.check(store.inner.options.max_payload_bytes)?;
-    let write = TaskWrite::Apply {
-        digest: *digest,
-        by,
-        change: change.to_owned(),
-        now: store.now(),
-    };
-    match task_write(store, write).await? {
-        TaskAnswer::Applied(applied) => Ok(applied),
-        _ => Err(wrong_kind()),
+/// Durable tasks in `mes_tasks`, `mes_task_inputs` and `mes_instances`; see
+/// the crate's "Tasks" section.
+#[async_trait]
+impl TaskBackend for SqliteStore {
+    async fn task_create(
+        &self,
+        digest: TaskDigest,
+        task: &NewTask<'_>,
+    ) -> Result<Option<TaskRecord>> {
+        let record = TaskRecord::created(task, self.now(), &self.inner.options.tasks);
+        task_write(
+            self,
+            TaskWrite::Create {
+                digest,
+                owner: owner_key(task.owner),
+                instance: task.instance,
+                record: Box::new(record),
+            },
+        )
+        .await
+        .and_then(record_answer)
     }
-}
 
-pub(crate) async fn watch(
-    store: &SqliteStore,
-    id: &str,
-    who: &Owner,
-    after: Rev,
-    max_wait: Duration,
-) -> Result<Option<TaskRecord>> {
-    let Some((digest, owner)) = client_call(id, who) else {
-        return Ok(None);
-    };
-    let owner: Arc<[u8]> = owner.into();
-    let deadline = tokio::time::Instant::now() + max_wait;
-    // Subscribed before the first read: a commit after the read started
-    // wakes the next wait.
-    // Woken by the writer after this handle's commits, or by the watcher
-    // when another connection committed.
-    let woken = store.inner.task_wakeups.subscribe(task_token(&digest));
-    // Started after subscribing: its first poll wakes every task watcher.
-    store.inner.watcher.ensure();
-    watch_task(woken, after, deadline, store.inner.task_recheck, || {
-        let (store, owner) = (store.clone(), owner.clone());
-        async move { read(&store, &digest, &owner).await }
-    })
-    .await
-}
-
-/// A watch of the task under `digest` for its runtime, whoever owns it.
-pub(crate) async fn watch_claimed(
-    store: &SqliteStore,
-    digest: &TaskDigest,
-    after: Rev,
-    max_wait: Duration,
-) -> Result<Option<TaskRecord>> {
-    let deadline = tokio::time::Instant::now() + max_wait;
-    let woken = store.inner.task_wakeups.subscribe(task_token(digest));
-    store.inner.watcher.ensure();
-    let digest = *digest;
-    watch_task(woken, after, deadline, store.inner.task_recheck, || {
-        let store = store.clone();
-        async move {
-            let now = store.now();
-            let row = snapshot(&store, &digest).await?;
-            Ok(row.and_then(|row| row.seen(now)))
-        }
-    })
-    .await
-}
-
-/// Claims under the write lock: the waiting tasks, each decided again.
-pub(crate) async fn claim(
-    store: &SqliteStore,
-    by: InstanceId,
-    limit: usize,
-) -> Result<Vec<Claimed>> {
-    let write = TaskWrite::Claim {
-        by,
-        limit,
-        now: store.now(),
-    };
-    match task_write(store, write).await? {
-        TaskAnswer::Claimed(claimed) => Ok(claimed),
-        _ => Err(wrong_kind()),
+    async fn task_read(&self, digest: TaskDigest, reader: Reader) -> Result<Option<TaskRecord>> {
+        read(self, &digest, &reader).await
     }
-}
 
-pub(crate) async fn heartbeat(
-    store: &SqliteStore,
-    me: InstanceId,
-    lease: Duration,
-) -> Result<bool> {
-    let now = store.now();
-    let write = TaskWrite::Heartbeat {
-        me,
-        until: now.saturating_add(to_i64(millis(lease))),
-        now,
-    };
-    match task_write(store, write).await? {
-        TaskAnswer::Flag(flag) => Ok(flag),
-        _ => Err(wrong_kind()),
+    async fn task_answer(
+        &self,
+        digest: TaskDigest,
+        owner: OwnerKey,
+        responses: &[(&str, &[u8])],
+    ) -> Result<Option<TaskRecord>> {
+        let write = TaskWrite::Answer {
+            digest,
+            owner,
+            responses: responses
+                .iter()
+                .map(|(key, response)| ((*key).to_owned(), response.to_vec()))
+                .collect(),
+            now: self.now(),
+        };
+        task_write(self, write).await.and_then(record_answer)
     }
-}
 
-/// Purges in steps of one transaction each, queued at the writer one after
-/// another, so appends and task writes get their turn in between.
-pub(crate) async fn purge_expired_tasks(store: &SqliteStore) -> Result<TaskPurgeReport> {
-    let now = store.now();
-    let mut report = TaskPurgeReport::default();
-    loop {
-        match task_write(store, TaskWrite::Purge { now }).await? {
-            TaskAnswer::Purged(step, more) => {
-                report += step;
-                if !more {
-                    return Ok(report);
+    async fn task_cancel(
+        &self,
+        digest: TaskDigest,
+        owner: OwnerKey,
+        mode: CancelMode,
+        reason: Option<&str>,
+    ) -> Result<Option<TaskRecord>> {
+        let write = TaskWrite::Cancel {
+            digest,
+            owner,
+            mode,
+            reason: reason.map(str::to_owned),
+            now: self.now(),
+        };
+        task_write(self, write).await.and_then(record_answer)
+    }
+
+    async fn task_watch(
+        &self,
+        digest: TaskDigest,
+        reader: Reader,
+        after: Rev,
+        max_wait: Duration,
+    ) -> Result<Option<TaskRecord>> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        // Subscribed before the first read: a commit after the read started
+        // wakes the next wait.
+        // Woken by the writer after this handle's commits, or by the watcher
+        // when another connection committed.
+        let woken = self.inner.task_wakeups.subscribe(task_token(&digest));
+        // Started after subscribing: its first poll wakes every task watcher.
+        self.inner.watcher.ensure();
+        watch_task(woken, after, deadline, self.inner.task_recheck, || {
+            let (store, reader) = (self.clone(), reader.clone());
+            async move { read(&store, &digest, &reader).await }
+        })
+        .await
+    }
+
+    /// Purges in steps of one transaction each, queued at the writer one
+    /// after another, so appends and task writes get their turn in between.
+    async fn task_purge(&self) -> Result<TaskPurgeReport> {
+        let now = self.now();
+        let mut report = TaskPurgeReport::default();
+        loop {
+            match task_write(self, TaskWrite::Purge { now }).await? {
+                TaskAnswer::Purged(step, more) => {
+                    report += step;
+                    if !more {
+                        return Ok(report);
+                    }
                 }
+                _ => return Err(wrong_kind()),
             }
-            _ => return Err(wrong_kind()),
+        }
+    }
+
+    async fn task_delete(&self, digest: TaskDigest) -> Result<bool> {
+        match task_write(self, TaskWrite::Delete { digest }).await? {
+            TaskAnswer::Flag(flag) => Ok(flag),
+            _ => Err(wrong_kind()),
         }
     }
 }
 
-pub(crate) async fn delete(store: &SqliteStore, id: &str) -> Result<bool> {
-    let Some(digest) = TaskDigest::of(id) else {
-        return Ok(false);
-    };
-    match task_write(store, TaskWrite::Delete { digest }).await? {
-        TaskAnswer::Flag(flag) => Ok(flag),
-        _ => Err(wrong_kind()),
+#[async_trait]
+impl RuntimeBackend for SqliteStore {
+    async fn lease_renew(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+        let now = self.now();
+        let write = TaskWrite::Heartbeat {
+            me,
+            until: now.saturating_add(to_i64(millis(lease))),
+            now,
+        };
+        match task_write(self, write).await? {
+            TaskAnswer::Flag(flag) => Ok(flag),
+            _ => Err(wrong_kind()),
+        }
+    }
+
+    /// Whether instance `id` is alive now (T11), read on a page thread.
+    async fn lease_alive(&self, id: InstanceId) -> Result<bool> {
+        let now = self.now();
+        self.inner
+            .pages
+            .run(move |conn| alive(conn, &id, now))
+            .await
+    }
+
+    /// Every lease `mes_instances` holds (T11), read on a page thread.
+    async fn leases(&self) -> Result<Vec<InstanceLease>> {
+        let now = self.now();
+        self.inner
+            .pages
+            .run(move |conn| {
+                let leases: Vec<(Vec<u8>, i64)> = conn
+                    .prepare_cached("SELECT id, alive_until FROM mes_instances")
+                    .and_then(|mut statement| {
+                        statement
+                            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+                            .collect()
+                    })
+                    .map_err(sqlite_error)?;
+                leases
+                    .into_iter()
+                    .map(|(id, until)| Ok(InstanceLease::new(stored_instance(&id)?, until, now)))
+                    .collect()
+            })
+            .await
+    }
+
+    async fn claimed_apply(
+        &self,
+        task: &TaskDigest,
+        by: Worker,
+        change: WorkerChange<'_>,
+    ) -> Result<Applied> {
+        let write = TaskWrite::Apply {
+            digest: *task,
+            by,
+            change: change.to_owned(),
+            now: self.now(),
+        };
+        match task_write(self, write).await? {
+            TaskAnswer::Applied(applied) => Ok(applied),
+            _ => Err(wrong_kind()),
+        }
+    }
+
+    /// The task as its runtime reads it (T14), from one snapshot.
+    async fn claimed_view(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
+        let now = self.now();
+        let row = snapshot(self, task).await?;
+        row.map_or(Ok(None), |row| row.view(now))
+    }
+
+    /// Claims under the write lock: the waiting tasks, each decided again.
+    async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+        let write = TaskWrite::Claim {
+            by,
+            limit,
+            now: self.now(),
+        };
+        match task_write(self, write).await? {
+            TaskAnswer::Claimed(claimed) => Ok(claimed),
+            _ => Err(wrong_kind()),
+        }
     }
 }
 
@@ -367,48 +354,18 @@ fn wrong_kind() -> Error {
     Error::Corrupt("the writer answered a task write with the wrong kind".into())
 }
 
-/// Whether instance `id` is alive now (T11), read on a page thread.
-pub(crate) async fn is_alive(store: &SqliteStore, id: InstanceId) -> Result<bool> {
-    let now = store.now();
-    store
-        .inner
-        .pages
-        .run(move |conn| alive(conn, &id, now))
-        .await
-}
-
-/// Every lease `mes_instances` holds (T11), read on a page thread.
-pub(crate) async fn instances(store: &SqliteStore) -> Result<Vec<InstanceLease>> {
-    let now = store.now();
-    store
-        .inner
-        .pages
-        .run(move |conn| {
-            let leases: Vec<(Vec<u8>, i64)> = conn
-                .prepare_cached("SELECT id, alive_until FROM mes_instances")
-                .and_then(|mut statement| {
-                    statement
-                        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
-                        .collect()
-                })
-                .map_err(sqlite_error)?;
-            leases
-                .into_iter()
-                .map(|(id, until)| Ok(InstanceLease::new(stored_instance(&id)?, until, now)))
-                .collect()
-        })
-        .await
-}
-
-/// The task as `owner` sees it now, read from one snapshot.
+/// The task as `reader` sees it now, read from one snapshot.
 async fn read(
     store: &SqliteStore,
     digest: &TaskDigest,
-    owner: &[u8],
+    reader: &Reader,
 ) -> Result<Option<TaskRecord>> {
     let now = store.now();
     let row = snapshot(store, digest).await?;
-    Ok(row.and_then(|row| row.read_by(owner, now)))
+    Ok(row.and_then(|row| match reader.owner() {
+        Some(owner) => row.read_by(owner, now),
+        None => row.seen(now),
+    }))
 }
 
 /// The task under `digest` as stored now, read from one snapshot (a read
