@@ -15,7 +15,7 @@ use crate::SqliteStore;
 use crate::error::{NAME, sqlite_error};
 use crate::purge::trim_stream;
 use crate::replay::to_incarnation;
-use crate::writer::{Answer, Append, Known, Reply, Write, Writer, padded};
+use crate::writer::{Append, Known, Writer, padded};
 
 /// Appends one event: the write queued for the writer, answered once
 /// committed.
@@ -26,16 +26,15 @@ pub(crate) async fn append(
 ) -> Result<EventId> {
     let token = store.inner.key.token(stream_id);
     let position = store
-        .write(
-            Reply::Position,
-            Write::Append(Append {
-                token,
-                stream_id: stream_id.to_owned(),
-                data: event.data.to_vec(),
-                retry_ms: retry_to_millis(event.retry),
-                now: store.now(),
-            }),
-        )
+        .inner
+        .writer
+        .append(Append {
+            token,
+            stream_id: stream_id.to_owned(),
+            data: event.data.to_vec(),
+            retry_ms: retry_to_millis(event.retry),
+            now: store.now(),
+        })
         .await?;
     Ok(EventId::new(token, position))
 }
@@ -125,7 +124,7 @@ impl Writer {
     /// sequence numbers are assigned here, in arrival order. Returns one
     /// answer per write; a token collision fails only its own write, while a
     /// database error fails them all (and the caller rolls the group back).
-    pub(crate) fn append_run(&mut self, appends: &[&Append]) -> Vec<Result<Answer>> {
+    pub(crate) fn append_run(&mut self, appends: &[&Append]) -> Vec<Result<Position>> {
         match self.try_append_run(appends) {
             Ok(answers) => answers,
             Err(e) => {
@@ -141,7 +140,7 @@ impl Writer {
     fn try_append_run(
         &mut self,
         appends: &[&Append],
-    ) -> std::result::Result<Vec<Result<Answer>>, Error> {
+    ) -> std::result::Result<Vec<Result<Position>>, Error> {
         let mut streams: HashMap<StreamToken, RunStream> = HashMap::new();
         let tokens: Vec<StreamToken> = {
             let mut seen = HashSet::new();
@@ -226,7 +225,7 @@ impl Writer {
             stream.last_seq += 1;
             stream.bytes += append.data.len() as i64;
             rows.push((append.token, stream.last_seq, append));
-            answers.push(position(stream.incarnation, stream.last_seq).map(Answer::Position));
+            answers.push(position(stream.incarnation, stream.last_seq));
         }
 
         for chunk in rows.chunks(MAX_ROWS) {

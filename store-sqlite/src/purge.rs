@@ -4,15 +4,17 @@
 //! the trim that appends apply inline.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use mcp_event_store_core::backend::StreamToken;
-use mcp_event_store_core::{Error, PurgeReport, Result, Retention};
+use mcp_event_store_core::backend::follow::Wakeups;
+use mcp_event_store_core::{PurgeReport, Result, Retention};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use crate::SqliteStore;
 use crate::error::sqlite_error;
-use crate::writer::{Command, Reply, Write, Writer, execute};
+use crate::writer::{Job, Writer, execute};
 
 /// Rows one purge transaction deletes at most, and one delete statement
 /// of events: the writer keeps each statement's undo copy in memory (see
@@ -22,26 +24,45 @@ const PURGE_BATCH: i64 = 500;
 /// Streams one limit-enforcement step visits at most.
 const LIMIT_SCAN_BATCH: i64 = 100;
 
-/// Deletes a stream and its events, in one transaction of the writer's.
+/// Deletes a stream and its events, in one transaction of the writer's;
+/// its followers are woken to end with `EventsPurged`.
 pub(crate) async fn remove_stream(store: &SqliteStore, stream_id: &str) -> Result<u64> {
-    let token = store.inner.key.token(stream_id);
-    store
-        .write(Reply::Count, Write::DeleteStream { token })
-        .await
+    let job = RemoveStream {
+        token: store.inner.key.token(stream_id),
+        followers: store.inner.wakeups.clone(),
+    };
+    store.inner.writer.run(job).await
 }
 
 /// Applies retention now: a purge job for the writer, run in bounded steps
 /// between append groups.
 pub(crate) async fn purge(store: &SqliteStore) -> Result<PurgeReport> {
-    let now = store.now();
-    let (reply, answer) = oneshot::channel();
-    store
-        .inner
-        .writer
-        .send(Command::Purge { now, reply })
-        .await
-        .map_err(|_| Error::Closed)?;
-    answer.await.map_err(|_| Error::Closed)?
+    store.inner.writer.purge(store.now()).await
+}
+
+/// A stream to delete, row and events together (in the group's
+/// transaction, or in one of its own): a row without its events is fine,
+/// but events without their row would collide with the next life of the
+/// stream.
+struct RemoveStream {
+    token: StreamToken,
+    followers: Arc<Wakeups>,
+}
+
+impl Job for RemoveStream {
+    type Output = u64;
+
+    fn run(&self, writer: &mut Writer, in_transaction: bool) -> Result<u64> {
+        writer.known.remove(&self.token);
+        writer.atomically(in_transaction, |writer| {
+            delete_stream_rows(&writer.conn, self.token)
+        })
+    }
+
+    /// A follower must hear of the delete to end with `EventsPurged`.
+    fn committed(&self, _: &u64) {
+        self.followers.wake(&self.token);
+    }
 }
 
 /// Where a purge in progress has got to.
@@ -72,28 +93,12 @@ impl PurgeJob {
 }
 
 impl Writer {
-    /// Deletes a stream's row and events together (in the group's
-    /// transaction, or in one of its own): a row without its events is
-    /// fine, but events without their row would collide with the next life
-    /// of the stream.
-    pub(crate) fn delete_stream(
-        &mut self,
-        token: StreamToken,
-        in_transaction: bool,
-    ) -> Result<u64> {
-        self.known.remove(&token);
-        if in_transaction {
-            return delete_stream_rows(&self.conn, token);
-        }
-        self.in_transaction(|writer| delete_stream_rows(&writer.conn, token))
-    }
-
     /// One bounded transaction of purge work; `true` when the purge is done.
     pub(crate) fn purge_step(&mut self, job: &mut PurgeJob) -> Result<bool> {
         // Purging changes byte counts behind the hints' back.
         self.known.clear();
         let retention = self.retention;
-        let done_with_phase = self.in_transaction(|writer| {
+        let done_with_phase = self.atomically(false, |writer| {
             let conn = &writer.conn;
             Ok(match &mut job.phase {
                 PurgePhase::Age => match retention.expiry_cutoff_millis(job.now) {

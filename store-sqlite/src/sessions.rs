@@ -11,10 +11,11 @@ use rusqlite::{OptionalExtension, params};
 
 use crate::SqliteStore;
 use crate::error::{db_error, sqlite_error};
-use crate::writer::{Reply, Write, Writer, execute};
+use crate::writer::{Writer, execute};
 
 #[async_trait]
 impl SessionBackend for SqliteStore {
+    /// One statement on the writer's connection.
     async fn session_put(
         &self,
         session_id: &str,
@@ -22,15 +23,20 @@ impl SessionBackend for SqliteStore {
         _ttl: Duration,
         expires_at: i64,
     ) -> Result<()> {
-        self.write(
-            Reply::Unit,
-            Write::PutSession {
-                session_id: session_id.to_owned(),
-                state: state.to_vec(),
-                expires_at,
-            },
-        )
-        .await
+        let (session_id, state) = (session_id.to_owned(), state.to_vec());
+        self.inner
+            .writer
+            .run(move |writer: &mut Writer, _: bool| {
+                execute(
+                    &writer.conn,
+                    "INSERT INTO mes_sessions (session_id, state, expires_at) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT (session_id) DO UPDATE SET state = excluded.state, \
+                         expires_at = excluded.expires_at",
+                    params![session_id, state, expires_at],
+                )
+                .map(drop)
+            })
+            .await
     }
 
     async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>> {
@@ -45,46 +51,26 @@ impl SessionBackend for SqliteStore {
         Ok(state.map(Bytes::from))
     }
 
+    /// One statement on the writer's connection: whether a live session
+    /// was there.
     async fn session_delete(&self, session_id: &str) -> Result<bool> {
-        let now = self.now();
-        self.write(
-            Reply::Flag,
-            Write::DeleteSession {
-                session_id: session_id.to_owned(),
-                now,
-            },
-        )
-        .await
-    }
-}
-
-impl Writer {
-    pub(crate) fn put_session(
-        &mut self,
-        session_id: &str,
-        state: &[u8],
-        expires_at: i64,
-    ) -> Result<()> {
-        execute(
-            &self.conn,
-            "INSERT INTO mes_sessions (session_id, state, expires_at) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (session_id) DO UPDATE SET state = excluded.state, \
-                 expires_at = excluded.expires_at",
-            params![session_id, state, expires_at],
-        )
-        .map(drop)
-    }
-
-    pub(crate) fn delete_session(&mut self, session_id: &str, now: i64) -> Result<bool> {
-        let expires_at: Option<i64> = self
-            .conn
-            .prepare_cached("DELETE FROM mes_sessions WHERE session_id = ?1 RETURNING expires_at")
-            .and_then(|mut statement| {
-                statement
-                    .query_row([session_id], |row| row.get(0))
-                    .optional()
+        let (session_id, now) = (session_id.to_owned(), self.now());
+        self.inner
+            .writer
+            .run(move |writer: &mut Writer, _: bool| {
+                let expires_at: Option<i64> = writer
+                    .conn
+                    .prepare_cached(
+                        "DELETE FROM mes_sessions WHERE session_id = ?1 RETURNING expires_at",
+                    )
+                    .and_then(|mut statement| {
+                        statement
+                            .query_row([&session_id], |row| row.get(0))
+                            .optional()
+                    })
+                    .map_err(sqlite_error)?;
+                Ok(expires_at.is_some_and(|at| at > now))
             })
-            .map_err(sqlite_error)?;
-        Ok(expires_at.is_some_and(|at| at > now))
+            .await
     }
 }

@@ -6,17 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use mcp_event_store_core::StoreOptions;
 use mcp_event_store_core::backend::StreamKey;
 use mcp_event_store_core::backend::follow::Wakeups;
-use mcp_event_store_core::{Error, Result, StoreOptions};
 use sqlx::sqlite::SqlitePool;
-use tokio::sync::{mpsc, oneshot};
 
 use crate::SqliteStore;
 use crate::options::Durability;
 use crate::pages::PageReaders;
 use crate::watcher::Watcher;
-use crate::writer::{Command, Reply, Write};
+use crate::writer::Queue;
 
 /// What the clones of one handle share.
 #[derive(Debug)]
@@ -26,7 +25,8 @@ pub(crate) struct Inner {
     pub(crate) readers: SqlitePool,
     /// Replay pages, read through SQLite itself on threads of their own.
     pub(crate) pages: PageReaders,
-    pub(crate) writer: mpsc::Sender<Command>,
+    /// The writer thread's queue: every write goes through it.
+    pub(crate) writer: Queue,
     /// This handle's followers; the writer wakes them after its commits.
     pub(crate) wakeups: Arc<Wakeups>,
     /// This handle's task watchers; the writer wakes them after its
@@ -46,22 +46,6 @@ pub(crate) struct Inner {
 }
 
 impl SqliteStore {
-    /// Queues a write for the writer thread and waits for its answer, which
-    /// comes only after the write is committed.
-    pub(crate) async fn write<T>(
-        &self,
-        reply: impl FnOnce(oneshot::Sender<Result<T>>) -> Reply,
-        write: Write,
-    ) -> Result<T> {
-        let (sender, answer) = oneshot::channel();
-        self.inner
-            .writer
-            .send(Command::Write(write, reply(sender)))
-            .await
-            .map_err(|_| Error::Closed)?;
-        answer.await.map_err(|_| Error::Closed)?
-    }
-
     /// The store clock's time, in milliseconds.
     pub(crate) fn now(&self) -> i64 {
         self.inner.options.clock.now_millis()

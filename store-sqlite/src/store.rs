@@ -15,14 +15,13 @@ use mcp_event_store_core::{
     EventId, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result, StoreOptions,
     StoreStats, StreamCursor, StreamPage,
 };
-use tokio::sync::{mpsc, oneshot};
 
 use crate::error::NAME;
 use crate::options::{SqliteOptions, WRITER_QUEUE};
 use crate::pages::PageReaders;
 use crate::state::Inner;
 use crate::watcher::Watcher;
-use crate::writer::{Command, Writer};
+use crate::writer::Writer;
 use crate::{append, follow, inspect, purge, replay, setup};
 
 /// An event store (and session store) in one SQLite database file.
@@ -81,16 +80,13 @@ impl SqliteStore {
         let opened = setup::open(&options).await?;
         let wakeups = Arc::new(Wakeups::default());
         let task_wakeups = Arc::new(Wakeups::default());
-        let (sender, receiver) = mpsc::channel(WRITER_QUEUE);
         let writer = Writer::new(
             opened.writer,
             options.store.retention,
             options.max_batch,
             wakeups.clone(),
-            task_wakeups.clone(),
-            options.store.tasks,
-        );
-        writer.spawn(receiver)?;
+        )
+        .spawn(WRITER_QUEUE)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 key: opened.key,
@@ -101,7 +97,7 @@ impl SqliteStore {
                     options.busy_timeout,
                     usize::try_from(options.read_connections).unwrap_or(usize::MAX),
                 ),
-                writer: sender,
+                writer,
                 watcher: Watcher::new(
                     opened.connect,
                     options.follow_poll_interval,
@@ -124,16 +120,7 @@ impl SqliteStore {
     /// open follows end with it. Closing again does nothing.
     pub async fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
-        let (reply, done) = oneshot::channel();
-        if self
-            .inner
-            .writer
-            .send(Command::Close { reply })
-            .await
-            .is_ok()
-        {
-            let _ = done.await;
-        }
+        self.inner.writer.close().await;
         self.inner.readers.close().await;
         self.inner.pages.close().await;
         self.inner.watcher.close();

@@ -1,9 +1,10 @@
 //! The task store (SEP-2663 durable tasks): `mes_tasks`, `mes_task_inputs`
 //! and `mes_instances`.
 //!
-//! Every mutation is one [`TaskWrite`] for the writer thread, which runs it
-//! as one transaction under SQLite's write lock (`BEGIN IMMEDIATE`, or the
-//! group's transaction when it shares a group commit): the step every row
+//! Every mutation is one [`TaskChange`], a typed job for the writer thread,
+//! which runs it as one transaction under SQLite's write lock (`BEGIN
+//! IMMEDIATE`, or the group's transaction when it shares a group commit)
+//! and wakes the watchers of what it changed: the step every row
 //! store shares ([`rows`]) reads the task, lets the state machine decide,
 //! and writes the row, with the inputs the machine names, back conditioned
 //! on the `rev` just read; this file holds only the statements
@@ -23,6 +24,7 @@
 //! task watcher to re-read its task's `rev` (T10). Each watcher also
 //! re-reads every `follow_recheck`, should a wake-up be missed.
 
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -33,7 +35,7 @@ use mcp_event_store_core::backend::task::rows::{
     self, ANSWERED, OUTSTANDING, SPENT, TaskRow, TaskRows, stored_digest,
 };
 use mcp_event_store_core::backend::task::{
-    OwnedWorkerChange, OwnerKey, TaskDigest, TaskMachine, owner_key, stored_instance,
+    OwnerKey, TaskDigest, TaskMachine, owner_key, stored_instance,
 };
 use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
@@ -46,85 +48,12 @@ use rusqlite::{Connection, OptionalExtension, Params, params};
 use crate::SqliteStore;
 use crate::error::{NAME, sqlite_error};
 use crate::replay::read_snapshot;
-use crate::writer::{Reply, Write, Writer, execute};
+use crate::writer::{Job, Writer, execute};
 
 /// Tasks a purge step ends or deletes at most, so one transaction never
 /// holds the write lock long: other writers on the file wait for it only
 /// up to their busy timeout.
 const PURGE_BATCH: i64 = 500;
-
-/// A task mutation for the writer, with everything it needs owned.
-pub(crate) enum TaskWrite {
-    Create {
-        digest: TaskDigest,
-        owner: OwnerKey,
-        instance: InstanceId,
-        record: Box<TaskRecord>,
-    },
-    Answer {
-        digest: TaskDigest,
-        owner: OwnerKey,
-        responses: Vec<(String, Vec<u8>)>,
-        now: i64,
-    },
-    Cancel {
-        digest: TaskDigest,
-        owner: OwnerKey,
-        mode: CancelMode,
-        reason: Option<String>,
-        now: i64,
-    },
-    Apply {
-        digest: TaskDigest,
-        by: Worker,
-        change: OwnedWorkerChange,
-        now: i64,
-    },
-    /// A claim of up to `limit` waiting tasks (T17).
-    Claim {
-        by: InstanceId,
-        limit: usize,
-        now: i64,
-    },
-    Heartbeat {
-        me: InstanceId,
-        until: i64,
-        now: i64,
-    },
-    /// One step of a purge: at most [`PURGE_BATCH`] tasks ended and at
-    /// most as many deleted.
-    Purge {
-        now: i64,
-    },
-    Delete {
-        digest: TaskDigest,
-    },
-}
-
-/// What a [`TaskWrite`] produced.
-pub(crate) enum TaskAnswer {
-    Record(Option<Box<TaskRecord>>),
-    Applied(Applied),
-    Claimed(Vec<Claimed>),
-    Flag(bool),
-    /// A purge step's report, and whether there is more to do.
-    Purged(TaskPurgeReport, bool),
-}
-
-impl TaskWrite {
-    /// Wakes this handle's watchers of the task the committed write
-    /// changed.
-    pub(crate) fn wake(&self, hub: &Wakeups) {
-        match self {
-            TaskWrite::Answer { digest, .. }
-            | TaskWrite::Cancel { digest, .. }
-            | TaskWrite::Apply { digest, .. }
-            | TaskWrite::Delete { digest } => hub.wake(&task_token(digest)),
-            TaskWrite::Purge { .. } | TaskWrite::Claim { .. } => hub.wake_all(),
-            TaskWrite::Create { .. } | TaskWrite::Heartbeat { .. } => {}
-        }
-    }
-}
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -154,17 +83,11 @@ impl TaskBackend for SqliteStore {
         task: &NewTask<'_>,
     ) -> Result<Option<TaskRecord>> {
         let record = TaskRecord::created(task, self.now(), &self.inner.options.tasks);
-        task_write(
-            self,
-            TaskWrite::Create {
-                digest,
-                owner: owner_key(task.owner),
-                instance: task.instance,
-                record: Box::new(record),
-            },
-        )
+        let (owner, instance) = (owner_key(task.owner), task.instance);
+        statement(self, move |conn| {
+            create(conn, &digest, &owner, &instance, &record)
+        })
         .await
-        .and_then(record_answer)
     }
 
     async fn task_read(&self, digest: TaskDigest, reader: Reader) -> Result<Option<TaskRecord>> {
@@ -177,16 +100,22 @@ impl TaskBackend for SqliteStore {
         owner: OwnerKey,
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
-        let write = TaskWrite::Answer {
-            digest,
-            owner,
-            responses: responses
-                .iter()
-                .map(|(key, response)| ((*key).to_owned(), response.to_vec()))
-                .collect(),
-            now: self.now(),
-        };
-        task_write(self, write).await.and_then(record_answer)
+        let responses: Vec<(String, Vec<u8>)> = responses
+            .iter()
+            .map(|(key, response)| ((*key).to_owned(), response.to_vec()))
+            .collect();
+        let now = self.now();
+        transaction(self, Woken::Task(digest), move |conn| {
+            at_once(rows::answer(
+                &mut SqliteRows { conn },
+                &digest,
+                &owner,
+                &responses,
+                now,
+            ))
+            .map(|stepped| stepped.answer)
+        })
+        .await
     }
 
     async fn task_cancel(
@@ -196,14 +125,19 @@ impl TaskBackend for SqliteStore {
         mode: CancelMode,
         reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        let write = TaskWrite::Cancel {
-            digest,
-            owner,
-            mode,
-            reason: reason.map(str::to_owned),
-            now: self.now(),
-        };
-        task_write(self, write).await.and_then(record_answer)
+        let (reason, now) = (reason.map(str::to_owned), self.now());
+        transaction(self, Woken::Task(digest), move |conn| {
+            at_once(rows::cancel(
+                &mut SqliteRows { conn },
+                &digest,
+                &owner,
+                mode,
+                reason.as_deref(),
+                now,
+            ))
+            .map(|stepped| stepped.answer)
+        })
+        .await
     }
 
     async fn task_watch(
@@ -228,29 +162,37 @@ impl TaskBackend for SqliteStore {
         .await
     }
 
-    /// Purges in steps of one transaction each, queued at the writer one
-    /// after another, so appends and task writes get their turn in between.
+    /// Purges in steps of one transaction each (at most 500
+    /// tasks ended and as many deleted), queued at the writer one after
+    /// another, so appends and task writes get their turn in between.
     async fn task_purge(&self) -> Result<TaskPurgeReport> {
         let now = self.now();
         let mut report = TaskPurgeReport::default();
         loop {
-            match task_write(self, TaskWrite::Purge { now }).await? {
-                TaskAnswer::Purged(step, more) => {
-                    report += step;
-                    if !more {
-                        return Ok(report);
-                    }
-                }
-                _ => return Err(wrong_kind()),
+            let (step, more) = transaction(self, Woken::All, move |conn| {
+                at_once(rows::purge(&mut SqliteRows { conn }, now, PURGE_BATCH))
+                    .map(|(stepped, more)| (stepped.answer, more))
+            })
+            .await?;
+            report += step;
+            if !more {
+                return Ok(report);
             }
         }
     }
 
     async fn task_delete(&self, digest: TaskDigest) -> Result<bool> {
-        match task_write(self, TaskWrite::Delete { digest }).await? {
-            TaskAnswer::Flag(flag) => Ok(flag),
-            _ => Err(wrong_kind()),
-        }
+        transaction(self, Woken::Task(digest), move |conn| {
+            let digest = &digest.as_bytes()[..];
+            execute(
+                conn,
+                "DELETE FROM mes_task_inputs WHERE digest = ?1",
+                [digest],
+            )?;
+            let deleted = execute(conn, "DELETE FROM mes_tasks WHERE digest = ?1", [digest])?;
+            Ok(deleted > 0)
+        })
+        .await
     }
 }
 
@@ -258,15 +200,20 @@ impl TaskBackend for SqliteStore {
 impl RuntimeBackend for SqliteStore {
     async fn lease_renew(&self, me: InstanceId, lease: Duration) -> Result<bool> {
         let now = self.now();
-        let write = TaskWrite::Heartbeat {
-            me,
-            until: now.saturating_add(to_i64(millis(lease))),
-            now,
-        };
-        match task_write(self, write).await? {
-            TaskAnswer::Flag(flag) => Ok(flag),
-            _ => Err(wrong_kind()),
-        }
+        let until = now.saturating_add(to_i64(millis(lease)));
+        statement(self, move |conn| {
+            // Inserted, or renewed while still alive; a lapsed instance
+            // stays lapsed (its tasks already read as lost).
+            let renewed = execute(
+                conn,
+                "INSERT INTO mes_instances (id, alive_until) VALUES (?1, ?2) \
+                 ON CONFLICT (id) DO UPDATE SET alive_until = excluded.alive_until \
+                     WHERE mes_instances.alive_until > ?3",
+                params![&me.as_bytes()[..], until, now],
+            )?;
+            Ok(renewed > 0)
+        })
+        .await
     }
 
     /// Whether instance `id` is alive now (T11), read on a page thread.
@@ -306,16 +253,22 @@ impl RuntimeBackend for SqliteStore {
         by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
-        let write = TaskWrite::Apply {
-            digest: *task,
-            by,
-            change: change.to_owned(),
-            now: self.now(),
-        };
-        match task_write(self, write).await? {
-            TaskAnswer::Applied(applied) => Ok(applied),
-            _ => Err(wrong_kind()),
-        }
+        let (digest, change) = (*task, change.to_owned());
+        let (options, now) = (self.inner.options.tasks, self.now());
+        transaction(self, Woken::Task(digest), move |conn| {
+            let mut pairs = Vec::new();
+            let change = change.as_change(&mut pairs);
+            at_once(rows::apply(
+                &mut SqliteRows { conn },
+                &digest,
+                &by,
+                change,
+                &options,
+                now,
+            ))
+            .map(|stepped| stepped.answer)
+        })
+        .await
     }
 
     /// The task as its runtime reads it (T14), from one snapshot.
@@ -327,31 +280,93 @@ impl RuntimeBackend for SqliteStore {
 
     /// Claims under the write lock: the waiting tasks, each decided again.
     async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
-        let write = TaskWrite::Claim {
-            by,
-            limit,
-            now: self.now(),
-        };
-        match task_write(self, write).await? {
-            TaskAnswer::Claimed(claimed) => Ok(claimed),
-            _ => Err(wrong_kind()),
+        let now = self.now();
+        transaction(self, Woken::All, move |conn| {
+            at_once(rows::claim(&mut SqliteRows { conn }, by, limit, now))
+                .map(|stepped| stepped.answer)
+        })
+        .await
+    }
+}
+
+// ------------------------------------------------------------ writes
+
+/// Whose watchers a committed task change wakes.
+#[derive(Clone, Copy)]
+enum Woken {
+    /// The watchers of this task.
+    Task(TaskDigest),
+    /// Every watcher of this handle (a purge or a claim changed tasks it
+    /// did not name beforehand).
+    All,
+    /// Nobody (a creation, a heartbeat).
+    Nobody,
+}
+
+/// A task change for the writer: `change` on its connection, in one
+/// transaction (the group's, or one of its own unless it is one
+/// statement, which commits by itself), then the wake-up of the watchers
+/// of what it changed.
+struct TaskChange<F> {
+    change: F,
+    one_statement: bool,
+    woken: Woken,
+    /// This handle's task watchers.
+    watchers: Arc<Wakeups>,
+}
+
+impl<T, F> Job for TaskChange<F>
+where
+    F: Fn(&mut Connection) -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    type Output = T;
+
+    fn run(&self, writer: &mut Writer, in_transaction: bool) -> Result<T> {
+        // One statement needs no transaction of its own.
+        writer.atomically(in_transaction || self.one_statement, |writer| {
+            (self.change)(&mut writer.conn)
+        })
+    }
+
+    fn committed(&self, _: &T) {
+        match self.woken {
+            Woken::Task(digest) => self.watchers.wake(&task_token(&digest)),
+            Woken::All => self.watchers.wake_all(),
+            Woken::Nobody => {}
         }
     }
 }
 
-async fn task_write(store: &SqliteStore, write: TaskWrite) -> Result<TaskAnswer> {
-    store.write(Reply::Task, Write::Task(Box::new(write))).await
+/// Runs `change`, a step of several statements, as one transaction on the
+/// writer; wakes the watchers `woken` names once it is committed.
+async fn transaction<T: Send + 'static>(
+    store: &SqliteStore,
+    woken: Woken,
+    change: impl Fn(&mut Connection) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let job = TaskChange {
+        change,
+        one_statement: false,
+        woken,
+        watchers: store.inner.task_wakeups.clone(),
+    };
+    store.inner.writer.run(job).await
 }
 
-fn record_answer(answer: TaskAnswer) -> Result<Option<TaskRecord>> {
-    match answer {
-        TaskAnswer::Record(record) => Ok(record.map(|record| *record)),
-        _ => Err(wrong_kind()),
-    }
-}
-
-fn wrong_kind() -> Error {
-    Error::Corrupt("the writer answered a task write with the wrong kind".into())
+/// Runs `change`, one statement that changes what no watcher waits for, on
+/// the writer.
+async fn statement<T: Send + 'static>(
+    store: &SqliteStore,
+    change: impl Fn(&mut Connection) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let job = TaskChange {
+        change,
+        one_statement: true,
+        woken: Woken::Nobody,
+        watchers: store.inner.task_wakeups.clone(),
+    };
+    store.inner.writer.run(job).await
 }
 
 /// The task as `reader` sees it now, read from one snapshot.
@@ -505,7 +520,7 @@ fn alive(conn: &Connection, id: &InstanceId, now: i64) -> Result<bool> {
 /// The task statements on the writer's connection, inside the transaction
 /// it holds the write lock in: what [`rows`] runs a step through. Every
 /// statement runs to its end before its method returns, so the step's
-/// future is ready at its first poll ([`step`]).
+/// future is ready at its first poll ([`at_once`]).
 struct SqliteRows<'a> {
     /// Held `&mut` only so that the step's future is `Send`.
     conn: &'a mut Connection,
@@ -723,7 +738,7 @@ impl TaskRows for SqliteRows<'_> {
 /// Runs a step of the shared state machine over [`SqliteRows`] to its end.
 /// Its statements are synchronous, so it is ready at its first poll; one
 /// that is not is an error, not a wait on the writer thread.
-fn step<T>(step: impl Future<Output = Result<T>>) -> Result<T> {
+fn at_once<T>(step: impl Future<Output = Result<T>>) -> Result<T> {
     let mut step = std::pin::pin!(step);
     match step.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(answer) => answer,
@@ -734,121 +749,15 @@ fn step<T>(step: impl Future<Output = Result<T>>) -> Result<T> {
     }
 }
 
-// ------------------------------------------------------------ writer side
-
-impl Writer {
-    /// Runs one task write as one transaction: the group's, or one of its
-    /// own under the write lock. `create` and `heartbeat` are one statement
-    /// each and need none.
-    pub(crate) fn task(&mut self, write: &TaskWrite, in_transaction: bool) -> Result<TaskAnswer> {
-        if in_transaction
-            || matches!(
-                write,
-                TaskWrite::Create { .. } | TaskWrite::Heartbeat { .. }
-            )
-        {
-            return self.task_step(write);
-        }
-        self.in_transaction(|writer| writer.task_step(write))
-    }
-
-    fn task_step(&mut self, write: &TaskWrite) -> Result<TaskAnswer> {
-        let options = self.task_options;
-        let conn = &mut self.conn;
-        match write {
-            TaskWrite::Create {
-                digest,
-                owner,
-                instance,
-                record,
-            } => create(conn, digest, owner, instance, record),
-            TaskWrite::Answer {
-                digest,
-                owner,
-                responses,
-                now,
-            } => step(rows::answer(
-                &mut SqliteRows { conn },
-                digest,
-                owner,
-                responses,
-                *now,
-            ))
-            .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
-            TaskWrite::Cancel {
-                digest,
-                owner,
-                mode,
-                reason,
-                now,
-            } => step(rows::cancel(
-                &mut SqliteRows { conn },
-                digest,
-                owner,
-                *mode,
-                reason.as_deref(),
-                *now,
-            ))
-            .map(|stepped| TaskAnswer::Record(stepped.answer.map(Box::new))),
-            TaskWrite::Apply {
-                digest,
-                by,
-                change,
-                now,
-            } => {
-                let mut pairs = Vec::new();
-                let change = change.as_change(&mut pairs);
-                step(rows::apply(
-                    &mut SqliteRows { conn },
-                    digest,
-                    by,
-                    change,
-                    &options,
-                    *now,
-                ))
-                .map(|stepped| TaskAnswer::Applied(stepped.answer))
-            }
-            TaskWrite::Heartbeat { me, until, now } => {
-                // Inserted, or renewed while still alive; a lapsed instance
-                // stays lapsed (its tasks already read as lost).
-                let renewed = execute(
-                    conn,
-                    "INSERT INTO mes_instances (id, alive_until) VALUES (?1, ?2) \
-                     ON CONFLICT (id) DO UPDATE SET alive_until = excluded.alive_until \
-                         WHERE mes_instances.alive_until > ?3",
-                    params![&me.as_bytes()[..], until, now],
-                )?;
-                Ok(TaskAnswer::Flag(renewed > 0))
-            }
-            TaskWrite::Claim { by, limit, now } => {
-                step(rows::claim(&mut SqliteRows { conn }, *by, *limit, *now))
-                    .map(|stepped| TaskAnswer::Claimed(stepped.answer))
-            }
-            TaskWrite::Purge { now } => {
-                step(rows::purge(&mut SqliteRows { conn }, *now, PURGE_BATCH))
-                    .map(|(stepped, more)| TaskAnswer::Purged(stepped.answer, more))
-            }
-            TaskWrite::Delete { digest } => {
-                let digest = &digest.as_bytes()[..];
-                execute(
-                    conn,
-                    "DELETE FROM mes_task_inputs WHERE digest = ?1",
-                    [digest],
-                )?;
-                let deleted = execute(conn, "DELETE FROM mes_tasks WHERE digest = ?1", [digest])?;
-                Ok(TaskAnswer::Flag(deleted > 0))
-            }
-        }
-    }
-}
-
+/// Inserts a task unless its digest is taken; [`Error::InstanceLapsed`]
+/// unless its instance is alive.
 fn create(
     conn: &Connection,
     digest: &TaskDigest,
     owner: &[u8],
     instance: &InstanceId,
     record: &TaskRecord,
-) -> Result<TaskAnswer> {
+) -> Result<Option<TaskRecord>> {
     // Only under an instance alive at the task's birth (T11), in the same
     // statement.
     let inserted = execute(
@@ -879,12 +788,12 @@ fn create(
         ],
     )?;
     if inserted == 1 {
-        return Ok(TaskAnswer::Record(Some(Box::new(record.clone()))));
+        return Ok(Some(record.clone()));
     }
     // Nothing written: the id was taken, or the instance is not alive.
     // The writer holds the file, so this reads what the insert saw.
     if alive(conn, instance, record.created_at)? {
-        Ok(TaskAnswer::Record(None))
+        Ok(None)
     } else {
         Err(Error::instance_lapsed(instance))
     }

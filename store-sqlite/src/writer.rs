@@ -1,4 +1,5 @@
-//! The one thread that writes: group commit for appends, bounded purges.
+//! The one thread that writes: group commit for appends, and the work the
+//! job files hand it, each typed.
 //!
 //! SQLite allows one writer at a time, and every commit under
 //! `synchronous=FULL` costs an fsync. Funnelling all writes through one
@@ -25,13 +26,14 @@
 //! committed; the writer rolls back what it left open and serves on.
 //!
 //! Purges run here too, in small transactions interleaved with append
-//! groups, so retention never stalls appends for long. `Close` is answered
-//! once the connection is closed; writes queued after it, and every write
-//! once the thread has ended, fail with [`Error::Closed`].
-//!
-//! What each write does is in the file for its job: [`crate::append`],
-//! [`crate::purge`] (stream deletes and purges), [`crate::sessions`],
-//! [`crate::tasks`] (every task mutation, each in one transaction).
+//! groups, so retention never stalls appends for long. Every other write is
+//! a [`Job`] a job file hands it through the [`Queue`] (stream deletes from
+//! [`crate::purge`], session writes from [`crate::sessions`], task steps
+//! from [`crate::tasks`]), whose answer comes back as the job's own type; a
+//! job runs in the group's transaction, or alone ([`Writer::atomically`]).
+//! What an append does is in [`crate::append`]. `Close` is answered once
+//! the connection is closed; writes queued after it, and every write once
+//! the thread has ended, fail with [`Error::Closed`].
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -39,21 +41,106 @@ use std::sync::Arc;
 
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::backend::{StreamToken, observe};
-use mcp_event_store_core::task::TaskOptions;
 use mcp_event_store_core::{Error, Position, PurgeReport, Result, Retention};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{NAME, sqlite_error};
 use crate::purge::PurgeJob;
-use crate::tasks::{TaskAnswer, TaskWrite};
 
 /// The name of the writer's thread.
 const THREAD_NAME: &str = "mcp-event-store-sqlite-writer";
 
-/// A write for the writer thread, and where its answer goes.
-pub(crate) enum Command {
-    Write(Write, Reply),
+/// Work a job file hands the writer: what it does on the writer's
+/// connection, and whom it wakes once that is committed. Its answer reaches
+/// the caller as [`Output`](Job::Output).
+///
+/// A job may run twice: when the group it ran in is rolled back, each of
+/// its writes runs again alone. So it runs from `&self`.
+pub(crate) trait Job: Send + 'static {
+    /// What the caller is answered.
+    type Output: Send + 'static;
+
+    /// Runs on the writer's connection: inside the group's transaction when
+    /// `in_transaction`, otherwise alone (a single statement commits by
+    /// itself; more take a transaction of their own, see
+    /// [`Writer::atomically`]).
+    fn run(&self, writer: &mut Writer, in_transaction: bool) -> Result<Self::Output>;
+
+    /// After the commit and before the answer: wakes whoever waits for what
+    /// it changed.
+    fn committed(&self, _output: &Self::Output) {}
+}
+
+/// A closure is a job that wakes nobody.
+impl<T, F> Job for F
+where
+    F: Fn(&mut Writer, bool) -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    type Output = T;
+
+    fn run(&self, writer: &mut Writer, in_transaction: bool) -> Result<T> {
+        self(writer, in_transaction)
+    }
+}
+
+/// The writer's queue, as a handle holds it: writes in, each answered with
+/// its own type once committed. Every call fails with [`Error::Closed`]
+/// once the writer has ended.
+#[derive(Clone, Debug)]
+pub(crate) struct Queue(mpsc::Sender<Command>);
+
+impl Queue {
+    /// Appends one event; its position once committed.
+    pub(crate) async fn append(&self, append: Append) -> Result<Position> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Write::Append(append, Answer::new(reply))).await?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Runs `job`; its answer once committed.
+    pub(crate) async fn run<J: Job>(&self, job: J) -> Result<J::Output> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Write::Job(Box::new(Queued {
+            job,
+            answer: Answer::new(reply),
+        })))
+        .await?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Applies retention at `now`, in bounded steps between groups; joins a
+    /// purge in progress.
+    pub(crate) async fn purge(&self, now: i64) -> Result<PurgeReport> {
+        let (reply, answer) = oneshot::channel();
+        self.0
+            .send(Command::Purge { now, reply })
+            .await
+            .map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Finishes the writes queued before, then closes the writer's
+    /// connection; returns once it is closed. Closing again does nothing.
+    pub(crate) async fn close(&self) {
+        let (reply, done) = oneshot::channel();
+        if self.0.send(Command::Close { reply }).await.is_ok() {
+            let _ = done.await;
+        }
+    }
+
+    async fn send(&self, write: Write) -> Result<()> {
+        self.0
+            .send(Command::Write(write))
+            .await
+            .map_err(|_| Error::Closed)
+    }
+}
+
+/// What the queue carries.
+enum Command {
+    Write(Write),
     Purge {
         now: i64,
         reply: oneshot::Sender<Result<PurgeReport>>,
@@ -63,27 +150,14 @@ pub(crate) enum Command {
     },
 }
 
-/// The data of a write; kept until the answer is sent, so a group that
-/// failed can be replayed one write at a time.
-pub(crate) enum Write {
-    Append(Append),
-    DeleteStream {
-        token: StreamToken,
-    },
-    PutSession {
-        session_id: String,
-        state: Vec<u8>,
-        expires_at: i64,
-    },
-    DeleteSession {
-        session_id: String,
-        now: i64,
-    },
-    /// A task mutation: one atomic step under the write lock.
-    Task(Box<TaskWrite>),
-    /// A write that panics: the writer's recovery under test.
-    #[cfg(test)]
-    Panic,
+/// A queued write with the answer its caller waits for; kept until the
+/// answer is sent, so a group that failed can be run again one write at a
+/// time.
+enum Write {
+    /// An append, run with its neighbours as one multi-row insert.
+    Append(Append, Answer<Position>),
+    /// Anything else, from the file for its job.
+    Job(Box<dyn Pending>),
 }
 
 /// One event to append.
@@ -95,45 +169,147 @@ pub(crate) struct Append {
     pub now: i64,
 }
 
-/// The caller waiting for a write.
-pub(crate) enum Reply {
-    Position(oneshot::Sender<Result<Position>>),
-    Count(oneshot::Sender<Result<u64>>),
-    Unit(oneshot::Sender<Result<()>>),
-    Flag(oneshot::Sender<Result<bool>>),
-    Task(oneshot::Sender<Result<TaskAnswer>>),
+/// The answer to one write on its way to the caller: kept while the group
+/// it ran in may still roll back, settled once it cannot.
+struct Answer<T> {
+    reply: oneshot::Sender<Result<T>>,
+    kept: Option<Result<T>>,
+    settled: Option<Result<T>>,
 }
 
-/// What a write produced.
-pub(crate) enum Answer {
-    Position(Position),
-    Count(u64),
-    Unit,
-    Flag(bool),
-    Task(TaskAnswer),
-}
-
-impl Reply {
-    fn send(self, answer: Result<Answer>) {
-        match (self, answer) {
-            (Reply::Position(tx), Ok(Answer::Position(p))) => drop(tx.send(Ok(p))),
-            (Reply::Count(tx), Ok(Answer::Count(n))) => drop(tx.send(Ok(n))),
-            (Reply::Unit(tx), Ok(Answer::Unit)) => drop(tx.send(Ok(()))),
-            (Reply::Flag(tx), Ok(Answer::Flag(flag))) => drop(tx.send(Ok(flag))),
-            (Reply::Task(tx), Ok(Answer::Task(answer))) => drop(tx.send(Ok(answer))),
-            (reply, Ok(_)) => reply.fail(Error::Corrupt("writer answered the wrong kind".into())),
-            (reply, Err(e)) => reply.fail(e),
+impl<T> Answer<T> {
+    fn new(reply: oneshot::Sender<Result<T>>) -> Self {
+        Self {
+            reply,
+            kept: None,
+            settled: None,
         }
     }
 
-    fn fail(self, e: Error) {
-        match self {
-            Reply::Position(tx) => drop(tx.send(Err(e))),
-            Reply::Count(tx) => drop(tx.send(Err(e))),
-            Reply::Unit(tx) => drop(tx.send(Err(e))),
-            Reply::Flag(tx) => drop(tx.send(Err(e))),
-            Reply::Task(tx) => drop(tx.send(Err(e))),
+    /// Keeps what a run produced; whether it is a database error, which
+    /// sinks the group it ran in.
+    fn keep(&mut self, answer: Result<T>) -> bool {
+        let sinks = matches!(answer, Err(Error::Backend { .. }));
+        self.kept = Some(answer);
+        sinks
+    }
+
+    /// What was kept is committed (or failed for good).
+    fn settle(&mut self) {
+        if let Some(answer) = self.kept.take() {
+            self.settled = Some(answer);
         }
+    }
+
+    /// Fails the write with `error` unless its answer is settled.
+    fn fail(&mut self, error: &dyn Fn() -> Error) {
+        if self.settled.is_none() {
+            self.settled = Some(Err(error()));
+        }
+    }
+
+    /// The committed output, if the write succeeded.
+    fn committed(&self) -> Option<&T> {
+        self.settled
+            .as_ref()
+            .and_then(|answer| answer.as_ref().ok())
+    }
+
+    fn send(self) {
+        let answer = self.settled.unwrap_or_else(|| {
+            Err(Error::backend(
+                NAME,
+                "the sqlite writer left a write unanswered",
+            ))
+        });
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// A job and its answer, behind one type for the queue.
+struct Queued<J: Job> {
+    job: J,
+    answer: Answer<J::Output>,
+}
+
+/// What the writer does with a queued job, whatever its output.
+trait Pending: Send {
+    /// Runs the job and keeps its answer; whether it sinks its group.
+    fn run(&mut self, writer: &mut Writer, in_transaction: bool) -> bool;
+    fn settle(&mut self);
+    fn fail(&mut self, error: &dyn Fn() -> Error);
+    /// Wakes whoever waits for what the job changed, if it was committed.
+    fn wake(&self);
+    fn send(self: Box<Self>);
+}
+
+impl<J: Job> Pending for Queued<J> {
+    fn run(&mut self, writer: &mut Writer, in_transaction: bool) -> bool {
+        let answer = self.job.run(writer, in_transaction);
+        self.answer.keep(answer)
+    }
+
+    fn settle(&mut self) {
+        self.answer.settle();
+    }
+
+    fn fail(&mut self, error: &dyn Fn() -> Error) {
+        self.answer.fail(error);
+    }
+
+    fn wake(&self) {
+        if let Some(output) = self.answer.committed() {
+            self.job.committed(output);
+        }
+    }
+
+    fn send(self: Box<Self>) {
+        self.answer.send();
+    }
+}
+
+impl Write {
+    /// Runs the write alone, or in the group's transaction; whether it
+    /// sinks the group.
+    fn run(&mut self, writer: &mut Writer, in_transaction: bool) -> bool {
+        match self {
+            Write::Append(append, answer) => answer.keep(writer.append(append, in_transaction)),
+            Write::Job(job) => job.run(writer, in_transaction),
+        }
+    }
+
+    fn settle(&mut self) {
+        match self {
+            Write::Append(_, answer) => answer.settle(),
+            Write::Job(job) => job.settle(),
+        }
+    }
+
+    fn fail(&mut self, error: &dyn Fn() -> Error) {
+        match self {
+            Write::Append(_, answer) => answer.fail(error),
+            Write::Job(job) => job.fail(error),
+        }
+    }
+
+    fn send(self) {
+        match self {
+            Write::Append(_, answer) => answer.send(),
+            Write::Job(job) => job.send(),
+        }
+    }
+
+    /// The append and its answer, for a run of appends.
+    fn as_append(&mut self) -> Option<(&Append, &mut Answer<Position>)> {
+        match self {
+            Write::Append(append, answer) => Some((append, answer)),
+            Write::Job(_) => None,
+        }
+    }
+
+    /// Whether this is an append that was committed.
+    fn appended(&self) -> bool {
+        matches!(self, Write::Append(_, answer) if answer.committed().is_some())
     }
 }
 
@@ -157,14 +333,9 @@ pub(crate) struct Writer {
     max_batch: usize,
     purge: Option<PurgeJob>,
     pub(crate) known: HashMap<StreamToken, Known>,
-    /// The handle's followers, woken after each commit that touched their
-    /// stream.
+    /// The handle's followers, woken after each commit of an append to
+    /// their stream.
     wakeups: Arc<Wakeups>,
-    /// The handle's task watchers, woken after each commit that changed
-    /// their task.
-    task_wakeups: Arc<Wakeups>,
-    /// How long tasks live.
-    pub(crate) task_options: TaskOptions,
 }
 
 impl Writer {
@@ -173,8 +344,6 @@ impl Writer {
         retention: Retention,
         max_batch: usize,
         wakeups: Arc<Wakeups>,
-        task_wakeups: Arc<Wakeups>,
-        task_options: TaskOptions,
     ) -> Self {
         Self {
             conn,
@@ -183,38 +352,18 @@ impl Writer {
             purge: None,
             known: HashMap::new(),
             wakeups,
-            task_wakeups,
-            task_options,
         }
     }
 
-    /// Starts the writer's thread, serving `commands` until every sender is
-    /// gone or `Close` arrives.
-    pub(crate) fn spawn(self, commands: mpsc::Receiver<Command>) -> Result<()> {
+    /// Starts the writer's thread, serving a queue of `capacity` writes
+    /// until every handle on it is gone or [`Queue::close`] is called.
+    pub(crate) fn spawn(self, capacity: usize) -> Result<Queue> {
+        let (queue, commands) = mpsc::channel(capacity);
         std::thread::Builder::new()
             .name(THREAD_NAME.into())
             .spawn(move || self.run(commands))
-            .map(drop)
-            .map_err(|e| Error::backend(NAME, e))
-    }
-
-    /// Wakes the followers of the stream a committed write changed (an
-    /// append, or a delete, which a follower must hear of to end with
-    /// `EventsPurged`). Called after the commit, before the caller is
-    /// answered.
-    fn wake(&self, write: &Write, answer: &Result<Answer>) {
-        if answer.is_err() {
-            return;
-        }
-        match write {
-            Write::Append(Append { token, .. }) | Write::DeleteStream { token } => {
-                self.wakeups.wake(token);
-            }
-            Write::Task(task) => task.wake(&self.task_wakeups),
-            Write::PutSession { .. } | Write::DeleteSession { .. } => {}
-            #[cfg(test)]
-            Write::Panic => {}
-        }
+            .map_err(|e| Error::backend(NAME, e))?;
+        Ok(Queue(queue))
     }
 
     /// Serves commands until every sender is gone or `Close` arrives: the
@@ -239,7 +388,7 @@ impl Writer {
             let mut group = Vec::with_capacity(batch.len());
             for command in batch {
                 match command {
-                    Command::Write(write, reply) => group.push((write, reply)),
+                    Command::Write(write) => group.push(write),
                     Command::Purge { now, reply } => match &mut self.purge {
                         Some(job) => job.replies.push(reply),
                         None => self.purge = Some(PurgeJob::new(now, reply)),
@@ -302,39 +451,37 @@ impl Writer {
     /// [`run_group`](Self::run_group)). A write that panicked, and every
     /// write of its group not yet committed, is answered with an error; the
     /// writer rolls back what was open and goes on.
-    fn commit_group(&mut self, group: Vec<(Write, Reply)>) {
+    fn commit_group(&mut self, mut group: Vec<Write>) {
         if group.is_empty() {
             return;
         }
-        let (writes, replies): (Vec<Write>, Vec<Reply>) = group.into_iter().unzip();
-        let mut answers: Vec<Option<Result<Answer>>> = writes.iter().map(|_| None).collect();
-        if catch_unwind(AssertUnwindSafe(|| self.run_group(&writes, &mut answers))).is_err() {
+        if catch_unwind(AssertUnwindSafe(|| self.run_group(&mut group))).is_err() {
             let e = Arc::new(self.recover_from_panic());
-            for answer in answers.iter_mut().filter(|answer| answer.is_none()) {
-                *answer = Some(Err(Error::backend(NAME, e.clone())));
+            for write in &mut group {
+                write.fail(&|| Error::backend(NAME, e.clone()));
             }
         }
         // After the commit and before the answers, so a woken follower's
         // re-read finds what its caller is told was stored. Outside the
-        // panic guard: an answer filled in is committed, whatever follows.
-        for (write, answer) in writes.iter().zip(&answers) {
-            if let Some(answer) = answer {
-                self.wake(write, answer);
+        // panic guard: an answer settled is committed, whatever follows.
+        for write in &group {
+            match write {
+                Write::Append(append, answer) => {
+                    if answer.committed().is_some() {
+                        self.wakeups.wake(&append.token);
+                    }
+                }
+                Write::Job(job) => job.wake(),
             }
         }
-        for (reply, answer) in replies.into_iter().zip(answers) {
-            reply.send(answer.unwrap_or_else(|| {
-                Err(Error::backend(
-                    NAME,
-                    "the sqlite writer left a write unanswered",
-                ))
-            }));
+        for write in group {
+            write.send();
         }
     }
 
-    /// After a write or a purge step panicked: rolls back the transaction it
-    /// left open, forgets the byte hints, and returns the error its callers
-    /// are answered with.
+    /// After a write or a purge step panicked: rolls back the transaction it left open,
+    /// forgets the byte hints, and returns the error its callers are
+    /// answered with.
     fn recover_from_panic(&mut self) -> Error {
         if !self.conn.is_autocommit()
             && let Err(e) = self.conn.execute_batch("ROLLBACK")
@@ -349,59 +496,50 @@ impl Writer {
         )
     }
 
-    /// Runs a group of writes in one transaction, filling in each answer
-    /// after the commit. A lone write runs without an
-    /// explicit transaction (its main statement commits by itself). If the
+    /// Runs a group of writes in one transaction, settling each answer
+    /// after the commit. A lone write runs without an explicit transaction
+    /// of the group's (its main statement commits by itself). If the
     /// database fails part-way, the group is rolled back and each write
     /// retried alone, so one bad write cannot sink its neighbours.
-    fn run_group(&mut self, group: &[Write], done: &mut [Option<Result<Answer>>]) {
+    fn run_group(&mut self, group: &mut [Write]) {
         if let [write] = group {
-            let answer = self.apply(write, false);
-            record_batch(std::iter::once((write, &answer)));
-            done[0] = Some(answer);
+            write.run(self, false);
+            write.settle();
+            record_batch(std::slice::from_ref(write));
             return;
         }
         if let Err(e) = self.execute("BEGIN IMMEDIATE") {
             let e = Arc::new(e);
-            for answer in done.iter_mut() {
-                *answer = Some(Err(Error::backend(NAME, e.clone())));
+            for write in group.iter_mut() {
+                write.fail(&|| Error::backend(NAME, e.clone()));
             }
             return;
         }
-        let mut answers = Vec::with_capacity(group.len());
         let mut broken = false;
         let mut next = 0;
-        while next < group.len() {
-            let run: Vec<&Append> = group[next..]
-                .iter()
-                .map_while(|write| match write {
-                    Write::Append(append) => Some(append),
-                    _ => None,
-                })
+        while next < group.len() && !broken {
+            let mut run: Vec<(&Append, &mut Answer<Position>)> = group[next..]
+                .iter_mut()
+                .map_while(Write::as_append)
                 .collect();
-            let checked = answers.len();
             if run.len() >= 2 {
-                answers.extend(self.append_run(&run));
                 next += run.len();
+                let appends: Vec<&Append> = run.iter().map(|(append, _)| *append).collect();
+                let positions = self.append_run(&appends);
+                for ((_, answer), position) in run.iter_mut().zip(positions) {
+                    broken |= answer.keep(position);
+                }
             } else {
-                answers.push(self.apply(&group[next], true));
+                drop(run);
+                broken = group[next].run(self, true);
                 next += 1;
-            }
-            if answers[checked..]
-                .iter()
-                .any(|answer| matches!(answer, Err(Error::Backend { .. })))
-            {
-                broken = true;
-                break;
             }
         }
         if !broken {
             match self.execute("COMMIT") {
                 Ok(()) => {
-                    record_batch(group.iter().zip(&answers));
-                    for (answer, slot) in answers.into_iter().zip(done) {
-                        *slot = Some(answer);
-                    }
+                    group.iter_mut().for_each(Write::settle);
+                    record_batch(group);
                     return;
                 }
                 Err(e) => {
@@ -412,32 +550,10 @@ impl Writer {
         let _ = self.execute("ROLLBACK");
         // Byte hints may count rolled-back appends.
         self.known.clear();
-        for (write, slot) in group.iter().zip(done) {
-            let answer = self.apply(write, false);
-            record_batch(std::iter::once((write, &answer)));
-            *slot = Some(answer);
-        }
-    }
-
-    fn apply(&mut self, write: &Write, in_transaction: bool) -> Result<Answer> {
-        match write {
-            Write::Append(append) => self.append(append, in_transaction).map(Answer::Position),
-            Write::DeleteStream { token } => self
-                .delete_stream(*token, in_transaction)
-                .map(Answer::Count),
-            Write::PutSession {
-                session_id,
-                state,
-                expires_at,
-            } => self
-                .put_session(session_id, state, *expires_at)
-                .map(|()| Answer::Unit),
-            Write::DeleteSession { session_id, now } => {
-                self.delete_session(session_id, *now).map(Answer::Flag)
-            }
-            Write::Task(task) => self.task(task, in_transaction).map(Answer::Task),
-            #[cfg(test)]
-            Write::Panic => panic!("a bug in a write"),
+        for write in group.iter_mut() {
+            write.run(self, false);
+            write.settle();
+            record_batch(std::slice::from_ref(write));
         }
     }
 
@@ -447,12 +563,17 @@ impl Writer {
         execute(&self.conn, sql, []).map(drop)
     }
 
-    /// Runs `step` in a transaction of its own under the write lock
-    /// (`BEGIN IMMEDIATE`): committed if it succeeds, rolled back if not.
-    pub(crate) fn in_transaction<T>(
+    /// Runs `step` as one transaction: the group's when `in_transaction`,
+    /// otherwise one of its own under the write lock (`BEGIN IMMEDIATE`),
+    /// committed if it succeeds, rolled back if not.
+    pub(crate) fn atomically<T>(
         &mut self,
+        in_transaction: bool,
         step: impl FnOnce(&mut Self) -> Result<T>,
     ) -> Result<T> {
+        if in_transaction {
+            return step(self);
+        }
         self.execute("BEGIN IMMEDIATE")?;
         let answer = step(self).and_then(|answer| self.execute("COMMIT").map(|()| answer));
         if answer.is_err() && !self.conn.is_autocommit() {
@@ -520,10 +641,8 @@ const STATEMENT_CACHE: usize = 128;
 /// Records how many appends one commit made durable together (the
 /// `append_batch_size` histogram), if it made any: 1 for an append
 /// committed alone.
-fn record_batch<'a>(writes: impl Iterator<Item = (&'a Write, &'a Result<Answer>)>) {
-    let appended = writes
-        .filter(|(write, answer)| matches!(write, Write::Append(_)) && answer.is_ok())
-        .count();
+fn record_batch(writes: &[Write]) {
+    let appended = writes.iter().filter(|write| write.appended()).count();
     if appended > 0 {
         observe::batch(NAME, appended);
     }
@@ -544,14 +663,19 @@ mod tests {
     use super::*;
     use crate::SqliteStore;
 
-    fn append(key: &StreamKey, stream_id: &str) -> Write {
-        Write::Append(Append {
+    fn append(key: &StreamKey, stream_id: &str) -> Append {
+        Append {
             token: key.token(stream_id),
             stream_id: stream_id.into(),
             data: b"x".to_vec(),
             retry_ms: None,
             now: 1,
-        })
+        }
+    }
+
+    /// A write that panics: the writer's recovery under test.
+    fn panics(_: &mut Writer, _: bool) -> Result<()> {
+        panic!("a bug in a write")
     }
 
     fn events(conn: &Connection) -> i64 {
@@ -559,27 +683,43 @@ mod tests {
             .unwrap()
     }
 
-    /// Runs `writes` as one group; their answers, in order.
-    fn group(writer: &mut Writer, writes: Vec<Write>) -> Vec<Result<Position>> {
-        let (group, answers): (Vec<_>, Vec<_>) = writes
-            .into_iter()
-            .map(|write| {
+    /// Runs `appends` as one group, with a panicking write before the one
+    /// at `panic_at` if given; the appends' answers, in order.
+    fn group(
+        writer: &mut Writer,
+        appends: Vec<Append>,
+        panic_at: Option<usize>,
+    ) -> (Vec<Result<Position>>, Option<Result<()>>) {
+        let mut group = Vec::new();
+        let mut answers = Vec::new();
+        let mut panicked = None;
+        for (i, append) in appends.into_iter().enumerate() {
+            if panic_at == Some(i) {
                 let (reply, answer) = oneshot::channel();
-                ((write, Reply::Position(reply)), answer)
-            })
-            .unzip();
+                group.push(Write::Job(Box::new(Queued {
+                    job: panics,
+                    answer: Answer::new(reply),
+                })));
+                panicked = Some(answer);
+            }
+            let (reply, answer) = oneshot::channel();
+            group.push(Write::Append(append, Answer::new(reply)));
+            answers.push(answer);
+        }
         writer.commit_group(group);
-        answers
+        let answers = answers
             .into_iter()
             .map(|mut answer| answer.try_recv().expect("answered"))
-            .collect()
+            .collect();
+        let panicked = panicked.map(|mut answer| answer.try_recv().expect("answered"));
+        (answers, panicked)
     }
 
     #[tokio::test]
     async fn a_write_that_panics_is_an_error_and_the_writer_writes_on() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path().join("w.db")).await.unwrap();
-        let panicked = store.write(Reply::Unit, Write::Panic).await;
+        let panicked = store.inner.writer.run(panics).await;
         let Err(Error::Backend { source, .. }) = panicked else {
             panic!("{panicked:?}")
         };
@@ -605,31 +745,28 @@ mod tests {
         let path = dir.path().join("w.db");
         SqliteStore::open(&path).await.unwrap().close().await;
         let conn = open(&path, std::time::Duration::from_secs(1), "NORMAL").unwrap();
-        let mut writer = Writer::new(
-            conn,
-            Retention::unbounded(),
-            512,
-            Arc::default(),
-            Arc::default(),
-            TaskOptions::default(),
-        );
+        let mut writer = Writer::new(conn, Retention::unbounded(), 512, Arc::default());
         let key = StreamKey::generate().unwrap();
-        let answers = group(
+        let (answers, panicked) = group(
             &mut writer,
-            vec![
-                append(&key, "a"),
-                append(&key, "b"),
-                Write::Panic,
-                append(&key, "a"),
-            ],
+            vec![append(&key, "a"), append(&key, "b"), append(&key, "a")],
+            Some(2),
         );
-        assert_eq!(answers.len(), 4);
+        assert_eq!(answers.len(), 3);
         for answer in &answers {
             assert!(matches!(answer, Err(Error::Backend { .. })), "{answer:?}");
         }
+        assert!(
+            matches!(panicked, Some(Err(Error::Backend { .. }))),
+            "{panicked:?}"
+        );
         assert!(writer.conn.is_autocommit(), "the group was rolled back");
         assert_eq!(events(&writer.conn), 0);
-        let answers = group(&mut writer, vec![append(&key, "a"), append(&key, "a")]);
+        let (answers, _) = group(
+            &mut writer,
+            vec![append(&key, "a"), append(&key, "a")],
+            None,
+        );
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
         assert_eq!(events(&writer.conn), 2);
     }
