@@ -1,7 +1,7 @@
 //! Retention (C8): deleting a stream, and `purge_expired` run by the
-//! writer thread in bounded steps (age, then sessions, then the count and byte
-//! limits), each one short transaction interleaved with append groups; and
-//! the trim that appends apply inline.
+//! writer thread in bounded steps (age, then sessions, then the count and
+//! byte limits), each one short transaction queued as a job of its own, so
+//! append groups run in between; and the trim that appends apply inline.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,7 +10,6 @@ use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::{PurgeReport, Result, Retention};
 use rusqlite::{Connection, OptionalExtension, params};
-use tokio::sync::oneshot;
 
 use crate::SqliteStore;
 use crate::error::sqlite_error;
@@ -34,10 +33,25 @@ pub(crate) async fn remove_stream(store: &SqliteStore, stream_id: &str) -> Resul
     store.inner.writer.run(job).await
 }
 
-/// Applies retention now: a purge job for the writer, run in bounded steps
-/// between append groups.
+/// Applies retention now: one bounded step after another (age, then
+/// sessions, then the count and byte limits), each a job for the writer,
+/// so appends get their turn in between.
 pub(crate) async fn purge(store: &SqliteStore) -> Result<PurgeReport> {
-    store.inner.writer.purge(store.now()).await
+    let mut progress = Progress {
+        now: store.now(),
+        phase: Phase::Age,
+        report: PurgeReport::default(),
+    };
+    loop {
+        let step = PurgeStep {
+            progress,
+            followers: store.inner.wakeups.clone(),
+        };
+        match store.inner.writer.run(step).await? {
+            (done, true) => return Ok(done.report),
+            (next, false) => progress = next,
+        }
+    }
 }
 
 /// A stream to delete, row and events together (in the group's
@@ -65,64 +79,63 @@ impl Job for RemoveStream {
     }
 }
 
-/// Where a purge in progress has got to.
-enum PurgePhase {
+/// Where a purge has got to.
+#[derive(Clone)]
+enum Phase {
     Age,
     Sessions,
     Limits { after_token: Vec<u8> },
 }
 
-/// A purge in progress, and everyone waiting for it.
-pub(crate) struct PurgeJob {
+/// A purge in progress: its time, its phase and what it removed so far.
+#[derive(Clone)]
+struct Progress {
     now: i64,
-    phase: PurgePhase,
-    pub(crate) report: PurgeReport,
-    pub(crate) replies: Vec<oneshot::Sender<Result<PurgeReport>>>,
+    phase: Phase,
+    report: PurgeReport,
 }
 
-impl PurgeJob {
-    /// A purge at time `now` (ms), starting with the age limit.
-    pub(crate) fn new(now: i64, reply: oneshot::Sender<Result<PurgeReport>>) -> Self {
-        Self {
-            now,
-            phase: PurgePhase::Age,
-            report: PurgeReport::default(),
-            replies: vec![reply],
-        }
-    }
+/// One bounded transaction of a purge: the progress after it, and whether
+/// the purge is done.
+struct PurgeStep {
+    progress: Progress,
+    followers: Arc<Wakeups>,
 }
 
-impl Writer {
-    /// One bounded transaction of purge work; `true` when the purge is done.
-    pub(crate) fn purge_step(&mut self, job: &mut PurgeJob) -> Result<bool> {
+impl Job for PurgeStep {
+    type Output = (Progress, bool);
+
+    fn run(&self, writer: &mut Writer, in_transaction: bool) -> Result<(Progress, bool)> {
         // Purging changes byte counts behind the hints' back.
-        self.known.clear();
-        let retention = self.retention;
-        let done_with_phase = self.atomically(false, |writer| {
+        writer.known.clear();
+        let retention = writer.retention;
+        let mut progress = self.progress.clone();
+        let done_with_phase = writer.atomically(in_transaction, |writer| {
             let conn = &writer.conn;
-            Ok(match &mut job.phase {
-                PurgePhase::Age => match retention.expiry_cutoff_millis(job.now) {
+            let (now, report) = (progress.now, &mut progress.report);
+            Ok(match &mut progress.phase {
+                Phase::Age => match retention.expiry_cutoff_millis(now) {
                     None => true,
                     Some(cutoff) => {
                         let (events, streams) = purge_aged_events(conn, cutoff)?;
-                        job.report.events += events;
-                        job.report.streams += streams;
+                        report.events += events;
+                        report.streams += streams;
                         events < PURGE_BATCH as u64
                     }
                 },
-                PurgePhase::Sessions => {
+                Phase::Sessions => {
                     let removed = execute(
                         conn,
                         "DELETE FROM mes_sessions WHERE rowid IN \
                          (SELECT rowid FROM mes_sessions WHERE expires_at <= ?1 LIMIT ?2)",
-                        params![job.now, PURGE_BATCH],
+                        params![now, PURGE_BATCH],
                     )?;
-                    job.report.sessions += removed;
+                    report.sessions += removed;
                     removed < PURGE_BATCH as u64
                 }
-                PurgePhase::Limits { after_token } => {
+                Phase::Limits { after_token } => {
                     let (events, next) = enforce_limits(conn, after_token, retention)?;
-                    job.report.events += events;
+                    report.events += events;
                     match next {
                         Some(next) => {
                             *after_token = next;
@@ -134,15 +147,23 @@ impl Writer {
             })
         })?;
         if done_with_phase {
-            job.phase = match job.phase {
-                PurgePhase::Age => PurgePhase::Sessions,
-                PurgePhase::Sessions => PurgePhase::Limits {
+            progress.phase = match progress.phase {
+                Phase::Age => Phase::Sessions,
+                Phase::Sessions => Phase::Limits {
                     after_token: Vec::new(),
                 },
-                PurgePhase::Limits { .. } => return Ok(true),
+                Phase::Limits { .. } => return Ok((progress, true)),
             };
         }
-        Ok(false)
+        Ok((progress, false))
+    }
+
+    /// Whole streams expired: their followers end with `EventsPurged` now
+    /// rather than at their re-check.
+    fn committed(&self, (progress, _): &(Progress, bool)) {
+        if progress.report.streams != self.progress.report.streams {
+            self.followers.wake_all();
+        }
     }
 }
 

@@ -25,15 +25,17 @@
 //! is answered with an error, with the rest of its group not yet
 //! committed; the writer rolls back what it left open and serves on.
 //!
-//! Purges run here too, in small transactions interleaved with append
-//! groups, so retention never stalls appends for long. Every other write is
-//! a [`Job`] a job file hands it through the [`Queue`] (stream deletes from
-//! [`crate::purge`], session writes from [`crate::sessions`], task steps
-//! from [`crate::tasks`]), whose answer comes back as the job's own type; a
-//! job runs in the group's transaction, or alone ([`Writer::atomically`]).
-//! What an append does is in [`crate::append`]. `Close` is answered once
-//! the connection is closed; writes queued after it, and every write once
-//! the thread has ended, fail with [`Error::Closed`].
+//! The writer knows appends (their group commit is its reason to be; what
+//! an append does is in [`crate::append`]) and nothing else of the store:
+//! every other write is a [`Job`] a job file hands it through the
+//! [`Queue`] (stream deletes and purge steps from [`crate::purge`], session
+//! writes from [`crate::sessions`], task steps from [`crate::tasks`]), whose
+//! answer comes back as the job's own type. A job runs in the group's
+//! transaction, or alone ([`Writer::atomically`]); a long one (a purge) is
+//! queued as a job per bounded step, so appends get their turn in between.
+//! `Close` is answered once the connection is closed; writes queued after
+//! it, and every write once the thread has ended, fail with
+//! [`Error::Closed`].
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -41,12 +43,11 @@ use std::sync::Arc;
 
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::backend::{StreamToken, observe};
-use mcp_event_store_core::{Error, Position, PurgeReport, Result, Retention};
+use mcp_event_store_core::{Error, Position, Result, Retention};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{NAME, sqlite_error};
-use crate::purge::PurgeJob;
 
 /// The name of the writer's thread.
 const THREAD_NAME: &str = "mcp-event-store-sqlite-writer";
@@ -110,17 +111,6 @@ impl Queue {
         answer.await.map_err(|_| Error::Closed)?
     }
 
-    /// Applies retention at `now`, in bounded steps between groups; joins a
-    /// purge in progress.
-    pub(crate) async fn purge(&self, now: i64) -> Result<PurgeReport> {
-        let (reply, answer) = oneshot::channel();
-        self.0
-            .send(Command::Purge { now, reply })
-            .await
-            .map_err(|_| Error::Closed)?;
-        answer.await.map_err(|_| Error::Closed)?
-    }
-
     /// Finishes the writes queued before, then closes the writer's
     /// connection; returns once it is closed. Closing again does nothing.
     pub(crate) async fn close(&self) {
@@ -141,13 +131,7 @@ impl Queue {
 /// What the queue carries.
 enum Command {
     Write(Write),
-    Purge {
-        now: i64,
-        reply: oneshot::Sender<Result<PurgeReport>>,
-    },
-    Close {
-        reply: oneshot::Sender<()>,
-    },
+    Close { reply: oneshot::Sender<()> },
 }
 
 /// A queued write with the answer its caller waits for; kept until the
@@ -331,7 +315,6 @@ pub(crate) struct Writer {
     pub(crate) conn: Connection,
     pub(crate) retention: Retention,
     max_batch: usize,
-    purge: Option<PurgeJob>,
     pub(crate) known: HashMap<StreamToken, Known>,
     /// The handle's followers, woken after each commit of an append to
     /// their stream.
@@ -349,7 +332,6 @@ impl Writer {
             conn,
             retention,
             max_batch,
-            purge: None,
             known: HashMap::new(),
             wakeups,
         }
@@ -371,14 +353,8 @@ impl Writer {
     /// is its own.
     fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let mut closing = None;
-        loop {
-            let mut batch = Vec::new();
-            if self.purge.is_none() {
-                match commands.blocking_recv() {
-                    Some(command) => batch.push(command),
-                    None => break,
-                }
-            }
+        while let Some(first) = commands.blocking_recv() {
+            let mut batch = vec![first];
             while batch.len() < self.max_batch {
                 match commands.try_recv() {
                     Ok(command) => batch.push(command),
@@ -389,10 +365,6 @@ impl Writer {
             for command in batch {
                 match command {
                     Command::Write(write) => group.push(write),
-                    Command::Purge { now, reply } => match &mut self.purge {
-                        Some(job) => job.replies.push(reply),
-                        None => self.purge = Some(PurgeJob::new(now, reply)),
-                    },
                     Command::Close { reply } => closing = Some(reply),
                 }
             }
@@ -400,50 +372,15 @@ impl Writer {
             if closing.is_some() {
                 break;
             }
-            if let Some(job) = self.purge.take() {
-                self.purge_once(job);
-            }
         }
         // Commands queued after `Close` are dropped with the queue: their
         // callers get `Error::Closed`.
         drop(commands);
-        if let Some(job) = self.purge.take() {
-            for reply in job.replies {
-                let _ = reply.send(Err(Error::Closed));
-            }
-        }
         if let Err((_, e)) = self.conn.close() {
             tracing::warn!(error = %e, "closing the sqlite writer connection failed");
         }
         if let Some(reply) = closing {
             let _ = reply.send(());
-        }
-    }
-
-    /// Runs one step of a purge, and answers its callers once it is done
-    /// (or failed).
-    fn purge_once(&mut self, mut job: PurgeJob) {
-        let streams_before = job.report.streams;
-        let step = catch_unwind(AssertUnwindSafe(|| self.purge_step(&mut job)))
-            .unwrap_or_else(|_| Err(self.recover_from_panic()));
-        if job.report.streams != streams_before {
-            // Whole streams expired: their followers end with
-            // `EventsPurged` now rather than at their re-check.
-            self.wakeups.wake_all();
-        }
-        match step {
-            Ok(true) => {
-                for reply in job.replies {
-                    let _ = reply.send(Ok(job.report));
-                }
-            }
-            Ok(false) => self.purge = Some(job),
-            Err(e) => {
-                let e = Arc::new(e);
-                for reply in job.replies {
-                    let _ = reply.send(Err(Error::backend(NAME, e.clone())));
-                }
-            }
         }
     }
 
@@ -479,7 +416,7 @@ impl Writer {
         }
     }
 
-    /// After a write or a purge step panicked: rolls back the transaction it left open,
+    /// After a write panicked: rolls back the transaction it left open,
     /// forgets the byte hints, and returns the error its callers are
     /// answered with.
     fn recover_from_panic(&mut self) -> Error {
