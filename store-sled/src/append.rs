@@ -6,12 +6,11 @@
 
 use std::sync::Arc;
 
-use mcp_event_store_core::backend::dense;
-use mcp_event_store_core::backend::{StreamToken, observe};
+use mcp_event_store_core::backend::{StreamToken, dense};
 use mcp_event_store_core::{Error, EventId, NewEvent, Result, Retention};
 
 use crate::SledStore;
-use crate::error::{NAME, backend};
+use crate::error::backend;
 use crate::flusher::{Ack, Publish, flushed, wait_flushed};
 use crate::keys::{self, EVENT_HEADER_LEN};
 use crate::shared::{Shared, Slot, StreamMeta, blocking};
@@ -20,52 +19,40 @@ use crate::shared::{Shared, Slot, StreamMeta, blocking};
 pub(crate) type Durable = Option<Ack>;
 
 /// Appends one event: [`EventStore::store_event`](mcp_event_store_core::EventStore::store_event).
-pub(crate) async fn store_event(
+pub(crate) async fn append(
     store: &SledStore,
     stream_id: &str,
     event: NewEvent<'_>,
 ) -> Result<EventId> {
-    observe::append(NAME, stream_id, event.data.len(), async {
-        let shared = store.shared()?;
-        store
-            .handle
-            .store
-            .check_append(stream_id, event.data.len())?;
-        let token = shared.key.token(stream_id);
-        let now = keys::encode_time(store.now());
-        // The one copy of the payload: the blocking task needs to own it.
-        let value = keys::encode_event(now, event.retry, event.data);
-        let stream_id = stream_id.to_owned();
-        let retention = store.handle.store.retention;
-        let relaxed = store.relaxed();
-        // The blocking task runs to the end even if this future is
-        // dropped, and whoever flushes publishes the event regardless.
-        // With `Flush`, an append with no other under way flushes
-        // itself, so a lone writer never waits on another thread.
-        let handle = store.handle.clone();
-        let _appending = (!relaxed).then(|| shared.flusher.appending());
-        let writer = shared.clone();
-        let (id, ack) = blocking(move || {
-            if !handle
+    let shared = store.shared()?;
+    let token = shared.key.token(stream_id);
+    let now = keys::encode_time(store.now());
+    let value = keys::encode_event(now, event.retry, event.data);
+    let stream_id = stream_id.to_owned();
+    let retention = store.handle.store.retention;
+    let relaxed = store.relaxed();
+    let handle = store.handle.clone();
+    let _appending = (!relaxed).then(|| shared.flusher.appending());
+    let writer = shared.clone();
+    let (id, ack) = blocking(move || {
+        if !handle
+            .limits_noted
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            writer.note_limits(&retention)?;
+            handle
                 .limits_noted
-                .load(std::sync::atomic::Ordering::Acquire)
-            {
-                writer.note_limits(&retention)?;
-                handle
-                    .limits_noted
-                    .store(true, std::sync::atomic::Ordering::Release);
-            }
-            writer.append(&stream_id, token, value, now, retention, relaxed)
-        })
-        .await?;
-        match ack {
-            None => {}
-            Some(Ack::Flushed(outcome)) => flushed(Ok(outcome))?,
-            Some(Ack::Queued(wait)) => wait_flushed(wait).await?,
+                .store(true, std::sync::atomic::Ordering::Release);
         }
-        Ok(id)
+        writer.append(&stream_id, token, value, now, retention, relaxed)
     })
-    .await
+    .await?;
+    match ack {
+        None => {}
+        Some(Ack::Flushed(outcome)) => flushed(Ok(outcome))?,
+        Some(Ack::Queued(wait)) => wait_flushed(wait).await?,
+    }
+    Ok(id)
 }
 
 impl Shared {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use mcp_event_store_core::backend::follow::{self, Wakeups};
-use mcp_event_store_core::backend::{Page, StreamToken, observe};
+use mcp_event_store_core::backend::{Page, StreamToken};
 use mcp_event_store_core::{Error, EventId, FollowOptions, Replay, Result};
 
 use crate::SledStore;
@@ -15,19 +15,20 @@ use crate::replay::{PageReader, position_in, start_replay};
 use crate::shared::{Shared, Slot};
 
 /// A replay that stays open: [`EventStore::follow_events_after`](mcp_event_store_core::EventStore::follow_events_after).
-pub(crate) async fn follow_events_after(
+pub(crate) async fn follow_after(
     store: &SledStore,
-    last_event_id: &str,
+    raw: &str,
+    cursor: EventId,
     options: FollowOptions,
 ) -> Result<Replay> {
     let hub = store.shared()?.wakeups.clone();
-    follow_on(store, &hub, last_event_id, options).await
+    follow_on(store, &hub, raw, cursor, options).await
 }
 
 /// Every follower on the database in this process, whichever handle opened
 /// it: [`EventStore::open_follows`](mcp_event_store_core::EventStore::open_follows).
 /// None once this handle is closed.
-pub(crate) fn open_follows(store: &SledStore) -> usize {
+pub(crate) fn follows_open(store: &SledStore) -> usize {
     store
         .shared()
         .map_or(0, |shared| shared.wakeups.followers())
@@ -38,39 +39,36 @@ pub(crate) fn open_follows(store: &SledStore) -> usize {
 pub(crate) async fn follow_on(
     store: &SledStore,
     hub: &Arc<Wakeups>,
-    last_event_id: &str,
+    raw: &str,
+    cursor: EventId,
     options: FollowOptions,
 ) -> Result<Replay> {
-    observe::replay(NAME, last_event_id, async {
-        let cursor: EventId = last_event_id.parse()?;
-        // Subscribed before the first read, so an append published in
-        // between wakes this follower.
-        let subscription = hub.subscribe(cursor.token);
-        let (stream_id, reader, after, first) = start_replay(store, last_event_id, cursor).await?;
-        let first = Replay {
-            stream_id: stream_id.clone(),
-            events: reader.clone().stream(after, Some(first)),
-        };
-        let follower = Follower {
-            shared: Arc::downgrade(&reader.shared),
-            slot: reader.slot.clone(),
-            token: reader.token,
-            incarnation: reader.incarnation,
-            limit: reader.limit,
-            stream_id,
-        };
-        drop(reader);
-        Ok(follow::follow(
-            NAME,
-            first,
-            subscription,
-            last_event_id.to_owned(),
-            store.handle.follow_recheck,
-            options,
-            move |cursor| std::future::ready(follower.reread(cursor)),
-        ))
-    })
-    .await
+    // Subscribed before the first read, so an append published in
+    // between wakes this follower.
+    let subscription = hub.subscribe(cursor.token);
+    let (stream_id, reader, after, first) = start_replay(store, raw, cursor).await?;
+    let first = Replay {
+        stream_id: stream_id.clone(),
+        events: reader.clone().stream(after, Some(first)),
+    };
+    let follower = Follower {
+        shared: Arc::downgrade(&reader.shared),
+        slot: reader.slot.clone(),
+        token: reader.token,
+        incarnation: reader.incarnation,
+        limit: reader.limit,
+        stream_id,
+    };
+    drop(reader);
+    Ok(follow::follow(
+        NAME,
+        first,
+        subscription,
+        raw.to_owned(),
+        store.handle.follow_recheck,
+        options,
+        move |cursor| std::future::ready(follower.reread(cursor)),
+    ))
 }
 
 /// What a follow keeps between reads: the life of the stream it follows
@@ -145,9 +143,15 @@ mod tests {
         let other = SledStore::open(dir.path(), options).await.unwrap();
         let head = store.store_event("s", NewEvent::new(b"h")).await.unwrap();
         let deaf = Arc::new(Wakeups::default());
-        let mut follow = follow_on(&store, &deaf, &head.to_string(), FollowOptions::default())
-            .await
-            .unwrap();
+        let mut follow = follow_on(
+            &store,
+            &deaf,
+            &head.to_string(),
+            head,
+            FollowOptions::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(deaf.followers(), 1);
         assert_eq!(store.open_follows(), 0, "not on the database's hub");
         for (n, writer) in [&store, &other, &store].into_iter().enumerate() {

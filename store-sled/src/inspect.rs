@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use mcp_event_store_core::backend::{StreamToken, check_list_limit};
+use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::{
     Error, HealthReport, Result, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage,
 };
@@ -34,13 +34,12 @@ pub(crate) async fn stats(store: &SledStore) -> Result<StoreStats> {
 }
 
 /// A page of streams: [`EventStore::list_streams`](mcp_event_store_core::EventStore::list_streams).
-pub(crate) async fn list_streams(
+pub(crate) async fn streams(
     store: &SledStore,
     after: Option<&StreamCursor>,
     limit: usize,
 ) -> Result<StreamPage> {
     let shared = store.shared()?;
-    let limit = check_list_limit(limit)?;
     let after = after
         .map(|cursor| {
             StreamToken::parse(cursor.as_str()).ok_or_else(|| {

@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use mcp_event_store_core::backend::{StreamToken, observe, validate_stream_id};
+use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::{PurgeReport, Result, Retention};
 
 use crate::SledStore;
-use crate::error::{NAME, backend};
+use crate::error::backend;
 use crate::keys;
 use crate::shared::{Shared, Slot, StreamMeta, blocking};
 
@@ -17,10 +17,9 @@ use crate::shared::{Shared, Slot, StreamMeta, blocking};
 /// or holds a stream's lock for long.
 pub(crate) const PURGE_BATCH: usize = 256;
 
-/// Deletes a stream: [`EventStore::delete_stream`](mcp_event_store_core::EventStore::delete_stream).
-pub(crate) async fn delete_stream(store: &SledStore, stream_id: &str) -> Result<u64> {
+/// Removes a stream and its events: [`EventStore::delete_stream`](mcp_event_store_core::EventStore::delete_stream).
+pub(crate) async fn remove_stream(store: &SledStore, stream_id: &str) -> Result<u64> {
     let shared = store.shared()?;
-    validate_stream_id(stream_id)?;
     let token = shared.key.token(stream_id);
     let removed = blocking({
         let shared = shared.clone();
@@ -33,23 +32,20 @@ pub(crate) async fn delete_stream(store: &SledStore, stream_id: &str) -> Result<
     Ok(removed)
 }
 
-/// Applies this handle's retention: [`EventStore::purge_expired`](mcp_event_store_core::EventStore::purge_expired).
-pub(crate) async fn purge_expired(store: &SledStore) -> Result<PurgeReport> {
-    observe::purge(NAME, async {
-        let shared = store.shared()?;
-        let retention = store.handle.store.retention;
-        let now = store.now();
-        let report = blocking({
-            let shared = shared.clone();
-            move || shared.purge(&retention, now)
-        })
-        .await?;
-        if report != PurgeReport::default() {
-            store.settle(store.flush_after_write(&shared)).await?;
-        }
-        Ok(report)
+/// Applies retention and expires sessions: [`EventStore::purge_expired`](mcp_event_store_core::EventStore::purge_expired).
+pub(crate) async fn purge(store: &SledStore) -> Result<PurgeReport> {
+    let shared = store.shared()?;
+    let retention = store.handle.store.retention;
+    let now = store.now();
+    let report = blocking({
+        let shared = shared.clone();
+        move || shared.purge(&retention, now)
     })
-    .await
+    .await?;
+    if report != PurgeReport::default() {
+        store.settle(store.flush_after_write(&shared)).await?;
+    }
+    Ok(report)
 }
 
 impl Shared {

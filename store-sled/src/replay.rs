@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
-use mcp_event_store_core::backend::{Page, StreamToken, observe, paged_replay, validate_stream_id};
+use mcp_event_store_core::backend::{Page, StreamToken, paged_replay};
 use mcp_event_store_core::{Error, EventId, Position, Replay, Result, StoredEvent};
 
 use crate::SledStore;
@@ -20,75 +20,62 @@ use crate::shared::{Incarnations, Shared, Slot, StreamMeta, blocking, lock};
 const ZERO_COPY_MIN: usize = 1024;
 
 /// The events after a cursor: [`EventStore::replay_events_after`](mcp_event_store_core::EventStore::replay_events_after).
-pub(crate) async fn replay_events_after(store: &SledStore, last_event_id: &str) -> Result<Replay> {
-    observe::replay(NAME, last_event_id, async {
-        let cursor: EventId = last_event_id.parse()?;
-        let (stream_id, reader, after, first) = start_replay(store, last_event_id, cursor).await?;
-        Ok(Replay {
-            stream_id,
-            events: reader.stream(after, Some(first)),
-        })
+pub(crate) async fn replay_after(store: &SledStore, raw: &str, cursor: EventId) -> Result<Replay> {
+    let (stream_id, reader, after, first) = start_replay(store, raw, cursor).await?;
+    Ok(Replay {
+        stream_id,
+        events: reader.stream(after, Some(first)),
     })
-    .await
 }
 
 /// Every retained event of a stream from its oldest (C16): the stream's
 /// durable state, then pages as a replay after the event before the oldest,
 /// through the same reader and checks.
-pub(crate) async fn replay_stream(store: &SledStore, stream_id: &str) -> Result<Replay> {
-    observe::replay(NAME, stream_id, async {
-        validate_stream_id(stream_id)?;
-        let limit = store.handle.store.page_size;
-        let shared = store.shared()?;
-        let token = shared.key.token(stream_id);
-        let start = blocking({
-            let shared = shared.clone();
-            move || {
-                shared.with_stream(token, |slot, meta| {
-                    let Some(m) = meta.as_ref() else {
-                        shared.kill(token, slot);
-                        return Ok(None);
-                    };
-                    Ok(durable_state(slot, m)
-                        .first_retained
-                        .map(|first| (m.incarnation, first, slot.clone())))
-                })
-            }
-        })
-        .await?;
-        let Some((incarnation, first, slot)) = start else {
-            return Ok(Replay::empty(stream_id));
-        };
-        let raw: Arc<str> = EventId::new(token, dense::position(incarnation, first))
-            .to_string()
-            .into();
-        let reader = Arc::new(PageReader {
-            shared,
-            slot,
-            token,
-            incarnation,
-            raw,
-            limit,
-        });
-        Ok(Replay {
-            stream_id: stream_id.to_owned(),
-            events: reader.stream(first - 1, None),
-        })
+pub(crate) async fn replay_whole(store: &SledStore, stream_id: &str) -> Result<Replay> {
+    let limit = store.handle.store.page_size;
+    let shared = store.shared()?;
+    let token = shared.key.token(stream_id);
+    let start = blocking({
+        let shared = shared.clone();
+        move || {
+            shared.with_stream(token, |slot, meta| {
+                let Some(m) = meta.as_ref() else {
+                    shared.kill(token, slot);
+                    return Ok(None);
+                };
+                Ok(durable_state(slot, m)
+                    .first_retained
+                    .map(|first| (m.incarnation, first, slot.clone())))
+            })
+        }
     })
-    .await
+    .await?;
+    let Some((incarnation, first, slot)) = start else {
+        return Ok(Replay::empty(stream_id));
+    };
+    let raw: Arc<str> = EventId::new(token, dense::position(incarnation, first))
+        .to_string()
+        .into();
+    let reader = Arc::new(PageReader {
+        shared,
+        slot,
+        token,
+        incarnation,
+        raw,
+        limit,
+    });
+    Ok(Replay {
+        stream_id: stream_id.to_owned(),
+        events: reader.stream(first - 1, None),
+    })
 }
 
 /// The stream of an event id: [`EventStore::get_stream_id_for_event_id`](mcp_event_store_core::EventStore::get_stream_id_for_event_id).
-pub(crate) async fn get_stream_id_for_event_id(
-    store: &SledStore,
-    event_id: &str,
-) -> Result<Option<String>> {
+pub(crate) async fn stream_of(store: &SledStore, id: EventId) -> Result<Option<String>> {
     let shared = store.shared()?;
-    let Some(id) = EventId::parse(event_id) else {
-        return Ok(None);
-    };
     blocking(move || shared.lookup(&id)).await
 }
+
 /// Checks a replay's cursor and reads its first page, in one blocking
 /// call (most resumes miss only a few events). Returns the stream id,
 /// the reader for the rest, the sequence number read after, and the

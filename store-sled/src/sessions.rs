@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
-use mcp_event_store_core::backend::validate_session_id;
-use mcp_event_store_core::{Error, Result};
+use mcp_event_store_core::Result;
+use mcp_event_store_core::backend::SessionBackend;
 
 use crate::SledStore;
 use crate::error::backend;
@@ -13,60 +14,46 @@ use crate::keys;
 use crate::purge::PURGE_BATCH;
 use crate::shared::{Shared, blocking, lock};
 
-/// Stores a session: [`SessionStore::put_session`](mcp_event_store_core::SessionStore::put_session).
-pub(crate) async fn put_session(
-    store: &SledStore,
-    session_id: &str,
-    state: &[u8],
-    ttl: Duration,
-) -> Result<()> {
-    let shared = store.shared()?;
-    validate_session_id(session_id)?;
-    let max = store.handle.store.max_payload_bytes;
-    if state.len() > max {
-        return Err(Error::PayloadTooLarge {
-            size: state.len(),
-            max,
-        });
+#[async_trait]
+impl SessionBackend for SledStore {
+    async fn session_put(
+        &self,
+        session_id: &str,
+        state: &[u8],
+        _ttl: Duration,
+        expires_at: i64,
+    ) -> Result<()> {
+        let shared = self.shared()?;
+        let expires = keys::encode_time(expires_at);
+        let session_id = session_id.to_owned();
+        let state = state.to_vec();
+        blocking({
+            let shared = shared.clone();
+            move || shared.put_session(&session_id, expires, &state)
+        })
+        .await?;
+        self.settle(self.flush_after_write(&shared)).await
     }
-    let ttl = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-    let expires = keys::encode_time(store.now().saturating_add(ttl));
-    let session_id = session_id.to_owned();
-    let state = state.to_vec();
-    blocking({
-        let shared = shared.clone();
-        move || shared.put_session(&session_id, expires, &state)
-    })
-    .await?;
-    store.settle(store.flush_after_write(&shared)).await
-}
 
-/// A session's state: [`SessionStore::get_session`](mcp_event_store_core::SessionStore::get_session).
-pub(crate) async fn get_session(store: &SledStore, session_id: &str) -> Result<Option<Bytes>> {
-    let shared = store.shared()?;
-    if validate_session_id(session_id).is_err() {
-        return Ok(None);
+    async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>> {
+        let shared = self.shared()?;
+        let now = keys::encode_time(self.now());
+        let session_id = session_id.to_owned();
+        blocking(move || shared.get_session(&session_id, now)).await
     }
-    let now = keys::encode_time(store.now());
-    let session_id = session_id.to_owned();
-    blocking(move || shared.get_session(&session_id, now)).await
-}
 
-/// Removes a session: [`SessionStore::delete_session`](mcp_event_store_core::SessionStore::delete_session).
-pub(crate) async fn delete_session(store: &SledStore, session_id: &str) -> Result<bool> {
-    let shared = store.shared()?;
-    if validate_session_id(session_id).is_err() {
-        return Ok(false);
+    async fn session_delete(&self, session_id: &str) -> Result<bool> {
+        let shared = self.shared()?;
+        let now = keys::encode_time(self.now());
+        let session_id = session_id.to_owned();
+        let existed = blocking({
+            let shared = shared.clone();
+            move || shared.delete_session(&session_id, now)
+        })
+        .await?;
+        self.settle(self.flush_after_write(&shared)).await?;
+        Ok(existed)
     }
-    let now = keys::encode_time(store.now());
-    let session_id = session_id.to_owned();
-    let existed = blocking({
-        let shared = shared.clone();
-        move || shared.delete_session(&session_id, now)
-    })
-    .await?;
-    store.settle(store.flush_after_write(&shared)).await?;
-    Ok(existed)
 }
 
 impl Shared {

@@ -1,6 +1,7 @@
 //! The store: a handle on a shared sled database, how it is opened and
-//! closed, its accessors, and the trait impls, which delegate to the files
-//! named for each job.
+//! closed, its accessors, and the event job's trait impl, which hands each
+//! call to the file for its job (sessions and tasks implement theirs in
+//! their own files).
 
 use std::fmt;
 use std::path::Path;
@@ -9,19 +10,20 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
+use mcp_event_store_core::backend::{BackendHandle, EventBackend};
 #[cfg(doc)]
-use mcp_event_store_core::Error;
+use mcp_event_store_core::{Error, EventStore, SessionStore};
 use mcp_event_store_core::{
-    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
+    EventId, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result, StoreOptions,
+    StoreStats, StreamCursor, StreamPage,
 };
 
+use crate::error::NAME;
 use crate::flusher::wait_flushed;
 use crate::options::{Durability, SledOptions, SledUrl};
 use crate::shared::{Shared, blocking};
 use crate::state::Handle;
-use crate::{append, follow, inspect, purge, replay, sessions};
+use crate::{append, follow, inspect, purge, replay};
 
 /// An [`EventStore`] and [`SessionStore`] in a sled database.
 ///
@@ -185,72 +187,74 @@ impl SledStore {
     }
 }
 
-#[async_trait]
-impl EventStore for SledStore {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        append::store_event(self, stream_id, event).await
+impl BackendHandle for SledStore {
+    const NAME: &'static str = NAME;
+
+    fn store_options(&self) -> &StoreOptions {
+        &self.handle.store
     }
 
-    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        replay::replay_events_after(self, last_event_id).await
-    }
-
-    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
-        replay::replay_stream(self, stream_id).await
-    }
-
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
-        replay::get_stream_id_for_event_id(self, event_id).await
-    }
-
-    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
-        purge::delete_stream(self, stream_id).await
-    }
-
-    async fn purge_expired(&self) -> Result<PurgeReport> {
-        purge::purge_expired(self).await
-    }
-
-    async fn follow_events_after(
-        &self,
-        last_event_id: &str,
-        options: FollowOptions,
-    ) -> Result<Replay> {
-        follow::follow_events_after(self, last_event_id, options).await
-    }
-
-    fn open_follows(&self) -> usize {
-        follow::open_follows(self)
-    }
-
-    fn retention(&self) -> Retention {
-        self.options().retention
-    }
-
-    async fn stats(&self) -> Result<StoreStats> {
-        inspect::stats(self).await
-    }
-
-    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
-        inspect::list_streams(self, after, limit).await
-    }
-
-    async fn check(&self) -> Result<HealthReport> {
-        inspect::check(self).await
+    fn is_closed(&self) -> bool {
+        self.handle
+            .shared
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
     }
 }
 
 #[async_trait]
-impl SessionStore for SledStore {
-    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        sessions::put_session(self, session_id, state, ttl).await
+impl EventBackend for SledStore {
+    async fn append(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        append::append(self, stream_id, event).await
     }
 
-    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
-        sessions::get_session(self, session_id).await
+    async fn replay_after(&self, raw: &str, cursor: EventId) -> Result<Replay> {
+        replay::replay_after(self, raw, cursor).await
     }
 
-    async fn delete_session(&self, session_id: &str) -> Result<bool> {
-        sessions::delete_session(self, session_id).await
+    async fn replay_whole(&self, stream_id: &str) -> Result<Replay> {
+        replay::replay_whole(self, stream_id).await
+    }
+
+    async fn follow_after(
+        &self,
+        raw: &str,
+        cursor: EventId,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        follow::follow_after(self, raw, cursor, options).await
+    }
+
+    fn follows_open(&self) -> usize {
+        follow::follows_open(self)
+    }
+
+    async fn stream_of(&self, id: EventId) -> Result<Option<String>> {
+        replay::stream_of(self, id).await
+    }
+
+    async fn remove_stream(&self, stream_id: &str) -> Result<u64> {
+        purge::remove_stream(self, stream_id).await
+    }
+
+    async fn purge(&self) -> Result<PurgeReport> {
+        purge::purge(self).await
+    }
+
+    async fn inspect_stats(&self) -> Result<StoreStats> {
+        inspect::stats(self).await
+    }
+
+    async fn inspect_streams(
+        &self,
+        after: Option<&StreamCursor>,
+        limit: usize,
+    ) -> Result<StreamPage> {
+        inspect::streams(self, after, limit).await
+    }
+
+    async fn inspect_check(&self) -> Result<HealthReport> {
+        inspect::check(self).await
     }
 }

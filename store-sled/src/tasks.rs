@@ -24,12 +24,12 @@ use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{task_token, watch_task};
 use mcp_event_store_core::backend::task::codec::{StoredTask as Stored, decode, encode};
 use mcp_event_store_core::backend::task::{
-    TaskDigest, TaskMachine, check_message, check_responses, client_call, count_ended, owner_key,
-    stored_digest, stored_instance,
+    OwnerKey, TaskDigest, TaskMachine, count_ended, owner_key, stored_digest, stored_instance,
 };
+use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
-    TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, TaskPurgeReport,
+    TaskRecord, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -157,86 +157,67 @@ impl Shared {
 
 // ------------------------------------------------------------ async side
 
-impl SledStore {
-    /// Runs a task step on the blocking pool; a change is flushed under
-    /// this handle's durability, then wakes the task's watchers.
-    async fn task_write<T: Send + 'static>(
-        &self,
-        digest: TaskDigest,
-        step: impl FnOnce(&Shared) -> Result<(T, bool)> + Send + 'static,
-    ) -> Result<T> {
-        let shared = self.shared()?;
-        let (answer, changed) = blocking({
-            let shared = shared.clone();
-            move || step(&shared)
-        })
-        .await?;
-        if changed {
-            self.settle(self.flush_after_write(&shared)).await?;
-            shared.task_wakeups.wake(&task_token(&digest));
-        }
-        Ok(answer)
+/// Runs a task step on the blocking pool; a change is flushed under the
+/// handle's durability, then wakes the task's watchers.
+async fn task_write<T: Send + 'static>(
+    store: &SledStore,
+    digest: TaskDigest,
+    step: impl FnOnce(&Shared) -> Result<(T, bool)> + Send + 'static,
+) -> Result<T> {
+    let shared = store.shared()?;
+    let (answer, changed) = blocking({
+        let shared = shared.clone();
+        move || step(&shared)
+    })
+    .await?;
+    if changed {
+        store.settle(store.flush_after_write(&shared)).await?;
+        shared.task_wakeups.wake(&task_token(&digest));
     }
+    Ok(answer)
+}
 
-    /// The task as `owner` (`None`: anyone) sees it now.
-    async fn read_task(
-        &self,
-        digest: TaskDigest,
-        owner: Option<Vec<u8>>,
-    ) -> Result<Option<TaskRecord>> {
-        let shared = self.shared()?;
-        let now = self.now();
-        blocking(move || shared.read_task(&digest, owner.as_deref(), now)).await
-    }
+/// The task as `reader` sees it now.
+async fn read_task(
+    store: &SledStore,
+    digest: TaskDigest,
+    reader: Reader,
+) -> Result<Option<TaskRecord>> {
+    let shared = store.shared()?;
+    let now = store.now();
+    blocking(move || shared.read_task(&digest, reader.owner().map(Vec::as_slice), now)).await
+}
 
-    /// A watch of the task as `owner` (`None`: anyone) sees it.
-    async fn watch_as(
-        &self,
-        digest: TaskDigest,
-        owner: Option<Vec<u8>>,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        let deadline = tokio::time::Instant::now() + max_wait;
-        // The subscription holds the hub, not the database: closing the
-        // last handle still closes it.
-        let woken = self.shared()?.task_wakeups.subscribe(task_token(&digest));
-        let recheck = self.handle.follow_recheck;
-        watch_task(woken, after, deadline, recheck, || {
-            let (store, owner) = (self.clone(), owner.clone());
-            async move { store.read_task(digest, owner).await }
+/// A client's step: the owner must match, a terminal task is answered
+/// as read.
+async fn client_step(
+    store: &SledStore,
+    digest: TaskDigest,
+    owner: OwnerKey,
+    now: i64,
+    change: impl Fn(&mut Stored) -> bool + Send + 'static,
+) -> Result<Option<TaskRecord>> {
+    task_write(store, digest, move |shared| {
+        shared.task_step(&digest, now, |found| {
+            let Some((stored, seen, alive)) = found else {
+                return Ok((None, None));
+            };
+            if stored.owner != owner {
+                return Ok((None, None));
+            }
+            Ok(stored.client_step(&seen, now, alive, &change))
         })
-        .await
-    }
-
-    /// A client's step: the owner must match, a terminal task is answered
-    /// as read.
-    async fn client_step(
-        &self,
-        digest: TaskDigest,
-        owner: Vec<u8>,
-        now: i64,
-        change: impl Fn(&mut Stored) -> bool + Send + 'static,
-    ) -> Result<Option<TaskRecord>> {
-        self.task_write(digest, move |shared| {
-            shared.task_step(&digest, now, |found| {
-                let Some((stored, seen, alive)) = found else {
-                    return Ok((None, None));
-                };
-                if stored.owner != owner {
-                    return Ok((None, None));
-                }
-                Ok(stored.client_step(&seen, now, alive, &change))
-            })
-        })
-        .await
-    }
+    })
+    .await
 }
 
 #[async_trait]
-impl TaskStore for SledStore {
-    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
-        task.check()?;
+impl TaskBackend for SledStore {
+    async fn task_create(
+        &self,
+        digest: TaskDigest,
+        task: &NewTask<'_>,
+    ) -> Result<Option<TaskRecord>> {
         let now = self.now();
         let record = TaskRecord::created(task, now, &self.handle.store.tasks);
         let stored = Stored {
@@ -246,9 +227,8 @@ impl TaskStore for SledStore {
             responses: Vec::new(),
             spent: Vec::new(),
         };
-        let digest = id.digest();
         let instance = task.instance;
-        self.task_write(digest, move |shared| {
+        task_write(self, digest, move |shared| {
             // Only under an instance alive at the task's birth (T11). Its
             // deadline only moves later while it lives, so a check before
             // the insert holds for it.
@@ -282,29 +262,22 @@ impl TaskStore for SledStore {
         .await
     }
 
-    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
-        self.read_task(digest, Some(owner)).await
+    async fn task_read(&self, digest: TaskDigest, reader: Reader) -> Result<Option<TaskRecord>> {
+        read_task(self, digest, reader).await
     }
 
-    async fn answer(
+    async fn task_answer(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
-        check_responses(responses)?;
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
         let responses: Vec<(String, Bytes)> = responses
             .iter()
             .map(|(k, r)| ((*k).to_owned(), Bytes::copy_from_slice(r)))
             .collect();
         let now = self.now();
-        self.client_step(digest, owner, now, move |new| {
+        client_step(self, digest, owner, now, move |new| {
             let responses: Vec<(&str, &[u8])> = responses
                 .iter()
                 .map(|(k, r)| (k.as_str(), &r[..]))
@@ -314,41 +287,43 @@ impl TaskStore for SledStore {
         .await
     }
 
-    async fn request_cancel(
+    async fn task_cancel(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         mode: CancelMode,
         reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        check_message(reason)?;
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
         let now = self.now();
         let reason = reason.map(str::to_owned);
-        self.client_step(digest, owner, now, move |new| {
+        client_step(self, digest, owner, now, move |new| {
             new.record.request_cancel(mode, reason.as_deref(), now)
         })
         .await
     }
 
-    async fn watch(
+    async fn task_watch(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        reader: Reader,
         after: Rev,
         max_wait: Duration,
     ) -> Result<Option<TaskRecord>> {
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
-        self.watch_as(digest, Some(owner), after, max_wait).await
+        let deadline = tokio::time::Instant::now() + max_wait;
+        // The subscription holds the hub, not the database: closing the
+        // last handle still closes it.
+        let woken = self.shared()?.task_wakeups.subscribe(task_token(&digest));
+        let recheck = self.handle.follow_recheck;
+        watch_task(woken, after, deadline, recheck, || {
+            let (store, reader) = (self.clone(), reader.clone());
+            async move { read_task(&store, digest, reader).await }
+        })
+        .await
     }
 
     /// In steps of at most 500 tasks each, on the blocking pool; see the
     /// crate docs, "Tasks".
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+    async fn task_purge(&self) -> Result<TaskPurgeReport> {
         let shared = self.shared()?;
         let now = self.now();
         let mut report = TaskPurgeReport::default();
@@ -390,11 +365,8 @@ impl TaskStore for SledStore {
         Ok(report)
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(false);
-        };
-        self.task_write(digest, move |shared| {
+    async fn task_delete(&self, digest: TaskDigest) -> Result<bool> {
+        task_write(self, digest, move |shared| {
             let old = shared.tasks.remove(digest.as_bytes()).map_err(backend)?;
             if let Some(old) = &old {
                 let stored = decode(old)?;
@@ -411,19 +383,18 @@ impl TaskStore for SledStore {
 }
 
 #[async_trait]
-impl RuntimeStore for SledStore {
-    async fn apply_claimed(
+impl RuntimeBackend for SledStore {
+    async fn claimed_apply(
         &self,
         task: &TaskDigest,
         by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
-        change.check(self.handle.store.max_payload_bytes)?;
         let digest = *task;
         let now = self.now();
         let change = change.to_owned();
         let options = self.handle.store.tasks;
-        self.task_write(digest, move |shared| {
+        task_write(self, digest, move |shared| {
             shared.task_step(&digest, now, |found| {
                 let Some((stored, seen, alive)) = found else {
                     return Ok((None, Applied::Unknown));
@@ -442,18 +413,9 @@ impl RuntimeStore for SledStore {
         .await
     }
 
-    async fn watch_claimed(
-        &self,
-        task: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        self.watch_as(*task, None, after, max_wait).await
-    }
-
     /// Scans the task tree for tasks that may be taken over, and claims
     /// each with one compare-and-swap; see the crate docs, "Tasks".
-    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+    async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let shared = self.shared()?;
         let now = self.now();
         let claimed = blocking({
@@ -470,7 +432,7 @@ impl RuntimeStore for SledStore {
         Ok(claimed)
     }
 
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+    async fn lease_renew(&self, me: InstanceId, lease: Duration) -> Result<bool> {
         let shared = self.shared()?;
         let now = self.now();
         let until = now.saturating_add(millis(lease));
@@ -503,14 +465,14 @@ impl RuntimeStore for SledStore {
         Ok(renewed)
     }
 
-    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
+    async fn lease_alive(&self, id: InstanceId) -> Result<bool> {
         let shared = self.shared()?;
         let now = self.now();
         let until = blocking(move || shared.alive_until(id.as_bytes())).await?;
         Ok(until.is_some_and(|until| until > now))
     }
 
-    async fn instances(&self) -> Result<Vec<InstanceLease>> {
+    async fn leases(&self) -> Result<Vec<InstanceLease>> {
         let shared = self.shared()?;
         let now = self.now();
         blocking(move || {
@@ -529,7 +491,7 @@ impl RuntimeStore for SledStore {
         .await
     }
 
-    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
+    async fn claimed_view(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
         let shared = self.shared()?;
         let now = self.now();
         let digest = *task;
