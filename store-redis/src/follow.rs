@@ -39,6 +39,7 @@ use crate::RedisStore;
 use crate::conn::Conn;
 use crate::error::NAME;
 use crate::keys::Keys;
+use crate::replay::replay_after;
 use crate::wire::{entry_id, parse_entry_id};
 
 /// How long one `XREAD` blocks at most. Bounds how long a watcher stays
@@ -201,32 +202,33 @@ impl Drop for Follow {
     }
 }
 
-impl RedisStore {
-    /// Opens a follow (C13): the replay after `last_event_id`, then every
-    /// event appended to its stream, woken by this handle's hub.
-    pub(crate) async fn open_follow(
-        &self,
-        last_event_id: &str,
-        options: FollowOptions,
-    ) -> Result<Replay> {
-        let cursor: EventId = last_event_id.parse()?;
-        // Subscribe before the first read, so no wake-up falls in between;
-        // then make sure the watcher covers the stream.
-        let subscription = self.inner.follow.hub().subscribe(cursor.token);
-        self.inner.follow.watch(cursor.token).await;
-        let first =
-            mcp_event_store_core::EventStore::replay_events_after(self, last_event_id).await?;
-        let store = self.clone();
-        Ok(follow(
-            NAME,
-            first,
-            subscription,
-            last_event_id.to_owned(),
-            self.inner.options.follow_recheck,
-            options,
-            reread(store),
-        ))
-    }
+/// Opens a follow (C13): the replay after `cursor`, then every event
+/// appended to its stream, woken by this handle's hub.
+pub(crate) async fn follow_after(
+    store: &RedisStore,
+    raw: &str,
+    cursor: EventId,
+    options: FollowOptions,
+) -> Result<Replay> {
+    // Subscribe before the first read, so no wake-up falls in between;
+    // then make sure the watcher covers the stream.
+    let subscription = store.inner.follow.hub().subscribe(cursor.token);
+    store.inner.follow.watch(cursor.token).await;
+    let first = replay_after(store, raw, cursor).await?;
+    Ok(follow(
+        NAME,
+        first,
+        subscription,
+        raw.to_owned(),
+        store.inner.options.follow_recheck,
+        options,
+        reread(store.clone()),
+    ))
+}
+
+/// How many follows of this handle are open.
+pub(crate) fn follows_open(store: &RedisStore) -> usize {
+    store.inner.follow.hub().followers()
 }
 
 /// A stream being watched: its token and events key.

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 
 use futures_util::{StreamExt, TryStreamExt};
-use mcp_event_store_core::backend::{StreamToken, check_list_limit};
+use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::{
     Error, HealthReport, Result, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage,
 };
@@ -97,225 +97,226 @@ fn advance(masters: &[Master], at: &At, next: u64) -> Option<At> {
         })
 }
 
-impl RedisStore {
-    /// One `SCAN` batch of this prefix's stream metadata hashes on `node`:
-    /// the next cursor and the batch's stream tokens, sorted, once each.
-    async fn scan_streams(&self, node: Node, cursor: u64) -> Result<(u64, Vec<StreamToken>)> {
-        let mut scan = redis::cmd("SCAN");
-        scan.arg(cursor)
-            .arg("MATCH")
-            .arg(self.inner.keys.meta_pattern())
-            .arg("COUNT")
-            .arg(INSPECT_SCAN_COUNT)
-            .arg("TYPE")
-            .arg("hash");
-        let (next, found): (u64, Vec<Vec<u8>>) = node.query(&self.inner.conn, &scan).await?;
-        let mut tokens: Vec<StreamToken> = found
-            .iter()
-            .filter_map(|key| self.inner.keys.token_of_meta(key))
-            .collect();
-        tokens.sort_unstable();
-        tokens.dedup();
-        Ok((next, tokens))
-    }
+/// One `SCAN` batch of this prefix's stream metadata hashes on `node`:
+/// the next cursor and the batch's stream tokens, sorted, once each.
+async fn scan_streams(
+    store: &RedisStore,
+    node: Node,
+    cursor: u64,
+) -> Result<(u64, Vec<StreamToken>)> {
+    let mut scan = redis::cmd("SCAN");
+    scan.arg(cursor)
+        .arg("MATCH")
+        .arg(store.inner.keys.meta_pattern())
+        .arg("COUNT")
+        .arg(INSPECT_SCAN_COUNT)
+        .arg("TYPE")
+        .arg("hash");
+    let (next, found): (u64, Vec<Vec<u8>>) = node.query(&store.inner.conn, &scan).await?;
+    let mut tokens: Vec<StreamToken> = found
+        .iter()
+        .filter_map(|key| store.inner.keys.token_of_meta(key))
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    Ok((next, tokens))
+}
 
-    /// The summaries of `tokens`' streams, in order; `None` for a stream
-    /// that is gone or retains no event.
-    async fn summaries(&self, tokens: &[StreamToken]) -> Result<Vec<Option<StreamInfo>>> {
-        futures_util::stream::iter(tokens.iter().copied())
-            .map(|token| self.summary(token))
-            .buffered(SUMMARY_CONCURRENCY)
-            .try_collect()
-            .await
-    }
+/// The summaries of `tokens`' streams, in order; `None` for a stream
+/// that is gone or retains no event.
+async fn summaries(store: &RedisStore, tokens: &[StreamToken]) -> Result<Vec<Option<StreamInfo>>> {
+    futures_util::stream::iter(tokens.iter().copied())
+        .map(|token| summary(store, token))
+        .buffered(SUMMARY_CONCURRENCY)
+        .try_collect()
+        .await
+}
 
-    async fn summary(&self, token: StreamToken) -> Result<Option<StreamInfo>> {
-        let keys = self.inner.keys.stream(&token);
-        let row: Option<(String, u64, u64, String, String)> = self
-            .invoke(SCRIPTS.summary.call().key(&keys.events).key(&keys.meta))
-            .await?;
-        let Some((stream_id, events, bytes, first, last)) = row else {
-            return Ok(None);
-        };
-        if events == 0 {
-            return Ok(None);
-        }
-        let time = |t: &str| t.parse::<i64>().ok();
-        Ok(Some(StreamInfo::new(
-            stream_id,
-            events,
-            bytes,
-            time(&first),
-            time(&last),
-        )))
+async fn summary(store: &RedisStore, token: StreamToken) -> Result<Option<StreamInfo>> {
+    let keys = store.inner.keys.stream(&token);
+    let row: Option<(String, u64, u64, String, String)> = store
+        .invoke(SCRIPTS.summary.call().key(&keys.events).key(&keys.meta))
+        .await?;
+    let Some((stream_id, events, bytes, first, last)) = row else {
+        return Ok(None);
+    };
+    if events == 0 {
+        return Ok(None);
     }
+    let time = |t: &str| t.parse::<i64>().ok();
+    Ok(Some(StreamInfo::new(
+        stream_id,
+        events,
+        bytes,
+        time(&first),
+        time(&last),
+    )))
+}
 
-    pub(crate) async fn inspect_stats(&self) -> Result<StoreStats> {
-        let mut stats = StoreStats::default();
-        for master in conn::masters(&self.inner.conn).await? {
-            let mut cursor = 0;
-            loop {
-                let (next, tokens) = self.scan_streams(master.node, cursor).await?;
-                for info in self.summaries(&tokens).await?.into_iter().flatten() {
-                    stats.streams += 1;
-                    stats.events += info.events;
-                    stats.bytes += info.bytes;
-                    stats.oldest_millis = match (stats.oldest_millis, info.oldest_millis) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    stats.newest_millis = stats.newest_millis.max(info.newest_millis);
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
-        }
-        Ok(stats)
-    }
-
-    pub(crate) async fn inspect_list(
-        &self,
-        after: Option<&StreamCursor>,
-        limit: usize,
-    ) -> Result<StreamPage> {
-        let limit = check_list_limit(limit)?;
-        let masters = conn::masters(&self.inner.conn).await?;
-        let mut at = match after {
-            None => At {
-                slot: slot_of(&masters[0]),
-                scan: 0,
-                after: None,
-            },
-            Some(cursor) => At::parse(cursor.as_str())
-                .filter(|at| self.is_cluster() || at.slot == 0)
-                .ok_or_else(|| {
-                    Error::Config(format!("not a stream cursor of this store: {cursor:?}"))
-                })?,
-        };
-        let mut streams = Vec::with_capacity(limit);
-        // A key met twice by one page's SCAN batches (the table was resized
-        // in between) is listed once.
-        let mut seen = HashSet::new();
+pub(crate) async fn stats(store: &RedisStore) -> Result<StoreStats> {
+    let mut stats = StoreStats::default();
+    for master in conn::masters(&store.inner.conn).await? {
+        let mut cursor = 0;
         loop {
-            let node = if self.is_cluster() {
-                Node::Slot(at.slot)
-            } else {
-                Node::Only
-            };
-            let (next, mut tokens) = self.scan_streams(node, at.scan).await?;
-            if let Some(after) = at.after {
-                tokens.retain(|t| *t > after);
+            let (next, tokens) = scan_streams(store, master.node, cursor).await?;
+            for info in summaries(store, &tokens).await?.into_iter().flatten() {
+                stats.streams += 1;
+                stats.events += info.events;
+                stats.bytes += info.bytes;
+                stats.oldest_millis = match (stats.oldest_millis, info.oldest_millis) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                stats.newest_millis = stats.newest_millis.max(info.newest_millis);
             }
-            let mut done = 0;
-            while done < tokens.len() {
-                let room = limit - streams.len();
-                let chunk = &tokens[done..(done + room).min(tokens.len())];
-                for (token, info) in chunk.iter().zip(self.summaries(chunk).await?) {
-                    done += 1;
-                    if let Some(info) = info
-                        && seen.insert(*token)
-                    {
-                        streams.push(info);
-                    }
-                    if streams.len() == limit {
-                        let rest = if done < tokens.len() {
-                            Some(At {
-                                after: Some(*token),
-                                ..at.clone()
-                            })
-                        } else {
-                            advance(&masters, &at, next)
-                        };
-                        let next = rest.map(|at| StreamCursor::new(at.to_text()));
-                        return Ok(StreamPage::new(streams, next));
-                    }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(stats)
+}
+
+pub(crate) async fn streams(
+    store: &RedisStore,
+    after: Option<&StreamCursor>,
+    limit: usize,
+) -> Result<StreamPage> {
+    let masters = conn::masters(&store.inner.conn).await?;
+    let mut at = match after {
+        None => At {
+            slot: slot_of(&masters[0]),
+            scan: 0,
+            after: None,
+        },
+        Some(cursor) => At::parse(cursor.as_str())
+            .filter(|at| store.is_cluster() || at.slot == 0)
+            .ok_or_else(|| {
+                Error::Config(format!("not a stream cursor of this store: {cursor:?}"))
+            })?,
+    };
+    let mut streams = Vec::with_capacity(limit);
+    // A key met twice by one page's SCAN batches (the table was resized
+    // in between) is listed once.
+    let mut seen = HashSet::new();
+    loop {
+        let node = if store.is_cluster() {
+            Node::Slot(at.slot)
+        } else {
+            Node::Only
+        };
+        let (next, mut tokens) = scan_streams(store, node, at.scan).await?;
+        if let Some(after) = at.after {
+            tokens.retain(|t| *t > after);
+        }
+        let mut done = 0;
+        while done < tokens.len() {
+            let room = limit - streams.len();
+            let chunk = &tokens[done..(done + room).min(tokens.len())];
+            for (token, info) in chunk.iter().zip(summaries(store, chunk).await?) {
+                done += 1;
+                if let Some(info) = info
+                    && seen.insert(*token)
+                {
+                    streams.push(info);
+                }
+                if streams.len() == limit {
+                    let rest = if done < tokens.len() {
+                        Some(At {
+                            after: Some(*token),
+                            ..at.clone()
+                        })
+                    } else {
+                        advance(&masters, &at, next)
+                    };
+                    let next = rest.map(|at| StreamCursor::new(at.to_text()));
+                    return Ok(StreamPage::new(streams, next));
                 }
             }
-            match advance(&masters, &at, next) {
-                Some(rest) => at = rest,
-                None => return Ok(StreamPage::new(streams, None)),
-            }
+        }
+        match advance(&masters, &at, next) {
+            Some(rest) => at = rest,
+            None => return Ok(StreamPage::new(streams, None)),
         }
     }
+}
 
-    pub(crate) async fn inspect_check(&self) -> Result<HealthReport> {
-        let masters = conn::masters(&self.inner.conn).await?;
-        let mut per_node = Vec::with_capacity(masters.len());
-        for master in &masters {
-            let config = self.node_config(master.node).await?;
-            per_node.push((
-                master.address.clone(),
-                judge(&config, self.inner.options.wait_replicas),
-            ));
-        }
-        let mut settings = merge(per_node);
-        settings.push(Setting::retention(&self.inner.options.store.retention));
-        Ok(HealthReport::new(NAME, FORMAT_VERSION, settings))
+pub(crate) async fn check(store: &RedisStore) -> Result<HealthReport> {
+    let masters = conn::masters(&store.inner.conn).await?;
+    let mut per_node = Vec::with_capacity(masters.len());
+    for master in &masters {
+        let config = node_config(store, master.node).await?;
+        per_node.push((
+            master.address.clone(),
+            judge(&config, store.inner.options.wait_replicas),
+        ));
     }
+    let mut settings = merge(per_node);
+    settings.push(Setting::retention(&store.inner.options.store.retention));
+    Ok(HealthReport::new(NAME, FORMAT_VERSION, settings))
+}
 
-    /// What one node says about its persistence, eviction and replicas:
-    /// `CONFIG GET`, or where `CONFIG` is refused (managed services rename
-    /// or forbid it) what `INFO` tells.
-    async fn node_config(&self, node: Node) -> Result<NodeConfig> {
-        let conn = &self.inner.conn;
-        let mut config = NodeConfig::default();
-        match self.config_get(node, "appendonly").await {
-            Ok(appendonly) => {
-                config.appendonly = appendonly;
-                config.appendfsync = self.config_get(node, "appendfsync").await?;
-                config.save = self.config_get(node, "save").await?;
-                config.policy = self.config_get(node, "maxmemory-policy").await?;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "CONFIG GET refused; reading INFO instead");
-                let persistence: String = node
-                    .query(conn, redis::cmd("INFO").arg("persistence"))
-                    .await?;
-                config.appendonly = info_field(&persistence, "aof_enabled")
-                    .map(|on| if on == "1" { "yes" } else { "no" }.to_owned());
-                let memory: String = node.query(conn, redis::cmd("INFO").arg("memory")).await?;
-                config.policy = info_field(&memory, "maxmemory_policy");
-            }
+/// What one node says about its persistence, eviction and replicas:
+/// `CONFIG GET`, or where `CONFIG` is refused (managed services rename
+/// or forbid it) what `INFO` tells.
+async fn node_config(store: &RedisStore, node: Node) -> Result<NodeConfig> {
+    let conn = &store.inner.conn;
+    let mut config = NodeConfig::default();
+    match config_get(store, node, "appendonly").await {
+        Ok(appendonly) => {
+            config.appendonly = appendonly;
+            config.appendfsync = config_get(store, node, "appendfsync").await?;
+            config.save = config_get(store, node, "save").await?;
+            config.policy = config_get(store, node, "maxmemory-policy").await?;
         }
-        let replication: Result<String> = node
-            .query(conn, redis::cmd("INFO").arg("replication"))
-            .await;
-        config.replicas = replication
-            .ok()
-            .and_then(|info| info_field(&info, "connected_slaves"))
-            .and_then(|n| n.parse().ok());
-        Ok(config)
+        Err(e) => {
+            tracing::debug!(error = %e, "CONFIG GET refused; reading INFO instead");
+            let persistence: String = node
+                .query(conn, redis::cmd("INFO").arg("persistence"))
+                .await?;
+            config.appendonly = info_field(&persistence, "aof_enabled")
+                .map(|on| if on == "1" { "yes" } else { "no" }.to_owned());
+            let memory: String = node.query(conn, redis::cmd("INFO").arg("memory")).await?;
+            config.policy = info_field(&memory, "maxmemory_policy");
+        }
     }
+    let replication: Result<String> = node
+        .query(conn, redis::cmd("INFO").arg("replication"))
+        .await;
+    config.replicas = replication
+        .ok()
+        .and_then(|info| info_field(&info, "connected_slaves"))
+        .and_then(|n| n.parse().ok());
+    Ok(config)
+}
 
-    /// `CONFIG GET <name>`: its value, or `None` if the server has no such
-    /// setting.
-    async fn config_get(&self, node: Node, name: &str) -> Result<Option<String>> {
-        let reply: Value = node
-            .query(&self.inner.conn, redis::cmd("CONFIG").arg("GET").arg(name))
-            .await?;
-        let pairs = match reply {
-            Value::Array(items) => items
-                .chunks(2)
-                .filter_map(|pair| match pair {
-                    [k, v] => Some((k.clone(), v.clone())),
-                    _ => None,
-                })
-                .collect(),
-            Value::Map(pairs) => pairs,
-            _ => Vec::new(),
-        };
-        for (key, value) in pairs {
-            let key: String = redis::from_redis_value(key).map_err(|e| Error::backend(NAME, e))?;
-            if key.eq_ignore_ascii_case(name) {
-                let value: String =
-                    redis::from_redis_value(value).map_err(|e| Error::backend(NAME, e))?;
-                return Ok(Some(value));
-            }
+/// `CONFIG GET <name>`: its value, or `None` if the server has no such
+/// setting.
+async fn config_get(store: &RedisStore, node: Node, name: &str) -> Result<Option<String>> {
+    let reply: Value = node
+        .query(&store.inner.conn, redis::cmd("CONFIG").arg("GET").arg(name))
+        .await?;
+    let pairs = match reply {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [k, v] => Some((k.clone(), v.clone())),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(pairs) => pairs,
+        _ => Vec::new(),
+    };
+    for (key, value) in pairs {
+        let key: String = redis::from_redis_value(key).map_err(|e| Error::backend(NAME, e))?;
+        if key.eq_ignore_ascii_case(name) {
+            let value: String =
+                redis::from_redis_value(value).map_err(|e| Error::backend(NAME, e))?;
+            return Ok(Some(value));
         }
-        Ok(None)
     }
+    Ok(None)
 }
 
 /// `field:value` from an `INFO` section.

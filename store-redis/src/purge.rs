@@ -3,7 +3,6 @@
 //! of a prefix.
 
 use futures_util::{StreamExt, TryStreamExt};
-use mcp_event_store_core::backend::validate_stream_id;
 use mcp_event_store_core::{PurgeReport, Result};
 
 use crate::RedisStore;
@@ -15,109 +14,105 @@ use crate::options::{
 use crate::scripts::{SCRIPTS, optional};
 use crate::setup::secret_kept_changing;
 
-impl RedisStore {
-    /// Applies retention to every stream and expiry to every session.
-    pub(crate) async fn purge(&self) -> Result<PurgeReport> {
-        let now = self.now();
-        let pattern = self.inner.keys.scan_pattern();
-        let mut report = PurgeReport::default();
-        for node in conn::nodes(&self.inner.conn).await? {
-            let mut cursor = 0u64;
-            loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_BATCH)
-                    .arg("TYPE")
-                    .arg("hash");
-                let (next, found): (u64, Vec<Vec<u8>>) =
-                    node.query(&self.inner.conn, &scan).await?;
-                let reports: Vec<PurgeReport> = futures_util::stream::iter(found)
-                    .filter_map(|key| async move { String::from_utf8(key).ok() })
-                    .map(|key| async move { self.purge_key(&key, now).await })
-                    .buffer_unordered(PURGE_CONCURRENCY)
-                    .try_collect()
-                    .await?;
-                for one in reports {
-                    report.add(one);
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
-        }
-        Ok(report)
-    }
-
-    /// Applies retention to one stream, or expiry to one session, found by SCAN.
-    async fn purge_key(&self, key: &str, now: i64) -> Result<PurgeReport> {
-        let mut report = PurgeReport::default();
-        if key.ends_with(":session") {
-            let removed: u64 = self
-                .invoke(SCRIPTS.session_purge.call().key(key).arg(now))
-                .await?;
-            report.sessions += removed;
-            return Ok(report);
-        }
-        let Some(keys) = self.inner.keys.stream_of_meta(key) else {
-            return Ok(report);
-        };
-        let retention = self.inner.options.store.retention;
-        let cutoff = retention.expiry_cutoff_millis(now);
+/// Applies retention to every stream and expiry to every session.
+pub(crate) async fn purge(store: &RedisStore) -> Result<PurgeReport> {
+    let now = store.now();
+    let pattern = store.inner.keys.scan_pattern();
+    let mut report = PurgeReport::default();
+    for node in conn::nodes(&store.inner.conn).await? {
+        let mut cursor = 0u64;
         loop {
-            let (removed, gone, more): (u64, u64, u64) = self
-                .invoke(
-                    SCRIPTS
-                        .purge
-                        .call()
-                        .key(&keys.events)
-                        .key(&keys.meta)
-                        .key(&keys.gone)
-                        .arg(cutoff.map(|c| c.to_string()).unwrap_or_default())
-                        .arg(optional(retention.max_events_per_stream))
-                        .arg(optional(retention.max_bytes_per_stream))
-                        .arg(PURGE_TRIM_BUDGET)
-                        .arg(GONE_MARKER_TTL.as_millis() as u64),
-                )
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_BATCH)
+                .arg("TYPE")
+                .arg("hash");
+            let (next, found): (u64, Vec<Vec<u8>>) = node.query(&store.inner.conn, &scan).await?;
+            let reports: Vec<PurgeReport> = futures_util::stream::iter(found)
+                .filter_map(|key| async move { String::from_utf8(key).ok() })
+                .map(|key| async move { purge_key(store, &key, now).await })
+                .buffer_unordered(PURGE_CONCURRENCY)
+                .try_collect()
                 .await?;
-            report.events += removed;
-            report.streams += gone;
-            if more == 0 {
-                return Ok(report);
+            for one in reports {
+                report.add(one);
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
             }
         }
     }
+    Ok(report)
+}
 
-    /// Deletes a stream (`delete_stream`), returning how many events went.
-    pub(crate) async fn delete(&self, stream_id: &str) -> Result<u64> {
-        validate_stream_id(stream_id)?;
-        for _ in 0..SECRET_ATTEMPTS {
-            let key = self.key();
-            let keys = self.inner.keys.stream(&key.token(stream_id));
-            let removed: i64 = self
-                .invoke(
-                    SCRIPTS
-                        .delete
-                        .call()
-                        .key(&keys.events)
-                        .key(&keys.meta)
-                        .key(&keys.gone)
-                        .arg(stream_id)
-                        .arg(GONE_MARKER_TTL.as_millis() as u64),
-                )
-                .await?;
-            // No such stream: unless this handle's secret is out of date
-            // (then the stream lives under another token), there is
-            // nothing to delete.
-            if removed >= 0 || self.secret_holds(&key).await? {
-                return Ok(u64::try_from(removed).unwrap_or(0));
-            }
-        }
-        Err(secret_kept_changing())
+/// Applies retention to one stream, or expiry to one session, found by SCAN.
+async fn purge_key(store: &RedisStore, key: &str, now: i64) -> Result<PurgeReport> {
+    let mut report = PurgeReport::default();
+    if key.ends_with(":session") {
+        let removed: u64 = store
+            .invoke(SCRIPTS.session_purge.call().key(key).arg(now))
+            .await?;
+        report.sessions += removed;
+        return Ok(report);
     }
+    let Some(keys) = store.inner.keys.stream_of_meta(key) else {
+        return Ok(report);
+    };
+    let retention = store.inner.options.store.retention;
+    let cutoff = retention.expiry_cutoff_millis(now);
+    loop {
+        let (removed, gone, more): (u64, u64, u64) = store
+            .invoke(
+                SCRIPTS
+                    .purge
+                    .call()
+                    .key(&keys.events)
+                    .key(&keys.meta)
+                    .key(&keys.gone)
+                    .arg(cutoff.map(|c| c.to_string()).unwrap_or_default())
+                    .arg(optional(retention.max_events_per_stream))
+                    .arg(optional(retention.max_bytes_per_stream))
+                    .arg(PURGE_TRIM_BUDGET)
+                    .arg(GONE_MARKER_TTL.as_millis() as u64),
+            )
+            .await?;
+        report.events += removed;
+        report.streams += gone;
+        if more == 0 {
+            return Ok(report);
+        }
+    }
+}
+
+/// Deletes a stream (`delete_stream`), returning how many events went.
+pub(crate) async fn remove_stream(store: &RedisStore, stream_id: &str) -> Result<u64> {
+    for _ in 0..SECRET_ATTEMPTS {
+        let key = store.key();
+        let keys = store.inner.keys.stream(&key.token(stream_id));
+        let removed: i64 = store
+            .invoke(
+                SCRIPTS
+                    .delete
+                    .call()
+                    .key(&keys.events)
+                    .key(&keys.meta)
+                    .key(&keys.gone)
+                    .arg(stream_id)
+                    .arg(GONE_MARKER_TTL.as_millis() as u64),
+            )
+            .await?;
+        // No such stream: unless this handle's secret is out of date
+        // (then the stream lives under another token), there is
+        // nothing to delete.
+        if removed >= 0 || store.secret_holds(&key).await? {
+            return Ok(u64::try_from(removed).unwrap_or(0));
+        }
+    }
+    Err(secret_kept_changing())
 }
 
 /// Removes every key matching `pattern` on every node (`SCAN` + `UNLINK`

@@ -2,7 +2,7 @@
 //! inclusively from the cursor with the metadata in one `MULTI`, later
 //! pages exclusively, each checked against the metadata read with it.
 
-use mcp_event_store_core::backend::{Page, StreamToken, paged_replay, validate_stream_id};
+use mcp_event_store_core::backend::{Page, StreamToken, paged_replay};
 use mcp_event_store_core::{Error, EventId, Position, Replay, Result};
 use redis::Value;
 
@@ -42,18 +42,67 @@ impl Meta {
     }
 }
 
-impl RedisStore {
-    /// Opens a replay after `raw` (C3, C5): checks the cursor against the
-    /// metadata and reads the first page at once; later pages as they are
-    /// polled.
-    pub(crate) async fn open_replay(&self, raw: &str) -> Result<Replay> {
-        let cursor: EventId = raw.parse()?;
-        let token = cursor.token;
-        let keys = self.inner.keys.stream(&token);
-        let page_size = self.page_size();
-        // One round trip: the metadata, and an inclusive range that must
-        // start with the cursor itself, which proves the cursor was issued
-        // (a position between two real ids is never accepted).
+/// Opens a replay after `raw` (C3, C5): checks the cursor against the
+/// metadata and reads the first page at once; later pages as they are
+/// polled.
+pub(crate) async fn replay_after(store: &RedisStore, raw: &str, cursor: EventId) -> Result<Replay> {
+    let token = cursor.token;
+    let keys = store.inner.keys.stream(&token);
+    let page_size = store.page_size();
+    // One round trip: the metadata, and an inclusive range that must
+    // start with the cursor itself, which proves the cursor was issued
+    // (a position between two real ids is never accepted).
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("HMGET")
+        .arg(&keys.meta)
+        .arg(&["sid", "base", "last", "purged"])
+        .cmd("XRANGE")
+        .arg(&keys.events)
+        .arg(entry_id(cursor.position))
+        .arg("+")
+        .arg("COUNT")
+        .arg(page_size.saturating_add(1));
+    let (meta, entries): (MetaRow, Value) = store.read(&pipe).await?;
+    let (Some(stream_id), base, last, purged) = meta else {
+        return Err(Error::unknown_event_id(raw));
+    };
+    let meta = Meta::parse(base, last, purged)?;
+    let mut events = first_page(raw, &meta, cursor.position, parse_entries(token, entries)?)?;
+    events.truncate(page_size);
+    let mut first = Some(Page {
+        last: events.len() < page_size,
+        events,
+    });
+    let store = store.clone();
+    let raw = raw.to_owned();
+    let base = meta.base;
+    let events = paged_replay(cursor.position, move |position| {
+        let first = first.take();
+        let store = store.clone();
+        let raw = raw.clone();
+        let keys = keys.clone();
+        async move {
+            match first {
+                Some(page) => Ok(page),
+                None => page(&store, &raw, token, &keys, base, position).await,
+            }
+        }
+    });
+    Ok(Replay { stream_id, events })
+}
+
+/// Every retained event of a stream from its oldest (C16): the
+/// metadata and the first page (`XRANGE - +`) in one `MULTI`, later
+/// pages as a replay's, with the same checks. A stream not found under
+/// this handle's secret is looked for again once the secret is checked
+/// (C14), as a delete does.
+pub(crate) async fn replay_whole(store: &RedisStore, stream_id: &str) -> Result<Replay> {
+    let page_size = store.page_size();
+    for _ in 0..SECRET_ATTEMPTS {
+        let key = store.key();
+        let token = key.token(stream_id);
+        let keys = store.inner.keys.stream(&token);
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("HMGET")
@@ -61,25 +110,30 @@ impl RedisStore {
             .arg(&["sid", "base", "last", "purged"])
             .cmd("XRANGE")
             .arg(&keys.events)
-            .arg(entry_id(cursor.position))
+            .arg("-")
             .arg("+")
             .arg("COUNT")
-            .arg(page_size.saturating_add(1));
-        let (meta, entries): (MetaRow, Value) = self.read(&pipe).await?;
-        let (Some(stream_id), base, last, purged) = meta else {
-            return Err(Error::unknown_event_id(raw));
+            .arg(page_size);
+        let (meta, entries): (MetaRow, Value) = store.read(&pipe).await?;
+        let (Some(_), base, last, purged) = meta else {
+            if store.secret_holds(&key).await? {
+                return Ok(Replay::empty(stream_id));
+            }
+            continue;
         };
         let meta = Meta::parse(base, last, purged)?;
-        let mut events = first_page(raw, &meta, cursor.position, parse_entries(token, entries)?)?;
-        events.truncate(page_size);
+        let events = parse_entries(token, entries)?;
+        let Some(oldest) = events.first().map(|e| e.id) else {
+            return Ok(Replay::empty(stream_id));
+        };
         let mut first = Some(Page {
             last: events.len() < page_size,
             events,
         });
-        let store = self.clone();
-        let raw = raw.to_owned();
+        let store = store.clone();
+        let raw = oldest.to_string();
         let base = meta.base;
-        let events = paged_replay(cursor.position, move |position| {
+        let events = paged_replay(Position::ZERO, move |position| {
             let first = first.take();
             let store = store.clone();
             let raw = raw.clone();
@@ -87,137 +141,76 @@ impl RedisStore {
             async move {
                 match first {
                     Some(page) => Ok(page),
-                    None => store.page(&raw, token, &keys, base, position).await,
+                    None => page(&store, &raw, token, &keys, base, position).await,
                 }
             }
         });
-        Ok(Replay { stream_id, events })
-    }
-
-    /// Every retained event of a stream from its oldest (C16): the
-    /// metadata and the first page (`XRANGE - +`) in one `MULTI`, later
-    /// pages as a replay's, with the same checks. A stream not found under
-    /// this handle's secret is looked for again once the secret is checked
-    /// (C14), as a delete does.
-    pub(crate) async fn open_stream_replay(&self, stream_id: &str) -> Result<Replay> {
-        validate_stream_id(stream_id)?;
-        let page_size = self.page_size();
-        for _ in 0..SECRET_ATTEMPTS {
-            let key = self.key();
-            let token = key.token(stream_id);
-            let keys = self.inner.keys.stream(&token);
-            let mut pipe = redis::pipe();
-            pipe.atomic()
-                .cmd("HMGET")
-                .arg(&keys.meta)
-                .arg(&["sid", "base", "last", "purged"])
-                .cmd("XRANGE")
-                .arg(&keys.events)
-                .arg("-")
-                .arg("+")
-                .arg("COUNT")
-                .arg(page_size);
-            let (meta, entries): (MetaRow, Value) = self.read(&pipe).await?;
-            let (Some(_), base, last, purged) = meta else {
-                if self.secret_holds(&key).await? {
-                    return Ok(Replay::empty(stream_id));
-                }
-                continue;
-            };
-            let meta = Meta::parse(base, last, purged)?;
-            let events = parse_entries(token, entries)?;
-            let Some(oldest) = events.first().map(|e| e.id) else {
-                return Ok(Replay::empty(stream_id));
-            };
-            let mut first = Some(Page {
-                last: events.len() < page_size,
-                events,
-            });
-            let store = self.clone();
-            let raw = oldest.to_string();
-            let base = meta.base;
-            let events = paged_replay(Position::ZERO, move |position| {
-                let first = first.take();
-                let store = store.clone();
-                let raw = raw.clone();
-                let keys = keys.clone();
-                async move {
-                    match first {
-                        Some(page) => Ok(page),
-                        None => store.page(&raw, token, &keys, base, position).await,
-                    }
-                }
-            });
-            return Ok(Replay {
-                stream_id: stream_id.to_owned(),
-                events,
-            });
-        }
-        Err(secret_kept_changing())
-    }
-
-    /// Reads the page after `position`, checked against the metadata read in
-    /// the same transaction: the stream must be the same incarnation (same
-    /// `base`) and retention must not have removed anything after `position`.
-    async fn page(
-        &self,
-        raw: &str,
-        token: StreamToken,
-        keys: &StreamKeys,
-        base: Position,
-        position: Position,
-    ) -> Result<Page> {
-        let page_size = self.page_size();
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("XRANGE")
-            .arg(&keys.events)
-            .arg(after(position))
-            .arg("+")
-            .arg("COUNT")
-            .arg(page_size)
-            .cmd("HMGET")
-            .arg(&keys.meta)
-            .arg(&["base", "last", "purged"]);
-        let (entries, (base_now, last, purged)): (Value, PageMeta) = self.read(&pipe).await?;
-        if parse_meta_id(base_now.as_deref())? != Some(base) {
-            // Deleted (or deleted and recreated) while we were reading.
-            return Err(Error::events_purged(raw));
-        }
-        if parse_meta_id(purged.as_deref())?.is_some_and(|purged| purged > position) {
-            return Err(Error::events_purged(raw));
-        }
-        let events = parse_entries(token, entries)?;
-        check_not_emptied(raw, &events, parse_meta_id(last.as_deref())?, position)?;
-        Ok(Page {
-            last: events.len() < page_size,
+        return Ok(Replay {
+            stream_id: stream_id.to_owned(),
             events,
-        })
+        });
     }
+    Err(secret_kept_changing())
+}
 
-    /// The stream of a retained event, or `None` (C4).
-    pub(crate) async fn lookup(&self, event_id: &str) -> Result<Option<String>> {
-        let Some(id) = EventId::parse(event_id) else {
-            return Ok(None);
-        };
-        let keys = self.inner.keys.stream(&id.token);
-        // The entry itself must exist: a position between two issued ids is
-        // never found.
-        let at = entry_id(id.position);
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HGET")
-            .arg(&keys.meta)
-            .arg("sid")
-            .cmd("XRANGE")
-            .arg(&keys.events)
-            .arg(&at)
-            .arg(&at)
-            .arg("COUNT")
-            .arg(1);
-        let (sid, entry): (Option<String>, Vec<Value>) = self.read(&pipe).await?;
-        Ok(sid.filter(|_| !entry.is_empty()))
+/// Reads the page after `position`, checked against the metadata read in
+/// the same transaction: the stream must be the same incarnation (same
+/// `base`) and retention must not have removed anything after `position`.
+async fn page(
+    store: &RedisStore,
+    raw: &str,
+    token: StreamToken,
+    keys: &StreamKeys,
+    base: Position,
+    position: Position,
+) -> Result<Page> {
+    let page_size = store.page_size();
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("XRANGE")
+        .arg(&keys.events)
+        .arg(after(position))
+        .arg("+")
+        .arg("COUNT")
+        .arg(page_size)
+        .cmd("HMGET")
+        .arg(&keys.meta)
+        .arg(&["base", "last", "purged"]);
+    let (entries, (base_now, last, purged)): (Value, PageMeta) = store.read(&pipe).await?;
+    if parse_meta_id(base_now.as_deref())? != Some(base) {
+        // Deleted (or deleted and recreated) while we were reading.
+        return Err(Error::events_purged(raw));
     }
+    if parse_meta_id(purged.as_deref())?.is_some_and(|purged| purged > position) {
+        return Err(Error::events_purged(raw));
+    }
+    let events = parse_entries(token, entries)?;
+    check_not_emptied(raw, &events, parse_meta_id(last.as_deref())?, position)?;
+    Ok(Page {
+        last: events.len() < page_size,
+        events,
+    })
+}
+
+/// The stream of a retained event, or `None` (C4).
+pub(crate) async fn stream_of(store: &RedisStore, id: EventId) -> Result<Option<String>> {
+    let keys = store.inner.keys.stream(&id.token);
+    // The entry itself must exist: a position between two issued ids is
+    // never found.
+    let at = entry_id(id.position);
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("HGET")
+        .arg(&keys.meta)
+        .arg("sid")
+        .cmd("XRANGE")
+        .arg(&keys.events)
+        .arg(&at)
+        .arg(&at)
+        .arg("COUNT")
+        .arg(1);
+    let (sid, entry): (Option<String>, Vec<Value>) = store.read(&pipe).await?;
+    Ok(sid.filter(|_| !entry.is_empty()))
 }
 
 /// `HMGET meta base last purged`, read with each later page.

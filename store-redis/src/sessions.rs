@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
-use mcp_event_store_core::backend::validate_session_id;
+use mcp_event_store_core::backend::SessionBackend;
 use mcp_event_store_core::{Error, Result};
 use redis::FromRedisValue;
 
@@ -15,19 +16,17 @@ use crate::options::SECRET_ATTEMPTS;
 use crate::scripts::{SCRIPTS, ttl_arg};
 use crate::setup::secret_kept_changing;
 
-impl RedisStore {
-    /// Stores a session's state with its TTL (`put_session`).
-    pub(crate) async fn session_put(
+#[async_trait]
+impl SessionBackend for RedisStore {
+    /// Stores a session's state until `expires_at`, with a `PEXPIRE`
+    /// backstop of `ttl` (`put_session`).
+    async fn session_put(
         &self,
         session_id: &str,
         state: &[u8],
         ttl: Duration,
+        expires_at: i64,
     ) -> Result<()> {
-        let expires_at =
-            self.inner
-                .options
-                .store
-                .check_session_put(session_id, state.len(), ttl)?;
         for _ in 0..SECRET_ATTEMPTS {
             let key = self.key();
             let session = self.inner.keys.session(&key, session_id);
@@ -64,10 +63,7 @@ impl RedisStore {
     }
 
     /// A session's state, unless missing or expired (`get_session`).
-    pub(crate) async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>> {
-        if validate_session_id(session_id).is_err() {
-            return Ok(None);
-        }
+    async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>> {
         for _ in 0..SECRET_ATTEMPTS {
             let key = self.key();
             let session = self.inner.keys.session(&key, session_id);
@@ -94,10 +90,7 @@ impl RedisStore {
     }
 
     /// Deletes a session (`delete_session`); whether it existed.
-    pub(crate) async fn session_delete(&self, session_id: &str) -> Result<bool> {
-        if validate_session_id(session_id).is_err() {
-            return Ok(false);
-        }
+    async fn session_delete(&self, session_id: &str) -> Result<bool> {
         for _ in 0..SECRET_ATTEMPTS {
             let key = self.key();
             let session = self.inner.keys.session(&key, session_id);

@@ -2,9 +2,9 @@
 //! the keys, the stream secret, the options, the follow watcher and the
 //! task wake-ups), and the plumbing the job files reach it through.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
-use mcp_event_store_core::backend::StreamKey;
+use mcp_event_store_core::backend::{BackendHandle, StreamKey};
 use mcp_event_store_core::{Error, Result};
 use redis::{FromRedisValue, Pipeline};
 
@@ -30,14 +30,6 @@ pub(crate) struct Inner {
 
 /// What the job files share.
 impl RedisStore {
-    /// [`Error::Closed`] once [`close`](Self::close) was called.
-    pub(crate) fn ensure_open(&self) -> Result<()> {
-        if self.inner.closed.load(Ordering::SeqCst) {
-            return Err(Error::Closed);
-        }
-        Ok(())
-    }
-
     pub(crate) fn conn(&self) -> Conn {
         self.inner.conn.clone()
     }
@@ -62,9 +54,12 @@ impl RedisStore {
 
     /// Runs a read-only pipeline, retrying once if the connection dropped
     /// under it (reads are idempotent; appends are never retried). Refused
-    /// once the handle is closed, so the later pages of a replay are too.
+    /// once the handle is closed, so the later pages of a replay are too,
+    /// and the re-reads of follows and task watches, which `close` wakes.
     pub(crate) async fn read<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T> {
-        self.ensure_open()?;
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
         let mut conn = self.conn();
         match pipe.query_async(&mut conn).await {
             Ok(value) => Ok(value),

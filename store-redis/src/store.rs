@@ -1,25 +1,24 @@
-//! The store: connecting, closing, accessors, and the trait impls, which
-//! delegate to the files named for each job.
+//! The store: connecting, closing, accessors, and the event job's trait
+//! impl, which hands each call to the file for its job (sessions and tasks
+//! implement theirs in their own files).
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-#[cfg(doc)]
-use mcp_event_store_core::Error;
-use mcp_event_store_core::backend::observe;
+use mcp_event_store_core::backend::{BackendHandle, EventBackend};
 use mcp_event_store_core::{
-    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    Retention, SessionStore, StoreStats, StreamCursor, StreamPage,
+    Error, EventId, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
+    StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
+#[cfg(doc)]
+use mcp_event_store_core::{EventStore, SessionStore};
 
 use crate::conn::Conn;
 use crate::error::NAME;
 use crate::state::Inner;
-use crate::{RedisOptions, purge, setup};
+use crate::{RedisOptions, append, follow, inspect, purge, replay, setup};
 
 /// An [`EventStore`] and [`SessionStore`] on Redis Streams.
 ///
@@ -90,99 +89,77 @@ impl RedisStore {
     /// still open on the prefix go on as after a server restart without
     /// persistence (see the [crate docs](crate#restart-without-persistence)).
     pub async fn destroy(&self) -> Result<u64> {
-        self.ensure_open()?;
+        if self.is_closed() {
+            return Err(Error::Closed);
+        }
         purge::unlink_matching(&self.inner.conn, &self.inner.keys.all_pattern()).await
     }
 }
 
-#[async_trait]
-impl EventStore for RedisStore {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        self.ensure_open()?;
-        let id = observe::append(
-            NAME,
-            stream_id,
-            event.data.len(),
-            self.append(stream_id, event),
-        )
-        .await?;
-        // The script returned: the event is visible to every reader now.
-        self.inner.follow.hub().wake(&id.token);
-        Ok(id)
+impl BackendHandle for RedisStore {
+    const NAME: &'static str = NAME;
+
+    fn store_options(&self) -> &StoreOptions {
+        &self.inner.options.store
     }
 
-    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        self.ensure_open()?;
-        observe::replay(NAME, last_event_id, self.open_replay(last_event_id)).await
-    }
-
-    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
-        self.ensure_open()?;
-        observe::replay(NAME, stream_id, self.open_stream_replay(stream_id)).await
-    }
-
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
-        self.ensure_open()?;
-        self.lookup(event_id).await
-    }
-
-    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
-        self.ensure_open()?;
-        self.delete(stream_id).await
-    }
-
-    async fn purge_expired(&self) -> Result<PurgeReport> {
-        self.ensure_open()?;
-        observe::purge(NAME, self.purge()).await
-    }
-
-    async fn follow_events_after(
-        &self,
-        last_event_id: &str,
-        options: FollowOptions,
-    ) -> Result<Replay> {
-        self.ensure_open()?;
-        self.open_follow(last_event_id, options).await
-    }
-
-    fn open_follows(&self) -> usize {
-        self.inner.follow.hub().followers()
-    }
-
-    fn retention(&self) -> Retention {
-        self.inner.options.store.retention
-    }
-
-    async fn stats(&self) -> Result<StoreStats> {
-        self.ensure_open()?;
-        self.inspect_stats().await
-    }
-
-    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
-        self.ensure_open()?;
-        self.inspect_list(after, limit).await
-    }
-
-    async fn check(&self) -> Result<HealthReport> {
-        self.ensure_open()?;
-        self.inspect_check().await
+    fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
     }
 }
 
 #[async_trait]
-impl SessionStore for RedisStore {
-    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        self.ensure_open()?;
-        self.session_put(session_id, state, ttl).await
+impl EventBackend for RedisStore {
+    async fn append(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        append::append(self, stream_id, event).await
     }
 
-    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
-        self.ensure_open()?;
-        self.session_get(session_id).await
+    async fn replay_after(&self, raw: &str, cursor: EventId) -> Result<Replay> {
+        replay::replay_after(self, raw, cursor).await
     }
 
-    async fn delete_session(&self, session_id: &str) -> Result<bool> {
-        self.ensure_open()?;
-        self.session_delete(session_id).await
+    async fn replay_whole(&self, stream_id: &str) -> Result<Replay> {
+        replay::replay_whole(self, stream_id).await
+    }
+
+    async fn follow_after(
+        &self,
+        raw: &str,
+        cursor: EventId,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        follow::follow_after(self, raw, cursor, options).await
+    }
+
+    fn follows_open(&self) -> usize {
+        follow::follows_open(self)
+    }
+
+    async fn stream_of(&self, id: EventId) -> Result<Option<String>> {
+        replay::stream_of(self, id).await
+    }
+
+    async fn remove_stream(&self, stream_id: &str) -> Result<u64> {
+        purge::remove_stream(self, stream_id).await
+    }
+
+    async fn purge(&self) -> Result<PurgeReport> {
+        purge::purge(self).await
+    }
+
+    async fn inspect_stats(&self) -> Result<StoreStats> {
+        inspect::stats(self).await
+    }
+
+    async fn inspect_streams(
+        &self,
+        after: Option<&StreamCursor>,
+        limit: usize,
+    ) -> Result<StreamPage> {
+        inspect::streams(self, after, limit).await
+    }
+
+    async fn inspect_check(&self) -> Result<HealthReport> {
+        inspect::check(self).await
     }
 }

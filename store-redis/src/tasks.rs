@@ -19,12 +19,12 @@ use futures_util::{StreamExt, TryStreamExt};
 use mcp_event_store_core::backend::follow::{Subscription, Wakeups, task_token, watch_task};
 use mcp_event_store_core::backend::task::codec::{self, StoredTask};
 use mcp_event_store_core::backend::task::{
-    TaskDigest, TaskMachine, check_message, check_responses, client_call, count_ended,
-    stored_instance,
+    OwnerKey, TaskDigest, TaskMachine, count_ended, stored_instance,
 };
+use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
-    TaskId, TaskOptions, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 #[cfg(feature = "conformance")]
@@ -263,374 +263,360 @@ struct Found {
 /// and the answer.
 type Decision<T> = (Option<StoredTask>, T);
 
-impl RedisStore {
-    fn task_options(&self) -> TaskOptions {
-        self.inner.options.store.tasks
-    }
+fn task_options(store: &RedisStore) -> TaskOptions {
+    store.inner.options.store.tasks
+}
 
-    /// The task's value, with its context (the field `c`), or `None`.
-    async fn load_task(&self, digest: &TaskDigest) -> Result<Option<StoredTask>> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("HMGET")
-            .arg(self.inner.keys.task(digest))
-            .arg(&["v", "c"]);
-        let ((value, context),): (ValueAndContext,) = self.read(&pipe).await?;
-        let Some(value) = value else {
-            return Ok(None);
-        };
-        let mut stored = codec::decode(&value)?;
-        if let Some(context) = context {
-            stored.record.context = Some(context.into());
-        }
-        Ok(Some(stored))
+/// The task's value, with its context (the field `c`), or `None`.
+async fn load_task(store: &RedisStore, digest: &TaskDigest) -> Result<Option<StoredTask>> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("HMGET")
+        .arg(store.inner.keys.task(digest))
+        .arg(&["v", "c"]);
+    let ((value, context),): (ValueAndContext,) = store.read(&pipe).await?;
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let mut stored = codec::decode(&value)?;
+    if let Some(context) = context {
+        stored.record.context = Some(context.into());
     }
+    Ok(Some(stored))
+}
 
-    /// Instance `id`'s heartbeat deadline (the orphan check, T11: a second
-    /// command, in another slot).
-    async fn alive_until(&self, id: &InstanceId) -> Result<Option<i64>> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(self.inner.keys.instance(id));
-        let (value,): (Option<String>,) = self.read(&pipe).await?;
-        value
-            .map(|v| v.parse::<i64>().map_err(|_| corrupt()))
-            .transpose()
+/// Instance `id`'s heartbeat deadline (the orphan check, T11: a second
+/// command, in another slot).
+async fn alive_until(store: &RedisStore, id: &InstanceId) -> Result<Option<i64>> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("GET").arg(store.inner.keys.instance(id));
+    let (value,): (Option<String>,) = store.read(&pipe).await?;
+    value
+        .map(|v| v.parse::<i64>().map_err(|_| corrupt()))
+        .transpose()
+}
+
+/// The task, if `owner` (`None`: anyone) may see it, as read at `now`.
+async fn find_task(
+    store: &RedisStore,
+    digest: &TaskDigest,
+    owner: Option<&[u8]>,
+    now: i64,
+) -> Result<Option<Found>> {
+    let Some(stored) = load_task(store, digest).await? else {
+        return Ok(None);
+    };
+    if owner.is_some_and(|o| o != stored.owner) {
+        return Ok(None);
     }
+    let alive_until = alive_until(store, &stored_instance(&stored.instance)?).await?;
+    let seen = stored.record.clone().seen_at(now, alive_until);
+    Ok(Some(Found {
+        stored,
+        seen,
+        alive_until,
+    }))
+}
 
-    /// The task, if `owner` (`None`: anyone) may see it, as read at `now`.
-    async fn find_task(
-        &self,
-        digest: &TaskDigest,
-        owner: Option<&[u8]>,
-        now: i64,
-    ) -> Result<Option<Found>> {
-        let Some(stored) = self.load_task(digest).await? else {
-            return Ok(None);
-        };
-        if owner.is_some_and(|o| o != stored.owner) {
-            return Ok(None);
-        }
-        let alive_until = self
-            .alive_until(&stored_instance(&stored.instance)?)
-            .await?;
-        let seen = stored.record.clone().seen_at(now, alive_until);
-        Ok(Some(Found {
-            stored,
-            seen,
-            alive_until,
-        }))
-    }
+/// The task as `owner` (`None`: anyone) sees it now.
+async fn read_task(
+    store: &RedisStore,
+    digest: &TaskDigest,
+    owner: Option<&[u8]>,
+) -> Result<Option<TaskRecord>> {
+    let now = store.now();
+    Ok(find_task(store, digest, owner, now)
+        .await?
+        .and_then(|found| found.seen))
+}
 
-    /// The task as `owner` (`None`: anyone) sees it now.
-    async fn read_task(
-        &self,
-        digest: &TaskDigest,
-        owner: Option<&[u8]>,
-    ) -> Result<Option<TaskRecord>> {
-        let now = self.now();
-        Ok(self
-            .find_task(digest, owner, now)
-            .await?
-            .and_then(|found| found.seen))
-    }
+/// A watch of the task as `reader` sees it.
+async fn watch_as(
+    store: &RedisStore,
+    digest: TaskDigest,
+    reader: Reader,
+    after: Rev,
+    max_wait: Duration,
+) -> Result<Option<TaskRecord>> {
+    let deadline = tokio::time::Instant::now() + max_wait;
+    // Registered, and the subscriber subscribed, before the first read.
+    let woken = store.inner.tasks.subscribe(&digest).await;
+    let recheck = store.inner.options.follow_recheck;
+    watch_task(woken, after, deadline, recheck, || {
+        let (store, reader) = (store.clone(), reader.clone());
+        // `close` wakes every watch, whose read then ends it with `Closed`.
+        async move { read_task(&store, &digest, reader.owner().map(Vec::as_slice)).await }
+    })
+    .await
+}
 
-    /// A watch of the task as `owner` (`None`: anyone) sees it.
-    async fn watch_as(
-        &self,
-        digest: TaskDigest,
-        owner: Option<Arc<[u8]>>,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        let deadline = tokio::time::Instant::now() + max_wait;
-        // Registered, and the subscriber subscribed, before the first read.
-        let woken = self.inner.tasks.subscribe(&digest).await;
-        let recheck = self.inner.options.follow_recheck;
-        watch_task(woken, after, deadline, recheck, || {
-            let (store, owner) = (self.clone(), owner.clone());
-            async move {
-                // `close` wakes every watch, which then ends here.
-                store.ensure_open()?;
-                store.read_task(&digest, owner.as_deref()).await
-            }
-        })
+/// One command on the takeover index (`SADD`, `SREM`) for `digest`.
+async fn index_takeover(store: &RedisStore, command: &str, digest: &TaskDigest) -> Result<()> {
+    let _: i64 = redis::cmd(command)
+        .arg(store.inner.keys.takeover_index())
+        .arg(hex(digest.as_bytes()))
+        .query_async(&mut store.conn())
         .await
-    }
+        .map_err(backend)?;
+    Ok(())
+}
 
-    /// One command on the takeover index (`SADD`, `SREM`) for `digest`.
-    async fn index_takeover(&self, command: &str, digest: &TaskDigest) -> Result<()> {
-        let _: i64 = redis::cmd(command)
-            .arg(self.inner.keys.takeover_index())
-            .arg(hex(digest.as_bytes()))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(backend)?;
-        Ok(())
-    }
-
-    /// Claims into `claimed`, for `by` (alive until `mine`), the tasks of
-    /// the takeover index that wait for a runtime, up to `limit`.
-    async fn claim_into(
-        &self,
-        by: InstanceId,
-        mine: Option<i64>,
-        now: i64,
-        limit: usize,
-        claimed: &mut Vec<Claimed>,
-    ) -> Result<()> {
-        let mut cursor = 0u64;
-        loop {
-            let mut scan = redis::pipe();
-            scan.cmd("SSCAN")
-                .arg(self.inner.keys.takeover_index())
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(SCAN_BATCH);
-            let ((next, members),): ((u64, Vec<Vec<u8>>),) = self.read(&scan).await?;
-            // The batch's tasks are read concurrently (each task and its
-            // instance are in slots of their own, so not one pipeline):
-            // running tasks, which stay in the set, cost the round trips
-            // of one read, not one each.
-            let digests: Vec<TaskDigest> =
-                members.iter().filter_map(|m| digest_of_hex(m)).collect();
-            let mut found = futures_util::stream::iter(digests)
-                .map(|digest| async move {
-                    let found = self.find_task(&digest, None, now).await?;
-                    Ok::<_, Error>((digest, found))
-                })
-                .buffered(PURGE_CONCURRENCY);
-            while let Some(next) = found.next().await {
-                if claimed.len() >= limit {
-                    return Ok(());
-                }
-                let (digest, found) = next?;
-                if let Some(claim) = self.claim_one(&digest, found, by, mine, now).await? {
-                    claimed.push(claim);
-                }
-            }
-            cursor = next;
-            if cursor == 0 {
+/// Claims into `claimed`, for `by` (alive until `mine`), the tasks of
+/// the takeover index that wait for a runtime, up to `limit`.
+async fn claim_into(
+    store: &RedisStore,
+    by: InstanceId,
+    mine: Option<i64>,
+    now: i64,
+    limit: usize,
+    claimed: &mut Vec<Claimed>,
+) -> Result<()> {
+    let mut cursor = 0u64;
+    loop {
+        let mut scan = redis::pipe();
+        scan.cmd("SSCAN")
+            .arg(store.inner.keys.takeover_index())
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(SCAN_BATCH);
+        let ((next, members),): ((u64, Vec<Vec<u8>>),) = store.read(&scan).await?;
+        // The batch's tasks are read concurrently (each task and its
+        // instance are in slots of their own, so not one pipeline):
+        // running tasks, which stay in the set, cost the round trips
+        // of one read, not one each.
+        let digests: Vec<TaskDigest> = members.iter().filter_map(|m| digest_of_hex(m)).collect();
+        let mut found = futures_util::stream::iter(digests)
+            .map(|digest| async move {
+                let found = find_task(store, &digest, None, now).await?;
+                Ok::<_, Error>((digest, found))
+            })
+            .buffered(PURGE_CONCURRENCY);
+        while let Some(next) = found.next().await {
+            if claimed.len() >= limit {
                 return Ok(());
             }
-        }
-    }
-
-    /// Drops `digest`, found with no task, from the takeover index. The
-    /// index entry of a task being created is written before the task
-    /// (see [`TaskStore::try_create`]), so the task may have appeared
-    /// since the read: it is read again after the `SREM`, and put back if
-    /// it is there. With the creator's own `SADD` after the task, an entry
-    /// is never lost: whichever of the two `SADD`s follows this `SREM`
-    /// puts it back.
-    async fn drop_stale_takeover(&self, digest: &TaskDigest) -> Result<()> {
-        self.index_takeover("SREM", digest).await?;
-        if self.load_task(digest).await?.is_some() {
-            self.index_takeover("SADD", digest).await?;
-        }
-        Ok(())
-    }
-
-    /// Claims the task under `digest` for `by` (alive until `mine`) if it
-    /// waits for a runtime; a task that never will again leaves the index.
-    async fn claim_one(
-        &self,
-        digest: &TaskDigest,
-        found: Option<Found>,
-        by: InstanceId,
-        mine: Option<i64>,
-        now: i64,
-    ) -> Result<Option<Claimed>> {
-        let Some(found) = found else {
-            self.drop_stale_takeover(digest).await?;
-            return Ok(None);
-        };
-        let done = found
-            .seen
-            .as_ref()
-            .is_none_or(|seen| seen.status.is_terminal());
-        if done || found.stored.record.takeover.is_none() {
-            self.index_takeover("SREM", digest).await?;
-            return Ok(None);
-        }
-        let Some((new, worker)) = found.stored.claim_step(by, found.alive_until, now) else {
-            return Ok(None);
-        };
-        // A lost race (another claim, or any change) leaves it: whoever
-        // changed it holds it or changed what a claim would see.
-        match self.write_task(digest, &found.stored, &new, now).await {
-            Ok(true) => {}
-            Ok(false) => return Ok(None),
-            // The script may have run with its reply lost (a timeout, a
-            // dropped connection): a claim nobody is told of would hold
-            // the task until this instance lapses. Read back: the claim
-            // landed if the task is at its `rev`, under this claim.
-            Err(error) => match self.find_task(digest, None, now).await {
-                Ok(Some(back))
-                    if back.stored.record.rev == new.record.rev
-                        && back.stored.instance == *by.as_bytes()
-                        && back.stored.record.takeover == new.record.takeover => {}
-                _ => return Err(error),
-            },
-        }
-        Ok(new
-            .view(mine, now)?
-            .map(|view| Claimed::new(*digest, worker, view)))
-    }
-
-    /// Runs a task script, waiting for replicas as appends do.
-    async fn task_script(&self, call: Call<'_>, what: &str) -> Result<i64> {
-        self.ensure_open()?;
-        let (reply, acked) = self.run(&call, true).await?;
-        let reply: i64 = redis::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))?;
-        if reply == 1 {
-            self.check_wait(acked, what)?;
-        }
-        Ok(reply)
-    }
-
-    /// Writes `new` over the task `read`, if it is still at `read`'s `rev`;
-    /// its context only when it changed.
-    async fn write_task(
-        &self,
-        digest: &TaskDigest,
-        read: &StoredTask,
-        new: &StoredTask,
-        now: i64,
-    ) -> Result<bool> {
-        let context = new
-            .record
-            .context
-            .as_ref()
-            .filter(|c| read.record.context.as_ref() != Some(c));
-        let written = self
-            .task_script(
-                SCRIPTS
-                    .task_write
-                    .call()
-                    .key(self.inner.keys.task(digest))
-                    .arg(read.record.rev)
-                    .arg(encode_value(new))
-                    .arg(new.record.rev)
-                    .arg(task_backstop(&new.record, now))
-                    .arg(self.inner.keys.task_channel())
-                    .arg(hex(digest.as_bytes()))
-                    .arg(if context.is_some() { "1" } else { "0" })
-                    .arg(context.map_or(&[][..], |c| &c[..])),
-                "the task change",
-            )
-            .await?;
-        if written == 1 {
-            // Published for every handle; this one's watchers need not
-            // wait for the message.
-            self.inner.tasks.wake(digest);
-            let ended = new.record.status.is_terminal() && !read.record.status.is_terminal();
-            if ended && new.record.takeover.is_some() {
-                // No claim will want it again. An entry left by a failure
-                // here is harmless: the next claim that meets it drops it.
-                if let Err(error) = self.index_takeover("SREM", digest).await {
-                    tracing::debug!(%error, "cannot drop an ended task from the takeover set");
-                }
+            let (digest, found) = next?;
+            if let Some(claim) = claim_one(store, &digest, found, by, mine, now).await? {
+                claimed.push(claim);
             }
         }
-        Ok(written == 1)
+        cursor = next;
+        if cursor == 0 {
+            return Ok(());
+        }
     }
+}
 
-    /// One atomic step on a task: `decide` sees what was read at `now` and
-    /// names the new value, written only if `rev` did not move meanwhile,
-    /// else the step runs again. Returns the answer.
-    async fn task_step<T>(
-        &self,
-        digest: &TaskDigest,
-        owner: Option<&[u8]>,
-        now: i64,
-        mut decide: impl FnMut(Option<&Found>) -> Result<Decision<T>>,
-    ) -> Result<T> {
-        loop {
-            let found = self.find_task(digest, owner, now).await?;
-            let found = found.filter(|f| f.seen.is_some());
-            let (new, answer) = decide(found.as_ref())?;
-            let (Some(new), Some(found)) = (new, found) else {
-                return Ok(answer);
-            };
-            if self.write_task(digest, &found.stored, &new, now).await? {
-                return Ok(answer);
+/// Drops `digest`, found with no task, from the takeover index. The
+/// index entry of a task being created is written before the task
+/// (see `task_create`), so the task may have appeared
+/// since the read: it is read again after the `SREM`, and put back if
+/// it is there. With the creator's own `SADD` after the task, an entry
+/// is never lost: whichever of the two `SADD`s follows this `SREM`
+/// puts it back.
+async fn drop_stale_takeover(store: &RedisStore, digest: &TaskDigest) -> Result<()> {
+    index_takeover(store, "SREM", digest).await?;
+    if load_task(store, digest).await?.is_some() {
+        index_takeover(store, "SADD", digest).await?;
+    }
+    Ok(())
+}
+
+/// Claims the task under `digest` for `by` (alive until `mine`) if it
+/// waits for a runtime; a task that never will again leaves the index.
+async fn claim_one(
+    store: &RedisStore,
+    digest: &TaskDigest,
+    found: Option<Found>,
+    by: InstanceId,
+    mine: Option<i64>,
+    now: i64,
+) -> Result<Option<Claimed>> {
+    let Some(found) = found else {
+        drop_stale_takeover(store, digest).await?;
+        return Ok(None);
+    };
+    let done = found
+        .seen
+        .as_ref()
+        .is_none_or(|seen| seen.status.is_terminal());
+    if done || found.stored.record.takeover.is_none() {
+        index_takeover(store, "SREM", digest).await?;
+        return Ok(None);
+    }
+    let Some((new, worker)) = found.stored.claim_step(by, found.alive_until, now) else {
+        return Ok(None);
+    };
+    // A lost race (another claim, or any change) leaves it: whoever
+    // changed it holds it or changed what a claim would see.
+    match write_task(store, digest, &found.stored, &new, now).await {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
+        // The script may have run with its reply lost (a timeout, a
+        // dropped connection): a claim nobody is told of would hold
+        // the task until this instance lapses. Read back: the claim
+        // landed if the task is at its `rev`, under this claim.
+        Err(error) => match find_task(store, digest, None, now).await {
+            Ok(Some(back))
+                if back.stored.record.rev == new.record.rev
+                    && back.stored.instance == *by.as_bytes()
+                    && back.stored.record.takeover == new.record.takeover => {}
+            _ => return Err(error),
+        },
+    }
+    Ok(new
+        .view(mine, now)?
+        .map(|view| Claimed::new(*digest, worker, view)))
+}
+
+/// Runs a task script, waiting for replicas as appends do.
+async fn task_script(store: &RedisStore, call: Call<'_>, what: &str) -> Result<i64> {
+    let (reply, acked) = store.run(&call, true).await?;
+    let reply: i64 = redis::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))?;
+    if reply == 1 {
+        store.check_wait(acked, what)?;
+    }
+    Ok(reply)
+}
+
+/// Writes `new` over the task `read`, if it is still at `read`'s `rev`;
+/// its context only when it changed.
+async fn write_task(
+    store: &RedisStore,
+    digest: &TaskDigest,
+    read: &StoredTask,
+    new: &StoredTask,
+    now: i64,
+) -> Result<bool> {
+    let context = new
+        .record
+        .context
+        .as_ref()
+        .filter(|c| read.record.context.as_ref() != Some(c));
+    let written = task_script(
+        store,
+        SCRIPTS
+            .task_write
+            .call()
+            .key(store.inner.keys.task(digest))
+            .arg(read.record.rev)
+            .arg(encode_value(new))
+            .arg(new.record.rev)
+            .arg(task_backstop(&new.record, now))
+            .arg(store.inner.keys.task_channel())
+            .arg(hex(digest.as_bytes()))
+            .arg(if context.is_some() { "1" } else { "0" })
+            .arg(context.map_or(&[][..], |c| &c[..])),
+        "the task change",
+    )
+    .await?;
+    if written == 1 {
+        // Published for every handle; this one's watchers need not
+        // wait for the message.
+        store.inner.tasks.wake(digest);
+        let ended = new.record.status.is_terminal() && !read.record.status.is_terminal();
+        if ended && new.record.takeover.is_some() {
+            // No claim will want it again. An entry left by a failure
+            // here is harmless: the next claim that meets it drops it.
+            if let Err(error) = index_takeover(store, "SREM", digest).await {
+                tracing::debug!(%error, "cannot drop an ended task from the takeover set");
             }
         }
     }
+    Ok(written == 1)
+}
 
-    /// A client's step (`answer`, `request_cancel`): the owner must match,
-    /// a terminal task is answered as read; returns the task after it.
-    async fn client_step(
-        &self,
-        id: &str,
-        who: &Owner,
-        now: i64,
-        change: impl Fn(&mut StoredTask) -> bool,
-    ) -> Result<Option<TaskRecord>> {
-        self.ensure_open()?;
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
+/// One atomic step on a task: `decide` sees what was read at `now` and
+/// names the new value, written only if `rev` did not move meanwhile,
+/// else the step runs again. Returns the answer.
+async fn task_step<T>(
+    store: &RedisStore,
+    digest: &TaskDigest,
+    owner: Option<&[u8]>,
+    now: i64,
+    mut decide: impl FnMut(Option<&Found>) -> Result<Decision<T>>,
+) -> Result<T> {
+    loop {
+        let found = find_task(store, digest, owner, now).await?;
+        let found = found.filter(|f| f.seen.is_some());
+        let (new, answer) = decide(found.as_ref())?;
+        let (Some(new), Some(found)) = (new, found) else {
+            return Ok(answer);
         };
-        self.task_step(&digest, Some(&owner), now, |found| {
-            let Some(Found {
-                stored,
-                seen: Some(seen),
-                alive_until,
-            }) = found
-            else {
-                return Ok((None, None));
-            };
-            Ok(stored.client_step(seen, now, *alive_until, &change))
-        })
-        .await
+        if write_task(store, digest, &found.stored, &new, now).await? {
+            return Ok(answer);
+        }
     }
+}
+
+/// A client's step (`answer`, `request_cancel`): the owner must match,
+/// a terminal task is answered as read; returns the task after it.
+async fn client_step(
+    store: &RedisStore,
+    digest: &TaskDigest,
+    owner: &[u8],
+    now: i64,
+    change: impl Fn(&mut StoredTask) -> bool,
+) -> Result<Option<TaskRecord>> {
+    task_step(store, digest, Some(owner), now, |found| {
+        let Some(Found {
+            stored,
+            seen: Some(seen),
+            alive_until,
+        }) = found
+        else {
+            return Ok((None, None));
+        };
+        Ok(stored.client_step(seen, now, *alive_until, &change))
+    })
+    .await
 }
 
 // ------------------------------------------------------------ the trait
 
 #[async_trait]
-impl TaskStore for RedisStore {
-    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
-        task.check()?;
-        self.ensure_open()?;
+impl TaskBackend for RedisStore {
+    async fn task_create(
+        &self,
+        digest: TaskDigest,
+        task: &NewTask<'_>,
+    ) -> Result<Option<TaskRecord>> {
         let now = self.now();
         // Only under an instance alive at the task's birth (T11). The
         // instance key lives in another slot, so this is a read before the
         // script, judged at the same `now` the task is created at: the
         // deadline read only moves later while the instance lives.
-        if self
-            .alive_until(&task.instance)
+        if alive_until(self, &task.instance)
             .await?
             .is_none_or(|until| until <= now)
         {
             return Err(Error::instance_lapsed(&task.instance));
         }
-        let digest = id.digest();
         if task.takeover.is_some() {
             // The index first: a crash between leaves an entry a claim
             // finds stale, never a task no claim can find.
-            self.index_takeover("SADD", &digest).await?;
+            index_takeover(self, "SADD", &digest).await?;
         }
-        let record = TaskRecord::created(task, now, &self.task_options());
+        let record = TaskRecord::created(task, now, &task_options(self));
         let stored = StoredTask::new(task.owner, *task.instance.as_bytes(), record.clone());
-        let created = self
-            .task_script(
-                SCRIPTS
-                    .task_create
-                    .call()
-                    .key(self.inner.keys.task(&digest))
-                    .arg(encode_value(&stored))
-                    .arg(record.rev)
-                    .arg(task_backstop(&record, now))
-                    .arg(if record.context.is_some() { "1" } else { "0" })
-                    .arg(record.context.as_deref().unwrap_or_default()),
-                "the task",
-            )
-            .await;
+        let created = task_script(
+            self,
+            SCRIPTS
+                .task_create
+                .call()
+                .key(self.inner.keys.task(&digest))
+                .arg(encode_value(&stored))
+                .arg(record.rev)
+                .arg(task_backstop(&record, now))
+                .arg(if record.context.is_some() { "1" } else { "0" })
+                .arg(record.context.as_deref().unwrap_or_default()),
+            "the task",
+        )
+        .await;
         if task.takeover.is_some() && !matches!(created, Ok(0)) {
             // And again after it (also when the reply was lost: the task
             // may be there): a claim that read the index before the task
             // was written may have dropped the entry as stale meanwhile.
-            let indexed = self.index_takeover("SADD", &digest).await;
+            let indexed = index_takeover(self, "SADD", &digest).await;
             let created = created?;
             indexed?;
             return Ok((created == 1).then_some(record));
@@ -638,89 +624,73 @@ impl TaskStore for RedisStore {
         Ok((created? == 1).then_some(record))
     }
 
-    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-        self.ensure_open()?;
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
-        self.read_task(&digest, Some(&owner)).await
+    async fn task_read(&self, digest: TaskDigest, reader: Reader) -> Result<Option<TaskRecord>> {
+        read_task(self, &digest, reader.owner().map(Vec::as_slice)).await
     }
 
-    async fn answer(
+    async fn task_answer(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
-        check_responses(responses)?;
         let now = self.now();
-        self.client_step(id, who, now, |new| new.record_answers(responses, now))
-            .await
+        client_step(self, &digest, &owner, now, |new| {
+            new.record_answers(responses, now)
+        })
+        .await
     }
 
-    async fn request_cancel(
+    async fn task_cancel(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         mode: CancelMode,
         reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        check_message(reason)?;
         let now = self.now();
-        self.client_step(id, who, now, |new| {
+        client_step(self, &digest, &owner, now, |new| {
             new.record.request_cancel(mode, reason, now)
         })
         .await
     }
 
-    async fn watch(
+    async fn task_watch(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        reader: Reader,
         after: Rev,
         max_wait: Duration,
     ) -> Result<Option<TaskRecord>> {
-        self.ensure_open()?;
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
-        self.watch_as(digest, Some(owner.into()), after, max_wait)
-            .await
+        watch_as(self, digest, reader, after, max_wait).await
     }
 
     /// `SCAN`s the task hashes in batches of 500 on every master, ending
     /// (persisting as `failed`) what reads show ended and deleting what is
     /// past its grace, then the instance keys, forgetting lapsed instances;
     /// see the crate docs, "Tasks".
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
-        self.ensure_open()?;
-        self.purge_tasks(self.now()).await
+    async fn task_purge(&self) -> Result<TaskPurgeReport> {
+        purge_tasks(self, self.now()).await
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
-        self.ensure_open()?;
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(false);
-        };
+    async fn task_delete(&self, digest: TaskDigest) -> Result<bool> {
         // Not read first: it may be in the set.
-        let deleted = self.delete_task(&digest, None, true).await?;
+        let deleted = delete_task(self, &digest, None, true).await?;
         Ok(deleted == 1)
     }
 }
 
 #[async_trait]
-impl RuntimeStore for RedisStore {
-    async fn apply_claimed(
+impl RuntimeBackend for RedisStore {
+    async fn claimed_apply(
         &self,
         task: &TaskDigest,
         by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
-        change.check(self.inner.options.store.max_payload_bytes)?;
-        self.ensure_open()?;
         let now = self.now();
-        let options = self.task_options();
-        self.task_step(task, None, now, |found| {
+        let options = task_options(self);
+        task_step(self, task, None, now, |found| {
             let Some(Found {
                 stored,
                 seen: Some(seen),
@@ -734,27 +704,16 @@ impl RuntimeStore for RedisStore {
         .await
     }
 
-    async fn watch_claimed(
-        &self,
-        task: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        self.ensure_open()?;
-        self.watch_as(*task, None, after, max_wait).await
-    }
-
     /// `SSCAN`s the takeover index and claims each task with the same
     /// conditional write as every change; see the crate docs, "Tasks".
-    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
-        self.ensure_open()?;
+    async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let now = self.now();
-        let mine = self.alive_until(&by).await?;
+        let mine = alive_until(self, &by).await?;
         if mine.is_none_or(|until| until <= now) {
             return Err(Error::instance_lapsed(&by));
         }
         let mut claimed = Vec::new();
-        match self.claim_into(by, mine, now, limit, &mut claimed).await {
+        match claim_into(self, by, mine, now, limit, &mut claimed).await {
             Ok(()) => Ok(claimed),
             // The claims made are this instance's now: dropping them would
             // leave their tasks held by a live instance that runs none.
@@ -770,45 +729,41 @@ impl RuntimeStore for RedisStore {
         }
     }
 
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
-        self.ensure_open()?;
+    async fn lease_renew(&self, me: InstanceId, lease: Duration) -> Result<bool> {
         let now = self.now();
         let until = now.saturating_add(millis(lease));
-        let renewed = self
-            .task_script(
-                SCRIPTS
-                    .instance_beat
-                    .call()
-                    .key(self.inner.keys.instance(&me))
-                    .arg(now)
-                    .arg(until)
-                    .arg(instance_backstop(lease, &self.task_options())),
-                "the heartbeat",
-            )
-            .await?;
+        let renewed = task_script(
+            self,
+            SCRIPTS
+                .instance_beat
+                .call()
+                .key(self.inner.keys.instance(&me))
+                .arg(now)
+                .arg(until)
+                .arg(instance_backstop(lease, &task_options(self))),
+            "the heartbeat",
+        )
+        .await?;
         Ok(renewed == 1)
     }
 
-    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
-        self.ensure_open()?;
+    async fn lease_alive(&self, id: InstanceId) -> Result<bool> {
         let now = self.now();
-        Ok(self
-            .alive_until(&id)
+        Ok(alive_until(self, &id)
             .await?
             .is_some_and(|until| until > now))
     }
 
     /// `SCAN`s the instance keys on every master.
-    async fn instances(&self) -> Result<Vec<InstanceLease>> {
-        self.ensure_open()?;
+    async fn leases(&self) -> Result<Vec<InstanceLease>> {
         let now = self.now();
         let mut leases = Vec::new();
-        for batch in self.scan_all(&self.inner.keys.instance_pattern()).await? {
+        for batch in scan_all(self, &self.inner.keys.instance_pattern()).await? {
             for key in batch {
                 let Some(instance) = self.inner.keys.instance_of(&key) else {
                     continue;
                 };
-                if let Some(until) = self.alive_until(&instance).await? {
+                if let Some(until) = alive_until(self, &instance).await? {
                     leases.push(InstanceLease::new(instance, until, now));
                 }
             }
@@ -816,136 +771,133 @@ impl RuntimeStore for RedisStore {
         Ok(leases)
     }
 
-    async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
-        self.ensure_open()?;
+    async fn claimed_view(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
         let now = self.now();
-        let Some(found) = self.find_task(task, None, now).await? else {
+        let Some(found) = find_task(self, task, None, now).await? else {
             return Ok(None);
         };
         found.stored.view(found.alive_until, now)
     }
 }
 
-impl RedisStore {
-    async fn purge_tasks(&self, now: i64) -> Result<TaskPurgeReport> {
-        let mut report = TaskPurgeReport::default();
-        for batch in self.scan_all(&self.inner.keys.task_pattern()).await? {
-            let digests: Vec<TaskDigest> = batch
-                .iter()
-                .filter_map(|key| self.inner.keys.digest_of_task(key))
-                .collect();
-            let done: Vec<TaskPurgeReport> = futures_util::stream::iter(digests)
-                .map(|digest| async move { self.purge_task(&digest, now).await })
-                .buffer_unordered(PURGE_CONCURRENCY)
-                .try_collect()
-                .await?;
-            for one in done {
-                report += one;
-            }
+async fn purge_tasks(store: &RedisStore, now: i64) -> Result<TaskPurgeReport> {
+    let mut report = TaskPurgeReport::default();
+    for batch in scan_all(store, &store.inner.keys.task_pattern()).await? {
+        let digests: Vec<TaskDigest> = batch
+            .iter()
+            .filter_map(|key| store.inner.keys.digest_of_task(key))
+            .collect();
+        let done: Vec<TaskPurgeReport> = futures_util::stream::iter(digests)
+            .map(|digest| async move { purge_task(store, &digest, now).await })
+            .buffer_unordered(PURGE_CONCURRENCY)
+            .try_collect()
+            .await?;
+        for one in done {
+            report += one;
         }
-        for batch in self.scan_all(&self.inner.keys.instance_pattern()).await? {
-            for key in batch {
-                let forgotten = self
-                    .task_script(
-                        SCRIPTS.instance_forget.call().key(key).arg(now),
-                        "forgetting the instance",
-                    )
-                    .await?;
-                report.instances += u64::from(forgotten == 1);
-            }
-        }
-        Ok(report)
     }
-
-    /// Deletes a task (if still at `rev`, when given); 1 deleted, 0 none,
-    /// -1 its `rev` moved on. `in_takeover_set`: whether its digest may be
-    /// in the takeover set (then it leaves the set too).
-    async fn delete_task(
-        &self,
-        digest: &TaskDigest,
-        rev: Option<Rev>,
-        in_takeover_set: bool,
-    ) -> Result<i64> {
-        let deleted = self
-            .task_script(
-                SCRIPTS
-                    .task_delete
-                    .call()
-                    .key(self.inner.keys.task(digest))
-                    .arg(rev.map(|r| r.to_string()).unwrap_or_default())
-                    .arg(self.inner.keys.task_channel())
-                    .arg(hex(digest.as_bytes())),
-                "the task deletion",
+    for batch in scan_all(store, &store.inner.keys.instance_pattern()).await? {
+        for key in batch {
+            let forgotten = task_script(
+                store,
+                SCRIPTS.instance_forget.call().key(key).arg(now),
+                "forgetting the instance",
             )
             .await?;
-        if deleted == 1 {
-            self.inner.tasks.wake(digest);
-            if in_takeover_set {
-                self.index_takeover("SREM", digest).await?;
-            }
+            report.instances += u64::from(forgotten == 1);
         }
-        Ok(deleted)
     }
+    Ok(report)
+}
 
-    /// Every key matching `pattern` on every master, one `SCAN` batch per
-    /// item (each at most about [`SCAN_BATCH`] keys), so a purge's work
-    /// comes in bounded steps.
-    async fn scan_all(&self, pattern: &str) -> Result<Vec<Vec<Vec<u8>>>> {
-        let conn = self.conn();
-        let mut batches = Vec::new();
-        for node in conn::nodes(&conn).await? {
-            let mut cursor = 0u64;
-            loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_BATCH);
-                let (next, found): (u64, Vec<Vec<u8>>) = node.query(&conn, &scan).await?;
-                if !found.is_empty() {
-                    batches.push(found);
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
+/// Deletes a task (if still at `rev`, when given); 1 deleted, 0 none,
+/// -1 its `rev` moved on. `in_takeover_set`: whether its digest may be
+/// in the takeover set (then it leaves the set too).
+async fn delete_task(
+    store: &RedisStore,
+    digest: &TaskDigest,
+    rev: Option<Rev>,
+    in_takeover_set: bool,
+) -> Result<i64> {
+    let deleted = task_script(
+        store,
+        SCRIPTS
+            .task_delete
+            .call()
+            .key(store.inner.keys.task(digest))
+            .arg(rev.map(|r| r.to_string()).unwrap_or_default())
+            .arg(store.inner.keys.task_channel())
+            .arg(hex(digest.as_bytes())),
+        "the task deletion",
+    )
+    .await?;
+    if deleted == 1 {
+        store.inner.tasks.wake(digest);
+        if in_takeover_set {
+            index_takeover(store, "SREM", digest).await?;
         }
-        Ok(batches)
     }
+    Ok(deleted)
+}
 
-    /// Persists what a read of one task shows at `now`, or deletes it past
-    /// its grace.
-    async fn purge_task(&self, digest: &TaskDigest, now: i64) -> Result<TaskPurgeReport> {
-        let mut report = TaskPurgeReport::default();
+/// Every key matching `pattern` on every master, one `SCAN` batch per
+/// item (each at most about [`SCAN_BATCH`] keys), so a purge's work
+/// comes in bounded steps.
+async fn scan_all(store: &RedisStore, pattern: &str) -> Result<Vec<Vec<Vec<u8>>>> {
+    let conn = store.conn();
+    let mut batches = Vec::new();
+    for node in conn::nodes(&conn).await? {
+        let mut cursor = 0u64;
         loop {
-            let Some(found) = self.find_task(digest, None, now).await? else {
-                return Ok(report);
-            };
-            let rev = found.stored.record.rev;
-            let read = found.stored.clone();
-            let Some(seen) = found.seen else {
-                // An ended task that may be taken over left the set when
-                // its end was written; only one that ended unwritten
-                // (expired past its grace before any purge) is still in.
-                let stored = &found.stored.record;
-                let in_set = stored.takeover.is_some() && !stored.status.is_terminal();
-                match self.delete_task(digest, Some(rev), in_set).await? {
-                    -1 => continue,
-                    deleted => {
-                        report.deleted += u64::from(deleted == 1);
-                        return Ok(report);
-                    }
-                }
-            };
-            let Some(new) = found.stored.ended_as_read(&seen) else {
-                return Ok(report);
-            };
-            if self.write_task(digest, &read, &new, now).await? {
-                count_ended(&mut report, &seen);
-                return Ok(report);
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_BATCH);
+            let (next, found): (u64, Vec<Vec<u8>>) = node.query(&conn, &scan).await?;
+            if !found.is_empty() {
+                batches.push(found);
             }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(batches)
+}
+
+/// Persists what a read of one task shows at `now`, or deletes it past
+/// its grace.
+async fn purge_task(store: &RedisStore, digest: &TaskDigest, now: i64) -> Result<TaskPurgeReport> {
+    let mut report = TaskPurgeReport::default();
+    loop {
+        let Some(found) = find_task(store, digest, None, now).await? else {
+            return Ok(report);
+        };
+        let rev = found.stored.record.rev;
+        let read = found.stored.clone();
+        let Some(seen) = found.seen else {
+            // An ended task that may be taken over left the set when
+            // its end was written; only one that ended unwritten
+            // (expired past its grace before any purge) is still in.
+            let stored = &found.stored.record;
+            let in_set = stored.takeover.is_some() && !stored.status.is_terminal();
+            match delete_task(store, digest, Some(rev), in_set).await? {
+                -1 => continue,
+                deleted => {
+                    report.deleted += u64::from(deleted == 1);
+                    return Ok(report);
+                }
+            }
+        };
+        let Some(new) = found.stored.ended_as_read(&seen) else {
+            return Ok(report);
+        };
+        if write_task(store, digest, &read, &new, now).await? {
+            count_ended(&mut report, &seen);
+            return Ok(report);
         }
     }
 }
@@ -956,7 +908,7 @@ impl RedisStore {
 pub(crate) async fn raw_rows(store: &RedisStore) -> Result<Vec<Vec<u8>>> {
     let mut rows = Vec::new();
     let pattern = store.inner.keys.all_pattern();
-    for keys in store.scan_all(&pattern).await? {
+    for keys in scan_all(store, &pattern).await? {
         for key in keys {
             let mut pipe = redis::pipe();
             pipe.cmd("TYPE").arg(&key);
@@ -1000,7 +952,7 @@ pub(crate) async fn raw_rows(store: &RedisStore) -> Result<Vec<Vec<u8>>> {
 #[cfg(feature = "conformance")]
 pub(crate) async fn set_task_format(store: &RedisStore, version: u8) -> Result<()> {
     let pattern = store.inner.keys.all_pattern();
-    for keys in store.scan_all(&pattern).await? {
+    for keys in scan_all(store, &pattern).await? {
         for key in keys.into_iter().filter(|key| key.ends_with(b":task")) {
             let mut pipe = redis::pipe();
             pipe.cmd("HGET").arg(&key).arg("v");
@@ -1042,6 +994,8 @@ fn flatten(value: Value, out: &mut Vec<u8>) {
 
 #[cfg(test)]
 mod tests {
+    use mcp_event_store_core::task::Owner;
+
     use super::*;
 
     #[test]
