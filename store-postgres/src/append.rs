@@ -77,7 +77,6 @@ pub(crate) async fn append(
     stream_id: &str,
     event: NewEvent<'_>,
 ) -> Result<EventId> {
-    store.options().check_append(stream_id, event.data.len())?;
     let token = store.key().token(stream_id);
     let appended = store
         .batcher()

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::backend::follow::{self, Wakeups};
-use mcp_event_store_core::{Error, EventId, EventStore, FollowOptions, Replay, Result};
+use mcp_event_store_core::{Error, EventId, FollowOptions, Replay, Result};
 use sqlx::SqlStr;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -50,31 +50,37 @@ use tokio::time::Instant;
 
 use crate::PostgresStore;
 use crate::error::NAME;
+use crate::replay::replay_after;
 
-/// Follows the stream of `last_event_id` (`follow_events_after`): the
-/// replay after it, then each new event as wake-ups prompt re-reads.
-pub(crate) async fn follow_events_after(
+/// Follows the stream of `cursor` (`follow_events_after`): the replay
+/// after it, then each new event as wake-ups prompt re-reads.
+pub(crate) async fn follow_after(
     store: &PostgresStore,
-    last_event_id: &str,
+    raw: &str,
+    cursor: EventId,
     options: FollowOptions,
 ) -> Result<Replay> {
-    let cursor: EventId = last_event_id.parse()?;
     let follows = store.follows();
     // Listening, and subscribed, before the first read: an append
     // committed after that read is announced, by the listener or by
     // this handle's own append.
     follows.listen().await?;
     let subscription = follows.hub().subscribe(cursor.token);
-    let first = store.replay_events_after(last_event_id).await?;
+    let first = replay_after(store, raw, cursor).await?;
     Ok(follow::follow(
         NAME,
         first,
         subscription,
-        last_event_id.to_owned(),
+        raw.to_owned(),
         follows.recheck(),
         options,
         follow::reread(store.clone()),
     ))
+}
+
+/// How many follows of this handle are open.
+pub(crate) fn follows_open(store: &PostgresStore) -> usize {
+    store.follows().hub().followers()
 }
 
 /// The prefix of every store's notification channel.

@@ -5,7 +5,7 @@
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use mcp_event_store_core::backend::{StreamToken, check_list_limit};
+use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::{
     Error, HealthReport, Result, Retention, Setting, StoreStats, StreamCursor, StreamInfo,
     StreamPage,
@@ -72,12 +72,11 @@ pub(crate) async fn stats(store: &PostgresStore) -> Result<StoreStats> {
 
 /// One page of streams with retained events, in token order; the cursor
 /// is the last token's text form.
-pub(crate) async fn list_streams(
+pub(crate) async fn streams(
     store: &PostgresStore,
     after: Option<&StreamCursor>,
     limit: usize,
 ) -> Result<StreamPage> {
-    let limit = check_list_limit(limit)?;
     let after: Vec<u8> = match after {
         None => Vec::new(),
         Some(cursor) => StreamToken::parse(cursor.as_str())

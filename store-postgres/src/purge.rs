@@ -17,7 +17,6 @@
 
 use std::time::Instant;
 
-use mcp_event_store_core::backend::validate_stream_id;
 use mcp_event_store_core::{PurgeReport, Result};
 use sqlx::Row;
 
@@ -126,8 +125,7 @@ async fn remove_empty(store: &PostgresStore, tokens: Vec<Vec<u8>>) -> Result<u64
 /// Removes a stream: empties it logically in one statement (so every reader
 /// sees it gone at once), deletes its rows in batches, then drops its row.
 /// Returns how many events it held.
-pub(crate) async fn delete_stream(store: &PostgresStore, stream_id: &str) -> Result<u64> {
-    validate_stream_id(stream_id)?;
+pub(crate) async fn remove_stream(store: &PostgresStore, stream_id: &str) -> Result<u64> {
     let token = store.key().token(stream_id);
     let row = sqlx::query(store.sql().delete_mark.clone())
         .bind(&token.as_bytes()[..])

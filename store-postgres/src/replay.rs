@@ -9,18 +9,20 @@ use sqlx::postgres::{PgPool, PgRow};
 
 use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
-use mcp_event_store_core::backend::{
-    Page, StreamToken, paged_replay, retry_from_millis, validate_stream_id,
-};
+use mcp_event_store_core::backend::{Page, StreamToken, paged_replay, retry_from_millis};
 use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
 
 use crate::PostgresStore;
 use crate::error::backend;
 
-/// Opens a replay after the event id `raw` (`replay_events_after`): the
-/// first page comes with the cursor check, in one round trip.
-pub(crate) async fn replay(store: &PostgresStore, raw: &str) -> Result<Replay> {
-    let cursor: EventId = raw.parse()?;
+/// Opens a replay after `cursor`, the event id `raw`
+/// (`replay_events_after`): the first page comes with the cursor check, in
+/// one round trip.
+pub(crate) async fn replay_after(
+    store: &PostgresStore,
+    raw: &str,
+    cursor: EventId,
+) -> Result<Replay> {
     let (incarnation, after) = dense::cursor_parts(raw, cursor.position)?;
     // Stored numbers are positive BIGINTs: a larger one was never issued.
     if i64::try_from(incarnation).is_err() || i64::try_from(after).is_err() {
@@ -58,8 +60,7 @@ pub(crate) async fn replay(store: &PostgresStore, raw: &str) -> Result<Replay> {
 /// Every retained event of a stream from its oldest (C16): its row, then
 /// pages as a replay after the event before the oldest, with the same gap
 /// checks.
-pub(crate) async fn replay_stream(store: &PostgresStore, stream_id: &str) -> Result<Replay> {
-    validate_stream_id(stream_id)?;
+pub(crate) async fn replay_whole(store: &PostgresStore, stream_id: &str) -> Result<Replay> {
     let token = store.key().token(stream_id);
     let row: Option<PgRow> = sqlx::query(store.sql().lookup.clone())
         .bind(&token.as_bytes()[..])
@@ -120,11 +121,8 @@ fn pages(
 }
 
 /// The stream of a retained event (`get_stream_id_for_event_id`); `None`
-/// for anything never issued, expired or malformed.
-pub(crate) async fn lookup(store: &PostgresStore, event_id: &str) -> Result<Option<String>> {
-    let Some(id) = EventId::parse(event_id) else {
-        return Ok(None);
-    };
+/// for anything never issued or expired.
+pub(crate) async fn stream_of(store: &PostgresStore, id: EventId) -> Result<Option<String>> {
     if dense::parts(id.position).is_none() {
         // A zero part: never issued, no need to ask.
         return Ok(None);

@@ -1,20 +1,20 @@
-//! [`PostgresStore`]: the event store and session store.
+//! [`PostgresStore`]: connecting, closing, accessors, and the event job's
+//! trait impl, which hands each call to the file for its job (sessions and
+//! tasks implement theirs in their own files).
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 
+use mcp_event_store_core::backend::{BackendHandle, EventBackend, StreamKey};
 #[cfg(doc)]
-use mcp_event_store_core::Error;
-use mcp_event_store_core::backend::{StreamKey, observe};
+use mcp_event_store_core::{Error, EventStore, SessionStore};
 use mcp_event_store_core::{
-    EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    Retention, SessionStore, StoreOptions, StoreStats, StreamCursor, StreamPage,
+    EventId, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result, StoreOptions,
+    StoreStats, StreamCursor, StreamPage,
 };
 
 use crate::append::{Batcher, Limits, Writer};
@@ -23,7 +23,7 @@ use crate::follow::{Follows, Listeners, Notifier, channel};
 use crate::options::{MAX_PAGE_SIZE, PostgresOptions, Vacuum, quote_schema};
 use crate::sql::Sql;
 use crate::state::Inner;
-use crate::{append, follow, inspect, purge, replay, sessions, setup};
+use crate::{append, follow, inspect, purge, replay, setup};
 
 /// An [`EventStore`] and [`SessionStore`] on PostgreSQL.
 ///
@@ -178,78 +178,72 @@ impl PostgresStore {
     }
 }
 
-#[async_trait]
-impl EventStore for PostgresStore {
-    async fn store_event(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        observe::append(
-            NAME,
-            stream_id,
-            event.data.len(),
-            append::append(self, stream_id, event),
-        )
-        .await
+impl BackendHandle for PostgresStore {
+    const NAME: &'static str = NAME;
+
+    fn store_options(&self) -> &StoreOptions {
+        &self.inner.options
     }
 
-    async fn replay_events_after(&self, last_event_id: &str) -> Result<Replay> {
-        observe::replay(NAME, last_event_id, replay::replay(self, last_event_id)).await
-    }
-
-    async fn replay_stream(&self, stream_id: &str) -> Result<Replay> {
-        observe::replay(NAME, stream_id, replay::replay_stream(self, stream_id)).await
-    }
-
-    async fn get_stream_id_for_event_id(&self, event_id: &str) -> Result<Option<String>> {
-        replay::lookup(self, event_id).await
-    }
-
-    async fn delete_stream(&self, stream_id: &str) -> Result<u64> {
-        purge::delete_stream(self, stream_id).await
-    }
-
-    async fn purge_expired(&self) -> Result<PurgeReport> {
-        observe::purge(NAME, purge::purge(self)).await
-    }
-
-    async fn follow_events_after(
-        &self,
-        last_event_id: &str,
-        options: FollowOptions,
-    ) -> Result<Replay> {
-        follow::follow_events_after(self, last_event_id, options).await
-    }
-
-    fn open_follows(&self) -> usize {
-        self.inner.follows.hub().followers()
-    }
-
-    fn retention(&self) -> Retention {
-        self.options().retention
-    }
-
-    async fn stats(&self) -> Result<StoreStats> {
-        inspect::stats(self).await
-    }
-
-    async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
-        inspect::list_streams(self, after, limit).await
-    }
-
-    async fn check(&self) -> Result<HealthReport> {
-        inspect::check(self).await
+    /// The pool is closed by [`close`](PostgresStore::close) (or by its
+    /// owner, for a store [`from_pool`](PostgresStore::from_pool)).
+    fn is_closed(&self) -> bool {
+        self.inner.pool.is_closed()
     }
 }
 
 #[async_trait]
-impl SessionStore for PostgresStore {
-    async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        sessions::put(self, session_id, state, ttl).await
+impl EventBackend for PostgresStore {
+    async fn append(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
+        append::append(self, stream_id, event).await
     }
 
-    async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
-        sessions::get(self, session_id).await
+    async fn replay_after(&self, raw: &str, cursor: EventId) -> Result<Replay> {
+        replay::replay_after(self, raw, cursor).await
     }
 
-    async fn delete_session(&self, session_id: &str) -> Result<bool> {
-        sessions::delete(self, session_id).await
+    async fn replay_whole(&self, stream_id: &str) -> Result<Replay> {
+        replay::replay_whole(self, stream_id).await
+    }
+
+    async fn follow_after(
+        &self,
+        raw: &str,
+        cursor: EventId,
+        options: FollowOptions,
+    ) -> Result<Replay> {
+        follow::follow_after(self, raw, cursor, options).await
+    }
+
+    fn follows_open(&self) -> usize {
+        follow::follows_open(self)
+    }
+
+    async fn stream_of(&self, id: EventId) -> Result<Option<String>> {
+        replay::stream_of(self, id).await
+    }
+
+    async fn remove_stream(&self, stream_id: &str) -> Result<u64> {
+        purge::remove_stream(self, stream_id).await
+    }
+
+    async fn purge(&self) -> Result<PurgeReport> {
+        purge::purge(self).await
+    }
+
+    async fn inspect_stats(&self) -> Result<StoreStats> {
+        inspect::stats(self).await
+    }
+
+    async fn inspect_streams(
+        &self,
+        after: Option<&StreamCursor>,
+        limit: usize,
+    ) -> Result<StreamPage> {
+        inspect::streams(self, after, limit).await
+    }
+
+    async fn inspect_check(&self) -> Result<HealthReport> {
+        inspect::check(self).await
     }
 }

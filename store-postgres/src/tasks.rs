@@ -21,7 +21,6 @@
 //! wakes its own watchers right after the commit. A task watcher holds no
 //! connection while it waits: a registration in the handle's hub.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,13 +28,12 @@ use bytes::Bytes;
 use mcp_event_store_core::backend::follow::{task_token, watch_task};
 use mcp_event_store_core::backend::task::rows::{self, TaskRow, TaskRows, stored_digest};
 use mcp_event_store_core::backend::task::{
-    TaskDigest, TaskMachine, check_message, check_responses, client_call, owner_key,
-    stored_instance,
+    OwnerKey, TaskDigest, TaskMachine, owner_key, stored_instance,
 };
+use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
-    Takeover, TaskId, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, Worker,
-    WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, Takeover,
+    TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 use sqlx::postgres::{PgConnection, PgRow};
@@ -553,41 +551,45 @@ async fn begin(store: &PostgresStore) -> Result<Transaction<'static, Postgres>> 
     store.pool().begin().await.map_err(backend)
 }
 
-/// The task as `owner` sees it now, from one statement's snapshot.
+/// The task as `reader` sees it now, from one statement's snapshot.
 async fn read(
     store: &PostgresStore,
     digest: &TaskDigest,
-    owner: &[u8],
+    reader: &Reader,
 ) -> Result<Option<TaskRecord>> {
     let now = store.now();
     let mut conn = store.pool().acquire().await.map_err(backend)?;
     let row = load(store, &mut conn, digest).await?;
-    Ok(row.and_then(|row| row.read_by(owner, now)))
+    Ok(row.and_then(|row| match reader.owner() {
+        Some(owner) => row.read_by(owner, now),
+        None => row.seen(now),
+    }))
 }
 
-// ------------------------------------------------------------ the trait
-
-impl PostgresStore {
-    /// A step's statements in `tx`, queueing the task's notification with
-    /// the row it writes.
-    fn rows<'a>(&'a self, tx: &'a mut PgConnection) -> PgRows<'a> {
-        PgRows {
-            store: self,
-            conn: tx,
-            announce: Announce::WithSave,
-        }
+/// A step's statements in `tx`, queueing the task's notification with the
+/// row it writes.
+fn statements<'a>(store: &'a PostgresStore, tx: &'a mut PgConnection) -> PgRows<'a> {
+    PgRows {
+        store,
+        conn: tx,
+        announce: Announce::WithSave,
     }
 }
+
+// ------------------------------------------------------------ the traits
 
 /// Durable tasks in `tasks`, `task_inputs` and `instances`; see the crate
 /// docs, "Tasks".
 #[async_trait]
-impl TaskStore for PostgresStore {
-    async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
-        task.check()?;
+impl TaskBackend for PostgresStore {
+    async fn task_create(
+        &self,
+        digest: TaskDigest,
+        task: &NewTask<'_>,
+    ) -> Result<Option<TaskRecord>> {
         let record = TaskRecord::created(task, self.now(), self.task_options());
         let inserted = sqlx::query(sql(self, CREATE))
-            .bind(&id.digest().as_bytes()[..])
+            .bind(&digest.as_bytes()[..])
             .bind(owner_key(task.owner))
             .bind(i16::from(record.status.as_u8()))
             .bind(to_i64(record.rev))
@@ -623,61 +625,59 @@ impl TaskStore for PostgresStore {
         }
     }
 
-    async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
-        read(self, &digest, &owner).await
+    async fn task_read(&self, digest: TaskDigest, reader: Reader) -> Result<Option<TaskRecord>> {
+        read(self, &digest, &reader).await
     }
 
-    async fn answer(
+    async fn task_answer(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
-        check_responses(responses)?;
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
         let now = self.now();
         let mut tx = begin(self).await?;
-        let stepped =
-            rows::answer(&mut self.rows(&mut tx), &digest, &owner, responses, now).await?;
+        let stepped = rows::answer(
+            &mut statements(self, &mut tx),
+            &digest,
+            &owner,
+            responses,
+            now,
+        )
+        .await?;
         commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
         Ok(stepped.answer)
     }
 
-    async fn request_cancel(
+    async fn task_cancel(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        owner: OwnerKey,
         mode: CancelMode,
         reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        check_message(reason)?;
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
         let now = self.now();
         let mut tx = begin(self).await?;
-        let stepped =
-            rows::cancel(&mut self.rows(&mut tx), &digest, &owner, mode, reason, now).await?;
+        let stepped = rows::cancel(
+            &mut statements(self, &mut tx),
+            &digest,
+            &owner,
+            mode,
+            reason,
+            now,
+        )
+        .await?;
         commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
         Ok(stepped.answer)
     }
 
-    async fn watch(
+    async fn task_watch(
         &self,
-        id: &str,
-        who: &Owner,
+        digest: TaskDigest,
+        reader: Reader,
         after: Rev,
         max_wait: Duration,
     ) -> Result<Option<TaskRecord>> {
-        let Some((digest, owner)) = client_call(id, who) else {
-            return Ok(None);
-        };
-        let owner: Arc<[u8]> = owner.into();
         let deadline = tokio::time::Instant::now() + max_wait;
         let follows = self.follows();
         // Listening, and subscribed, before the first read: a change
@@ -685,15 +685,15 @@ impl TaskStore for PostgresStore {
         follows.listen().await?;
         let woken = follows.tasks().subscribe(task_token(&digest));
         watch_task(woken, after, deadline, follows.recheck(), || {
-            let (store, owner) = (self.clone(), owner.clone());
-            async move { read(&store, &digest, &owner).await }
+            let (store, reader) = (self.clone(), reader.clone());
+            async move { read(&store, &digest, &reader).await }
         })
         .await
     }
 
     /// Purges in steps of one transaction each (at most 500 tasks ended
     /// and 500 deleted per step).
-    async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
+    async fn task_purge(&self) -> Result<TaskPurgeReport> {
         let now = self.now();
         let mut report = TaskPurgeReport::default();
         loop {
@@ -712,10 +712,7 @@ impl TaskStore for PostgresStore {
         }
     }
 
-    async fn delete(&self, id: &str) -> Result<bool> {
-        let Some(digest) = TaskDigest::of(id) else {
-            return Ok(false);
-        };
+    async fn task_delete(&self, digest: TaskDigest) -> Result<bool> {
         let mut tx = begin(self).await?;
         let deleted = sqlx::query(sql(self, DELETE))
             .bind(&digest.as_bytes()[..])
@@ -730,25 +727,31 @@ impl TaskStore for PostgresStore {
 }
 
 #[async_trait]
-impl RuntimeStore for PostgresStore {
-    async fn apply_claimed(
+impl RuntimeBackend for PostgresStore {
+    async fn claimed_apply(
         &self,
         digest: &TaskDigest,
         by: Worker,
         change: WorkerChange<'_>,
     ) -> Result<Applied> {
-        change.check(self.options().max_payload_bytes)?;
         let digest = *digest;
         let now = self.now();
         let options = *self.task_options();
         let mut tx = begin(self).await?;
-        let stepped =
-            rows::apply(&mut self.rows(&mut tx), &digest, &by, change, &options, now).await?;
+        let stepped = rows::apply(
+            &mut statements(self, &mut tx),
+            &digest,
+            &by,
+            change,
+            &options,
+            now,
+        )
+        .await?;
         commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
         Ok(stepped.answer)
     }
 
-    async fn heartbeat(&self, me: InstanceId, lease: Duration) -> Result<bool> {
+    async fn lease_renew(&self, me: InstanceId, lease: Duration) -> Result<bool> {
         let now = self.now();
         // Inserted, or renewed while still alive; a lapsed instance stays
         // lapsed (its tasks already read as lost).
@@ -762,7 +765,7 @@ impl RuntimeStore for PostgresStore {
         Ok(renewed.is_some())
     }
 
-    async fn is_alive(&self, id: InstanceId) -> Result<bool> {
+    async fn lease_alive(&self, id: InstanceId) -> Result<bool> {
         let alive: Option<i32> = sqlx::query_scalar(sql(self, ALIVE))
             .bind(&id.as_bytes()[..])
             .bind(self.now())
@@ -772,7 +775,7 @@ impl RuntimeStore for PostgresStore {
         Ok(alive.is_some())
     }
 
-    async fn instances(&self) -> Result<Vec<InstanceLease>> {
+    async fn leases(&self) -> Result<Vec<InstanceLease>> {
         let now = self.now();
         let leases: Vec<(Vec<u8>, i64)> = sqlx::query_as(sql(self, INSTANCES))
             .fetch_all(self.pool())
@@ -784,43 +787,20 @@ impl RuntimeStore for PostgresStore {
             .collect()
     }
 
-    async fn view_claimed(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {
+    async fn claimed_view(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {
         let now = self.now();
         let mut conn = self.pool().acquire().await.map_err(backend)?;
         let row = load(self, &mut conn, digest).await?;
         row.map_or(Ok(None), |row| row.view(now))
     }
 
-    async fn watch_claimed(
-        &self,
-        digest: &TaskDigest,
-        after: Rev,
-        max_wait: Duration,
-    ) -> Result<Option<TaskRecord>> {
-        let deadline = tokio::time::Instant::now() + max_wait;
-        let follows = self.follows();
-        follows.listen().await?;
-        let woken = follows.tasks().subscribe(task_token(digest));
-        let digest = *digest;
-        watch_task(woken, after, deadline, follows.recheck(), || {
-            let store = self.clone();
-            async move {
-                let now = store.now();
-                let mut conn = store.pool().acquire().await.map_err(backend)?;
-                let row = load(&store, &mut conn, &digest).await?;
-                Ok(row.and_then(|row| row.seen(now)))
-            }
-        })
-        .await
-    }
-
     /// Claims in one transaction: the waiting tasks are locked (`FOR
     /// UPDATE SKIP LOCKED`, so racing claimants take different tasks), each
     /// is decided again and written back with its notification.
-    async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
+    async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let now = self.now();
         let mut tx = begin(self).await?;
-        let stepped = rows::claim(&mut self.rows(&mut tx), by, limit, now).await?;
+        let stepped = rows::claim(&mut statements(self, &mut tx), by, limit, now).await?;
         tx.commit().await.map_err(backend)?;
         for claimed in &stepped.answer {
             self.follows().tasks().wake(&task_token(&claimed.task));
