@@ -13,7 +13,8 @@ use crate::SledStore;
 use crate::error::backend;
 use crate::flusher::{Ack, Publish, flushed, wait_flushed};
 use crate::keys::{self, EVENT_HEADER_LEN};
-use crate::shared::{Shared, Slot, StreamMeta, blocking};
+use crate::shared::{Shared, blocking};
+use crate::slot::{Slot, StreamMeta};
 
 /// How an append learns its event is durable; `None` for relaxed handles.
 pub(crate) type Durable = Option<Ack>;

@@ -31,7 +31,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ use tokio::sync::oneshot;
 
 use crate::error::NAME;
 use crate::keys::META_RELAXED;
-use crate::shared::{Slot, lock};
+use crate::slot::Slot;
 
 /// The outcome of one flush, shared by everyone who waited on it.
 pub(crate) type FlushResult = Result<(), FlushError>;
@@ -155,6 +155,12 @@ struct Inner {
 }
 
 impl Inner {
+    /// The queue, recovering from poisoning: every critical section leaves
+    /// it consistent before anything that could panic.
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Flushes for a claimed batch (`flushing` set by the caller), then
     /// publishes its watermarks and answers its waiters. Returns the outcome
     /// and, on failure, the watermarks to keep for the next flush.
@@ -167,7 +173,7 @@ impl Inner {
         #[cfg(test)]
         self.flushes.fetch_add(1, Ordering::SeqCst);
         #[cfg(test)]
-        while self.paused.load(Ordering::SeqCst) && !lock(&self.queue).stop {
+        while self.paused.load(Ordering::SeqCst) && !self.queue().stop {
             std::thread::sleep(Duration::from_millis(1));
         }
         // Cleared before the flush: a write after this point sets it again
@@ -227,7 +233,7 @@ struct Claim<'a> {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        let mut queue = lock(&self.inner.queue);
+        let mut queue = self.inner.queue();
         queue.flushing = false;
         queue.publish.append(&mut self.kept);
         // Appends that arrived during this flush wait for the next one, which
@@ -297,7 +303,7 @@ impl Flusher {
     /// wake-up lets more join its group. Measured with 32 writers, leading
     /// whenever no flush ran made groups smaller and less even.
     pub(crate) fn flush_or_queue(&self, publish: Option<Publish>) -> Ack {
-        let mut queue = lock(&self.inner.queue);
+        let mut queue = self.inner.queue();
         let alone = self.inner.appending.load(Ordering::Acquire) <= 1;
         if queue.flushing || queue.stop || !alone || queue.has_work() {
             drop(queue);
@@ -323,7 +329,7 @@ impl Flusher {
     /// applied: any flush that starts after this call covers it.
     pub(crate) fn request(&self, publish: Option<Publish>) -> oneshot::Receiver<FlushResult> {
         let (tx, rx) = oneshot::channel();
-        let mut queue = lock(&self.inner.queue);
+        let mut queue = self.inner.queue();
         queue.publish.extend(publish);
         queue.waiters.push(tx);
         drop(queue);
@@ -360,7 +366,7 @@ impl Flusher {
     /// What the flusher has done and holds; for tests.
     #[cfg(test)]
     pub(crate) fn stats(&self) -> FlushStats {
-        let queue = lock(&self.inner.queue);
+        let queue = self.inner.queue();
         FlushStats {
             flushes: self.inner.flushes.load(Ordering::SeqCst),
             thread_flushes: self.inner.thread_flushes.load(Ordering::SeqCst),
@@ -372,13 +378,13 @@ impl Flusher {
     /// The interval of the periodic flush, if a relaxed handle asked for
     /// one: the shortest asked for.
     pub(crate) fn interval(&self) -> Option<Duration> {
-        lock(&self.inner.queue).interval
+        self.inner.queue().interval
     }
 
     /// Makes the thread flush at least every `interval` while there are
     /// unflushed writes.
     pub(crate) fn flush_every(&self, interval: Duration) {
-        let mut queue = lock(&self.inner.queue);
+        let mut queue = self.inner.queue();
         queue.interval = Some(queue.interval.map_or(interval, |old| old.min(interval)));
         drop(queue);
         self.inner.wake.notify_one();
@@ -387,7 +393,7 @@ impl Flusher {
 
 impl Drop for Flusher {
     fn drop(&mut self) {
-        lock(&self.inner.queue).stop = true;
+        self.inner.queue().stop = true;
         self.inner.wake.notify_one();
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
@@ -401,7 +407,7 @@ fn run(inner: &Inner, db: &sled::Db, meta: &sled::Tree, relaxed: &AtomicBool) {
     let mut last_flush = Instant::now();
     loop {
         let (publish, waiters, stopping) = {
-            let mut queue = lock(&inner.queue);
+            let mut queue = inner.queue();
             loop {
                 #[cfg(test)]
                 if inner.thread_stalled.load(Ordering::SeqCst) && !queue.stop {
@@ -459,7 +465,7 @@ fn run(inner: &Inner, db: &sled::Db, meta: &sled::Tree, relaxed: &AtomicBool) {
         let (outcome, kept) = inner.flush(db, publish, waiters);
         last_flush = Instant::now();
         {
-            let mut queue = lock(&inner.queue);
+            let mut queue = inner.queue();
             queue.flushing = false;
             queue.publish.extend(kept);
         }

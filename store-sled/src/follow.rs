@@ -12,7 +12,8 @@ use mcp_event_store_core::{Error, EventId, FollowOptions, Replay, Result};
 use crate::SledStore;
 use crate::error::NAME;
 use crate::replay::{PageReader, position_in, start_replay};
-use crate::shared::{Shared, Slot};
+use crate::shared::Shared;
+use crate::slot::Slot;
 
 /// A replay that stays open: [`EventStore::follow_events_after`](mcp_event_store_core::EventStore::follow_events_after).
 pub(crate) async fn follow_after(

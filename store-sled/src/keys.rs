@@ -82,6 +82,11 @@ pub(crate) const META_MIGRATED: &str = "format_1_incarnation";
 pub(crate) const META_RELAXED: &str = "relaxed_open";
 /// The loosest count and byte limits any append has trimmed with.
 pub(crate) const META_LOOSEST: &str = "loosest_limits";
+/// The tasks' own format, in the metadata under [`META_TASK_FORMAT`]
+/// (the event format, `FORMAT_VERSION`, is unchanged by tasks).
+pub(crate) const TASK_FORMAT: u32 = 1;
+/// The metadata key of [`TASK_FORMAT`].
+pub(crate) const META_TASK_FORMAT: &str = "task_format";
 
 fn token_bytes(token: &StreamToken) -> &[u8; TOKEN_LEN] {
     // A compile error here means the core changed the token length.

@@ -450,6 +450,7 @@ mod replay;
 mod sessions;
 mod setup;
 mod shared;
+mod slot;
 mod state;
 mod store;
 mod tasks;

@@ -11,7 +11,8 @@ use mcp_event_store_core::{PurgeReport, Result, Retention};
 use crate::SledStore;
 use crate::error::backend;
 use crate::keys;
-use crate::shared::{Shared, Slot, StreamMeta, blocking};
+use crate::shared::{Shared, blocking};
+use crate::slot::{Slot, StreamMeta};
 
 /// Entries handled per scan step in a purge, so no step holds much memory
 /// or holds a stream's lock for long.

@@ -14,7 +14,8 @@ use mcp_event_store_core::{Error, EventId, Position, Replay, Result, StoredEvent
 use crate::SledStore;
 use crate::error::{NAME, backend};
 use crate::keys::{self, EVENT_HEADER_LEN};
-use crate::shared::{Incarnations, Shared, Slot, StreamMeta, blocking, lock};
+use crate::shared::{Incarnations, Shared, blocking, lock};
+use crate::slot::{Slot, StreamMeta};
 
 /// Payloads at least this long are handed out without copying.
 const ZERO_COPY_MIN: usize = 1024;

@@ -16,7 +16,7 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Condvar, LazyLock, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::backend::{StreamKey, StreamToken};
@@ -27,12 +27,12 @@ use crate::error::backend;
 use crate::flusher::Flusher;
 use crate::keys::{
     self, META_CREATED_BY, META_ERA, META_FLOOR, META_FORMAT, META_LOOSEST, META_MIGRATED,
-    META_RELAXED, META_STREAM_KEY, TREE_EVENTS, TREE_META, TREE_SESSION_EXPIRY, TREE_SESSIONS,
-    TREE_STREAM_AGE, TREE_STREAMS, TREE_STREAMS_V1, TREE_TASK_INSTANCES, TREE_TASK_PURGE,
-    TREE_TASKS,
+    META_RELAXED, META_STREAM_KEY, META_TASK_FORMAT, TASK_FORMAT, TREE_EVENTS, TREE_META,
+    TREE_SESSION_EXPIRY, TREE_SESSIONS, TREE_STREAM_AGE, TREE_STREAMS, TREE_STREAMS_V1,
+    TREE_TASK_INSTANCES, TREE_TASK_PURGE, TREE_TASKS,
 };
-use crate::shared::{Incarnations, Shared, SlotMap, lock};
-use crate::tasks::{META_TASK_FORMAT, TASK_FORMAT};
+use crate::shared::{CloseSignal, Closer, Incarnations, Shared, lock};
+use crate::slot::SlotMap;
 
 /// Every tree this crate has ever written.
 const OUR_TREES: [&str; 10] = [
@@ -60,41 +60,6 @@ const FORMAT_1_ERA_SHIFT: u32 = 40;
 /// after `close` failing with "could not acquire lock" in about 5% of runs
 /// on a loaded machine).
 const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Wakes openers waiting for this database to finish closing.
-#[derive(Default)]
-struct CloseSignal {
-    /// When the database finished closing.
-    closed: Mutex<Option<std::time::Instant>>,
-    cv: Condvar,
-}
-
-impl CloseSignal {
-    fn wait(&self) {
-        let mut closed = lock(&self.closed);
-        while closed.is_none() {
-            closed = self
-                .cv
-                .wait(closed)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-    }
-
-    fn closed_at(&self) -> Option<std::time::Instant> {
-        *lock(&self.closed)
-    }
-}
-
-/// The last field of [`Shared`]: fields drop in order, so by the time this
-/// signals, the flusher is joined and every sled handle is dropped.
-pub(crate) struct Closer(Arc<CloseSignal>);
-
-impl Drop for Closer {
-    fn drop(&mut self) {
-        *lock(&self.0.closed) = Some(std::time::Instant::now());
-        self.0.cv.notify_all();
-    }
-}
 
 struct RegEntry {
     shared: Weak<Shared>,
@@ -535,7 +500,7 @@ fn write_meta_version(path: &Path, key: &str, version: u32) -> Result<()> {
     });
     drop(db);
     let closed = CloseSignal::default();
-    *lock(&closed.closed) = Some(std::time::Instant::now());
+    closed.signal();
     registry.insert(
         canonical,
         RegEntry {

@@ -1,8 +1,9 @@
 //! One open sled database, shared by every handle on it in this process
 //! ([`Shared`], opened in `setup`): its trees, its flusher and follower hub,
-//! and each stream's in-memory state ([`Slot`]), the authority for sequence
-//! numbers and for what readers may see. Also how the crate calls sled:
-//! [`blocking`], on tokio's blocking pool, never on a worker.
+//! and each stream's in-memory state (its [`Slot`], kept in a [`SlotMap`]),
+//! the authority for sequence numbers and for what readers may see; and the
+//! close signal an opener waits for ([`Closer`]). Also how the crate calls
+//! sled: [`blocking`], on tokio's blocking pool, never on a worker.
 //!
 //! Writes are single-key sled operations, ordered so that a crash between
 //! any two leaves something harmless (an extra index entry, an old event
@@ -12,11 +13,10 @@
 //! call (flushes included, for their whole fsync) takes that lock's read
 //! side, so appends and replays would stall behind every flush.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::backend::{StreamKey, StreamToken};
@@ -25,7 +25,7 @@ use mcp_event_store_core::{Error, Result};
 use crate::error::{NAME, backend};
 use crate::flusher::Flusher;
 use crate::keys::{self, META_LOOSEST, META_RELAXED, StreamRecord};
-use crate::setup::Closer;
+use crate::slot::{Slot, SlotMap, SlotState, StreamMeta};
 
 /// How a database hands out and judges incarnations (see the crate docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,9 +64,6 @@ impl Incarnations {
     }
 }
 
-/// Slots are swept (idle ones dropped) when the map grows past this.
-const SLOT_CACHE: usize = 65_536;
-
 /// Locks a mutex, recovering from poisoning: every critical section in this
 /// crate leaves its data consistent before anything that could panic.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -96,99 +93,44 @@ where
     }
 }
 
-/// The in-memory state of one stream: the authority for sequence numbers
-/// and for what readers may see.
-pub(crate) struct Slot {
-    pub(crate) state: Mutex<SlotState>,
-    /// The highest sequence number known durable. Readers never look past
-    /// it; it moves only after the flush covering the write succeeded.
-    durable: AtomicU64,
-    /// Set (under `state`'s lock) when the stream is deleted or the slot is
-    /// dropped from the map; a holder that sees it must fetch a new slot.
-    dead: AtomicBool,
+/// Wakes openers waiting for this database to finish closing.
+#[derive(Default)]
+pub(crate) struct CloseSignal {
+    /// When the database finished closing.
+    closed: Mutex<Option<std::time::Instant>>,
+    cv: Condvar,
 }
 
-/// Whether a slot has read its stream from disk yet.
-pub(crate) enum SlotState {
-    Unloaded,
-    Loaded(Option<StreamMeta>),
-}
-
-/// A live stream's counters, rebuilt from disk on load.
-#[derive(Clone, Debug)]
-pub(crate) struct StreamMeta {
-    pub stream_id: Arc<str>,
-    /// This life of the stream (see the crate docs on ids).
-    pub incarnation: u64,
-    /// What the `stream_age` index files it under.
-    pub age: u64,
-    pub first_seq: u64,
-    pub last_seq: u64,
-    /// Retained payload bytes.
-    pub bytes: u64,
-    /// `cum_bytes` of the last event.
-    pub last_cum: u64,
-}
-
-impl StreamMeta {
-    pub(crate) fn count(&self) -> u64 {
-        self.last_seq - self.first_seq + 1
-    }
-}
-
-impl Slot {
-    fn new() -> Self {
-        Self {
-            state: Mutex::new(SlotState::Unloaded),
-            durable: AtomicU64::new(0),
-            dead: AtomicBool::new(false),
+impl CloseSignal {
+    pub(crate) fn wait(&self) {
+        let mut closed = lock(&self.closed);
+        while closed.is_none() {
+            closed = self
+                .cv
+                .wait(closed)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 
-    pub(crate) fn durable(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
+    pub(crate) fn closed_at(&self) -> Option<std::time::Instant> {
+        *lock(&self.closed)
     }
 
-    /// Makes everything up to `seq` visible to readers.
-    pub(crate) fn publish(&self, seq: u64) {
-        self.durable.fetch_max(seq, Ordering::AcqRel);
-    }
-
-    pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::SeqCst)
+    /// Records that the database finished closing, and wakes the openers
+    /// waiting for it.
+    pub(crate) fn signal(&self) {
+        *lock(&self.closed) = Some(std::time::Instant::now());
+        self.cv.notify_all();
     }
 }
 
-pub(crate) struct SlotMap {
-    map: HashMap<StreamToken, Arc<Slot>>,
-    sweep_at: usize,
-}
+/// The last field of [`Shared`]: fields drop in order, so by the time this
+/// signals, the flusher is joined and every sled handle is dropped.
+pub(crate) struct Closer(pub(crate) Arc<CloseSignal>);
 
-impl SlotMap {
-    /// No slots yet.
-    pub(crate) fn new() -> Self {
-        Self {
-            map: HashMap::new(),
-            sweep_at: SLOT_CACHE,
-        }
-    }
-
-    /// Drops slots nobody holds whose writes are all published: reloading
-    /// them from disk later gives the same state.
-    fn sweep(&mut self) {
-        self.map.retain(|_, slot| {
-            if Arc::strong_count(slot) > 1 {
-                return true;
-            }
-            let Ok(state) = slot.state.try_lock() else {
-                return true;
-            };
-            match &*state {
-                SlotState::Loaded(Some(meta)) => slot.durable() < meta.last_seq,
-                _ => false,
-            }
-        });
-        self.sweep_at = SLOT_CACHE.max(self.map.len() * 2);
+impl Drop for Closer {
+    fn drop(&mut self) {
+        self.0.signal();
     }
 }
 
@@ -303,30 +245,10 @@ impl Shared {
         loosest.0 > events || loosest.1 > bytes
     }
 
-    /// The slot of `token`, created (unloaded) if missing.
-    fn slot(&self, token: StreamToken) -> Arc<Slot> {
-        let mut slots = lock(&self.slots);
-        if let Some(slot) = slots.map.get(&token) {
-            return slot.clone();
-        }
-        if slots.map.len() >= slots.sweep_at {
-            slots.sweep();
-        }
-        let slot = Arc::new(Slot::new());
-        slots.map.insert(token, slot.clone());
-        slot
-    }
-
     /// Marks `slot` dead and forgets it. Call with its state locked.
     /// Followers of the stream wake up and find their life ended.
     pub(crate) fn kill(&self, token: StreamToken, slot: &Arc<Slot>) {
-        slot.dead.store(true, Ordering::SeqCst);
-        {
-            let mut slots = lock(&self.slots);
-            if slots.map.get(&token).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-                slots.map.remove(&token);
-            }
-        }
+        lock(&self.slots).kill(token, slot);
         self.wakeups.wake(&token);
     }
 
@@ -339,7 +261,7 @@ impl Shared {
         f: impl FnOnce(&Arc<Slot>, &mut Option<StreamMeta>) -> Result<T>,
     ) -> Result<T> {
         loop {
-            let slot = self.slot(token);
+            let slot = lock(&self.slots).slot(token);
             let mut state = lock(&slot.state);
             if slot.is_dead() {
                 continue;
@@ -348,8 +270,7 @@ impl Shared {
                 let meta = self.load_stream(&token)?;
                 // Nothing of this stream was written through a live slot
                 // before this load, so everything on disk is durable.
-                slot.durable
-                    .store(meta.as_ref().map_or(0, |m| m.last_seq), Ordering::Release);
+                slot.loaded(meta.as_ref().map_or(0, |m| m.last_seq));
                 *state = SlotState::Loaded(meta);
             }
             let SlotState::Loaded(meta) = &mut *state else {

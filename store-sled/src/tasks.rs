@@ -38,11 +38,6 @@ use crate::error::backend;
 use crate::keys;
 use crate::shared::{Shared, blocking};
 
-/// The tasks' own format, in the metadata under [`META_TASK_FORMAT`]
-/// (the event format, `FORMAT_VERSION`, is unchanged by tasks).
-pub(crate) const TASK_FORMAT: u32 = 1;
-/// The metadata key of [`TASK_FORMAT`].
-pub(crate) const META_TASK_FORMAT: &str = "task_format";
 /// Tasks a purge step ends or deletes at most.
 const PURGE_BATCH: usize = 500;
 

@@ -210,7 +210,7 @@ impl TaskHarness for SledHarness {
 #[async_trait]
 impl PersistentTaskHarness for SledHarness {
     fn task_format_version(&self) -> u64 {
-        u64::from(crate::tasks::TASK_FORMAT)
+        u64::from(crate::keys::TASK_FORMAT)
     }
 
     /// Rewrites the `task_format` record, with sled directly.
