@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::backend::follow::{Wakeups, follow, reread};
+use mcp_event_store_core::backend::{EventBackend, StreamToken};
 use mcp_event_store_core::{EventId, FollowOptions, Position, Replay, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
@@ -39,7 +39,6 @@ use crate::RedisStore;
 use crate::conn::Conn;
 use crate::error::NAME;
 use crate::keys::Keys;
-use crate::replay::replay_after;
 use crate::wire::{entry_id, parse_entry_id};
 
 /// How long one `XREAD` blocks at most. Bounds how long a watcher stays
@@ -214,7 +213,9 @@ pub(crate) async fn follow_after(
     // then make sure the watcher covers the stream.
     let subscription = store.inner.follow.hub().subscribe(cursor.token);
     store.inner.follow.watch(cursor.token).await;
-    let first = replay_after(store, raw, cursor).await?;
+    // The job's own replay (through the trait: setup.rs builds this file's
+    // watcher, so this file imports no job file that imports setup.rs).
+    let first = store.replay_after(raw, cursor).await?;
     Ok(follow(
         NAME,
         first,

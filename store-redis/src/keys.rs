@@ -29,8 +29,8 @@ use mcp_event_store_core::backend::{StreamKey, StreamToken};
 use mcp_event_store_core::task::InstanceId;
 use mcp_event_store_core::{Error, Result};
 
-use crate::options::MAX_KEY_PREFIX_LEN;
-
+/// Longest accepted key prefix, in bytes.
+pub(crate) const MAX_KEY_PREFIX_LEN: usize = 128;
 /// The layout version written into every data key's name.
 const LAYOUT: &str = "v1";
 /// The tasks' layout version, in the name of every task key (a family of

@@ -30,8 +30,6 @@ pub const URL_SCHEMES: &[&str] = &[
 pub const MIN_REDIS_VERSION: (u32, u32) = (6, 2);
 /// The prefix used when none is configured.
 pub const DEFAULT_KEY_PREFIX: &str = "mcp-event-store";
-/// Longest accepted key prefix, in bytes.
-pub(crate) const MAX_KEY_PREFIX_LEN: usize = 128;
 /// Default time to wait for a reply. Generous on purpose: the redis crate's
 /// own default (500 ms) fails large replay pages and 8 MiB appends on a busy
 /// server, and a timed-out append leaves the caller not knowing whether it

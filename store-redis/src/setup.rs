@@ -16,7 +16,6 @@
 //! which the handle then adopts. Appends to existing streams never pay for
 //! it.
 
-use std::sync::RwLock;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
@@ -30,7 +29,7 @@ use crate::error::{NAME, backend};
 use crate::follow::{Follow, Source};
 use crate::keys::Keys;
 use crate::options::{MIN_REDIS_VERSION, SECRET_ATTEMPTS};
-use crate::state::Inner;
+use crate::state::{Inner, Secret};
 use crate::tasks::TaskWakeups;
 use crate::{FORMAT_VERSION, RedisOptions, RedisStore};
 
@@ -149,33 +148,6 @@ async fn warn_without_persistence(conn: &Conn) {
                 return;
             }
         }
-    }
-}
-
-/// The stream secret a handle currently uses; replaced when the stored one
-/// turns out to differ.
-pub(crate) struct Secret(RwLock<StreamKey>);
-
-impl Secret {
-    /// Holds `key`.
-    pub(crate) fn new(key: StreamKey) -> Self {
-        Self(RwLock::new(key))
-    }
-
-    /// The secret in use now.
-    pub(crate) fn current(&self) -> StreamKey {
-        self.0
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-
-    /// Uses `key` from now on.
-    pub(crate) fn adopt(&self, key: StreamKey) {
-        *self
-            .0
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = key;
     }
 }
 

@@ -2,6 +2,7 @@
 //! the keys, the stream secret, the options, the follow watcher and the
 //! task wake-ups), and the plumbing the job files reach it through.
 
+use std::sync::RwLock;
 use std::sync::atomic::AtomicBool;
 
 use mcp_event_store_core::backend::{BackendHandle, StreamKey};
@@ -12,7 +13,6 @@ use crate::conn::{Conn, Wait};
 use crate::error::backend;
 use crate::follow::Follow;
 use crate::keys::Keys;
-use crate::setup::Secret;
 use crate::{RedisOptions, RedisStore};
 
 /// What the clones of one handle share.
@@ -69,5 +69,32 @@ impl RedisStore {
             }
             Err(e) => Err(backend(e)),
         }
+    }
+}
+
+/// The stream secret a handle currently uses; replaced when the stored one
+/// turns out to differ.
+pub(crate) struct Secret(RwLock<StreamKey>);
+
+impl Secret {
+    /// Holds `key`.
+    pub(crate) fn new(key: StreamKey) -> Self {
+        Self(RwLock::new(key))
+    }
+
+    /// The secret in use now.
+    pub(crate) fn current(&self) -> StreamKey {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Uses `key` from now on.
+    pub(crate) fn adopt(&self, key: StreamKey) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = key;
     }
 }
