@@ -370,6 +370,28 @@ where
     })
 }
 
+/// [`paged_replay`] whose first page was read already (with the cursor
+/// check, in the same round trip, say): `first`'s events, then the pages
+/// `fetch_page` reads after its newest event, or after `after` when it is
+/// empty. Like any page, an empty or last `first` ends the replay.
+pub fn paged_replay_with<F, Fut>(
+    after: Position,
+    first: Page,
+    fetch_page: F,
+) -> BoxStream<'static, Result<StoredEvent>>
+where
+    F: FnMut(Position) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Page>> + Send + 'static,
+{
+    Box::pin(Paged {
+        after: first.events.last().map_or(after, |last| last.id.position),
+        fetch_page: Box::new(fetch_page),
+        done: first.last || first.events.is_empty(),
+        page: first.events.into_iter(),
+        reading: None,
+    })
+}
+
 /// The stream [`paged_replay`] returns: each event straight from the page
 /// being read out, and the next page asked for only once that one is used
 /// up. (A hand-written stream rather than a flattened unfold: the events
@@ -474,6 +496,52 @@ mod tests {
             .unwrap();
         assert_eq!(got, (1..=7).collect::<Vec<_>>());
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_replay_with_its_first_page_reads_on_after_it() {
+        let token = StreamKey::generate().unwrap().token("s");
+        let event = move |seq| StoredEvent {
+            id: EventId::new(token, Position::seq(seq)),
+            data: Bytes::new(),
+            retry: None,
+        };
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let first = Page {
+            events: vec![event(4), event(5)],
+            last: false,
+        };
+        let seen = asked.clone();
+        let events = paged_replay_with(Position::seq(3), first, move |after| {
+            seen.lock().unwrap().push(after.major);
+            let events = if after.major < 7 {
+                vec![event(after.major + 1)]
+            } else {
+                vec![]
+            };
+            async move {
+                Ok(Page {
+                    last: events.is_empty(),
+                    events,
+                })
+            }
+        });
+        let got: Vec<u64> = events
+            .map_ok(|e| e.id.position.major)
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(got, vec![4, 5, 6, 7]);
+        assert_eq!(*asked.lock().unwrap(), vec![5, 6, 7]);
+        // A first page that is the last asks for nothing more.
+        let last = Page {
+            events: vec![event(4)],
+            last: true,
+        };
+        let events = paged_replay_with(Position::seq(3), last, |_| async {
+            Err::<Page, _>(crate::Error::events_purged("x"))
+        });
+        assert_eq!(events.collect::<Vec<_>>().await.len(), 1);
     }
 
     #[tokio::test]

@@ -11,7 +11,8 @@
 //! [`check_list_limit`], the task limits) and the spans and metrics
 //! ([`observe`]) written once. For the job itself it uses the rest of this
 //! module: dense streams and their cursor and gap checks ([`dense`]),
-//! following ([`follow`]), long replays in pages ([`paged_replay`]), stream
+//! following ([`follow`]), long replays in pages ([`paged_replay`],
+//! [`paged_replay_with`] when the first page came with the cursor check), stream
 //! tokens from a per-store secret ([`StreamKey`], [`StreamToken`]), and a
 //! task store's shared parts ([`task`]: the state machine, the step driver
 //! of row stores, the one-value codec).
@@ -68,37 +69,62 @@
 //! the SIGKILL and newer-format cases included, and whose `task_suite.rs` is
 //! the same for the task suite (`task_suite!(<Name>Harness::new(),
 //! persistent)`). A test that installs a
-//! process-wide recorder or subscriber gets a binary of its own. The facade
-//! then needs the six lines listed under "The descriptor and the lists that
-//! name backends" below. `connect`, the CLI,
-//! the example server (`--features full`), the front-door test and the
-//! end-to-end fixtures (`testing::storage`) then reach it. Two more are
-//! optional: a line in the end-to-end list (which cases it supports: restart,
-//! shared) and a bench module (`benches/src/<name>.rs`, its bulk load and raw
-//! range read); a backend without one is named on stderr and not measured.
+//! process-wide recorder or subscriber gets a binary of its own. Its `bench`
+//! module (feature `bench`, which takes `conformance`) holds its kit,
+//! `<Name>Kit`: the `mcp_event_store_conformance::bench::Kit` the
+//! benchmarks and the facade's test support reach it through (its
+//! harnesses, its bulk load, and the raw-driver baselines: the range read,
+//! single appends, task rows, its database's own wake-up), and its
+//! `test_kit!` macro (its kit, and what its test storage allows: `restart`,
+//! `shared`). The facade then needs the lines listed under "The descriptor
+//! and the lists that name backends" below; `connect`, the command line,
+//! the example servers (`--features full`), the front-door tests, the
+//! end-to-end suites, the tower-mcp contract tests and the benches then
+//! reach it, each case where its storage allows it.
 //!
 //! # The descriptor and the lists that name backends
 //!
 //! Each backend crate exports a descriptor, `BACKEND` (an
-//! `mcp_event_store::Backend`: name, URL schemes, facade feature, `connect`),
-//! and the facade keeps one list of them; `mcp_event_store::backends()` names
-//! those compiled in. Adding a backend that `connect` opens takes its crate
-//! and six lines outside it, all in the workspace's root: in `Cargo.toml`,
-//! its `[workspace.dependencies]` line
-//! (`mcp-event-store-<name> = { path = "store-<name>", version = "0.1.0" }`;
-//! the `store-*` members glob already takes the crate), its optional
-//! dependency in the facade (`{ workspace = true, optional = true }`), its
-//! feature (`<name> = ["dep:mcp-event-store-<name>"]`), its entry in
-//! `all-backends` and in `testing` (`"mcp-event-store-<name>?/conformance"`);
-//! and one line in
-//! the `backends!` list in `src/lib.rs`. The rmcp end-to-end fixtures
-//! (`examples/resumable-server/tests/rmcp_e2e/main.rs`) still keep lists of
-//! their own, as do the tower-mcp contract tests
-//! (`integrations/tower-mcp/tests/adapters/contracts.rs`) and end-to-end cases
-//! (`examples/tower-mcp-server/tests/tower_e2e/main.rs`), and each server
-//! package a feature per backend. The benches take
-//! their backends from `backends()` and refuse to run one without a module in
-//! `benches/src/` (its bulk load, raw read and cleanup).
+//! `mcp_event_store::Backend`: name, URL schemes, facade feature,
+//! `connect`), and its kit (above). The facade keeps the one list of them,
+//! the `backends!` macro in its `src/lib.rs`, an entry a backend (module,
+//! feature, kit, URL schemes), and everything else iterates it:
+//! `mcp_event_store::backends()` (what `connect`, the command line and the
+//! benches' selection choose from), `KNOWN_SCHEMES` (which feature a URL
+//! needs), `testing::storage` and `testing::storages` (test storage by URL:
+//! the end-to-end fixtures, the command line's tests),
+//! `testing::visit_kit` (a backend's kit, as a type: the benches) and
+//! `for_each_backend!` (a module of tests per backend, with its kit and
+//! what its storage allows: the rmcp and tower-mcp end-to-end suites, the
+//! tower-mcp contract and adapter tests, the command line's scenario, the
+//! facade's own checks). The server packages and the command line have no
+//! feature per backend: `full` forwards to the facade's `all-backends`,
+//! `default-backend` to its default, and one backend alone is the facade's
+//! feature (`--features mcp-event-store/<name>`).
+//!
+//! So a backend is named outside its crate in these lines, which the
+//! facade's `tests/backend_places.rs` finds and counts (at most six a
+//! backend, so the count cannot drift; it lists them when it fails):
+//!
+//! 1. the workspace's `Cargo.toml`: the facade's optional dependency, named
+//!    for its feature, so that it is the feature too:
+//!    `<name> = { package = "mcp-event-store-<name>", path = "store-<name>",
+//!    version = "0.1.0", optional = true }` (the `store-*` members glob
+//!    already takes the crate);
+//! 2. the same file: its entry in the feature `all-backends`;
+//! 3. the same file: its entry in the feature `testing`,
+//!    `"<name>?/bench"`;
+//! 4. `src/lib.rs`: its entry in the `backends!` list,
+//!    `<name>, "<name>", <Name>Kit, [<its URL schemes>];` (wrapped when the
+//!    schemes are many);
+//! 5. `README.md`: its row in the table of crates (the same test checks
+//!    the table against the list).
+//!
+//! SQLite, the default backend, has a sixth: `default = ["sqlite"]`. A
+//! backend's driver may also be a `[workspace.dependencies]` line (those of
+//! the four here are, as `sqlx`, `redis` or `sled`), or be named in its
+//! crate alone. Prose that names a database ("SQLite", "sled") is not a
+//! place: the docs describe backends, they do not list them for code.
 
 pub mod dense;
 pub mod follow;
@@ -112,4 +138,4 @@ pub use crate::event::{retry_from_millis, retry_to_millis};
 pub use crate::id::{STREAM_KEY_LEN, STREAM_TOKEN_LEN, StreamKey, StreamToken};
 pub use crate::inspect::check_list_limit;
 pub use crate::options::{validate_session_id, validate_stream_id};
-pub use crate::store::{Page, paged_replay};
+pub use crate::store::{Page, paged_replay, paged_replay_with};
