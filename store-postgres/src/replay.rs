@@ -9,8 +9,10 @@ use sqlx::postgres::{PgPool, PgRow};
 
 use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
-use mcp_event_store_core::backend::{Page, StreamToken, paged_replay, retry_from_millis};
-use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
+use mcp_event_store_core::backend::{
+    Page, StreamToken, paged_replay, paged_replay_with, retry_from_millis,
+};
+use mcp_event_store_core::{Error, EventId, Position, Replay, Result, StoredEvent};
 
 use crate::PostgresStore;
 use crate::error::backend;
@@ -95,29 +97,28 @@ fn pages(
     store: &PostgresStore,
     raw: String,
     at: PageAt,
-    mut first: Option<Page>,
+    first: Option<Page>,
 ) -> BoxStream<'static, Result<StoredEvent>> {
     let pool = store.pool().clone();
     let sql = store.sql().page.clone();
     let limit = store.page_size();
-    paged_replay(dense::position(at.incarnation, at.after), move |position| {
-        let prefetched = first.take();
-        let pool = pool.clone();
-        let sql = sql.clone();
-        let raw = raw.clone();
+    let fetch = move |position: Position| {
+        let (pool, sql, raw) = (pool.clone(), sql.clone(), raw.clone());
+        let at = PageAt {
+            after: position.minor,
+            ..at
+        };
         async move {
-            if let Some(page) = prefetched {
-                return Ok(page);
-            }
-            let at = PageAt {
-                after: position.minor,
-                ..at
-            };
             fetch_page(pool, sql, at, limit, false)
                 .await?
                 .into_page(&raw, at, limit)
         }
-    })
+    };
+    let start = dense::position(at.incarnation, at.after);
+    match first {
+        Some(first) => paged_replay_with(start, first, fetch),
+        None => paged_replay(start, fetch),
+    }
 }
 
 /// The stream of a retained event (`get_stream_id_for_event_id`); `None`

@@ -2,8 +2,9 @@
 //! inclusively from the cursor with the metadata in one `MULTI`, later
 //! pages exclusively, each checked against the metadata read with it.
 
-use mcp_event_store_core::backend::{Page, StreamToken, paged_replay};
-use mcp_event_store_core::{Error, EventId, Position, Replay, Result};
+use futures_util::stream::BoxStream;
+use mcp_event_store_core::backend::{Page, StreamToken, paged_replay_with};
+use mcp_event_store_core::{Error, EventId, Position, Replay, Result, StoredEvent};
 use redis::Value;
 
 use crate::RedisStore;
@@ -70,25 +71,19 @@ pub(crate) async fn replay_after(store: &RedisStore, raw: &str, cursor: EventId)
     let meta = Meta::parse(base, last, purged)?;
     let mut events = first_page(raw, &meta, cursor.position, parse_entries(token, entries)?)?;
     events.truncate(page_size);
-    let mut first = Some(Page {
+    let first = Page {
         last: events.len() < page_size,
         events,
-    });
-    let store = store.clone();
-    let raw = raw.to_owned();
-    let base = meta.base;
-    let events = paged_replay(cursor.position, move |position| {
-        let first = first.take();
-        let store = store.clone();
-        let raw = raw.clone();
-        let keys = keys.clone();
-        async move {
-            match first {
-                Some(page) => Ok(page),
-                None => page(&store, &raw, token, &keys, base, position).await,
-            }
-        }
-    });
+    };
+    let events = pages(
+        store,
+        raw.to_owned(),
+        token,
+        keys,
+        meta.base,
+        cursor.position,
+        first,
+    );
     Ok(Replay { stream_id, events })
 }
 
@@ -126,31 +121,44 @@ pub(crate) async fn replay_whole(store: &RedisStore, stream_id: &str) -> Result<
         let Some(oldest) = events.first().map(|e| e.id) else {
             return Ok(Replay::empty(stream_id));
         };
-        let mut first = Some(Page {
+        let first = Page {
             last: events.len() < page_size,
             events,
-        });
-        let store = store.clone();
-        let raw = oldest.to_string();
-        let base = meta.base;
-        let events = paged_replay(Position::ZERO, move |position| {
-            let first = first.take();
-            let store = store.clone();
-            let raw = raw.clone();
-            let keys = keys.clone();
-            async move {
-                match first {
-                    Some(page) => Ok(page),
-                    None => page(&store, &raw, token, &keys, base, position).await,
-                }
-            }
-        });
+        };
+        let events = pages(
+            store,
+            oldest.to_string(),
+            token,
+            keys,
+            meta.base,
+            Position::ZERO,
+            first,
+        );
         return Ok(Replay {
             stream_id: stream_id.to_owned(),
             events,
         });
     }
     Err(secret_kept_changing())
+}
+
+/// The events after `start`: `first`, then the pages after it as they
+/// are polled, each checked against the metadata read with it; `raw` names
+/// the replay in errors.
+fn pages(
+    store: &RedisStore,
+    raw: String,
+    token: StreamToken,
+    keys: StreamKeys,
+    base: Position,
+    start: Position,
+    first: Page,
+) -> BoxStream<'static, Result<StoredEvent>> {
+    let store = store.clone();
+    paged_replay_with(start, first, move |position| {
+        let (store, raw, keys) = (store.clone(), raw.clone(), keys.clone());
+        async move { page(&store, &raw, token, &keys, base, position).await }
+    })
 }
 
 /// Reads the page after `position`, checked against the metadata read in

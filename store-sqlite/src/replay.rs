@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
-use mcp_event_store_core::backend::{Page, StreamToken, paged_replay, retry_from_millis};
+use mcp_event_store_core::backend::{Page, StreamToken, paged_replay_with, retry_from_millis};
 use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
 use rusqlite::OptionalExtension;
 
@@ -95,18 +95,10 @@ fn pages(
     after: u64,
     first: Page,
 ) -> BoxStream<'static, Result<StoredEvent>> {
-    let mut first = Some(first);
     let store = store.clone();
-    paged_replay(dense::position(incarnation, after), move |after| {
-        let first = first.take();
-        let store = store.clone();
-        let raw = raw.clone();
-        async move {
-            match first {
-                Some(page) => Ok(page),
-                None => checked_page(&store, &raw, token, incarnation, after.minor).await,
-            }
-        }
+    paged_replay_with(dense::position(incarnation, after), first, move |after| {
+        let (store, raw) = (store.clone(), raw.clone());
+        async move { checked_page(&store, &raw, token, incarnation, after.minor).await }
     })
 }
 
