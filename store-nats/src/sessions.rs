@@ -1,0 +1,155 @@
+//! Sessions in the key-value bucket `<prefix>-sessions`: one key per
+//! session, named by a keyed hash of its id (so any session id is a valid
+//! key), holding the expiry, the id and the state (or, for a state too
+//! large for one message, its reference in the spill stream).
+
+use bytes::{BufMut, Bytes, BytesMut};
+use mcp_event_store_core::{Error, Result};
+
+use crate::NatsStore;
+use crate::error::backend;
+use crate::spill::SpillRef;
+
+impl NatsStore {
+    fn session_key(&self, session_id: &str) -> String {
+        // A domain of its own, so a session's key is never a stream's token.
+        format!(
+            "s{}",
+            self.token(&format!("session\u{0}{session_id}")).to_text()
+        )
+    }
+
+    pub(crate) async fn put(&self, session_id: &str, state: &[u8], expires_at: i64) -> Result<()> {
+        let key = self.session_key(session_id);
+        let mut value = BytesMut::with_capacity(11 + session_id.len() + state.len());
+        value.put_i64_le(expires_at);
+        value.put_u16_le(session_id.len() as u16);
+        value.put_slice(session_id.as_bytes());
+        if state.len() > self.inline_limit(11 + session_id.len()) {
+            let spilled = self.spill(&format!("s{key}"), state).await?;
+            value.put_u8(SPILLED);
+            spilled.encode(&mut value);
+        } else {
+            value.put_u8(INLINE);
+            value.put_slice(state);
+        }
+        self.inner
+            .sessions
+            .put(key, value.freeze())
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// The state and expiry under a session's key, if it belongs to
+    /// `session_id`.
+    async fn read_session(&self, key: &str, session_id: &str) -> Result<Option<(i64, Bytes)>> {
+        let Some(value) = self.inner.sessions.get(key).await.map_err(backend)? else {
+            return Ok(None);
+        };
+        let (expires_at, id, state) = decode(&value)?;
+        if id != session_id.as_bytes() {
+            return Err(Error::Corrupt(
+                "a session key holds another session id".into(),
+            ));
+        }
+        let state = match state {
+            State::Inline(state) => state,
+            State::Spilled(spilled) => self.unspill(&format!("s{key}"), &spilled).await?,
+        };
+        Ok(Some((expires_at, state)))
+    }
+
+    pub(crate) async fn get(&self, session_id: &str) -> Result<Option<Bytes>> {
+        let key = self.session_key(session_id);
+        let now = self.now();
+        Ok(self
+            .read_session(&key, session_id)
+            .await?
+            .filter(|(expires_at, _)| *expires_at > now)
+            .map(|(_, state)| state))
+    }
+
+    pub(crate) async fn remove(&self, session_id: &str) -> Result<bool> {
+        let key = self.session_key(session_id);
+        let live = self
+            .read_session(&key, session_id)
+            .await?
+            .is_some_and(|(expires_at, _)| expires_at > self.now());
+        self.forget_key(&key).await?;
+        self.drop_spilled(&format!("s{key}"), None).await?;
+        Ok(live)
+    }
+
+    /// The id of the spilled state the session under `key` refers to.
+    pub(crate) async fn spilled_session(&self, key: &str) -> Result<Option<String>> {
+        let Some(value) = self.inner.sessions.get(key).await.map_err(backend)? else {
+            return Ok(None);
+        };
+        Ok(match decode(&value)?.2 {
+            State::Spilled(spilled) => Some(spilled.id),
+            State::Inline(_) => None,
+        })
+    }
+
+    /// Removes a key's messages from the bucket's stream, leaving no
+    /// delete marker behind (a marker per deleted key would grow without
+    /// bound).
+    async fn forget_key(&self, key: &str) -> Result<()> {
+        let sessions = &self.inner.sessions;
+        sessions
+            .stream
+            .purge()
+            .filter(format!("{}{key}", sessions.prefix))
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    /// Removes every expired session; how many.
+    pub(crate) async fn purge_sessions(&self) -> Result<u64> {
+        let now = self.now();
+        let keys = Self::keys_of(&self.inner.sessions).await?;
+        let mut removed = 0;
+        for key in keys {
+            let Some(value) = self.inner.sessions.get(&key).await.map_err(backend)? else {
+                continue;
+            };
+            if decode(&value)?.0 <= now {
+                self.forget_key(&key).await?;
+                self.drop_spilled(&format!("s{key}"), None).await?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+const INLINE: u8 = 0;
+const SPILLED: u8 = 1;
+
+/// A session's state as its value holds it.
+enum State {
+    Inline(Bytes),
+    Spilled(SpillRef),
+}
+
+/// A session's value: (expiry, id, state).
+fn decode(value: &Bytes) -> Result<(i64, Bytes, State)> {
+    let corrupt = || Error::Corrupt("a session value is malformed".into());
+    if value.len() < 11 {
+        return Err(corrupt());
+    }
+    let expires_at = i64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+    let id_len = usize::from(u16::from_le_bytes([value[8], value[9]]));
+    if value.len() < 11 + id_len {
+        return Err(corrupt());
+    }
+    let state = value.slice(11 + id_len..);
+    let state = match value[10 + id_len] {
+        INLINE => State::Inline(state),
+        SPILLED => State::Spilled(SpillRef::decode(&state)?),
+        _ => return Err(corrupt()),
+    };
+    Ok((expires_at, value.slice(10..10 + id_len), state))
+}
