@@ -15,7 +15,9 @@
 //! * [`testkit`]: what server-backed tests need (finding the server, in a
 //!   container if need be; a namespace per test removed even on panic; a
 //!   child process killed by pid when its guard drops; a reader that checks
-//!   every acknowledged event).
+//!   every acknowledged event);
+//! * [`bench`](mod@bench): what a backend gives the benchmarks, its bench baselines
+//!   behind one interface ([`bench::Kit`]).
 //!
 //! ```ignore
 //! // tests/my_backend/main.rs
@@ -34,6 +36,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod events;
 pub mod tasks;
 pub mod testkit;
