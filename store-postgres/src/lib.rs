@@ -579,6 +579,8 @@ mod state;
 mod store;
 mod tasks;
 
+#[cfg(feature = "bench")]
+pub mod bench;
 #[cfg(feature = "conformance")]
 pub mod testing;
 

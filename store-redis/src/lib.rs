@@ -508,6 +508,8 @@ mod store;
 mod tasks;
 mod wire;
 
+#[cfg(feature = "bench")]
+pub mod bench;
 #[cfg(feature = "conformance")]
 pub mod testing;
 

@@ -457,6 +457,8 @@ mod tasks;
 #[cfg(test)]
 mod test_support;
 
+#[cfg(feature = "bench")]
+pub mod bench;
 #[cfg(feature = "conformance")]
 pub mod testing;
 

@@ -346,6 +346,8 @@ mod tasks;
 mod watcher;
 mod writer;
 
+#[cfg(feature = "bench")]
+pub mod bench;
 #[cfg(feature = "conformance")]
 pub mod testing;
 
