@@ -57,7 +57,7 @@
 //! | `all-backends` | every backend |
 //! | `tower-mcp` | the module `tower_mcp` (the crate `mcp-event-store-tower-mcp`): adapters for tower-mcp 0.25; needs Rust 1.90 |
 //! | `full` | every backend, `rmcp` and `tower-mcp` |
-//! | `testing` | test support: `testing::storage(name)` and `testing::storages()`, private storage on each compiled-in backend that `connect` opens by URL (a temporary file, or a schema or key prefix of its own on the test server) |
+//! | `testing` | test support: `testing::storage(name)` and `testing::storages()`, private storage on each compiled-in backend that `connect` opens by URL (a temporary file, or a schema or key prefix of its own on the test server); `testing::visit_kit(name, ..)`, a backend's bench baselines and harnesses (its crate's `bench` module); [`for_each_backend!`], a module of tests per compiled-in backend |
 //!
 //! Which one? SQLite for a single server (or several processes on one host);
 //! PostgreSQL or Redis when several instances behind a load balancer must
@@ -201,7 +201,7 @@
 //! append is followed in the same round trip, on the stream's primary, by
 //! `WAIT N M`: `store_event` returns only once N replicas hold the event, and an
 //! acknowledged event survives the primary being killed with `SIGKILL` and a
-//! replica promoted (`store-redis/tests/redis/replicas.rs` does exactly that, and shows
+//! replica promoted (the Redis crate's test `replicas.rs` does exactly that, and shows
 //! events lost without the option). If fewer replicas acknowledge in time, the
 //! append fails with an error saying the event was stored on the primary but may
 //! not survive a failover (retrying stores it again under a new id). Cost,
@@ -504,22 +504,75 @@ pub use mcp_event_store_runtime as runtime;
 #[cfg(feature = "tower-mcp")]
 pub use mcp_event_store_tower_mcp as tower_mcp;
 
-/// The backends behind a cargo feature, one line each: module, crate,
-/// feature, its test harness, and its URL schemes (so that a scheme whose
-/// feature is off still names the feature; `tests/connect.rs` checks them
-/// against each crate's `BACKEND.schemes`). For each line this re-exports
-/// the whole crate as the module (under its feature), lists its `BACKEND` in
-/// [`backends`], its schemes in [`KNOWN_SCHEMES`], and (feature `testing`)
-/// its test storage in `testing::storages`.
+/// The backends behind a cargo feature, one line each: module (the
+/// optional dependency and the cargo feature are named the same), feature,
+/// its kit (the type in its crate's `bench` module), and its URL schemes
+/// (so that a scheme whose feature is off still names the feature;
+/// `tests/connect.rs` checks them against each crate's `BACKEND.schemes`).
+/// For each line this re-exports the whole crate as the module (under its
+/// feature), lists its `BACKEND` in [`backends`], its schemes in
+/// [`KNOWN_SCHEMES`], and (feature `testing`) its test storage in
+/// `testing::storages`, its kit in `testing::visit_kit` and the backend in
+/// [`for_each_backend!`]. The first token is `$`, for the macros it
+/// defines.
 macro_rules! backends {
-    ($($module:ident: $krate:ident, $feature:literal, $harness:ident,
+    ($d:tt $($module:ident, $feature:literal, $kit:ident,
         [$($scheme:literal),+ $(,)?];)+) => {
         $(
-            #[doc = concat!("The `", $feature, "` backend (feature `", $feature, "`): the whole `",
-                stringify!($krate), "` crate.")]
+            #[doc = concat!("The `", $feature, "` backend (feature `", $feature,
+                "`): the whole `mcp-event-store-", $feature, "` crate.")]
             #[cfg(feature = $feature)]
-            pub use $krate as $module;
+            pub use ::$module as $module;
+
+            // What `for_each_backend!` expands for this backend: its crate's
+            // `test_kit!` when it is compiled in with test support, nothing
+            // otherwise. (A macro of the module's name, in the macro
+            // namespace, beside the module.)
+            #[cfg(all(feature = "testing", feature = $feature))]
+            #[doc(hidden)]
+            #[macro_export]
+            macro_rules! $module {
+                ($d callback:ident) => {
+                    $d crate::$module::test_kit!($d callback!($module,));
+                };
+            }
+            #[cfg(not(all(feature = "testing", feature = $feature)))]
+            #[doc(hidden)]
+            #[macro_export]
+            macro_rules! $module {
+                ($d callback:ident) => {};
+            }
         )+
+
+        /// Expands `callback!(<module>, kit = <kit>, restart = yes|no,
+        /// shared = yes|no)` once for each backend compiled in, in
+        /// [`backends`] order (memory, which has no crate, excepted), with
+        /// the feature `testing`; without it, nothing.
+        ///
+        /// `<module>` is the backend's module here (named as its
+        /// [`Backend::name`]), `<kit>` the path of its
+        /// `mcp_event_store_conformance::bench::Kit` (its harnesses, so its
+        /// concrete store type), and the two flags what its crate says its
+        /// test storage allows: `restart`, a new process opens it again;
+        /// `shared`, several processes use it at once. So that test suites
+        /// (end to end, contracts, the command line's) expand a module of
+        /// tests per backend without a list of their own, each case only
+        /// where the storage allows it.
+        ///
+        /// ```
+        /// macro_rules! name {
+        ///     ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = $shared:ident) => {
+        ///         assert_eq!(stringify!($backend), mcp_event_store::$backend::BACKEND.name);
+        ///     };
+        /// }
+        /// mcp_event_store::for_each_backend!(name);
+        /// ```
+        #[macro_export]
+        macro_rules! for_each_backend {
+            ($d callback:ident) => {
+                $( $d crate::$module!($d callback); )+
+            };
+        }
 
         /// The backends compiled in, [`MemoryStore`] first, each once: what
         /// [`connect`] chooses from.
@@ -549,12 +602,16 @@ macro_rules! backends {
         /// Test support (feature `testing`): private storage on every
         /// backend compiled in, opened by URL, so that tests going through
         /// [`connect`] (end-to-end servers, benches) cover each backend
-        /// without naming it.
+        /// without naming it; and each backend's kit, its bench baselines
+        /// and harnesses, by name.
         #[cfg(feature = "testing")]
         pub mod testing {
+            pub use mcp_event_store_conformance::bench;
             pub use mcp_event_store_conformance::events::UrlHarness;
 
             use crate::Backend;
+            #[allow(unused_imports)] // with no backend feature on
+            use bench::Kit;
 
             /// Fresh private storage on each persistent backend compiled in
             /// (every one but `memory://`, which is private to each
@@ -576,7 +633,7 @@ macro_rules! backends {
 
             /// Fresh private storage on the backend named `name`
             /// ([`Backend::name`]), or `None` if it is not compiled in (or
-            /// is `memory`).
+            /// is `memory`): its kit's harness.
             ///
             /// ```
             /// # #[tokio::main(flavor = "current_thread")]
@@ -593,24 +650,57 @@ macro_rules! backends {
                 $(
                     #[cfg(feature = $feature)]
                     if name == crate::$module::BACKEND.name {
-                        return Some(Box::new(crate::$module::testing::$harness::new().await));
+                        return Some(Box::new(crate::$module::bench::$kit::harness().await));
                     }
                 )+
                 let _ = name;
+                None
+            }
+
+            /// Runs `visitor` with the kit of the backend named `name`
+            /// ([`Backend::name`], `memory` included): what the benches
+            /// reach every backend through. `None` if it is not compiled
+            /// in.
+            ///
+            /// ```
+            /// use mcp_event_store::testing::bench::{Kit, Visitor};
+            ///
+            /// struct Name;
+            /// impl Visitor for Name {
+            ///     type Output = &'static str;
+            ///     fn visit<K: Kit>(self) -> &'static str {
+            ///         K::BACKEND.name
+            ///     }
+            /// }
+            /// for backend in mcp_event_store::backends() {
+            ///     let name = mcp_event_store::testing::visit_kit(backend.name, Name);
+            ///     assert_eq!(name, Some(backend.name));
+            /// }
+            /// ```
+            pub fn visit_kit<V: bench::Visitor>(name: &str, visitor: V) -> Option<V::Output> {
+                if name == crate::MemoryStore::BACKEND.name {
+                    return Some(visitor.visit::<bench::MemoryKit>());
+                }
+                $(
+                    #[cfg(feature = $feature)]
+                    if name == crate::$module::BACKEND.name {
+                        return Some(visitor.visit::<crate::$module::bench::$kit>());
+                    }
+                )+
                 None
             }
         }
     };
 }
 
-backends! {
-    sqlite: mcp_event_store_sqlite, "sqlite", SqliteHarness, ["sqlite"];
-    postgres: mcp_event_store_postgres, "postgres", PostgresHarness, ["postgres", "postgresql"];
-    redis: mcp_event_store_redis, "redis", RedisHarness, [
+backends! { $
+    sqlite, "sqlite", SqliteKit, ["sqlite"];
+    postgres, "postgres", PostgresKit, ["postgres", "postgresql"];
+    redis, "redis", RedisKit, [
         "redis", "rediss", "redis+unix", "unix", "redis+cluster", "rediss+cluster",
         "valkey", "valkeys", "valkey+unix", "valkey+cluster", "valkeys+cluster",
     ];
-    sled: mcp_event_store_sled, "sled", SledHarness, ["sled"];
+    sled, "sled", SledKit, ["sled"];
 }
 
 /// A store of any backend, as [`connect`] returns it: an event store, a

@@ -33,27 +33,17 @@
 
 use mcp_event_store_benches as common;
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{Backend, Delivery, two_handles};
+use common::{Delivery, two_handles};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use futures_util::StreamExt;
-use mcp_event_store::DynStore;
 use mcp_event_store::bus::{Bus, Start, StoreBus, Subscription, Topic};
 use mcp_event_store::runtime::{Audience, Heard, Runtime};
+use mcp_event_store::{Backend, DynStore};
+use mcp_event_store_conformance::bench::bus::{DeliveryCases, GUARD, within_guard};
+use mcp_event_store_conformance::bench::{Kit, Visitor};
 use tokio::sync::mpsc;
-
-/// How long one delivery may take before the bench fails.
-const GUARD: Duration = Duration::from_secs(30);
-
-/// Waits at most [`GUARD`] for `next`.
-async fn within_guard<T>(next: impl Future<Output = Option<T>>) -> T {
-    tokio::time::timeout(GUARD, next)
-        .await
-        .expect("delivered within the guard")
-        .expect("the subscription goes on")
-}
 
 /// The store's bus: publish on A's, a subscription on B's.
 struct ThroughStore {
@@ -96,181 +86,6 @@ impl Delivery for ThroughStore {
     }
 }
 
-/// PostgreSQL's own: `pg_notify` on a pool, heard by a `PgListener`.
-struct Notify {
-    pool: sqlx::PgPool,
-    listener: sqlx::postgres::PgListener,
-    channel: String,
-    data: String,
-}
-
-impl Notify {
-    async fn new() -> Self {
-        let url = mcp_event_store_postgres::testing::server_url().await;
-        let channel = format!("bench_bus_{}", std::process::id());
-        let mut listener = sqlx::postgres::PgListener::connect(&url)
-            .await
-            .expect("a listening connection");
-        listener.listen(&channel).await.expect("LISTEN");
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .expect("raw postgres pool");
-        Self {
-            pool,
-            listener,
-            channel,
-            data: String::from_utf8(common::payload()).expect("a text payload"),
-        }
-    }
-}
-
-impl Delivery for Notify {
-    async fn one(&mut self) -> Duration {
-        let called = Instant::now();
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(&self.channel)
-            .bind(&self.data)
-            .execute(&self.pool)
-            .await
-            .expect("NOTIFY");
-        let heard = tokio::time::timeout(GUARD, self.listener.recv())
-            .await
-            .expect("heard within the guard")
-            .expect("LISTEN goes on");
-        let took = called.elapsed();
-        assert_eq!(heard.payload(), self.data);
-        took
-    }
-}
-
-/// Redis's own pub/sub: `PUBLISH`, heard by a `SUBSCRIBE` connection.
-struct Publish {
-    conn: redis::aio::MultiplexedConnection,
-    messages: futures_util::stream::BoxStream<'static, redis::Msg>,
-    channel: String,
-    data: Vec<u8>,
-}
-
-impl Publish {
-    async fn new() -> Self {
-        let url = mcp_event_store_redis::testing::server_url().await;
-        let channel = format!("{}bus", mcp_event_store_redis::testing::random_prefix());
-        let mut pubsub = redis::Client::open(url.as_str())
-            .expect("redis url")
-            .get_async_pubsub()
-            .await
-            .expect("a subscribing connection");
-        pubsub.subscribe(&channel).await.expect("SUBSCRIBE");
-        Self {
-            conn: common::redis::raw_connection(&url).await,
-            messages: pubsub.into_on_message().boxed(),
-            channel,
-            data: common::payload(),
-        }
-    }
-}
-
-impl Delivery for Publish {
-    async fn one(&mut self) -> Duration {
-        let called = Instant::now();
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg(&self.channel)
-            .arg(&self.data)
-            .query_async(&mut self.conn)
-            .await
-            .expect("PUBLISH");
-        let message = within_guard(self.messages.next()).await;
-        let took = called.elapsed();
-        assert_eq!(message.get_payload_bytes(), self.data);
-        took
-    }
-}
-
-/// Redis Streams by hand: `XADD`, heard by a task blocked in `XREAD BLOCK`
-/// on a connection of its own (what a store's follow does, without the
-/// store).
-struct Xadd {
-    conn: redis::aio::MultiplexedConnection,
-    key: String,
-    heard: mpsc::UnboundedReceiver<String>,
-    reader: tokio::task::JoinHandle<()>,
-    data: Vec<u8>,
-}
-
-impl Xadd {
-    async fn new() -> Self {
-        let url = mcp_event_store_redis::testing::server_url().await;
-        let key = format!("{}bus", mcp_event_store_redis::testing::random_prefix());
-        let mut blocked = common::redis::raw_connection(&url).await;
-        let (tell, heard) = mpsc::unbounded_channel();
-        let read_key = key.clone();
-        let reader = tokio::spawn(async move {
-            let mut last = "$".to_owned();
-            loop {
-                // Blocks a second at most: under the connection's response
-                // timeout.
-                // Nil when the block ran out; else per key its entries, each
-                // an id and its fields.
-                type Read = Option<Vec<(String, Vec<(String, Vec<Vec<u8>>)>)>>;
-                let read: Read = redis::cmd("XREAD")
-                    .arg("BLOCK")
-                    .arg(1_000)
-                    .arg("STREAMS")
-                    .arg(&read_key)
-                    .arg(&last)
-                    .query_async(&mut blocked)
-                    .await
-                    .expect("XREAD");
-                let entries = read.into_iter().flatten().flat_map(|(_, entries)| entries);
-                for (id, _) in entries {
-                    last = id.clone();
-                    if tell.send(id).is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        Self {
-            conn: common::redis::raw_connection(&url).await,
-            key,
-            heard,
-            reader,
-            data: common::payload(),
-        }
-    }
-}
-
-impl Delivery for Xadd {
-    async fn one(&mut self) -> Duration {
-        let called = Instant::now();
-        let id: String = redis::cmd("XADD")
-            .arg(&self.key)
-            .arg("*")
-            .arg("d")
-            .arg(&self.data)
-            .query_async(&mut self.conn)
-            .await
-            .expect("XADD");
-        let heard = within_guard(self.heard.recv()).await;
-        let took = called.elapsed();
-        assert_eq!(heard, id, "the reader got another entry");
-        took
-    }
-}
-
-impl Drop for Xadd {
-    fn drop(&mut self) {
-        self.reader.abort();
-        let (mut conn, key) = (self.conn.clone(), self.key.clone());
-        tokio::spawn(async move {
-            let _: redis::RedisResult<i64> =
-                redis::cmd("DEL").arg(key).query_async(&mut conn).await;
-        });
-    }
-}
-
 fn latency(c: &mut Criterion) {
     let rt = common::runtime();
     for backend in common::selected() {
@@ -280,47 +95,46 @@ fn latency(c: &mut Criterion) {
             c,
             &rt,
             backend,
-            &format!("bus/{}/store", backend.name()),
+            &format!("bus/{}/store", backend.name),
             &mut store,
         );
         // What the handles and connections spawn as they close needs the
         // runtime: each is dropped inside it.
         rt.block_on(async { drop(store) });
-        match backend {
-            Backend::Postgres => {
-                let mut notify = rt.block_on(Notify::new());
-                common::deliveries(
-                    c,
-                    &rt,
-                    backend,
-                    &format!("bus/{}/notify", backend.name()),
-                    &mut notify,
-                );
-                rt.block_on(async { drop(notify) });
-            }
-            Backend::Redis => {
-                let mut publish = rt.block_on(Publish::new());
-                common::deliveries(
-                    c,
-                    &rt,
-                    backend,
-                    &format!("bus/{}/publish", backend.name()),
-                    &mut publish,
-                );
-                rt.block_on(async { drop(publish) });
-                let mut xadd = rt.block_on(Xadd::new());
-                common::deliveries(
-                    c,
-                    &rt,
-                    backend,
-                    &format!("bus/{}/xadd", backend.name()),
-                    &mut xadd,
-                );
-                rt.block_on(async { drop(xadd) });
-            }
-            Backend::Memory | Backend::Sqlite | Backend::Sled => {}
-        }
+        // The database's own primitive, where it has one (the backend's
+        // kit: `pg_notify`, `PUBLISH`, `XADD`).
+        common::visit(
+            backend,
+            Raw {
+                c: &mut *c,
+                rt: &rt,
+                backend,
+            },
+        );
         rt.block_on(cleanup);
+    }
+}
+
+/// The raw deliveries of one backend.
+struct Raw<'a> {
+    c: &'a mut Criterion,
+    rt: &'a tokio::runtime::Runtime,
+    backend: &'static Backend,
+}
+
+impl Visitor for Raw<'_> {
+    type Output = ();
+
+    fn visit<K: Kit>(mut self) {
+        let rt = self.rt;
+        K::bus(rt, &mut self);
+    }
+}
+
+impl DeliveryCases for Raw<'_> {
+    fn case(&mut self, id: &str, delivery: &mut impl Delivery) {
+        let group = format!("bus/{}/{id}", self.backend.name);
+        common::deliveries(self.c, self.rt, self.backend, &group, delivery);
     }
 }
 
@@ -457,7 +271,7 @@ fn fanout(c: &mut Criterion) {
         // notification listeners, sharing one.
         for shared in [false, true] {
             let variant = if shared { "listeners" } else { "fanout" };
-            let mut group = c.benchmark_group(format!("bus/{}/{variant}", backend.name()));
+            let mut group = c.benchmark_group(format!("bus/{}/{variant}", backend.name));
             group.sample_size(20);
             group.measurement_time(Duration::from_secs(5));
             for subscribers in [1, many] {

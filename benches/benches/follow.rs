@@ -79,7 +79,7 @@ fn latency(c: &mut Criterion) {
             follower,
             data,
         };
-        let group = format!("follow/{}", backend.name());
+        let group = format!("follow/{}", backend.name);
         common::deliveries(c, &rt, backend, &group, &mut following);
         drop(following);
         drop(reader);
@@ -92,7 +92,7 @@ fn idle_followers(c: &mut Criterion) {
     let data = common::payload();
     let idle = if common::quick() { 10 } else { 1_000 };
     for backend in common::selected() {
-        let mut group = c.benchmark_group(format!("follow/{}/append", backend.name()));
+        let mut group = c.benchmark_group(format!("follow/{}/append", backend.name));
         group.throughput(Throughput::Elements(1));
         group.sample_size(30);
         group.measurement_time(Duration::from_secs(5));

@@ -38,15 +38,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::Backend;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use mcp_event_store::rmcp::{RmcpEventStore, decode, encode};
 use mcp_event_store::{DynStore, EventId, NewEvent, StoreOptions, StoredEvent};
-use mcp_event_store_conformance::events::{Harness, MemoryHarness};
-use mcp_event_store_postgres::testing::PostgresHarness;
-use mcp_event_store_redis::testing::RedisHarness;
-use mcp_event_store_sled::testing::SledHarness;
-use mcp_event_store_sqlite::testing::SqliteHarness;
 use rmcp::model::{
     CallToolResult, ContentBlock, ProgressNotificationParam, ProgressToken, ServerJsonRpcMessage,
     ServerNotification, ServerResult,
@@ -112,28 +106,6 @@ fn rmcp_adapter(c: &mut Criterion) {
         }
     }
     group.finish();
-}
-
-/// Removes a bench's storage once its handles are dropped.
-type Teardown = std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-
-/// A store on fresh storage of `backend` (the backend's own test harness),
-/// with default options, and what removes it.
-async fn open(backend: Backend) -> (DynStore, Teardown) {
-    async fn open<H: Harness>(harness: H) -> (DynStore, Teardown)
-    where
-        H::Store: mcp_event_store::task::RuntimeStore,
-    {
-        let store = harness.open(StoreOptions::default()).await;
-        (Arc::new(store), Box::pin(harness.teardown()))
-    }
-    match backend {
-        Backend::Memory => open(MemoryHarness::new().await).await,
-        Backend::Sqlite => open(SqliteHarness::new().await).await,
-        Backend::Postgres => open(PostgresHarness::new().await).await,
-        Backend::Redis => open(RedisHarness::new().await).await,
-        Backend::Sled => open(SledHarness::new().await).await,
-    }
 }
 
 /// One message stored, as rmcp stores it or as the store alone does.
@@ -211,9 +183,9 @@ fn delivery(c: &mut Criterion) {
     let payload: Arc<[u8]> = payload.into();
     let streams: Arc<Vec<String>> = Arc::new((0..32).map(|w| format!("session-{w}:1")).collect());
     for backend in common::selected() {
-        let (store, teardown) = rt.block_on(open(backend));
+        let (store, teardown) = rt.block_on(common::one_handle(backend, StoreOptions::default()));
         let adapter = Arc::new(RmcpEventStore::new(store.clone()));
-        let mut group = c.benchmark_group(format!("rmcp_delivery/{}", backend.name()));
+        let mut group = c.benchmark_group(format!("rmcp_delivery/{}", backend.name));
         group.warm_up_time(Duration::from_secs(1));
         group.measurement_time(Duration::from_secs(3));
         group.sample_size(20);
@@ -248,7 +220,7 @@ fn delivery(c: &mut Criterion) {
                 let (median, p99) = (percentile(&times, 0.5), percentile(&times, 0.99));
                 println!(
                     "rmcp_delivery/{}/{id}: p50 {:.1} us, p99 {:.1} us over {} calls",
-                    backend.name(),
+                    backend.name,
                     median.as_secs_f64() * 1e6,
                     p99.as_secs_f64() * 1e6,
                     times.len(),
@@ -256,12 +228,12 @@ fn delivery(c: &mut Criterion) {
                 if !common::quick() {
                     let dir = common::criterion_dir()
                         .join("rmcp_delivery")
-                        .join(backend.name())
+                        .join(backend.name)
                         .join(id);
                     std::fs::create_dir_all(&dir).expect("the criterion directory");
                     let json = format!(
                         "{{\"backend\":\"{}\",\"writers\":{writers},\"calls\":{},\"p50_ns\":{},\"p99_ns\":{}}}\n",
-                        backend.name(),
+                        backend.name,
                         times.len(),
                         median.as_nanos(),
                         p99.as_nanos()

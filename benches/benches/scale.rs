@@ -21,9 +21,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::Backend;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::TryStreamExt;
+use mcp_event_store::MemoryStore;
+use mcp_event_store_conformance::bench::{Kit, Visitor};
+use tokio::runtime::Runtime;
 
 /// The rmcp-style reference: every event of every stream in one `Vec`,
 /// in arrival order.
@@ -86,40 +88,65 @@ fn scale(c: &mut Criterion) {
     } else {
         &[1_000, 100_000, 1_000_000]
     };
-    const K: usize = 100;
     for backend in common::selected() {
-        let mut group = c.benchmark_group(format!("scale/{}", backend.name()));
+        common::visit(
+            backend,
+            Scale {
+                c: &mut *c,
+                rt: &rt,
+                sizes,
+            },
+        );
+    }
+}
+
+/// The scale cases on one backend.
+struct Scale<'a> {
+    c: &'a mut Criterion,
+    rt: &'a Runtime,
+    sizes: &'a [u64],
+}
+
+impl Visitor for Scale<'_> {
+    type Output = ();
+
+    fn visit<K: Kit>(self) {
+        const LAST: usize = 100;
+        let Scale { c, rt, sizes } = self;
+        let name = K::BACKEND.name;
+        let mut group = c.benchmark_group(format!("scale/{name}"));
         group.warm_up_time(Duration::from_secs(1));
         group.measurement_time(Duration::from_secs(3));
         group.sample_size(30);
-        group.throughput(Throughput::Elements(K as u64));
+        group.throughput(Throughput::Elements(LAST as u64));
         for &size in sizes {
             let plan = common::scale_plan(size);
-            let loaded = rt.block_on(common::load(backend, &plan));
-            let cursor = loaded.cursor_for_last(K);
+            let loaded = rt.block_on(K::load(&plan));
+            let cursor = loaded.cursor_for_last(LAST);
             let check = rt.block_on(async {
                 let replay = loaded.store.replay_events_after(&cursor).await?;
                 replay.events.try_collect::<Vec<_>>().await
             });
-            assert_eq!(check.expect("replay").len(), K, "{backend:?} at {size}");
+            assert_eq!(check.expect("replay").len(), LAST, "{name} at {size}");
             let store = &loaded.store;
             group.bench_with_input(
                 BenchmarkId::new("store", label(size)),
                 &cursor,
                 |b, cursor| {
-                    b.to_async(&rt).iter(|| async {
+                    b.to_async(rt).iter(|| async {
                         let replay = store.replay_events_after(cursor).await.expect("replay");
                         let events: Vec<_> = replay.events.try_collect().await.expect("events");
                         black_box(events)
                     })
                 },
             );
-            rt.block_on(loaded.cleanup());
-            if backend == Backend::Memory {
+            rt.block_on(loaded.cleanup::<K>());
+            // The reference runs beside the memory store.
+            if name == MemoryStore::BACKEND.name {
                 let reference = LinearVecStore::build(&plan);
                 let probe = &plan[plan.len() - 1];
-                let cursor = format!("{}/{}", probe.stream_id, probe.len - K as u64);
-                assert_eq!(reference.replay_after(&cursor).len(), K);
+                let cursor = format!("{}/{}", probe.stream_id, probe.len - LAST as u64);
+                assert_eq!(reference.replay_after(&cursor).len(), LAST);
                 group.bench_with_input(
                     BenchmarkId::new("rmcp_linear_vec", label(size)),
                     &cursor,

@@ -20,7 +20,14 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-const BACKENDS: [&str; 5] = ["memory", "sqlite", "postgres", "redis", "sled"];
+/// Every backend's name, in `mcp_event_store::backends()` order.
+fn backends() -> Vec<&'static str> {
+    mcp_event_store::backends()
+        .iter()
+        .map(|backend| backend.name)
+        .collect()
+}
+
 const SIZES: [(&str, f64); 4] = [("1k", 1e3), ("10k", 1e4), ("100k", 1e5), ("1M", 1e6)];
 
 type Failure = Box<dyn std::error::Error>;
@@ -66,7 +73,7 @@ fn colour(i: usize) -> RGBColor {
 
 fn scale_chart(data: &BTreeMap<String, f64>, out: &Path) -> Result<bool, Failure> {
     let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for backend in BACKENDS {
+    for backend in backends() {
         let points: Vec<(f64, f64)> = SIZES
             .iter()
             .filter_map(|(label, n)| {
@@ -143,7 +150,7 @@ fn scale_chart(data: &BTreeMap<String, f64>, out: &Path) -> Result<bool, Failure
 
 fn follow_chart(root_dir: &Path, out: &Path) -> Result<bool, Failure> {
     let mut bars: Vec<(&str, f64, f64)> = Vec::new();
-    for backend in BACKENDS {
+    for backend in backends() {
         let file = root_dir
             .join("follow")
             .join(backend)

@@ -16,9 +16,10 @@
 //!
 //! URLs are those of `mcp_event_store::connect`: `memory://`,
 //! `sqlite://path`, `postgres://…[?schema=]`, `redis://…[?prefix=]`,
-//! `sled://dir`. Backends are cargo features of this crate (`sqlite` by
-//! default, `postgres`, `redis`, `sled`, `full`); a URL whose backend is
-//! not compiled in says which feature to enable.
+//! `sled://dir`. SQLite is compiled in by default, every backend with the
+//! feature `full`, one more alone with `--features mcp-event-store/<name>`
+//! (the facade's feature: `postgres`, `redis`, `sled`); a URL whose backend
+//! is not compiled in says which feature to enable.
 //!
 //! Exit status: 0 on success; 1 when `check` found a risky setting or
 //! `delete-stream` was not confirmed; 2 on any error, reported as one

@@ -1,11 +1,12 @@
 //! The `mcp-event-store` binary run as a process, as an operator runs it:
 //! exit codes, what it prints, and its failure paths.
 //!
-//! The memory tests always run. Each persistent backend runs one scenario
-//! (seeded through the facade, then stats, streams, replay, tail, purge,
-//! delete-stream and check through the binary) behind this crate's feature
-//! of the same name; the server-backed ones find their server as the
-//! backends' own tests do.
+//! The memory tests always run. Each persistent backend compiled in runs one
+//! scenario (seeded through the facade, then stats, streams, replay, tail,
+//! purge, delete-stream and check through the binary) on its test storage
+//! (`mcp_event_store::for_each_backend!` and `testing::storage`: no list
+//! here); the server-backed ones find their server as the backends' own
+//! tests do.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command as StdCommand, Output, Stdio};
@@ -172,17 +173,17 @@ fn an_unknown_scheme_or_no_url_is_one_error_line() {
     assert_error_line(&run(&["check", "events.db"]), "no scheme");
 }
 
+/// A URL whose backend is not compiled in says which feature to enable
+/// (each scheme `connect` knows whose backend this build lacks).
 #[test]
 fn a_backend_not_compiled_in_names_its_feature() {
-    let cases = [
-        (cfg!(feature = "sqlite"), "sqlite", "sqlite://events.db"),
-        (cfg!(feature = "postgres"), "postgres", "postgres://u@h/db"),
-        (cfg!(feature = "redis"), "redis", "redis://127.0.0.1:1"),
-        (cfg!(feature = "sled"), "sled", "sled:///nonexistent/dir"),
-    ];
-    for (compiled_in, feature, url) in cases {
-        if !compiled_in {
-            let run = run(&["stats", url]);
+    let compiled: Vec<&str> = mcp_event_store::backends()
+        .iter()
+        .map(|backend| backend.feature)
+        .collect();
+    for (scheme, feature) in mcp_event_store::KNOWN_SCHEMES {
+        if !compiled.contains(feature) {
+            let run = run(&["stats", &format!("{scheme}://127.0.0.1:1/x")]);
             assert_error_line(&run, &format!("enable the `{feature}` cargo feature"));
         }
     }
@@ -501,86 +502,84 @@ fn scenario(url: &str, backend: &str, shared: bool) {
     }
 }
 
-#[cfg(feature = "sqlite")]
-mod sqlite {
-    use super::*;
+/// The scenario on each backend compiled in, on its test storage, and a
+/// closed pipe. `shared`: whether another process may write while `tail`
+/// holds the store open (its crate says; not sled, which locks its
+/// directory).
+#[allow(unused_macros)] // with no backend compiled in
+macro_rules! backend_tests {
+    ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = $shared:ident) => {
+        mod $backend {
+            use super::*;
 
-    fn url(dir: &tempfile::TempDir) -> String {
-        format!("sqlite://{}", dir.path().join("events.db").display())
-    }
+            /// Private storage on this backend, removed when done.
+            fn storage() -> Box<dyn mcp_event_store::testing::UrlHarness> {
+                block_on(mcp_event_store::testing::storage(stringify!($backend)))
+                    .expect("the backend is compiled in")
+            }
 
-    #[test]
-    fn every_command_on_sqlite() {
-        let dir = tempfile::tempdir().unwrap();
-        scenario(&url(&dir), "sqlite", true);
-    }
+            #[test]
+            fn every_command() {
+                let storage = storage();
+                scenario(&storage.url(), stringify!($backend), backend_tests!(@$shared));
+                block_on(storage.remove());
+            }
 
-    /// A reader that stops early (`| head`) ends the command quietly: the
-    /// payload is larger than a pipe's buffer, so the write after the
-    /// reader has gone fails with EPIPE.
-    #[test]
-    fn a_closed_pipe_exits_quietly() {
-        use mcp_event_store::NewEvent;
-        let dir = tempfile::tempdir().unwrap();
-        let url = url(&dir);
-        let first = block_on(async {
-            let store = mcp_event_store::connect(&url).await.unwrap();
-            let first = store.store_event("s", NewEvent::new(b"a")).await.unwrap();
-            let big = vec![b'x'; 512 * 1024];
-            store.store_event("s", NewEvent::new(&big)).await.unwrap();
-            first.to_string()
-        });
-        let mut child = StdCommand::new(env!("CARGO_BIN_EXE_mcp-event-store"))
-            .args(["replay", &url, &first])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        drop(child.stdout.take());
-        let output = child.wait_with_output().unwrap();
-        assert_eq!(output.status.code(), Some(0), "{output:?}");
-        assert!(output.stderr.is_empty(), "{output:?}");
-    }
-}
+            /// A reader that stops early (`| head`) ends the command
+            /// quietly: the payload is larger than a pipe's buffer, so the
+            /// write after the reader has gone fails with EPIPE.
+            #[test]
+            fn a_closed_pipe_exits_quietly() {
+                use mcp_event_store::NewEvent;
+                let storage = storage();
+                let url = storage.url();
+                let first = block_on(async {
+                    let store = mcp_event_store::connect(&url).await.unwrap();
+                    let first = store.store_event("s", NewEvent::new(b"a")).await.unwrap();
+                    let big = vec![b'x'; 512 * 1024];
+                    store.store_event("s", NewEvent::new(&big)).await.unwrap();
+                    first.to_string()
+                });
+                let mut child = StdCommand::new(env!("CARGO_BIN_EXE_mcp-event-store"))
+                    .args(["replay", &url, &first])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                drop(child.stdout.take());
+                let output = child.wait_with_output().unwrap();
+                assert_eq!(output.status.code(), Some(0), "{output:?}");
+                assert!(output.stderr.is_empty(), "{output:?}");
+                block_on(storage.remove());
+            }
 
-#[cfg(feature = "sled")]
-mod sled {
-    use super::*;
+            backend_tests!(@server $backend);
+        }
+    };
+    (@yes) => { true };
+    (@no) => { false };
+    // A server nothing listens on: one error line, within the connect
+    // timeout.
+    (@server postgres) => {
+        #[test]
+        fn an_unreachable_server_is_one_error_line() {
+            let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
+            let run = run(&["stats", &url, "--connect-timeout", "10"]);
+            assert_error_line(&run, "");
+        }
+    };
+    (@server redis) => {
+        #[test]
+        fn an_unreachable_server_is_one_error_line() {
+            let url = format!("redis://127.0.0.1:{}", free_port());
+            let run = run(&["stats", &url, "--connect-timeout", "10"]);
+            assert_error_line(&run, "");
+        }
 
-    #[test]
-    fn every_command_on_sled() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sled://{}", dir.path().join("events").display());
-        scenario(&url, "sled", false);
-    }
-}
-
-#[cfg(feature = "postgres")]
-mod postgres {
-    use super::*;
-    use mcp_event_store_postgres::testing::PostgresHarness;
-
-    #[test]
-    fn every_command_on_postgres() {
-        // The harness owns a fresh schema and drops it when dropped.
-        let harness = block_on(PostgresHarness::new());
-        let sep = if harness.url().contains('?') {
-            '&'
-        } else {
-            '?'
-        };
-        let url = format!("{}{sep}schema={}", harness.url(), harness.schema());
-        scenario(&url, "postgres", true);
-        drop(harness);
-    }
-
-    #[test]
-    fn an_unreachable_server_is_one_error_line() {
-        let url = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
-        let run = run(&["stats", &url, "--connect-timeout", "10"]);
-        assert_error_line(&run, "");
-    }
+        redis_server_tests!();
+    };
+    (@server $other:ident) => {};
 }
 
 /// A loopback port nothing listens on now.
@@ -590,149 +589,131 @@ fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
-#[cfg(feature = "redis")]
-mod redis {
-    use std::io::{Read, Write};
-    use std::net::TcpStream;
-    use std::time::Instant;
+/// The `check` of a `redis-server` of the test's own, with and without
+/// persistence (where the Redis backend is compiled in, in its module).
+#[allow(unused_macros)] // without the Redis backend
+macro_rules! redis_server_tests {
+    () => {
+        use std::io::{Read, Write};
+        use std::net::TcpStream;
+        use std::time::Instant;
 
-    use super::*;
-    use mcp_event_store_redis::testing::{RedisHarness, server_url};
-
-    #[test]
-    fn every_command_on_redis() {
-        // The harness owns a fresh key prefix and removes its keys when
-        // dropped.
-        let harness = block_on(async { RedisHarness::with_url(server_url().await).await });
-        let sep = if harness.url().contains('?') {
-            '&'
-        } else {
-            '?'
-        };
-        let url = format!("{}{sep}prefix={}", harness.url(), harness.prefix());
-        scenario(&url, "redis", true);
-        drop(harness);
-    }
-
-    #[test]
-    fn an_unreachable_server_is_one_error_line() {
-        let url = format!("redis://127.0.0.1:{}", free_port());
-        let run = run(&["stats", &url, "--connect-timeout", "10"]);
-        assert_error_line(&run, "");
-    }
-
-    /// A `redis-server` of our own on a free loopback port, killed (SIGKILL,
-    /// by pid) when dropped, also when the test panics. The shape of
-    /// store-redis's test `RedisProcess`, cut to what `check` needs.
-    struct RedisServer {
-        child: Child,
-        port: u16,
-        _dir: tempfile::TempDir,
-    }
-
-    impl RedisServer {
-        /// Starts a server with no RDB snapshots and `extra` arguments, and
-        /// waits until it answers `PING`.
-        fn start(extra: &[&str]) -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            let port = free_port();
-            let child = StdCommand::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--protected-mode", "no"])
-                .arg("--dir")
-                .arg(dir.path())
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server must be on PATH for these tests");
-            let mut server = Self {
-                child,
-                port,
-                _dir: dir,
-            };
-            server.wait_ready();
-            server
+        /// A `redis-server` of our own on a free loopback port, killed (SIGKILL,
+        /// by pid) when dropped, also when the test panics. The shape of
+        /// the Redis backend's test `RedisProcess`, cut to what `check`
+        /// needs.
+        struct RedisServer {
+            child: Child,
+            port: u16,
+            _dir: tempfile::TempDir,
         }
 
-        fn wait_ready(&mut self) {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !pings(self.port) {
-                if let Ok(Some(status)) = self.child.try_wait() {
-                    panic!("redis-server on port {} exited with {status}", self.port);
+        impl RedisServer {
+            /// Starts a server with no RDB snapshots and `extra` arguments, and
+            /// waits until it answers `PING`.
+            fn start(extra: &[&str]) -> Self {
+                let dir = tempfile::tempdir().unwrap();
+                let port = free_port();
+                let child = StdCommand::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--save", "", "--protected-mode", "no"])
+                    .arg("--dir")
+                    .arg(dir.path())
+                    .args(extra)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server must be on PATH for these tests");
+                let mut server = Self {
+                    child,
+                    port,
+                    _dir: dir,
+                };
+                server.wait_ready();
+                server
+            }
+
+            fn wait_ready(&mut self) {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !pings(self.port) {
+                    if let Ok(Some(status)) = self.child.try_wait() {
+                        panic!("redis-server on port {} exited with {status}", self.port);
+                    }
+                    assert!(Instant::now() < deadline, "redis-server did not answer");
+                    std::thread::sleep(Duration::from_millis(20));
                 }
-                assert!(Instant::now() < deadline, "redis-server did not answer");
-                std::thread::sleep(Duration::from_millis(20));
+            }
+
+            fn url(&self) -> String {
+                format!("redis://127.0.0.1:{}", self.port)
             }
         }
 
-        fn url(&self) -> String {
-            format!("redis://127.0.0.1:{}", self.port)
+        impl Drop for RedisServer {
+            fn drop(&mut self) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
         }
-    }
 
-    impl Drop for RedisServer {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        /// `PING` over a plain socket, in RESP.
+        fn pings(port: u16) -> bool {
+            let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+                return false;
+            };
+            let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
+            let mut reply = [0u8; 7];
+            conn.write_all(b"PING\r\n").is_ok()
+                && conn.read_exact(&mut reply).is_ok()
+                && &reply == b"+PONG\r\n"
         }
-    }
 
-    /// `PING` over a plain socket, in RESP.
-    fn pings(port: u16) -> bool {
-        let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
-            return false;
-        };
-        let _ = conn.set_read_timeout(Some(Duration::from_millis(500)));
-        let mut reply = [0u8; 7];
-        conn.write_all(b"PING\r\n").is_ok()
-            && conn.read_exact(&mut reply).is_ok()
-            && &reply == b"+PONG\r\n"
-    }
+        /// Settings named for persistence (`appendonly`, `appendfsync`, ...).
+        fn persistence_warnings(report: &Value) -> Vec<Value> {
+            report["settings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["verdict"] == "warn")
+                .filter(|s| {
+                    let name = s["name"].as_str().unwrap_or_default();
+                    name.contains("append") || name.contains("persist") || name.contains("save")
+                })
+                .cloned()
+                .collect()
+        }
 
-    /// Settings named for persistence (`appendonly`, `appendfsync`, ...).
-    fn persistence_warnings(report: &Value) -> Vec<Value> {
-        report["settings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["verdict"] == "warn")
-            .filter(|s| {
-                let name = s["name"].as_str().unwrap_or_default();
-                name.contains("append") || name.contains("persist") || name.contains("save")
-            })
-            .cloned()
-            .collect()
-    }
+        #[test]
+        fn check_warns_on_a_redis_without_persistence() {
+            let server = RedisServer::start(&["--appendonly", "no"]);
+            let run = run(&["check", &server.url(), "--json"]);
+            assert_eq!(run.code, Some(1), "{run:?}");
+            let report: Value = serde_json::from_str(&run.stdout).unwrap();
+            assert_eq!(report["backend"], "redis");
+            assert!(!persistence_warnings(&report).is_empty(), "{report}");
+            let text = super::run(&["check", &server.url()]);
+            assert_eq!(text.code, Some(1), "{text:?}");
+            assert!(text.stdout.contains("remedy: "), "{text:?}");
+        }
 
-    #[test]
-    fn check_warns_on_a_redis_without_persistence() {
-        let server = RedisServer::start(&["--appendonly", "no"]);
-        let run = run(&["check", &server.url(), "--json"]);
-        assert_eq!(run.code, Some(1), "{run:?}");
-        let report: Value = serde_json::from_str(&run.stdout).unwrap();
-        assert_eq!(report["backend"], "redis");
-        assert!(!persistence_warnings(&report).is_empty(), "{report}");
-        let text = super::run(&["check", &server.url()]);
-        assert_eq!(text.code, Some(1), "{text:?}");
-        assert!(text.stdout.contains("remedy: "), "{text:?}");
-    }
-
-    #[test]
-    fn check_gives_a_clean_bill_with_appendfsync_always() {
-        let server = RedisServer::start(&[
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--maxmemory-policy",
-            "noeviction",
-        ]);
-        let run = run(&["check", &server.url(), "--json"]);
-        let report: Value = serde_json::from_str(&run.stdout).unwrap();
-        assert!(persistence_warnings(&report).is_empty(), "{report}");
-        assert_eq!(run.code, Some(0), "{run:?}");
-        assert_eq!(report["healthy"], true, "{report}");
-    }
+        #[test]
+        fn check_gives_a_clean_bill_with_appendfsync_always() {
+            let server = RedisServer::start(&[
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--maxmemory-policy",
+                "noeviction",
+            ]);
+            let run = run(&["check", &server.url(), "--json"]);
+            let report: Value = serde_json::from_str(&run.stdout).unwrap();
+            assert!(persistence_warnings(&report).is_empty(), "{report}");
+            assert_eq!(run.code, Some(0), "{run:?}");
+            assert_eq!(report["healthy"], true, "{report}");
+        }
+    };
 }
+
+mcp_event_store::for_each_backend!(backend_tests);

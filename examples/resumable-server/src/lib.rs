@@ -15,8 +15,9 @@
 //! cargo run -p resumable-server -- --max-age 900 --max-events 1000
 //! ```
 //!
-//! The default build has the SQLite backend (and `memory://`); the features
-//! `postgres`, `redis`, `sled` and `full` add the others.
+//! The default build has the SQLite backend (and `memory://`); the feature
+//! `full` adds every other, `--features mcp-event-store/<name>` one alone
+//! (the facade's feature: `postgres`, `redis`, `sled`).
 //!
 //! Options:
 //!
@@ -115,8 +116,8 @@
 //! (`--worker`, processes with no HTTP endpoint) do:
 //!
 //! ```text
-//! cargo run -p resumable-server --features postgres -- --store postgres://... --hand-off
-//! cargo run -p resumable-server --features postgres -- --store postgres://... --worker
+//! cargo run -p resumable-server --features full -- --store postgres://... --hand-off
+//! cargo run -p resumable-server --features full -- --store postgres://... --worker
 //! ```
 //!
 //! `confirm_count` (and `slow_count` with `--no-takeover`) runs on the

@@ -1,9 +1,13 @@
 //! The end-to-end cases, each run on every backend the macro in `main.rs`
-//! lists.
+//! expands them for.
 
-// SQLite runs every case; without it (`--no-default-features`, or another
-// backend alone) the restart or shared cases have no backend to run on.
-#![cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+// The default backend (SQLite) runs every case; without it
+// (`--no-default-features`, or another backend alone) the restart or shared
+// cases may have no backend to run on.
+#![cfg_attr(
+    not(any(feature = "default-backend", feature = "full")),
+    allow(dead_code)
+)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -40,8 +40,11 @@ impl Fixture {
     /// Private storage on the backend named `name`, from the facade's
     /// test list (`mcp_event_store::testing::storage`): a temporary file or
     /// directory, or a schema or key prefix of its own on the test server,
-    /// removed afterwards.
+    /// removed afterwards. For `memory`, [`Fixture::memory`].
     pub async fn on(name: &str) -> Self {
+        if name == mcp_event_store::MemoryStore::BACKEND.name {
+            return Self::memory().await;
+        }
         let storage = mcp_event_store::testing::storage(name)
             .await
             .unwrap_or_else(|| panic!("no test storage for {name}: is its feature on?"));

@@ -2,7 +2,8 @@
 //! Streamable HTTP server with our stores), driven by a client that speaks
 //! the wire protocol itself and by rmcp's own client.
 //!
-//! Every case runs on every backend compiled in; the list is at the bottom.
+//! Every case runs on every backend compiled in that its storage allows
+//! (`mcp_event_store::for_each_backend!`, at the bottom: no list here).
 //! Stores come from the facade's `testing::storage`: a temporary file or
 //! directory, or a schema or key prefix of its own on the test server
 //! (found as `mcp_event_store_conformance::testkit::find_server` says, failing
@@ -56,34 +57,42 @@ macro_rules! task_case {
     };
 }
 
-/// Every case on one backend. Tags add the cases a backend supports beyond
-/// the common ones: `restart` (the store survives the server process),
-/// `shared` (two servers can use the store at once), `tasks` (durable
-/// tasks across two server processes) and `takeover` (tasks taken over
-/// taken over from a killed server or worker process).
+/// Every case on one backend, as `mcp_event_store::for_each_backend!`
+/// hands it over: the common cases, then those its storage allows, as its
+/// crate says. `restart = yes` (a new process opens the storage again):
+/// the store survives the server process. `shared = yes` (several processes
+/// use it at once): two servers can use the store at once, durable tasks
+/// across two server processes, and tasks taken over from a killed server
+/// or worker process.
 macro_rules! e2e_tests {
-    ($backend:ident: $fixture:expr $(, $tag:ident)* $(,)?) => {
+    ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = $shared:ident) => {
         mod $backend {
             #[allow(unused_imports)]
             use super::*;
-            e2e_case!($fixture, sessions_resume_after_a_dropped_connection, resume_after_drop, Mode::Sessions);
-            e2e_case!($fixture, stateless_resume_after_a_dropped_connection, resume_after_drop, Mode::Stateless);
-            e2e_case!($fixture, sessions_foreign_forged_and_garbage_ids_replay_nothing, foreign_ids_yield_nothing, Mode::Sessions);
-            e2e_case!($fixture, stateless_forged_and_garbage_ids_replay_nothing, foreign_ids_yield_nothing, Mode::Stateless);
-            e2e_case!($fixture, sessions_rmcp_client_completes_while_the_server_closes_streams, rmcp_client_polls_through, Mode::Sessions);
-            e2e_case!($fixture, stateless_rmcp_client_completes_while_the_server_closes_streams, rmcp_client_polls_through, Mode::Stateless);
-            e2e_case!($fixture, sessions_one_resume_mid_call_streams_the_rest, one_resume_mid_call_streams_the_rest, Mode::Sessions);
-            e2e_case!($fixture, stateless_one_resume_mid_call_streams_the_rest, one_resume_mid_call_streams_the_rest, Mode::Stateless);
-            e2e_case!($fixture, sessions_rmcp_client_resumes_once_mid_call, rmcp_client_resumes_once_mid_call, Mode::Sessions);
-            e2e_case!($fixture, stateless_rmcp_client_resumes_once_mid_call, rmcp_client_resumes_once_mid_call, Mode::Stateless);
-            $( e2e_tests!(@$tag $fixture); )*
+            e2e_tests!(@common Fixture::on(stringify!($backend)));
+            e2e_tests!(@restart $restart Fixture::on(stringify!($backend)));
+            e2e_tests!(@shared $shared Fixture::on(stringify!($backend)));
         }
     };
-    (@restart $fixture:expr) => {
+    (@common $fixture:expr) => {
+        e2e_case!($fixture, sessions_resume_after_a_dropped_connection, resume_after_drop, Mode::Sessions);
+        e2e_case!($fixture, stateless_resume_after_a_dropped_connection, resume_after_drop, Mode::Stateless);
+        e2e_case!($fixture, sessions_foreign_forged_and_garbage_ids_replay_nothing, foreign_ids_yield_nothing, Mode::Sessions);
+        e2e_case!($fixture, stateless_forged_and_garbage_ids_replay_nothing, foreign_ids_yield_nothing, Mode::Stateless);
+        e2e_case!($fixture, sessions_rmcp_client_completes_while_the_server_closes_streams, rmcp_client_polls_through, Mode::Sessions);
+        e2e_case!($fixture, stateless_rmcp_client_completes_while_the_server_closes_streams, rmcp_client_polls_through, Mode::Stateless);
+        e2e_case!($fixture, sessions_one_resume_mid_call_streams_the_rest, one_resume_mid_call_streams_the_rest, Mode::Sessions);
+        e2e_case!($fixture, stateless_one_resume_mid_call_streams_the_rest, one_resume_mid_call_streams_the_rest, Mode::Stateless);
+        e2e_case!($fixture, sessions_rmcp_client_resumes_once_mid_call, rmcp_client_resumes_once_mid_call, Mode::Sessions);
+        e2e_case!($fixture, stateless_rmcp_client_resumes_once_mid_call, rmcp_client_resumes_once_mid_call, Mode::Stateless);
+    };
+    (@restart no $fixture:expr) => {};
+    (@restart yes $fixture:expr) => {
         e2e_case!($fixture, sessions_resume_after_the_server_process_restarts, resume_after_restart, Mode::Sessions);
         e2e_case!($fixture, stateless_resume_after_the_server_process_restarts, resume_after_restart, Mode::Stateless);
     };
-    (@shared $fixture:expr) => {
+    (@shared no $fixture:expr) => {};
+    (@shared yes $fixture:expr) => {
         e2e_case!($fixture, sessions_stream_begun_on_one_server_resumes_on_another, resume_on_another_instance, Mode::Sessions);
         e2e_case!($fixture, stateless_stream_begun_on_one_server_resumes_on_another, resume_on_another_instance, Mode::Stateless);
         e2e_case!($fixture, sessions_deleted_on_one_server_are_gone_on_every_server, deleted_session_is_gone_everywhere, Mode::Sessions);
@@ -96,30 +105,26 @@ macro_rules! e2e_tests {
         across_case!($fixture, notifications_raised_on_one_instance_reach_every_listener, a_notification_raised_on_one_instance_reaches_listeners_on_every_instance);
         across_case!($fixture, changes_raised_on_one_instance_reach_every_subscription, a_change_raised_on_one_instance_reaches_subscriptions_on_every_instance);
         across_case!($fixture, forged_answers_never_reach_another_session, a_forged_answer_from_another_session_never_reaches_the_waiting_one);
-    };
-    (@tasks $fixture:expr) => {
         task_case!($fixture, tasks_created_on_one_server_are_read_on_another, created_on_one_server_read_on_another);
         task_case!($fixture, tasks_input_is_answered_through_another_server, input_answered_on_another_server);
         task_case!($fixture, tasks_cancel_through_another_server_stops_the_work, cancel_on_another_server_stops_the_work);
         task_case!($fixture, tasks_of_a_killed_server_read_failed_elsewhere, killed_server_tasks_read_failed_elsewhere);
         task_case!($fixture, tasks_without_the_extension_nothing_is_stored, without_the_extension_nothing_is_stored);
         task_case!($fixture, tasks_of_another_owner_are_unknown, another_owner_cannot_see_or_touch_a_task);
-    };
-    (@takeover $fixture:expr) => {
         task_case!($fixture, takeover_a_killed_servers_task_completes_elsewhere_from_its_checkpoint, killed_server_task_is_taken_over);
         task_case!($fixture, takeover_a_killed_workers_task_completes_on_another_worker, killed_worker_task_is_taken_over);
     };
 }
 
-e2e_tests!(memory: Fixture::memory());
-#[cfg(feature = "sqlite")]
-e2e_tests!(sqlite: Fixture::on("sqlite"), restart, shared, tasks, takeover);
-#[cfg(feature = "postgres")]
-e2e_tests!(postgres: Fixture::on("postgres"), shared, tasks, takeover);
-#[cfg(feature = "redis")]
-e2e_tests!(redis: Fixture::on("redis"), shared, tasks, takeover);
-#[cfg(feature = "sled")]
-e2e_tests!(sled: Fixture::on("sled"), restart);
+// The memory store: every server opens its own, so only the common cases.
+e2e_tests!(
+    memory,
+    kit = mcp_event_store::testing::bench::MemoryKit,
+    restart = no,
+    shared = no
+);
+// Every backend compiled in, with the cases its storage allows.
+mcp_event_store::for_each_backend!(e2e_tests);
 
 /// The server process of the `restart` cases: this test binary, re-executed
 /// with the server's arguments in [`CHILD_ENV`]. It prints

@@ -2,7 +2,8 @@
 //! `has_session` for a session held in memory, with the check answered
 //! from the last look-up (the default, one look-up per second) and with a
 //! look-up on every request (`with_session_check_interval(ZERO)`), beside
-//! rmcp's `LocalSessionManager::has_session` alone.
+//! rmcp's `LocalSessionManager::has_session` alone; on every backend
+//! compiled in (`mcp_event_store::backends()`).
 //!
 //! Not a test: it prints the figures the rmcp crate docs give (`SessionScoped`),
 //! and runs only when asked:
@@ -83,11 +84,7 @@ async fn measure(name: &str, fixture: Fixture) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a test: prints what the session check costs"]
 async fn measure_session_check() {
-    measure("memory", Fixture::memory().await).await;
-    #[cfg(feature = "sqlite")]
-    measure("sqlite", Fixture::on("sqlite").await).await;
-    #[cfg(feature = "postgres")]
-    measure("postgres", Fixture::on("postgres").await).await;
-    #[cfg(feature = "redis")]
-    measure("redis", Fixture::on("redis").await).await;
+    for backend in mcp_event_store::backends() {
+        measure(backend.name, Fixture::on(backend.name).await).await;
+    }
 }

@@ -3,13 +3,14 @@
 //! `mcp_event_store::tower_mcp` stores) on one store, driven by a client
 //! that speaks the wire protocol itself.
 //!
-//! Every case runs on each backend that two processes can share, when its
-//! feature is on (`--all-features` turns on all three): SQLite (one file),
-//! PostgreSQL and Redis. Stores come from the facade's `testing::storage`:
-//! a temporary file, or a schema or key prefix of its own on the test
-//! server (found as `mcp_event_store_conformance::testkit::find_server` says,
-//! failing rather than skipping when there is none). Each server is a child
-//! process, killed by its pid when its guard drops.
+//! Every case runs on each backend compiled in that two processes can
+//! share (its crate says `shared = yes`; `mcp_event_store::for_each_backend!`,
+//! at the bottom of the macro: no list here). Stores come from the facade's
+//! `testing::storage`: a temporary file, or a schema or key prefix of its
+//! own on the test server (found as
+//! `mcp_event_store_conformance::testkit::find_server` says, failing rather
+//! than skipping when there is none). Each server is a child process,
+//! killed by its pid when its guard drops.
 
 mod cases;
 mod harness;
@@ -17,9 +18,11 @@ mod wire;
 
 use harness::{CHILD_ENV, Fixture};
 
-/// One test per case for a backend.
+/// One test per case for a backend that two server processes can share;
+/// nothing for one they cannot.
 macro_rules! e2e_tests {
-    ($backend:ident: $name:literal) => {
+    ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = no) => {};
+    ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = yes) => {
         mod $backend {
             use super::*;
 
@@ -27,7 +30,7 @@ macro_rules! e2e_tests {
                 ($case:ident) => {
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                     async fn $case() {
-                        let fixture = Fixture::on($name).await;
+                        let fixture = Fixture::on(stringify!($backend)).await;
                         $crate::cases::$case(&fixture).await;
                         fixture.teardown().await;
                     }
@@ -51,12 +54,7 @@ macro_rules! e2e_tests {
     };
 }
 
-#[cfg(feature = "sqlite")]
-e2e_tests!(sqlite: "sqlite");
-#[cfg(feature = "postgres")]
-e2e_tests!(postgres: "postgres");
-#[cfg(feature = "redis")]
-e2e_tests!(redis: "redis");
+mcp_event_store::for_each_backend!(e2e_tests);
 
 /// The server process of the cases: this test binary, re-executed with the
 /// server's arguments in [`CHILD_ENV`]. It prints `LISTENING <url>` once it
@@ -75,10 +73,18 @@ async fn child_server() {
         .with_ansi(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                "warn,mcp_event_store_tower_mcp=debug,mcp_event_store_redis=debug,\
-                 mcp_event_store_sqlite=debug,mcp_event_store_postgres=debug,\
-                 tower_mcp::transport::http::session=debug"
-                    .into()
+                // Every backend crate's target is `mcp_event_store_<name>`
+                // (memory's is core's).
+                let backends: String = mcp_event_store::backends()
+                    .iter()
+                    .filter(|backend| !backend.feature.is_empty())
+                    .map(|backend| format!(",mcp_event_store_{}=debug", backend.name))
+                    .collect();
+                format!(
+                    "warn,mcp_event_store_tower_mcp=debug{backends},\
+                     tower_mcp::transport::http::session=debug"
+                )
+                .into()
             }),
         )
         .try_init();

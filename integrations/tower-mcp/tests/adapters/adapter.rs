@@ -80,12 +80,11 @@ async fn cancel_elsewhere_raises_the_token_memory() {
     a_cancel_elsewhere_raises_the_token_where_the_task_runs(Arc::new(MemoryStore::new())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_elsewhere_raises_the_token_postgres() {
-    let harness = mcp_event_store_postgres::testing::PostgresHarness::new().await;
+/// A and B on two handles of one storage, as two processes: on a
+/// server-backed store the wake-up crosses by the database's own channel.
+async fn cancel_elsewhere_raises_the_token_on<H: Harness<Store: Store>>(harness: H) {
     let a = Arc::new(harness.open(StoreOptions::default()).await);
-    // B on a handle of its own, as another process: the wake-up crosses by
-    // NOTIFY.
+    // B on a handle of its own, as another process.
     let b = Arc::new(harness.open(StoreOptions::default()).await);
     let on_a = instance(a).await;
     let on_b = instance(b).await;
@@ -328,9 +327,9 @@ async fn bad_input_is_refused_clearly() {
 /// A session's events replay with their numbers and timestamps, and a
 /// replay finds them through another handle on the store (a second
 /// instance).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_replay_through_another_handle_with_their_timestamps() {
-    let harness = mcp_event_store_sqlite::testing::SqliteHarness::new().await;
+async fn events_replay_through_another_handle_with_their_timestamps<H: Harness<Store: Store>>(
+    harness: H,
+) {
     let a = TowerEventStore::new(Arc::new(harness.open(StoreOptions::default()).await));
     let b = TowerEventStore::new(Arc::new(harness.open(StoreOptions::default()).await));
     let mut first = EventRecord::new(0, "{\"n\":0}");
@@ -349,3 +348,29 @@ async fn events_replay_through_another_handle_with_their_timestamps() {
     assert!(a.replay_after("s", 0).await.unwrap().is_empty());
     Harness::teardown(harness).await;
 }
+
+/// The cases above that need storage two handles share, on every backend
+/// compiled in (its kit's harness; `mcp_event_store::for_each_backend!`).
+macro_rules! on_each_backend {
+    ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = $shared:ident) => {
+        mod $backend {
+            use super::*;
+            use mcp_event_store_conformance::bench::Kit;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cancel_elsewhere_raises_the_token() {
+                cancel_elsewhere_raises_the_token_on(<$kit as Kit>::harness().await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn events_replay_through_another_handle_with_their_timestamps() {
+                super::events_replay_through_another_handle_with_their_timestamps(
+                    <$kit as Kit>::harness().await,
+                )
+                .await;
+            }
+        }
+    };
+}
+
+mcp_event_store::for_each_backend!(on_each_backend);

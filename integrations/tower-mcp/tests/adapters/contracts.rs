@@ -1,7 +1,8 @@
 //! tower-mcp's own contract suites for external stores
 //! (`tower_mcp::testing::store_contracts`), run against the adapters over
-//! every store: memory (as a `DynStore`, `Arc<dyn Store>`), SQLite,
-//! PostgreSQL, Redis and sled (each as its concrete type).
+//! every store: memory (as a `DynStore`, `Arc<dyn Store>`), and each
+//! backend compiled in as its concrete type (its kit's harness's store,
+//! through `mcp_event_store::for_each_backend!`: no list here).
 //!
 //! The suites call a synchronous `make()` once per check and want an empty,
 //! isolated store each time. Each test opens one piece of private storage
@@ -110,24 +111,16 @@ contracts!(
     mcp_event_store_conformance::events::MemoryHarness::new(),
     dyn Store
 );
-// The concrete store types.
-contracts!(
-    sqlite,
-    mcp_event_store_sqlite::testing::SqliteHarness::new(),
-    mcp_event_store_sqlite::SqliteStore
-);
-contracts!(
-    postgres,
-    mcp_event_store_postgres::testing::PostgresHarness::new(),
-    mcp_event_store_postgres::PostgresStore
-);
-contracts!(
-    redis,
-    mcp_event_store_redis::testing::RedisHarness::new(),
-    mcp_event_store_redis::RedisStore
-);
-contracts!(
-    sled,
-    mcp_event_store_sled::testing::SledHarness::new(),
-    mcp_event_store_sled::SledStore
-);
+
+/// The concrete store type of each backend compiled in.
+macro_rules! backend_contracts {
+    ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = $shared:ident) => {
+        contracts!(
+            $backend,
+            <$kit as mcp_event_store_conformance::bench::Kit>::harness(),
+            <<$kit as mcp_event_store_conformance::bench::Kit>::Harness as Harness>::Store
+        );
+    };
+}
+
+mcp_event_store::for_each_backend!(backend_contracts);

@@ -266,22 +266,6 @@ async fn a_task_is_taken_over_once_its_instance_lapses_memory() {
     a_task_is_taken_over_once_its_instance_lapses(Arc::new(MemoryStore::new())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_is_taken_over_once_its_instance_lapses_sqlite() {
-    let harness = mcp_event_store_sqlite::testing::SqliteHarness::new().await;
-    let store = Arc::new(harness.open(StoreOptions::default()).await);
-    a_task_is_taken_over_once_its_instance_lapses(store).await;
-    Harness::teardown(harness).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_is_taken_over_once_its_instance_lapses_postgres() {
-    let harness = mcp_event_store_postgres::testing::PostgresHarness::new().await;
-    let store = Arc::new(harness.open(StoreOptions::default()).await);
-    a_task_is_taken_over_once_its_instance_lapses(store).await;
-    Harness::teardown(harness).await;
-}
-
 /// A current-thread runtime: what it spawned runs only while the test
 /// drives it, so leaving it undriven pauses the process that lives on it.
 fn paused_runtime() -> tokio::runtime::Runtime {
@@ -491,14 +475,6 @@ async fn a_cancel_stops_a_task_taken_over_memory() {
     a_cancel_stops_a_task_taken_over(Arc::new(MemoryStore::new())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_stops_a_task_taken_over_postgres() {
-    let harness = mcp_event_store_postgres::testing::PostgresHarness::new().await;
-    let store = Arc::new(harness.open(StoreOptions::default()).await);
-    a_cancel_stops_a_task_taken_over(store).await;
-    Harness::teardown(harness).await;
-}
-
 /// The extensions of a 2026-07-28 request from a client that declared the
 /// tasks extension and elicitation.
 fn final_request(inner: McpRequest) -> RouterRequest {
@@ -567,3 +543,32 @@ async fn a_parked_task_resumes_wherever_it_is_answered() {
     a.die();
     b.die();
 }
+
+/// The cases above on every backend compiled in, on one handle of its
+/// kit's harness (`mcp_event_store::for_each_backend!`).
+macro_rules! on_each_backend {
+    ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = $shared:ident) => {
+        mod $backend {
+            use super::*;
+            use mcp_event_store_conformance::bench::Kit;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_task_is_taken_over_once_its_instance_lapses() {
+                let harness = <$kit as Kit>::harness().await;
+                let store = Arc::new(harness.open(StoreOptions::default()).await);
+                super::a_task_is_taken_over_once_its_instance_lapses(store).await;
+                Harness::teardown(harness).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_cancel_stops_a_task_taken_over() {
+                let harness = <$kit as Kit>::harness().await;
+                let store = Arc::new(harness.open(StoreOptions::default()).await);
+                super::a_cancel_stops_a_task_taken_over(store).await;
+                Harness::teardown(harness).await;
+            }
+        }
+    };
+}
+
+mcp_event_store::for_each_backend!(on_each_backend);
