@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# CI's container step: the PostgreSQL and Redis test suites again, with
-# their servers in containers (the test kit's container path, which the
+# CI's container step: the server-backed backends' test suites (PostgreSQL
+# and Redis: the crates whose test support reads an image variable built
+# here) again, with their servers in containers (the test kit's container path, which the
 # local servers otherwise always pre-empt), and the test kit's own check
 # that a test binary's container is removed when the binary exits.
 #
@@ -94,27 +95,41 @@ build_images() {
     MCP_EVENT_STORE_REDIS_IMAGE=$(sed -n 2p <<<"$images")
 }
 
-# The test executables of store-postgres and store-redis (their unit tests
-# and each integration test) and the conformance crate's unit tests (the test kit's), as "crate dir exe".
+# The backend crates whose test server the images built here stand in for:
+# those whose test support reads one of the image variables (no list of
+# backends here).
+IMAGE_VARS=(MCP_EVENT_STORE_POSTGRES_IMAGE MCP_EVENT_STORE_REDIS_IMAGE)
+server_crates() {
+    local pattern
+    pattern=$(IFS='|'; echo "${IMAGE_VARS[*]}")
+    grep -lE "$pattern" store-*/src/testing.rs | cut -d/ -f1 | sort -u
+}
+
+# The test executables of the server-backed backend crates (their unit
+# tests and each integration test) and the conformance crate's unit tests
+# (the test kit's), as "crate dir exe".
 list_tests() {
+    local crates
+    crates=$(server_crates | jq -R . | jq -sc .)
+    [ "$crates" != "[]" ] || { echo "no backend crate reads ${IMAGE_VARS[*]}" >&2; return 1; }
     cargo test --workspace --all-features --no-run --message-format=json 2>"$work/no-run.log" \
         >"$work/artifacts.json" || { cat "$work/no-run.log" >&2; return 1; }
     if grep -q 'Blocking waiting for file lock' "$work/no-run.log"; then
         echo "(cargo waited for another build's lock on the target directory)"
     fi
-    jq -r --arg root "$PWD" '
+    jq -r --arg root "$PWD" --argjson crates "$crates" '
             select(.reason == "compiler-artifact" and .profile.test and .executable != null)
             | (.manifest_path | ltrimstr($root + "/") | rtrimstr("/Cargo.toml")) as $dir
-            | select($dir == "store-postgres" or $dir == "store-redis"
+            | select(($crates | index($dir))
                      or ($dir == "conformance" and (.target.kind | index("lib"))))
             | [$dir, .executable] | @tsv' "$work/artifacts.json" \
         | sort >"$work/tests.tsv"
     # Nothing is rebuilt after `cargo test --workspace --all-features`.
     echo "units rebuilt: $(jq -s '[.[] | select(.reason == "compiler-artifact" and .fresh == false)] | length' "$work/artifacts.json")"
-    for dir in store-postgres store-redis conformance; do
+    for dir in $(server_crates) conformance; do
         grep -q "^$dir	" "$work/tests.tsv" || { echo "no test executable of $dir" >&2; return 1; }
     done
-    echo "$(grep -vc '^conformance	' "$work/tests.tsv") test executables of store-postgres and store-redis"
+    echo "$(grep -vc '^conformance	' "$work/tests.tsv") test executables of $(server_crates | paste -sd' ')"
 }
 
 # Runs one test executable from its package's directory, as cargo does;
@@ -139,7 +154,7 @@ run_suites() {
         [ "$dir" = conformance ] && continue
         run_tests "$dir" "$exe"
     done <"$work/tests.tsv"
-    for dir in store-postgres store-redis; do
+    for dir in $(server_crates); do
         cat "$work/logs/$dir--"*.log | awk -v dir="$dir" '/^test result:/ { p += $4; i += $8 }
             END { printf "%s through containers: %d tests passed, %d ignored\n", dir, p, i }'
     done
