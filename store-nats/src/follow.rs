@@ -9,29 +9,30 @@ use mcp_event_store_core::{EventId, FollowOptions, Replay, Result};
 
 use crate::NatsStore;
 use crate::error::NAME;
+use crate::replay::replay_after;
 
-impl NatsStore {
-    pub(crate) async fn open_follow(
-        &self,
-        raw: &str,
-        cursor: EventId,
-        options: FollowOptions,
-    ) -> Result<Replay> {
-        // Subscribed before the first read, so no wake-up in between is lost.
-        let subscription = self.inner.wakeups.subscribe(cursor.token);
-        let first = self.open_replay(raw, cursor).await?;
-        Ok(follow::follow(
-            NAME,
-            first,
-            subscription,
-            raw.to_owned(),
-            self.inner.options.follow_recheck,
-            options,
-            follow::reread(self.clone()),
-        ))
-    }
+/// The replay after `cursor` that stays open.
+pub(crate) async fn follow_after(
+    store: &NatsStore,
+    raw: &str,
+    cursor: EventId,
+    options: FollowOptions,
+) -> Result<Replay> {
+    // Subscribed before the first read, so no wake-up in between is lost.
+    let subscription = store.inner.wakeups.subscribe(cursor.token);
+    let first = replay_after(store, raw, cursor).await?;
+    Ok(follow::follow(
+        NAME,
+        first,
+        subscription,
+        raw.to_owned(),
+        store.inner.options.follow_recheck,
+        options,
+        follow::reread(store.clone()),
+    ))
+}
 
-    pub(crate) fn follows(&self) -> usize {
-        self.inner.wakeups.followers()
-    }
+/// How many follows of this handle are open.
+pub(crate) fn follows_open(store: &NatsStore) -> usize {
+    store.inner.wakeups.followers()
 }

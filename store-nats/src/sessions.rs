@@ -3,30 +3,34 @@
 //! key), holding the expiry, the id and the state (or, for a state too
 //! large for one message, its reference in the spill stream).
 
+use std::time::Duration;
+
+use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
+use mcp_event_store_core::backend::SessionBackend;
 use mcp_event_store_core::{Error, Result};
 
 use crate::NatsStore;
 use crate::error::backend;
-use crate::spill::SpillRef;
+use crate::spill::{SpillRef, drop_spilled, inline_limit, spill, unspill};
+use crate::tasks::{forget, keys_of};
 
-impl NatsStore {
-    fn session_key(&self, session_id: &str) -> String {
-        // A domain of its own, so a session's key is never a stream's token.
-        format!(
-            "s{}",
-            self.token(&format!("session\u{0}{session_id}")).to_text()
-        )
-    }
-
-    pub(crate) async fn put(&self, session_id: &str, state: &[u8], expires_at: i64) -> Result<()> {
-        let key = self.session_key(session_id);
+#[async_trait]
+impl SessionBackend for NatsStore {
+    async fn session_put(
+        &self,
+        session_id: &str,
+        state: &[u8],
+        _ttl: Duration,
+        expires_at: i64,
+    ) -> Result<()> {
+        let key = session_key(self, session_id);
         let mut value = BytesMut::with_capacity(11 + session_id.len() + state.len());
         value.put_i64_le(expires_at);
         value.put_u16_le(session_id.len() as u16);
         value.put_slice(session_id.as_bytes());
-        if state.len() > self.inline_limit(11 + session_id.len()) {
-            let spilled = self.spill(&format!("s{key}"), state).await?;
+        if state.len() > inline_limit(self, 11 + session_id.len()) {
+            let spilled = spill(self, &format!("s{key}"), state).await?;
             value.put_u8(SPILLED);
             spilled.encode(&mut value);
         } else {
@@ -41,88 +45,91 @@ impl NatsStore {
         Ok(())
     }
 
-    /// The state and expiry under a session's key, if it belongs to
-    /// `session_id`.
-    async fn read_session(&self, key: &str, session_id: &str) -> Result<Option<(i64, Bytes)>> {
-        let Some(value) = self.inner.sessions.get(key).await.map_err(backend)? else {
-            return Ok(None);
-        };
-        let (expires_at, id, state) = decode(&value)?;
-        if id != session_id.as_bytes() {
-            return Err(Error::Corrupt(
-                "a session key holds another session id".into(),
-            ));
-        }
-        let state = match state {
-            State::Inline(state) => state,
-            State::Spilled(spilled) => self.unspill(&format!("s{key}"), &spilled).await?,
-        };
-        Ok(Some((expires_at, state)))
-    }
-
-    pub(crate) async fn get(&self, session_id: &str) -> Result<Option<Bytes>> {
-        let key = self.session_key(session_id);
+    async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>> {
+        let key = session_key(self, session_id);
         let now = self.now();
-        Ok(self
-            .read_session(&key, session_id)
+        Ok(read_session(self, &key, session_id)
             .await?
             .filter(|(expires_at, _)| *expires_at > now)
             .map(|(_, state)| state))
     }
 
-    pub(crate) async fn remove(&self, session_id: &str) -> Result<bool> {
-        let key = self.session_key(session_id);
-        let live = self
-            .read_session(&key, session_id)
+    async fn session_delete(&self, session_id: &str) -> Result<bool> {
+        let key = session_key(self, session_id);
+        let live = read_session(self, &key, session_id)
             .await?
             .is_some_and(|(expires_at, _)| expires_at > self.now());
-        self.forget_key(&key).await?;
-        self.drop_spilled(&format!("s{key}"), None).await?;
+        forget_key(self, &key).await?;
+        drop_spilled(self, &format!("s{key}"), None).await?;
         Ok(live)
     }
+}
 
-    /// The id of the spilled state the session under `key` refers to.
-    pub(crate) async fn spilled_session(&self, key: &str) -> Result<Option<String>> {
-        let Some(value) = self.inner.sessions.get(key).await.map_err(backend)? else {
-            return Ok(None);
+fn session_key(store: &NatsStore, session_id: &str) -> String {
+    // A domain of its own, so a session's key is never a stream's token.
+    format!(
+        "s{}",
+        store.token(&format!("session\u{0}{session_id}")).to_text()
+    )
+}
+
+/// The state and expiry under a session's key, if it belongs to
+/// `session_id`.
+async fn read_session(
+    store: &NatsStore,
+    key: &str,
+    session_id: &str,
+) -> Result<Option<(i64, Bytes)>> {
+    let Some(value) = store.inner.sessions.get(key).await.map_err(backend)? else {
+        return Ok(None);
+    };
+    let (expires_at, id, state) = decode(&value)?;
+    if id != session_id.as_bytes() {
+        return Err(Error::Corrupt(
+            "a session key holds another session id".into(),
+        ));
+    }
+    let state = match state {
+        State::Inline(state) => state,
+        State::Spilled(spilled) => unspill(store, &format!("s{key}"), &spilled).await?,
+    };
+    Ok(Some((expires_at, state)))
+}
+
+/// The id of the spilled state the session under `key` refers to.
+pub(crate) async fn spilled_session(store: &NatsStore, key: &str) -> Result<Option<String>> {
+    let Some(value) = store.inner.sessions.get(key).await.map_err(backend)? else {
+        return Ok(None);
+    };
+    Ok(match decode(&value)?.2 {
+        State::Spilled(spilled) => Some(spilled.id),
+        State::Inline(_) => None,
+    })
+}
+
+/// Removes a key's messages from the bucket's stream, leaving no
+/// delete marker behind (a marker per deleted key would grow without
+/// bound).
+async fn forget_key(store: &NatsStore, key: &str) -> Result<()> {
+    forget(&store.inner.sessions, key).await
+}
+
+/// Removes every expired session; how many.
+pub(crate) async fn purge_sessions(store: &NatsStore) -> Result<u64> {
+    let now = store.now();
+    let keys = keys_of(&store.inner.sessions).await?;
+    let mut removed = 0;
+    for key in keys {
+        let Some(value) = store.inner.sessions.get(&key).await.map_err(backend)? else {
+            continue;
         };
-        Ok(match decode(&value)?.2 {
-            State::Spilled(spilled) => Some(spilled.id),
-            State::Inline(_) => None,
-        })
-    }
-
-    /// Removes a key's messages from the bucket's stream, leaving no
-    /// delete marker behind (a marker per deleted key would grow without
-    /// bound).
-    async fn forget_key(&self, key: &str) -> Result<()> {
-        let sessions = &self.inner.sessions;
-        sessions
-            .stream
-            .purge()
-            .filter(format!("{}{key}", sessions.prefix))
-            .await
-            .map_err(backend)?;
-        Ok(())
-    }
-
-    /// Removes every expired session; how many.
-    pub(crate) async fn purge_sessions(&self) -> Result<u64> {
-        let now = self.now();
-        let keys = Self::keys_of(&self.inner.sessions).await?;
-        let mut removed = 0;
-        for key in keys {
-            let Some(value) = self.inner.sessions.get(&key).await.map_err(backend)? else {
-                continue;
-            };
-            if decode(&value)?.0 <= now {
-                self.forget_key(&key).await?;
-                self.drop_spilled(&format!("s{key}"), None).await?;
-                removed += 1;
-            }
+        if decode(&value)?.0 <= now {
+            forget_key(store, &key).await?;
+            drop_spilled(store, &format!("s{key}"), None).await?;
+            removed += 1;
         }
-        Ok(removed)
     }
+    Ok(removed)
 }
 
 const INLINE: u8 = 0;

@@ -71,145 +71,145 @@ impl SpillRef {
     }
 }
 
-impl NatsStore {
-    /// The largest value that fits one message beside `overhead` bytes of
-    /// the owner's own.
-    pub(crate) fn inline_limit(&self, overhead: usize) -> usize {
-        self.inner
-            .client
-            .max_payload()
-            .saturating_sub(overhead + CHUNK_SLACK)
-    }
+/// The largest value that fits one message beside `overhead` bytes of
+/// the owner's own.
+pub(crate) fn inline_limit(store: &NatsStore, overhead: usize) -> usize {
+    store
+        .inner
+        .client
+        .max_payload()
+        .saturating_sub(overhead + CHUNK_SLACK)
+}
 
-    fn spill_subject(&self, owner: &str, id: &str) -> String {
-        format!("{}.sp.{owner}.{id}", self.inner.names.prefix)
-    }
+fn spill_subject(store: &NatsStore, owner: &str, id: &str) -> String {
+    format!("{}.sp.{owner}.{id}", store.inner.names.prefix)
+}
 
-    /// Writes `value` as chunks for `owner`, every chunk acknowledged,
-    /// and returns the reference to keep in the owner.
-    pub(crate) async fn spill(&self, owner: &str, value: &[u8]) -> Result<SpillRef> {
-        let random = mcp_event_store_core::backend::StreamKey::generate()?;
-        let id = format!(
-            "{:016x}{}",
-            self.now().max(0),
-            random.as_bytes()[..8]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        );
-        let subject = self.spill_subject(owner, &id);
-        let size = self.inline_limit(0).max(1);
-        let mut acks = Vec::new();
-        for chunk in value.chunks(size) {
-            let ack = self
-                .inner
-                .js
-                .publish(subject.clone(), Bytes::copy_from_slice(chunk))
-                .await
-                .map_err(backend)?;
-            acks.push(ack);
-        }
-        for ack in acks {
-            ack.await.map_err(backend)?;
-        }
-        Ok(SpillRef {
-            id,
-            len: value.len() as u64,
-            chunks: u32::try_from(value.len().div_ceil(size)).unwrap_or(u32::MAX),
-        })
-    }
-
-    /// Reads a spilled value back whole.
-    pub(crate) async fn unspill(&self, owner: &str, spilled: &SpillRef) -> Result<Bytes> {
-        let subject = self.spill_subject(owner, &spilled.id);
-        let mut out = BytesMut::with_capacity(usize::try_from(spilled.len).unwrap_or(0));
-        let mut from = None;
-        for _ in 0..spilled.chunks {
-            let chunk = get(&self.inner.spill, At::Next(&subject, from))
-                .await?
-                .ok_or_else(|| {
-                    Error::Corrupt(format!(
-                        "a chunk of a spilled value ({}) is missing",
-                        spilled.id
-                    ))
-                })?;
-            from = Some(chunk.sequence + 1);
-            out.put_slice(&chunk.payload);
-        }
-        if out.len() as u64 != spilled.len {
-            return Err(Error::Corrupt(format!(
-                "a spilled value ({}) has {} bytes, its reference says {}",
-                spilled.id,
-                out.len(),
-                spilled.len
-            )));
-        }
-        Ok(out.freeze())
-    }
-
-    /// Removes every spilled value of `owner`, or the one `id`.
-    pub(crate) async fn drop_spilled(&self, owner: &str, id: Option<&str>) -> Result<()> {
-        let filter = match id {
-            Some(id) => self.spill_subject(owner, id),
-            None => format!("{}.sp.{owner}.*", self.inner.names.prefix),
-        };
-        self.inner
-            .spill
-            .purge()
-            .filter(filter)
-            .await
-            .map_err(backend)?;
-        Ok(())
-    }
-
-    /// Every spilled value, as `(owner, id)`.
-    pub(crate) async fn spilled(&self) -> Result<Vec<(String, String)>> {
-        let prefix = format!("{}.sp.", self.inner.names.prefix);
-        let mut subjects = self
+/// Writes `value` as chunks for `owner`, every chunk acknowledged,
+/// and returns the reference to keep in the owner.
+pub(crate) async fn spill(store: &NatsStore, owner: &str, value: &[u8]) -> Result<SpillRef> {
+    let random = mcp_event_store_core::backend::StreamKey::generate()?;
+    let id = format!(
+        "{:016x}{}",
+        store.now().max(0),
+        random.as_bytes()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let subject = spill_subject(store, owner, &id);
+    let size = inline_limit(store, 0).max(1);
+    let mut acks = Vec::new();
+    for chunk in value.chunks(size) {
+        let ack = store
             .inner
-            .spill
-            .info_with_subjects(format!("{prefix}>"))
+            .js
+            .publish(subject.clone(), Bytes::copy_from_slice(chunk))
             .await
             .map_err(backend)?;
-        let mut out = Vec::new();
-        while let Some((subject, _)) = subjects.try_next().await.map_err(backend)? {
-            if let Some((owner, id)) = subject
-                .strip_prefix(&prefix)
-                .and_then(|rest| rest.split_once('.'))
-            {
-                out.push((owner.to_owned(), id.to_owned()));
-            }
-        }
-        Ok(out)
+        acks.push(ack);
     }
+    for ack in acks {
+        ack.await.map_err(backend)?;
+    }
+    Ok(SpillRef {
+        id,
+        len: value.len() as u64,
+        chunks: u32::try_from(value.len().div_ceil(size)).unwrap_or(u32::MAX),
+    })
+}
 
-    /// Removes the values of `owner` older than [`GRACE`] that are not in
-    /// `kept`; how many.
-    pub(crate) async fn drop_unreferenced(
-        &self,
-        owner: &str,
-        ids: &[String],
-        kept: &[String],
-    ) -> Result<u64> {
-        let cutoff = self
-            .now()
-            .saturating_sub(i64::try_from(GRACE.as_millis()).unwrap_or(i64::MAX));
-        let mut dropped = 0;
-        for id in ids {
-            let old = SpillRef {
-                id: id.clone(),
-                len: 0,
-                chunks: 0,
-            }
-            .written_at()
-                < cutoff;
-            if old && !kept.contains(id) {
-                self.drop_spilled(owner, Some(id)).await?;
-                dropped += 1;
-            }
-        }
-        Ok(dropped)
+/// Reads a spilled value back whole.
+pub(crate) async fn unspill(store: &NatsStore, owner: &str, spilled: &SpillRef) -> Result<Bytes> {
+    let subject = spill_subject(store, owner, &spilled.id);
+    let mut out = BytesMut::with_capacity(usize::try_from(spilled.len).unwrap_or(0));
+    let mut from = None;
+    for _ in 0..spilled.chunks {
+        let chunk = get(&store.inner.spill, At::Next(&subject, from))
+            .await?
+            .ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "a chunk of a spilled value ({}) is missing",
+                    spilled.id
+                ))
+            })?;
+        from = Some(chunk.sequence + 1);
+        out.put_slice(&chunk.payload);
     }
+    if out.len() as u64 != spilled.len {
+        return Err(Error::Corrupt(format!(
+            "a spilled value ({}) has {} bytes, its reference says {}",
+            spilled.id,
+            out.len(),
+            spilled.len
+        )));
+    }
+    Ok(out.freeze())
+}
+
+/// Removes every spilled value of `owner`, or the one `id`.
+pub(crate) async fn drop_spilled(store: &NatsStore, owner: &str, id: Option<&str>) -> Result<()> {
+    let filter = match id {
+        Some(id) => spill_subject(store, owner, id),
+        None => format!("{}.sp.{owner}.*", store.inner.names.prefix),
+    };
+    store
+        .inner
+        .spill
+        .purge()
+        .filter(filter)
+        .await
+        .map_err(backend)?;
+    Ok(())
+}
+
+/// Every spilled value, as `(owner, id)`.
+pub(crate) async fn spilled(store: &NatsStore) -> Result<Vec<(String, String)>> {
+    let prefix = format!("{}.sp.", store.inner.names.prefix);
+    let mut subjects = store
+        .inner
+        .spill
+        .info_with_subjects(format!("{prefix}>"))
+        .await
+        .map_err(backend)?;
+    let mut out = Vec::new();
+    while let Some((subject, _)) = subjects.try_next().await.map_err(backend)? {
+        if let Some((owner, id)) = subject
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.split_once('.'))
+        {
+            out.push((owner.to_owned(), id.to_owned()));
+        }
+    }
+    Ok(out)
+}
+
+/// Removes the values of `owner` older than [`GRACE`] that are not in
+/// `kept`; how many.
+pub(crate) async fn drop_unreferenced(
+    store: &NatsStore,
+    owner: &str,
+    ids: &[String],
+    kept: &[String],
+) -> Result<u64> {
+    let cutoff = store
+        .now()
+        .saturating_sub(i64::try_from(GRACE.as_millis()).unwrap_or(i64::MAX));
+    let mut dropped = 0;
+    for id in ids {
+        let old = SpillRef {
+            id: id.clone(),
+            len: 0,
+            chunks: 0,
+        }
+        .written_at()
+            < cutoff;
+        if old && !kept.contains(id) {
+            drop_spilled(store, owner, Some(id)).await?;
+            dropped += 1;
+        }
+    }
+    Ok(dropped)
 }
 
 #[cfg(test)]

@@ -69,6 +69,17 @@ impl Names {
     }
 }
 
+/// Every JetStream stream of the store under `prefix` (a bucket is the
+/// stream `KV_<bucket>`).
+pub(crate) fn stream_names(prefix: &str) -> Vec<String> {
+    let names = Names {
+        prefix: prefix.to_owned(),
+    };
+    let mut streams = vec![names.events(), names.spill()];
+    streams.extend(BUCKETS.map(|job| format!("KV_{}", names.bucket(job))));
+    streams
+}
+
 /// The newest event of a stream as this handle last wrote it: what the
 /// next append chains to without reading first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

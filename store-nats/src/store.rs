@@ -1,24 +1,23 @@
-//! The store: connecting, closing, accessors, and the backend traits, whose
-//! methods are in the files named for each job.
+//! The store: connecting, closing, accessors, and the event job's trait
+//! impl, which hands each call to the file for its job (sessions and tasks
+//! implement theirs in their own files).
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 #[cfg(doc)]
 use mcp_event_store_core::Error;
-use mcp_event_store_core::backend::{BackendHandle, EventBackend, SessionBackend};
+use mcp_event_store_core::backend::{BackendHandle, EventBackend};
 use mcp_event_store_core::{
     EventId, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result, StoreOptions,
     StoreStats, StreamCursor, StreamPage,
 };
 
 use crate::error::{NAME, backend};
-use crate::state::Inner;
-use crate::{NatsOptions, setup};
+use crate::state::{Inner, stream_names};
+use crate::{NatsOptions, append, follow, inspect, purge, replay, setup};
 
 /// An [`EventStore`](mcp_event_store_core::EventStore) and
 /// [`SessionStore`](mcp_event_store_core::SessionStore) on NATS JetStream.
@@ -123,15 +122,15 @@ impl BackendHandle for NatsStore {
 #[async_trait]
 impl EventBackend for NatsStore {
     async fn append(&self, stream_id: &str, event: NewEvent<'_>) -> Result<EventId> {
-        self.append_event(stream_id, event).await
+        append::append(self, stream_id, event).await
     }
 
     async fn replay_after(&self, raw: &str, cursor: EventId) -> Result<Replay> {
-        self.open_replay(raw, cursor).await
+        replay::replay_after(self, raw, cursor).await
     }
 
     async fn replay_whole(&self, stream_id: &str) -> Result<Replay> {
-        self.open_stream_replay(stream_id).await
+        replay::replay_whole(self, stream_id).await
     }
 
     async fn follow_after(
@@ -140,27 +139,27 @@ impl EventBackend for NatsStore {
         cursor: EventId,
         options: FollowOptions,
     ) -> Result<Replay> {
-        self.open_follow(raw, cursor, options).await
+        follow::follow_after(self, raw, cursor, options).await
     }
 
     fn follows_open(&self) -> usize {
-        self.follows()
+        follow::follows_open(self)
     }
 
     async fn stream_of(&self, id: EventId) -> Result<Option<String>> {
-        self.lookup(id).await
+        replay::stream_of(self, id).await
     }
 
     async fn remove_stream(&self, stream_id: &str) -> Result<u64> {
-        self.delete(stream_id).await
+        purge::remove_stream(self, stream_id).await
     }
 
     async fn purge(&self) -> Result<PurgeReport> {
-        self.purge_all().await
+        purge::purge(self).await
     }
 
     async fn inspect_stats(&self) -> Result<StoreStats> {
-        self.inspect_all().await
+        inspect::stats(self).await
     }
 
     async fn inspect_streams(
@@ -168,42 +167,10 @@ impl EventBackend for NatsStore {
         after: Option<&StreamCursor>,
         limit: usize,
     ) -> Result<StreamPage> {
-        self.inspect_page(after, limit).await
+        inspect::streams(self, after, limit).await
     }
 
     async fn inspect_check(&self) -> Result<HealthReport> {
-        self.inspect_settings().await
+        inspect::check(self).await
     }
-}
-
-#[async_trait]
-impl SessionBackend for NatsStore {
-    async fn session_put(
-        &self,
-        session_id: &str,
-        state: &[u8],
-        _ttl: Duration,
-        expires_at: i64,
-    ) -> Result<()> {
-        self.put(session_id, state, expires_at).await
-    }
-
-    async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>> {
-        self.get(session_id).await
-    }
-
-    async fn session_delete(&self, session_id: &str) -> Result<bool> {
-        self.remove(session_id).await
-    }
-}
-
-/// Every JetStream stream of the store under `prefix` (a bucket is the
-/// stream `KV_<bucket>`).
-pub(crate) fn stream_names(prefix: &str) -> Vec<String> {
-    let names = crate::state::Names {
-        prefix: prefix.to_owned(),
-    };
-    let mut streams = vec![names.events(), names.spill()];
-    streams.extend(crate::state::BUCKETS.map(|job| format!("KV_{}", names.bucket(job))));
-    streams
 }

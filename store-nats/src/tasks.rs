@@ -34,7 +34,7 @@ use mcp_event_store_core::{Error, Result};
 
 use crate::NatsStore;
 use crate::error::{backend, is_conflict};
-use crate::spill::{REF_LEN, SpillRef};
+use crate::spill::{REF_LEN, SpillRef, drop_spilled, inline_limit, spill, unspill};
 
 /// The first byte of a task value whose codec bytes were spilled.
 const SPILLED: u8 = 0xff;
@@ -72,259 +72,258 @@ type Loaded = (u64, StoredTask);
 /// the answer.
 type Decision<T> = (Option<StoredTask>, T);
 
-impl NatsStore {
-    fn tasks(&self) -> &kv::Store {
-        &self.inner.tasks
-    }
+/// The live value under `key`, with its revision (deleted keys and
+/// markers read as none).
+async fn entry(bucket: &kv::Store, key: &str) -> Result<Option<(u64, Bytes)>> {
+    let entry = bucket.entry(key).await.map_err(backend)?;
+    Ok(entry
+        .filter(|entry| entry.operation == kv::Operation::Put)
+        .map(|entry| (entry.revision, entry.value)))
+}
 
-    /// The live value under `key`, with its revision (deleted keys and
-    /// markers read as none).
-    async fn entry(bucket: &kv::Store, key: &str) -> Result<Option<(u64, Bytes)>> {
-        let entry = bucket.entry(key).await.map_err(backend)?;
-        Ok(entry
-            .filter(|entry| entry.operation == kv::Operation::Put)
-            .map(|entry| (entry.revision, entry.value)))
-    }
+/// Removes `key` from `bucket` whole: its subject purged, no marker.
+pub(crate) async fn forget(bucket: &kv::Store, key: &str) -> Result<()> {
+    bucket
+        .stream
+        .purge()
+        .filter(format!("{}{key}", bucket.prefix))
+        .await
+        .map_err(backend)?;
+    Ok(())
+}
 
-    /// Removes `key` from `bucket` whole: its subject purged, no marker.
-    async fn forget(bucket: &kv::Store, key: &str) -> Result<()> {
-        bucket
-            .stream
-            .purge()
-            .filter(format!("{}{key}", bucket.prefix))
+/// Every key of `bucket`, from the subjects its stream holds (a
+/// removed key leaves no subject behind: see [`forget`]).
+pub(crate) async fn keys_of(bucket: &kv::Store) -> Result<Vec<String>> {
+    let mut subjects = bucket
+        .stream
+        .info_with_subjects(format!("{}>", bucket.prefix))
+        .await
+        .map_err(backend)?;
+    let mut keys = Vec::new();
+    while let Some((subject, _)) = subjects.try_next().await.map_err(backend)? {
+        if let Some(key) = subject.strip_prefix(bucket.prefix.as_str()) {
+            keys.push(key.to_owned());
+        }
+    }
+    Ok(keys)
+}
+
+async fn load(store: &NatsStore, digest: &TaskDigest) -> Result<Option<Loaded>> {
+    let key = hex(digest.as_bytes());
+    let Some((revision, value)) = entry(&store.inner.tasks, &key).await? else {
+        return Ok(None);
+    };
+    let value = match value.split_first() {
+        Some((&SPILLED, reference)) => {
+            unspill(store, &format!("t{key}"), &SpillRef::decode(reference)?).await?
+        }
+        _ => value,
+    };
+    Ok(Some((revision, decode(&value)?)))
+}
+
+/// The id of the spilled value the task under `key` refers to.
+pub(crate) async fn spilled_task(store: &NatsStore, key: &str) -> Result<Option<String>> {
+    Ok(match entry(&store.inner.tasks, key).await? {
+        Some((_, value)) => match value.split_first() {
+            Some((&SPILLED, reference)) => Some(SpillRef::decode(reference)?.id),
+            _ => None,
+        },
+        None => None,
+    })
+}
+
+/// An instance's lease deadline, if the store holds its lease.
+async fn alive_until(store: &NatsStore, instance: &[u8; 16]) -> Result<Option<i64>> {
+    match entry(&store.inner.instances, &hex(instance)).await? {
+        Some((_, value)) => Ok(Some(deadline(&value)?)),
+        None => Ok(None),
+    }
+}
+
+/// Writes `new` under `digest` if the key is still at `revision`
+/// (`None`: absent); `false` when another write got in first.
+async fn swap(
+    store: &NatsStore,
+    digest: &TaskDigest,
+    revision: Option<u64>,
+    new: &StoredTask,
+) -> Result<bool> {
+    let key = hex(digest.as_bytes());
+    let mut value = Bytes::from(encode(new));
+    if value.len() > inline_limit(store, key.len()) {
+        // Too large for one message: the value goes to the spill
+        // stream, the key holds its reference (the value formats of
+        // the codec never start with this byte).
+        let spilled = spill(store, &format!("t{key}"), &value).await?;
+        let mut reference = BytesMut::with_capacity(1 + REF_LEN);
+        reference.put_u8(SPILLED);
+        spilled.encode(&mut reference);
+        value = reference.freeze();
+    }
+    let written = match revision {
+        None => match store.inner.tasks.create(&key, value).await {
+            Ok(_) => true,
+            Err(e) if e.kind() == CreateErrorKind::AlreadyExists || is_conflict(&e) => false,
+            Err(e) => return Err(backend(e)),
+        },
+        Some(revision) => match store.inner.tasks.update(&key, value, revision).await {
+            Ok(_) => true,
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || is_conflict(&e) => false,
+            Err(e) => return Err(backend(e)),
+        },
+    };
+    Ok(written)
+}
+
+/// One atomic step on a task: `decide` sees the stored task, the task
+/// as read at `now` and its instance's deadline, and names the new
+/// value, written only if the task is unchanged since the read (else
+/// the step runs again). Returns the answer; a change wakes the
+/// task's watchers.
+async fn step<T>(
+    store: &NatsStore,
+    digest: &TaskDigest,
+    now: i64,
+    mut decide: impl FnMut(Option<(&StoredTask, TaskRecord, Option<i64>)>) -> Result<Decision<T>>,
+) -> Result<T> {
+    loop {
+        let loaded = load(store, digest).await?;
+        let (new, answer) = match &loaded {
+            None => decide(None)?,
+            Some((_, stored)) => {
+                let alive = alive_until(store, &stored.instance).await?;
+                match stored.record.clone().seen_at(now, alive) {
+                    None => decide(None)?,
+                    Some(seen) => decide(Some((stored, seen, alive)))?,
+                }
+            }
+        };
+        let Some(new) = new else {
+            return Ok(answer);
+        };
+        if swap(
+            store,
+            digest,
+            loaded.as_ref().map(|(revision, _)| *revision),
+            &new,
+        )
+        .await?
+        {
+            wake_task(store, digest).await;
+            return Ok(answer);
+        }
+    }
+}
+
+/// Wakes the task's watchers on every handle. Best effort: a watcher
+/// re-reads at its deadline or recheck anyway.
+async fn wake_task(store: &NatsStore, digest: &TaskDigest) {
+    let token = task_token(digest);
+    store.inner.task_wakeups.wake(&token);
+    let subject = store.inner.names.task_wake_subject(&token);
+    if let Err(e) = store.inner.client.publish(subject, Bytes::new()).await {
+        tracing::debug!(error = %e, "publishing a task wake-up failed");
+    }
+}
+
+/// The task as `reader` sees it now.
+async fn read(
+    store: &NatsStore,
+    digest: TaskDigest,
+    reader: &Reader,
+) -> Result<Option<TaskRecord>> {
+    let Some((_, stored)) = load(store, &digest).await? else {
+        return Ok(None);
+    };
+    if reader.owner().is_some_and(|owner| *owner != stored.owner) {
+        return Ok(None);
+    }
+    let alive = alive_until(store, &stored.instance).await?;
+    Ok(stored.record.seen_at(store.now(), alive))
+}
+
+/// A client's step: the owner must match; a terminal task is answered
+/// as read.
+async fn client_step(
+    store: &NatsStore,
+    digest: TaskDigest,
+    owner: OwnerKey,
+    change: impl Fn(&mut StoredTask, i64) -> bool,
+) -> Result<Option<TaskRecord>> {
+    let now = store.now();
+    step(store, &digest, now, |found| {
+        let Some((stored, seen, alive)) = found else {
+            return Ok((None, None));
+        };
+        if stored.owner != owner {
+            return Ok((None, None));
+        }
+        Ok(stored.client_step(&seen, now, alive, |new| change(new, now)))
+    })
+    .await
+}
+
+/// Adds a task to the takeover index (or removes it).
+async fn index_takeover(store: &NatsStore, digest: &TaskDigest, on: bool) -> Result<()> {
+    let key = hex(digest.as_bytes());
+    if on {
+        store
+            .inner
+            .takeover
+            .put(&key, Bytes::new())
             .await
             .map_err(backend)?;
         Ok(())
+    } else {
+        forget(&store.inner.takeover, &key).await
     }
+}
 
-    /// Every key of `bucket`, from the subjects its stream holds (a
-    /// removed key leaves no subject behind: see [`forget`](Self::forget)).
-    pub(crate) async fn keys_of(bucket: &kv::Store) -> Result<Vec<String>> {
-        let mut subjects = bucket
-            .stream
-            .info_with_subjects(format!("{}>", bucket.prefix))
-            .await
-            .map_err(backend)?;
-        let mut keys = Vec::new();
-        while let Some((subject, _)) = subjects.try_next().await.map_err(backend)? {
-            if let Some(key) = subject.strip_prefix(bucket.prefix.as_str()) {
-                keys.push(key.to_owned());
-            }
-        }
-        Ok(keys)
-    }
-
-    async fn load(&self, digest: &TaskDigest) -> Result<Option<Loaded>> {
-        let key = hex(digest.as_bytes());
-        let Some((revision, value)) = Self::entry(self.tasks(), &key).await? else {
-            return Ok(None);
+/// Ends what reads show ended, deletes what is past its grace, and
+/// drops index entries of tasks gone or ended.
+async fn purge_tasks(store: &NatsStore) -> Result<TaskPurgeReport> {
+    let now = store.now();
+    let mut report = TaskPurgeReport::default();
+    for key in keys_of(&store.inner.tasks).await? {
+        let Some(digest) = unhex(&key).and_then(|b| stored_digest(&b).ok()) else {
+            continue;
         };
-        let value = match value.split_first() {
-            Some((&SPILLED, reference)) => {
-                self.unspill(&format!("t{key}"), &SpillRef::decode(reference)?)
-                    .await?
-            }
-            _ => value,
-        };
-        Ok(Some((revision, decode(&value)?)))
-    }
-
-    /// The id of the spilled value the task under `key` refers to.
-    pub(crate) async fn spilled_task(&self, key: &str) -> Result<Option<String>> {
-        Ok(match Self::entry(self.tasks(), key).await? {
-            Some((_, value)) => match value.split_first() {
-                Some((&SPILLED, reference)) => Some(SpillRef::decode(reference)?.id),
-                _ => None,
-            },
-            None => None,
-        })
-    }
-
-    /// An instance's lease deadline, if the store holds its lease.
-    async fn alive_until(&self, instance: &[u8; 16]) -> Result<Option<i64>> {
-        match Self::entry(&self.inner.instances, &hex(instance)).await? {
-            Some((_, value)) => Ok(Some(deadline(&value)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// Writes `new` under `digest` if the key is still at `revision`
-    /// (`None`: absent); `false` when another write got in first.
-    async fn swap(
-        &self,
-        digest: &TaskDigest,
-        revision: Option<u64>,
-        new: &StoredTask,
-    ) -> Result<bool> {
-        let key = hex(digest.as_bytes());
-        let mut value = Bytes::from(encode(new));
-        if value.len() > self.inline_limit(key.len()) {
-            // Too large for one message: the value goes to the spill
-            // stream, the key holds its reference (the value formats of
-            // the codec never start with this byte).
-            let spilled = self.spill(&format!("t{key}"), &value).await?;
-            let mut reference = BytesMut::with_capacity(1 + REF_LEN);
-            reference.put_u8(SPILLED);
-            spilled.encode(&mut reference);
-            value = reference.freeze();
-        }
-        let written = match revision {
-            None => match self.tasks().create(&key, value).await {
-                Ok(_) => true,
-                Err(e) if e.kind() == CreateErrorKind::AlreadyExists || is_conflict(&e) => false,
-                Err(e) => return Err(backend(e)),
-            },
-            Some(revision) => match self.tasks().update(&key, value, revision).await {
-                Ok(_) => true,
-                Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision || is_conflict(&e) => {
-                    false
-                }
-                Err(e) => return Err(backend(e)),
-            },
-        };
-        Ok(written)
-    }
-
-    /// One atomic step on a task: `decide` sees the stored task, the task
-    /// as read at `now` and its instance's deadline, and names the new
-    /// value, written only if the task is unchanged since the read (else
-    /// the step runs again). Returns the answer; a change wakes the
-    /// task's watchers.
-    async fn step<T>(
-        &self,
-        digest: &TaskDigest,
-        now: i64,
-        mut decide: impl FnMut(Option<(&StoredTask, TaskRecord, Option<i64>)>) -> Result<Decision<T>>,
-    ) -> Result<T> {
-        loop {
-            let loaded = self.load(digest).await?;
-            let (new, answer) = match &loaded {
-                None => decide(None)?,
-                Some((_, stored)) => {
-                    let alive = self.alive_until(&stored.instance).await?;
-                    match stored.record.clone().seen_at(now, alive) {
-                        None => decide(None)?,
-                        Some(seen) => decide(Some((stored, seen, alive)))?,
-                    }
-                }
-            };
-            let Some(new) = new else {
-                return Ok(answer);
-            };
-            if self
-                .swap(digest, loaded.as_ref().map(|(revision, _)| *revision), &new)
-                .await?
-            {
-                self.wake_task(digest).await;
-                return Ok(answer);
-            }
-        }
-    }
-
-    /// Wakes the task's watchers on every handle. Best effort: a watcher
-    /// re-reads at its deadline or recheck anyway.
-    async fn wake_task(&self, digest: &TaskDigest) {
-        let token = task_token(digest);
-        self.inner.task_wakeups.wake(&token);
-        let subject = self.inner.names.task_wake_subject(&token);
-        if let Err(e) = self.inner.client.publish(subject, Bytes::new()).await {
-            tracing::debug!(error = %e, "publishing a task wake-up failed");
-        }
-    }
-
-    /// The task as `reader` sees it now.
-    async fn read(&self, digest: TaskDigest, reader: &Reader) -> Result<Option<TaskRecord>> {
-        let Some((_, stored)) = self.load(&digest).await? else {
-            return Ok(None);
-        };
-        if reader.owner().is_some_and(|owner| *owner != stored.owner) {
-            return Ok(None);
-        }
-        let alive = self.alive_until(&stored.instance).await?;
-        Ok(stored.record.seen_at(self.now(), alive))
-    }
-
-    /// A client's step: the owner must match; a terminal task is answered
-    /// as read.
-    async fn client_step(
-        &self,
-        digest: TaskDigest,
-        owner: OwnerKey,
-        change: impl Fn(&mut StoredTask, i64) -> bool,
-    ) -> Result<Option<TaskRecord>> {
-        let now = self.now();
-        self.step(&digest, now, |found| {
-            let Some((stored, seen, alive)) = found else {
+        let ended = step(store, &digest, now, |found| {
+            let Some((stored, seen, _)) = found else {
                 return Ok((None, None));
             };
-            if stored.owner != owner {
-                return Ok((None, None));
-            }
-            Ok(stored.client_step(&seen, now, alive, |new| change(new, now)))
+            let new = stored.ended_as_read(&seen);
+            let ended = new.is_some().then_some(seen);
+            Ok((new, ended))
         })
-        .await
-    }
-
-    /// Adds a task to the takeover index (or removes it).
-    async fn index_takeover(&self, digest: &TaskDigest, on: bool) -> Result<()> {
-        let key = hex(digest.as_bytes());
-        if on {
-            self.inner
-                .takeover
-                .put(&key, Bytes::new())
-                .await
-                .map_err(backend)?;
-            Ok(())
-        } else {
-            Self::forget(&self.inner.takeover, &key).await
+        .await?;
+        if let Some(ended) = ended {
+            count_ended(&mut report, &ended);
+        }
+        if let Some((_, stored)) = load(store, &digest).await?
+            && stored.record.purge_at <= now
+        {
+            forget(&store.inner.tasks, &key).await?;
+            forget(&store.inner.takeover, &key).await?;
+            drop_spilled(store, &format!("t{key}"), None).await?;
+            report.deleted += 1;
+            wake_task(store, &digest).await;
         }
     }
-
-    /// Ends what reads show ended, deletes what is past its grace, and
-    /// drops index entries of tasks gone or ended.
-    async fn purge_tasks(&self) -> Result<TaskPurgeReport> {
-        let now = self.now();
-        let mut report = TaskPurgeReport::default();
-        for key in Self::keys_of(self.tasks()).await? {
-            let Some(digest) = unhex(&key).and_then(|b| stored_digest(&b).ok()) else {
-                continue;
-            };
-            let ended = self
-                .step(&digest, now, |found| {
-                    let Some((stored, seen, _)) = found else {
-                        return Ok((None, None));
-                    };
-                    let new = stored.ended_as_read(&seen);
-                    let ended = new.is_some().then_some(seen);
-                    Ok((new, ended))
-                })
-                .await?;
-            if let Some(ended) = ended {
-                count_ended(&mut report, &ended);
-            }
-            if let Some((_, stored)) = self.load(&digest).await?
-                && stored.record.purge_at <= now
-            {
-                Self::forget(self.tasks(), &key).await?;
-                Self::forget(&self.inner.takeover, &key).await?;
-                self.drop_spilled(&format!("t{key}"), None).await?;
-                report.deleted += 1;
-                self.wake_task(&digest).await;
-            }
+    for key in keys_of(&store.inner.instances).await? {
+        let Some((_, value)) = entry(&store.inner.instances, &key).await? else {
+            continue;
+        };
+        // A lapsed lease is never renewed (`heartbeat` refuses it), so
+        // removing it races with nothing.
+        if deadline(&value)? <= now {
+            forget(&store.inner.instances, &key).await?;
+            report.instances += 1;
         }
-        for key in Self::keys_of(&self.inner.instances).await? {
-            let Some((_, value)) = Self::entry(&self.inner.instances, &key).await? else {
-                continue;
-            };
-            // A lapsed lease is never renewed (`heartbeat` refuses it), so
-            // removing it races with nothing.
-            if deadline(&value)? <= now {
-                Self::forget(&self.inner.instances, &key).await?;
-                report.instances += 1;
-            }
-        }
-        Ok(report)
     }
+    Ok(report)
 }
 
 #[async_trait]
@@ -338,8 +337,7 @@ impl TaskBackend for NatsStore {
         // Only under an instance alive at the task's birth (T11). The
         // lease is another key, read first: its deadline only moves later
         // while the instance lives, so the check holds at the create.
-        if self
-            .alive_until(task.instance.as_bytes())
+        if alive_until(self, task.instance.as_bytes())
             .await?
             .is_none_or(|until| until <= now)
         {
@@ -348,21 +346,21 @@ impl TaskBackend for NatsStore {
         if task.takeover.is_some() {
             // The index first: a crash between leaves an entry a claim
             // finds stale, never a task no claim can find.
-            self.index_takeover(&digest, true).await?;
+            index_takeover(self, &digest, true).await?;
         }
         let record = TaskRecord::created(task, now, &self.inner.options.store.tasks);
         let stored = StoredTask::new(task.owner, *task.instance.as_bytes(), record.clone());
-        let created = self.swap(&digest, None, &stored).await;
+        let created = swap(self, &digest, None, &stored).await;
         if task.takeover.is_some() && !matches!(created, Ok(false)) {
             // Again after it: a claim that read the index before the task
             // existed may have dropped the entry as stale meanwhile.
-            self.index_takeover(&digest, true).await?;
+            index_takeover(self, &digest, true).await?;
         }
         Ok(created?.then_some(record))
     }
 
     async fn task_read(&self, digest: TaskDigest, reader: Reader) -> Result<Option<TaskRecord>> {
-        self.read(digest, &reader).await
+        read(self, digest, &reader).await
     }
 
     async fn task_answer(
@@ -371,8 +369,10 @@ impl TaskBackend for NatsStore {
         owner: OwnerKey,
         responses: &[(&str, &[u8])],
     ) -> Result<Option<TaskRecord>> {
-        self.client_step(digest, owner, |new, now| new.record_answers(responses, now))
-            .await
+        client_step(self, digest, owner, |new, now| {
+            new.record_answers(responses, now)
+        })
+        .await
     }
 
     async fn task_cancel(
@@ -382,7 +382,7 @@ impl TaskBackend for NatsStore {
         mode: CancelMode,
         reason: Option<&str>,
     ) -> Result<Option<TaskRecord>> {
-        self.client_step(digest, owner, |new, now| {
+        client_step(self, digest, owner, |new, now| {
             new.record.request_cancel(mode, reason, now)
         })
         .await
@@ -400,23 +400,23 @@ impl TaskBackend for NatsStore {
         let recheck = self.inner.options.follow_recheck;
         watch_task(woken, after, deadline, recheck, || {
             let (store, reader) = (self.clone(), reader.clone());
-            async move { store.read(digest, &reader).await }
+            async move { read(&store, digest, &reader).await }
         })
         .await
     }
 
     async fn task_purge(&self) -> Result<TaskPurgeReport> {
-        self.purge_tasks().await
+        purge_tasks(self).await
     }
 
     async fn task_delete(&self, digest: TaskDigest) -> Result<bool> {
-        let existed = self.load(&digest).await?.is_some();
+        let existed = load(self, &digest).await?.is_some();
         let key = hex(digest.as_bytes());
-        Self::forget(self.tasks(), &key).await?;
-        Self::forget(&self.inner.takeover, &key).await?;
-        self.drop_spilled(&format!("t{key}"), None).await?;
+        forget(&self.inner.tasks, &key).await?;
+        forget(&self.inner.takeover, &key).await?;
+        drop_spilled(self, &format!("t{key}"), None).await?;
         if existed {
-            self.wake_task(&digest).await;
+            wake_task(self, &digest).await;
         }
         Ok(existed)
     }
@@ -431,7 +431,7 @@ impl RuntimeBackend for NatsStore {
             let now = self.now();
             let until = now.saturating_add(millis(lease));
             let value = Bytes::copy_from_slice(&until.to_be_bytes());
-            let written = match Self::entry(instances, &key).await? {
+            let written = match entry(instances, &key).await? {
                 // Lapsed: its tasks already read as lost.
                 Some((_, old)) if deadline(&old)? <= now => return Ok(false),
                 Some((revision, _)) => match instances.update(&key, value, revision).await {
@@ -457,8 +457,7 @@ impl RuntimeBackend for NatsStore {
 
     async fn lease_alive(&self, id: InstanceId) -> Result<bool> {
         let now = self.now();
-        Ok(self
-            .alive_until(id.as_bytes())
+        Ok(alive_until(self, id.as_bytes())
             .await?
             .is_some_and(|until| until > now))
     }
@@ -466,9 +465,9 @@ impl RuntimeBackend for NatsStore {
     async fn leases(&self) -> Result<Vec<InstanceLease>> {
         let now = self.now();
         let mut leases = Vec::new();
-        for key in Self::keys_of(&self.inner.instances).await? {
+        for key in keys_of(&self.inner.instances).await? {
             let Some(id) = unhex(&key) else { continue };
-            if let Some((_, value)) = Self::entry(&self.inner.instances, &key).await? {
+            if let Some((_, value)) = entry(&self.inner.instances, &key).await? {
                 leases.push(InstanceLease::new(
                     stored_instance(&id)?,
                     deadline(&value)?,
@@ -488,7 +487,7 @@ impl RuntimeBackend for NatsStore {
         let now = self.now();
         let options = self.inner.options.store.tasks;
         let change = change.to_owned();
-        self.step(task, now, |found| {
+        step(self, task, now, |found| {
             let Some((stored, seen, alive)) = found else {
                 return Ok((None, Applied::Unknown));
             };
@@ -506,10 +505,10 @@ impl RuntimeBackend for NatsStore {
     }
 
     async fn claimed_view(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
-        let Some((_, stored)) = self.load(task).await? else {
+        let Some((_, stored)) = load(self, task).await? else {
             return Ok(None);
         };
-        let alive = self.alive_until(&stored.instance).await?;
+        let alive = alive_until(self, &stored.instance).await?;
         stored.view(alive, self.now())
     }
 
@@ -517,12 +516,12 @@ impl RuntimeBackend for NatsStore {
     /// compare-and-set; entries of tasks gone or ended are dropped.
     async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let now = self.now();
-        let mine = self.alive_until(by.as_bytes()).await?;
+        let mine = alive_until(self, by.as_bytes()).await?;
         if mine.is_none_or(|until| until <= now) {
             return Err(Error::instance_lapsed(&by));
         }
         let mut claimed = Vec::new();
-        for key in Self::keys_of(&self.inner.takeover).await? {
+        for key in keys_of(&self.inner.takeover).await? {
             if claimed.len() >= limit {
                 break;
             }
@@ -530,26 +529,25 @@ impl RuntimeBackend for NatsStore {
                 continue;
             };
             let mut stale = false;
-            let claim = self
-                .step(&digest, now, |found| {
-                    let Some((stored, seen, alive)) = found else {
-                        stale = true;
-                        return Ok((None, None));
-                    };
-                    if seen.status.is_terminal() || stored.record.takeover.is_none() {
-                        stale = true;
-                        return Ok((None, None));
-                    }
-                    let Some((new, worker)) = stored.claim_step(by, alive, now) else {
-                        return Ok((None, None));
-                    };
-                    let view = new.view(mine, now)?;
-                    Ok((Some(new), view.map(|view| (worker, view))))
-                })
-                .await;
+            let claim = step(self, &digest, now, |found| {
+                let Some((stored, seen, alive)) = found else {
+                    stale = true;
+                    return Ok((None, None));
+                };
+                if seen.status.is_terminal() || stored.record.takeover.is_none() {
+                    stale = true;
+                    return Ok((None, None));
+                }
+                let Some((new, worker)) = stored.claim_step(by, alive, now) else {
+                    return Ok((None, None));
+                };
+                let view = new.view(mine, now)?;
+                Ok((Some(new), view.map(|view| (worker, view))))
+            })
+            .await;
             match claim {
                 Ok(Some((worker, view))) => claimed.push(Claimed::new(digest, worker, view)),
-                Ok(None) if stale => self.index_takeover(&digest, false).await?,
+                Ok(None) if stale => index_takeover(self, &digest, false).await?,
                 Ok(None) => {}
                 // The claims made so far stand (see `RuntimeStore::claim`).
                 Err(e) if claimed.is_empty() => return Err(e),
@@ -573,10 +571,10 @@ pub(crate) async fn raw_rows(store: &NatsStore) -> Result<Vec<Vec<u8>>> {
         &store.inner.takeover,
         &store.inner.instances,
     ] {
-        for key in NatsStore::keys_of(bucket).await? {
+        for key in keys_of(bucket).await? {
             let mut row = key.clone().into_bytes();
             row.extend_from_slice(b" | ");
-            if let Some((_, value)) = NatsStore::entry(bucket, &key).await? {
+            if let Some((_, value)) = entry(bucket, &key).await? {
                 row.extend_from_slice(&value);
             }
             rows.push(row);
@@ -589,25 +587,24 @@ pub(crate) async fn raw_rows(store: &NatsStore) -> Result<Vec<Vec<u8>>> {
 #[cfg(feature = "conformance")]
 pub(crate) async fn set_task_format(store: &NatsStore, version: u8) -> Result<()> {
     let tasks = &store.inner.tasks;
-    for key in NatsStore::keys_of(tasks).await? {
+    for key in keys_of(tasks).await? {
         let Some(digest) = unhex(&key).and_then(|b| stored_digest(&b).ok()) else {
             continue;
         };
-        if let Some((_, value)) = NatsStore::entry(tasks, &key).await? {
+        if let Some((_, value)) = entry(tasks, &key).await? {
             let mut value = match value.split_first() {
-                Some((&SPILLED, reference)) => store
-                    .unspill(&format!("t{key}"), &SpillRef::decode(reference)?)
-                    .await?
-                    .to_vec(),
+                Some((&SPILLED, reference)) => {
+                    unspill(store, &format!("t{key}"), &SpillRef::decode(reference)?)
+                        .await?
+                        .to_vec()
+                }
                 _ => value.to_vec(),
             };
             if let Some(first) = value.first_mut() {
                 *first = version;
             }
             tasks.put(&key, value.into()).await.map_err(backend)?;
-            store
-                .drop_spilled(&format!("t{}", hex(digest.as_bytes())), None)
-                .await?;
+            drop_spilled(store, &format!("t{}", hex(digest.as_bytes())), None).await?;
         }
     }
     Ok(())

@@ -90,7 +90,7 @@ pub async fn remove_prefix(url: &str, prefix: &str) -> Result<()> {
         .await
         .map_err(crate::error::backend)?;
     let js = async_nats::jetstream::new(client);
-    for stream in crate::store::stream_names(prefix) {
+    for stream in crate::state::stream_names(prefix) {
         if let Err(e) = js.delete_stream(&stream).await
             && !e.to_string().contains("not found")
         {
