@@ -701,6 +701,7 @@ backends! { $
         "valkey", "valkeys", "valkey+unix", "valkey+cluster", "valkeys+cluster",
     ];
     sled, "sled", SledKit, ["sled"];
+    nats, "nats", NatsKit, ["nats"];
 }
 
 /// A store of any backend, as [`connect`] returns it: an event store, a

@@ -1,6 +1,6 @@
 //! NATS JetStream backend for **mcp-event-store**: a shared, bounded event
 //! store for resumable MCP Streamable HTTP streams, on one NATS server or a
-//! cluster (NATS 2.9 or newer, JetStream enabled).
+//! cluster (NATS 2.9 or newer, 2.9.21 in a cluster; JetStream enabled).
 //!
 //! ```no_run
 //! # #[tokio::main(flavor = "current_thread")]
@@ -19,13 +19,20 @@
 //! # Connecting
 //!
 //! [`NatsStore::connect`] and [`NatsStore::connect_with`] take
-//! `nats://[user:pass@]host[:port][,host[:port]...]` (several seed
-//! servers of a cluster, comma separated) or `tls://...`, with these
+//! `nats://[user:pass@]host[:port][,host[:port]...]` (the seed servers of
+//! a cluster, comma separated; the credentials apply to each), with these
 //! parameters ([`URL_PARAMETERS`]): `prefix` (the names of this store's
 //! streams, buckets and subjects; default `mcp-event-store`), `replicas`
 //! (1 to 5, for the streams and buckets the store creates), `storage`
-//! (`file` or `memory`), `request_timeout_ms` and `follow_recheck_ms`.
-//! An unknown or repeated parameter is an error.
+//! (`file` or `memory`), `tls=true` (refuse a server without TLS),
+//! `request_timeout_ms` and `follow_recheck_ms`. An unknown or repeated
+//! parameter, or a bad value, is an error that never quotes the URL.
+//!
+//! The server must run JetStream and be NATS 2.9 or newer; in a cluster,
+//! 2.9.21 or newer ([`MIN_CLUSTER_VERSION`]): older clustered servers let
+//! concurrent writes that name the same expected sequence all succeed
+//! (nats-server issue 4320), which would break the chain of a stream's
+//! events and let two instances claim one task. The store refuses them.
 //!
 //! # Layout
 //!
@@ -33,8 +40,12 @@
 //!   stream, `<prefix>.ev.<token>`, where the token is a keyed hash of the
 //!   stream id under a secret kept in the store (so any stream id is a
 //!   valid subject, and nothing in a subject names a stream);
-//! * the key-value bucket `<prefix>-meta` holds the format marker and the
-//!   secret; `<prefix>-sessions` one key per session.
+//! * the stream `<prefix>-spill` holds values too large for one message
+//!   (see [Limits](#limits));
+//! * the key-value buckets `<prefix>-meta` (the format marker and the
+//!   secret), `<prefix>-sessions` (a key per session, named by a keyed
+//!   hash of its id), `<prefix>-tasks`, `<prefix>-instances` and
+//!   `<prefix>-takeover` (see [Tasks](#tasks)).
 //!
 //! An event's message carries a small binary header before its payload
 //! (the append time by the store's clock, its stream's first sequence in
@@ -45,17 +56,30 @@
 //! even after a stream is deleted and started again (C2); a cursor of an
 //! earlier life names a base the stream no longer has.
 //!
+//! An append is one JetStream publish that names the sequence of the
+//! stream's newest event (`Nats-Expected-Last-Subject-Sequence`): it is
+//! stored only if that is still the newest, so a stream's events form an
+//! unbroken chain whatever the writers (C6), and a replay that finds an
+//! event not chained to the one before it knows retention removed what
+//! was between (C5). A handle remembers each stream's newest event, so the
+//! steady state is one round trip; appends of one handle to one stream take
+//! turns, and another writer's append in between costs a re-read and a
+//! retry. Each append carries a message id, so one retried after a lost
+//! acknowledgement is stored once.
+//!
 //! # Durability
 //!
 //! `store_event` returns once JetStream acknowledged the event: stored by
-//! the stream's leader and a quorum of its replicas. With `storage=file`
-//! (the default) an acknowledged event survives a server restart. JetStream
-//! writes to the operating system at once and syncs to disk every two
-//! minutes by default (`sync_interval` in the server configuration; set
-//! `sync_interval: always` for an fsync per write on a single server).
-//! With `replicas=3` on a cluster an acknowledged event is on two servers
-//! at least and survives losing one. `storage=memory` loses everything
-//! when the server (every replica) restarts.
+//! the stream's leader and, with replicas, by a quorum of them. With
+//! `storage=file` (the default) an acknowledged event survives the server
+//! process being killed (it is in the operating system's files); against
+//! power loss, JetStream syncs its files to disk on an interval (two
+//! minutes by default; `sync_interval: always` in the server
+//! configuration, NATS 2.10 and newer, syncs every write). With
+//! `replicas=3` on a cluster, an acknowledged event is on at least two
+//! servers and survives losing any one (the tests SIGKILL the stream's
+//! leader and replay everything through the other two). `storage=memory`
+//! loses everything when the server (or every replica) restarts.
 //!
 //! # Retention
 //!
@@ -63,34 +87,56 @@
 //! every append) and so is the age limit (`max_age`, by the server's
 //! clock); both are set on the events stream from the options of the
 //! handle that opened it last, so every handle of a store should use the
-//! same retention. `purge_expired` applies the age limit again by the
-//! store's clock, applies the byte limit (JetStream has none per subject)
-//! and removes expired sessions.
+//! same retention. `purge_expired` applies this handle's count limit, the
+//! age limit by the store's clock and the byte limit (JetStream has none
+//! per subject: each event's running byte total makes it two reads per
+//! stream), and removes expired sessions and unreferenced spilled values.
+//! It visits every stream, a few reads each.
 //!
 //! # Following
 //!
 //! Every append publishes a wake-up on the core subject
 //! `<prefix>.wake.<token>`; each handle subscribes once and re-reads its
 //! followed streams by cursor when woken, and every `follow_recheck`
-//! (5 s) without one.
+//! (5 s) without one. A wake-up carries nothing: a lost one (a reconnect)
+//! only delays a follower to its next re-read.
+//!
+//! # Tasks
+//!
+//! A task is one value in `<prefix>-tasks` under its digest (core's task
+//! codec), an instance's lease one value in `<prefix>-instances`, and the
+//! tasks that may be taken over are indexed in `<prefix>-takeover` (what a
+//! claim scans). Every change is a compare-and-set on the key's revision
+//! (JetStream orders the writes to one key on every server), so exactly one
+//! of racing claimants wins (T17) and a fenced worker's write never lands
+//! (T18). A removed key is purged from its bucket's stream, leaving no
+//! delete marker behind. A change wakes watchers on every handle through
+//! `<prefix>.twake.<token>`. `purge_expired_tasks` reads every task.
 //!
 //! # Inspecting
 //!
 //! Statistics and the stream listing come from the subjects JetStream
 //! holds and each stream's oldest and newest events: two reads per stream.
+//! `check` reports the storage, the replicas, the server's message size
+//! and the retention.
 //!
 //! # Format
 //!
 //! The format is version [`FORMAT_VERSION`], in the meta bucket's `format`
 //! key and in every event header; a store of a newer format is refused.
+//! Task values carry core's task value format.
 //!
 //! # Limits
 //!
 //! A NATS server takes messages of at most `max_payload` bytes (1 MiB by
-//! default, 64 MiB at most): payloads and session states larger than that
-//! less the header are refused with `PayloadTooLarge`. Raise `max_payload`
-//! in the server configuration to the store's payload limit (8 MiB by
-//! default) or lower the store's.
+//! default). A payload, session state or task value larger than one
+//! message allows is written first in chunks to `<prefix>-spill`, on a
+//! subject of its own that names its owner, and the event, session or
+//! task keeps a 44-byte reference to it. Removing the owner removes its
+//! chunks; a value no owner refers to any more (an event the count limit
+//! removed, a session written again, a crash between the chunks and the
+//! owner) is removed by `purge_expired` once it is five minutes old. The
+//! store's own payload limit (8 MiB by default) applies as everywhere.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -110,6 +156,8 @@ mod store;
 mod tasks;
 mod wire;
 
+#[cfg(feature = "bench")]
+pub mod bench;
 #[cfg(feature = "conformance")]
 pub mod testing;
 

@@ -5,12 +5,14 @@ use std::time::Duration;
 
 use mcp_event_store_core::{Error, Result, StoreOptions};
 
-/// The URL schemes this backend opens: `nats://` and `tls://` (TLS).
-pub const URL_SCHEMES: &[&str] = &["nats", "tls"];
+/// The URL schemes this backend opens: `nats://` (add `?tls=true` to
+/// require TLS).
+pub const URL_SCHEMES: &[&str] = &["nats"];
 
 /// The parameters [`NatsOptions::from_url`] reads from a store URL.
 pub const URL_PARAMETERS: &[&str] = &[
     "prefix",
+    "tls",
     "replicas",
     "storage",
     "request_timeout_ms",
@@ -111,6 +113,10 @@ pub struct NatsOptions {
     /// safety net for a lost one). Default 5 s. URL parameter
     /// `follow_recheck_ms`.
     pub follow_recheck: Duration,
+    /// Refuse to talk to a server without TLS. Default off (the client
+    /// still uses TLS where the server asks for it). URL parameter `tls`
+    /// (`true` or `false`).
+    pub require_tls: bool,
 }
 
 impl Default for NatsOptions {
@@ -123,6 +129,7 @@ impl Default for NatsOptions {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             follow_recheck: DEFAULT_FOLLOW_RECHECK,
+            require_tls: false,
         }
     }
 }
@@ -219,7 +226,7 @@ impl NatsOptions {
             .ok_or_else(|| Error::Config("NATS URL has no scheme (expected nats://...)".into()))?;
         if !URL_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) {
             return Err(Error::Config(format!(
-                "unsupported NATS URL scheme {scheme:?}; use nats:// or tls://"
+                "unsupported NATS URL scheme {scheme:?}; use nats:// (with ?tls=true to require TLS)"
             )));
         }
         let (servers, query) = url.split_once('?').unwrap_or((url, ""));
@@ -236,6 +243,17 @@ impl NatsOptions {
                 "prefix" => self.prefix = value.to_owned(),
                 "replicas" => self.replicas = number(value, name)?,
                 "storage" => self.storage = Storage::parse(value)?,
+                "tls" => {
+                    self.require_tls = match value {
+                        "true" | "1" | "" => true,
+                        "false" | "0" => false,
+                        other => {
+                            return Err(Error::Config(format!(
+                                "the NATS URL parameter `tls` is `true` or `false`, not {other:?}"
+                            )));
+                        }
+                    }
+                }
                 "request_timeout_ms" => {
                     self.request_timeout = Duration::from_millis(number(value, name)?);
                 }

@@ -32,6 +32,7 @@ pub(crate) async fn open(url: &str, options: NatsOptions) -> Result<Inner> {
         .connection_timeout(options.connect_timeout)
         .request_timeout(Some(options.request_timeout))
         .name("mcp-event-store")
+        .require_tls(options.require_tls)
         .connect(servers.as_slice())
         .await
         .map_err(|e| {
