@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the two images the container-backed tests start, from the Debian
-# packages already installed on this machine (postgresql-15, redis-server):
+# Builds the three images the container-backed tests start, from the Debian
+# packages already installed on this machine (postgresql-15, redis-server,
+# nats-server):
 # each image's root file system is the server binary, its data files and
 # the shared libraries it links (its `ldd` closure), and nothing else. No
 # image registry is needed, and no download: about ten seconds, where a
@@ -10,24 +11,30 @@
 #       at build time (trust authentication, locale C.UTF-8), run as the
 #       `postgres` user, logging to stderr;
 #   mcp-event-store-test/redis:7.0-debian    Redis 7.0, no persistence, no
-#       protected mode, run as the `redis` user, logging to stdout.
+#       protected mode, run as the `redis` user, logging to stdout;
+#   mcp-event-store-test/nats:2.9-debian     NATS 2.9 (the entry point
+#       `nats-server`; the tests pass `-js`), run as the `nats` user,
+#       storing under /tmp, logging to stderr.
 #
 # They are tagged for what they are, not as the official images; the tests
 # start them when told to (the test kit's image variables):
 #
 #   MCP_EVENT_STORE_POSTGRES_IMAGE=mcp-event-store-test/postgres:15-debian
 #   MCP_EVENT_STORE_REDIS_IMAGE=mcp-event-store-test/redis:7.0-debian
+#   MCP_EVENT_STORE_NATS_IMAGE=mcp-event-store-test/nats:2.9-debian
 #
 # Idempotent: an image built from the same package version by the same
 # script is kept. Needs root (the cluster is made as the `postgres` user),
-# Docker and the two packages (`apt-get install postgresql-15
-# redis-server`). Prints the two image references when done.
+# Docker and the three packages (`apt-get install postgresql-15
+# redis-server nats-server`). Prints the three image references when done.
 set -euo pipefail
 
 PG_IMAGE=mcp-event-store-test/postgres:15-debian
 REDIS_IMAGE=mcp-event-store-test/redis:7.0-debian
+NATS_IMAGE=mcp-event-store-test/nats:2.9-debian
 PG_PACKAGE=postgresql-15
 REDIS_PACKAGE=redis-server
+NATS_PACKAGE=nats-server
 PG_HOME=/usr/lib/postgresql/15
 # Says which packages and which build of this script an image was made
 # from, so a rerun keeps an image that is still current.
@@ -38,12 +45,13 @@ die() { echo "build-test-images: $*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "run as root (the PostgreSQL cluster is made as the postgres user)"
 docker info >/dev/null 2>&1 || die "no Docker engine answers (start dockerd first)"
-for package in "$PG_PACKAGE" "$REDIS_PACKAGE"; do
+for package in "$PG_PACKAGE" "$REDIS_PACKAGE" "$NATS_PACKAGE"; do
     dpkg-query -W -f '${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' \
         || die "the Debian package $package is not installed (apt-get install $package)"
 done
 getent passwd postgres >/dev/null || die "no postgres user (the $PG_PACKAGE package makes it)"
 getent passwd redis >/dev/null || die "no redis user (the $REDIS_PACKAGE package makes it)"
+getent passwd nats >/dev/null || die "no nats user (the $NATS_PACKAGE package makes it)"
 
 version() { dpkg-query -W -f '${Version}' "$1"; }
 
@@ -178,7 +186,31 @@ build_redis() {
     echo "$REDIS_IMAGE built ($key)" >&2
 }
 
+build_nats() {
+    local key
+    key=$(key "$NATS_PACKAGE")
+    if current "$NATS_IMAGE" "$key"; then
+        echo "$NATS_IMAGE is current ($key)" >&2
+        return
+    fi
+    new_root nats
+    add_users nats
+    add_tree /usr/sbin/nats-server
+    add_libraries "$root/usr/sbin/nats-server"
+    # As the official image: the server is the entry point, the arguments
+    # (`-js` from the tests) the command.
+    import "$NATS_IMAGE" \
+        "LABEL $KEY_LABEL=\"$key\"" \
+        'USER nats' \
+        'WORKDIR /tmp' \
+        'EXPOSE 4222' \
+        'ENTRYPOINT ["/usr/sbin/nats-server", "-sd", "/tmp/nats"]'
+    echo "$NATS_IMAGE built ($key)" >&2
+}
+
 build_postgres
 build_redis
+build_nats
 echo "$PG_IMAGE"
 echo "$REDIS_IMAGE"
+echo "$NATS_IMAGE"

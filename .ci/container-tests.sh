@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# CI's container step: the server-backed backends' test suites (PostgreSQL
-# and Redis: the crates whose test support reads an image variable built
-# here) again, with their servers in containers (the test kit's container path, which the
+# CI's container step: the server-backed backends' test suites (PostgreSQL,
+# Redis and NATS: the crates whose test support reads an image variable
+# built here) again, with their servers in containers (the test kit's container path, which the
 # local servers otherwise always pre-empt), and the test kit's own check
 # that a test binary's container is removed when the binary exits.
 #
@@ -90,15 +90,16 @@ start_engine() {
 build_images() {
     local images
     images=$(bash .ci/build-test-images.sh)
-    export MCP_EVENT_STORE_POSTGRES_IMAGE MCP_EVENT_STORE_REDIS_IMAGE
+    export MCP_EVENT_STORE_POSTGRES_IMAGE MCP_EVENT_STORE_REDIS_IMAGE MCP_EVENT_STORE_NATS_IMAGE
     MCP_EVENT_STORE_POSTGRES_IMAGE=$(sed -n 1p <<<"$images")
     MCP_EVENT_STORE_REDIS_IMAGE=$(sed -n 2p <<<"$images")
+    MCP_EVENT_STORE_NATS_IMAGE=$(sed -n 3p <<<"$images")
 }
 
 # The backend crates whose test server the images built here stand in for:
 # those whose test support reads one of the image variables (no list of
 # backends here).
-IMAGE_VARS=(MCP_EVENT_STORE_POSTGRES_IMAGE MCP_EVENT_STORE_REDIS_IMAGE)
+IMAGE_VARS=(MCP_EVENT_STORE_POSTGRES_IMAGE MCP_EVENT_STORE_REDIS_IMAGE MCP_EVENT_STORE_NATS_IMAGE)
 server_crates() {
     local pattern
     pattern=$(IFS='|'; echo "${IMAGE_VARS[*]}")
@@ -201,6 +202,6 @@ timed "start dockerd" start_engine
 timed "build images" build_images
 timed "clear earlier runs" clear_earlier_runs
 timed "list the test executables" list_tests
-timed "PostgreSQL and Redis suites" run_suites
+timed "server-backed suites" run_suites
 timed "test kit: containers removed" run_kit_test
 timed "check for leftovers" none_left

@@ -5,7 +5,13 @@
 //!
 //! 1. the `MCP_EVENT_STORE_NATS_URL` environment variable;
 //! 2. the local default `nats://127.0.0.1:4222`, if it answers within a
-//!    second with JetStream enabled.
+//!    second with JetStream enabled;
+//! 3. with the `testcontainers` feature, a container of a pinned NATS
+//!    image run with `-js` ([`SERVER`]; `MCP_EVENT_STORE_NATS_IMAGE=name:tag`
+//!    starts another image).
+//!
+//! `MCP_EVENT_STORE_TEST_SERVER=env`, `local` or `container` uses only that
+//! way.
 //!
 //! ```ignore
 //! use mcp_event_store_nats::testing::NatsHarness;
@@ -38,6 +44,8 @@ pub const SERVER: ServerSpec = ServerSpec {
         ready_on_stderr: true,
         ready_message: "Server is ready",
         env: &[],
+        // JetStream on (the official image's entry point is the server).
+        cmd: &["-js"],
         url: |host, port| format!("nats://{host}:{port}"),
     },
 };

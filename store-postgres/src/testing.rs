@@ -44,6 +44,7 @@ pub const SERVER: ServerSpec = ServerSpec {
         ready_on_stderr: true,
         ready_message: "database system is ready to accept connections",
         env: &[("POSTGRES_HOST_AUTH_METHOD", "trust")],
+        cmd: &[],
         url: |host, port| format!("postgres://postgres@{host}:{port}/postgres"),
     },
 };

@@ -55,6 +55,7 @@ pub const SERVER: ServerSpec = ServerSpec {
         ready_on_stderr: false,
         ready_message: "Ready to accept connections",
         env: &[],
+        cmd: &[],
         url: |host, port| format!("redis://{host}:{port}"),
     },
 };

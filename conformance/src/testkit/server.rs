@@ -48,6 +48,7 @@ pub const CONTAINER_LABEL: &str = "mcp-event-store.test-run";
 ///         ready_on_stderr: false,
 ///         ready_message: "Ready to accept connections",
 ///         env: &[],
+///         cmd: &[],
 ///         url: |host, port| format!("redis://{host}:{port}"),
 ///     },
 /// };
@@ -88,6 +89,9 @@ pub struct Container {
     pub ready_message: &'static str,
     /// Environment variables for the container.
     pub env: &'static [(&'static str, &'static str)],
+    /// The command the container runs (the image's own when empty): the
+    /// arguments after the image's entry point (`["-js"]`).
+    pub cmd: &'static [&'static str],
     /// The server's URL from the host and port the container is reachable
     /// on.
     pub url: fn(&str, u16) -> String,
@@ -544,6 +548,9 @@ ids=$(docker ps -aq --filter "label=$1")
         for (variable, value) in container.env {
             request = request.with_env_var(*variable, *value);
         }
+        if !container.cmd.is_empty() {
+            request = request.with_cmd(container.cmd.iter().copied());
+        }
         let started = request
             .start()
             .await
@@ -640,6 +647,7 @@ mod tests {
             ready_on_stderr: false,
             ready_message: "ready",
             env: &[],
+            cmd: &[],
             url: |host, port| format!("example://{host}:{port}"),
         },
     };
@@ -925,6 +933,7 @@ mod tests {
                 ready_on_stderr: false,
                 ready_message: "Ready to accept connections",
                 env: &[],
+                cmd: &[],
                 url: |host, port| format!("redis://{host}:{port}"),
             },
         };
