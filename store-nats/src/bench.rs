@@ -31,12 +31,12 @@ use mcp_event_store_conformance::bench::tasks::{
     MAX_WAIT, NoClaim, RESULT, RawWake, TaskOps, TaskRaw, TaskSubject, fresh_key,
 };
 use mcp_event_store_conformance::bench::{
-    Kit, Loaded, RawEvent, RawRead, StreamPlan, payload, schedule, unbounded,
+    Kit, Loaded, RawEvent, RawRead, StreamPlan, append_plan, payload, unbounded,
 };
 use mcp_event_store_conformance::testkit;
 use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::task::TaskStatus;
-use mcp_event_store_core::{Backend, EventId, EventStore, NewEvent, Position};
+use mcp_event_store_core::{Backend, Position};
 
 use crate::testing::{NatsHarness, TEST_PREFIX, remove_prefix, server_url};
 use crate::wire::{self, Body};
@@ -314,25 +314,7 @@ impl Kit for NatsKit {
         )
         .await
         .expect("open nats");
-        let probe = plan.len() as u32 - 1;
-        let data = payload();
-        let mut ids: Vec<EventId> = futures_util::stream::iter(schedule(plan))
-            .map(|i| {
-                let store = &store;
-                let data = &data;
-                async move {
-                    let id = store
-                        .store_event(&plan[i as usize].stream_id, NewEvent::new(data))
-                        .await
-                        .expect("append");
-                    (i == probe).then_some(id)
-                }
-            })
-            .buffer_unordered(256)
-            .filter_map(|id| async move { id })
-            .collect()
-            .await;
-        ids.sort_by_key(|id| id.position);
+        let ids = append_plan(&store, plan, 256).await;
         Loaded {
             store: Arc::new(store.clone()),
             token: ids[0].token,

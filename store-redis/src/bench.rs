@@ -28,12 +28,12 @@ use mcp_event_store_conformance::bench::tasks::{
     MAX_WAIT, RESULT, RawClaim, RawWake, TaskOps, TaskRaw, TaskSubject, fresh_key, lifetime,
 };
 use mcp_event_store_conformance::bench::{
-    Kit, Loaded, RAW_PAGE, RawEvent, RawRead, StreamPlan, median_us, payload, process_cpu_ns,
-    schedule, unbounded,
+    Kit, Loaded, RAW_PAGE, RawEvent, RawRead, StreamPlan, append_plan, median_us, payload,
+    process_cpu_ns, unbounded,
 };
 use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::task::InstanceId;
-use mcp_event_store_core::{Backend, EventId, EventStore, NewEvent, Position, Retention, Store};
+use mcp_event_store_core::{Backend, EventStore, NewEvent, Position, Retention, Store};
 use redis::aio::MultiplexedConnection;
 use tokio::sync::mpsc;
 
@@ -555,25 +555,7 @@ impl Kit for RedisKit {
         )
         .await
         .expect("open redis");
-        let probe = plan.len() as u32 - 1;
-        let data = payload();
-        let mut ids: Vec<EventId> = futures_util::stream::iter(schedule(plan))
-            .map(|i| {
-                let store = &store;
-                let data = &data;
-                async move {
-                    let id = store
-                        .store_event(&plan[i as usize].stream_id, NewEvent::new(data))
-                        .await
-                        .expect("append");
-                    (i == probe).then_some(id)
-                }
-            })
-            .buffer_unordered(256)
-            .filter_map(|id| async move { id })
-            .collect()
-            .await;
-        ids.sort_by_key(|id| id.position);
+        let ids = append_plan(&store, plan, 256).await;
         Loaded {
             store: Arc::new(store.clone()),
             token: ids[0].token,

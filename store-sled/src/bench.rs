@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use mcp_event_store_conformance::bench::append::{
     AppendBench, AppendCase, AppendFn, WRITERS, store_append,
 };
@@ -25,12 +24,12 @@ use mcp_event_store_conformance::bench::tasks::{
     NoClaim, NoWake, RESULT, TaskOps, TaskRaw, TaskSubject, fresh_key, lifetime,
 };
 use mcp_event_store_conformance::bench::{
-    Kit, Loaded, RawEvent, RawRead, ReadCases, StreamPlan, dense_positions, now_millis, payload,
-    schedule, unbounded,
+    Kit, Loaded, RawEvent, RawRead, ReadCases, StreamPlan, append_plan, dense_positions,
+    now_millis, payload, unbounded,
 };
 use mcp_event_store_core::backend::{StreamToken, dense};
 use mcp_event_store_core::task::TaskStatus;
-use mcp_event_store_core::{Backend, EventId, EventStore, NewEvent, Position};
+use mcp_event_store_core::{Backend, Position};
 
 use crate::testing::SledHarness;
 use crate::{DEFAULT_CACHE_CAPACITY, Durability, SledOptions, SledStore};
@@ -254,24 +253,7 @@ impl Kit for SledKit {
         )
         .await
         .expect("open sled");
-        let probe = plan.len() as u32 - 1;
-        let data = payload();
-        let probes: Vec<EventId> = futures_util::stream::iter(schedule(plan))
-            .map(|i| {
-                let store = &builder;
-                let data = &data;
-                async move {
-                    let id = store
-                        .store_event(&plan[i as usize].stream_id, NewEvent::new(data))
-                        .await
-                        .expect("append");
-                    (i == probe).then_some(id)
-                }
-            })
-            .buffer_unordered(64)
-            .filter_map(|id| async move { id })
-            .collect()
-            .await;
+        let probes = append_plan(&builder, plan, 64).await;
         builder.close().await.expect("close the builder");
         let store = SledStore::open(dir.path(), SledOptions::default().store(unbounded()))
             .await

@@ -31,7 +31,9 @@ use std::future::Future;
 use bytes::Bytes;
 use mcp_event_store_core::backend::{StreamToken, dense};
 use mcp_event_store_core::task::RuntimeStore;
-use mcp_event_store_core::{Backend, EventId, Position, Retention, Store, StoreOptions};
+use mcp_event_store_core::{
+    Backend, EventId, EventStore, NewEvent, Position, Retention, Store, StoreOptions,
+};
 
 use crate::events::Harness;
 use crate::tasks::TaskHarness;
@@ -203,6 +205,37 @@ pub fn schedule(plan: &[StreamPlan]) -> Vec<u32> {
     }
     order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     order.into_iter().map(|(_, i)| i).collect()
+}
+
+/// Appends the data set `plan` through `store` (the 200-byte [`payload`]
+/// each time), `in_flight` appends at once in [`schedule`] order, and
+/// returns the ids of the probe stream (the plan's last), oldest first:
+/// how a kit whose ids are the server's or the store's builds its data set.
+pub async fn append_plan<S: EventStore + ?Sized>(
+    store: &S,
+    plan: &[StreamPlan],
+    in_flight: usize,
+) -> Vec<EventId> {
+    use futures_util::StreamExt;
+    let probe = plan.len() as u32 - 1;
+    let data = payload();
+    let mut ids: Vec<EventId> = futures_util::stream::iter(schedule(plan))
+        .map(|i| {
+            let data = &data;
+            async move {
+                let id = store
+                    .store_event(&plan[i as usize].stream_id, NewEvent::new(data))
+                    .await
+                    .expect("append");
+                (i == probe).then_some(id)
+            }
+        })
+        .buffer_unordered(in_flight)
+        .filter_map(|id| async move { id })
+        .collect()
+        .await;
+    ids.sort_by_key(|id| id.position);
+    ids
 }
 
 /// The positions of a densely numbered stream of `len` events in its life
