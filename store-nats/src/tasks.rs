@@ -281,6 +281,34 @@ async fn index_takeover(store: &NatsStore, digest: &TaskDigest, on: bool) -> Res
     }
 }
 
+/// Why a claim found nothing to claim under a takeover index entry.
+enum Stale {
+    /// The task waits for nothing now (running, or not lapsed).
+    No,
+    /// The task has ended: its entry can go.
+    Ended,
+    /// No task is there: it may be being created.
+    Missing,
+}
+
+/// How old a takeover index entry whose task is missing must be before a
+/// claim drops it (a create that died between the entry and the task).
+pub(crate) const ABANDONED_AFTER: Duration = Duration::from_secs(10 * 60);
+
+/// Whether the index entry under `key` was written [`ABANDONED_AFTER`] ago
+/// or more, by the server's clock against this machine's (the margin is far
+/// above any sane skew).
+async fn abandoned(index: &kv::Store, key: &str) -> Result<bool> {
+    let Some(entry) = index.entry(key).await.map_err(backend)? else {
+        return Ok(false);
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let age = now.saturating_sub(entry.created.unix_timestamp());
+    Ok(age >= ABANDONED_AFTER.as_secs() as i64)
+}
+
 /// Ends what reads show ended, deletes what is past its grace, and
 /// drops index entries of tasks gone or ended.
 async fn purge_tasks(store: &NatsStore) -> Result<TaskPurgeReport> {
@@ -513,7 +541,11 @@ impl RuntimeBackend for NatsStore {
     }
 
     /// Scans the takeover index and claims each task with one
-    /// compare-and-set; entries of tasks gone or ended are dropped.
+    /// compare-and-set. Entries of ended tasks are dropped; an entry whose
+    /// task is not there is dropped only once it is [`ABANDONED_AFTER`] old:
+    /// its task may be being created right now (the create writes the
+    /// entry before the task and again after it, and a drop between the two
+    /// would lose the task for every claim).
     async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let now = self.now();
         let mine = alive_until(self, by.as_bytes()).await?;
@@ -528,14 +560,14 @@ impl RuntimeBackend for NatsStore {
             let Some(digest) = unhex(&key).and_then(|b| stored_digest(&b).ok()) else {
                 continue;
             };
-            let mut stale = false;
+            let mut stale = Stale::No;
             let claim = step(self, &digest, now, |found| {
                 let Some((stored, seen, alive)) = found else {
-                    stale = true;
+                    stale = Stale::Missing;
                     return Ok((None, None));
                 };
                 if seen.status.is_terminal() || stored.record.takeover.is_none() {
-                    stale = true;
+                    stale = Stale::Ended;
                     return Ok((None, None));
                 }
                 let Some((new, worker)) = stored.claim_step(by, alive, now) else {
@@ -547,8 +579,13 @@ impl RuntimeBackend for NatsStore {
             .await;
             match claim {
                 Ok(Some((worker, view))) => claimed.push(Claimed::new(digest, worker, view)),
-                Ok(None) if stale => index_takeover(self, &digest, false).await?,
-                Ok(None) => {}
+                Ok(None) => match stale {
+                    Stale::Ended => index_takeover(self, &digest, false).await?,
+                    Stale::Missing if abandoned(&self.inner.takeover, &key).await? => {
+                        index_takeover(self, &digest, false).await?;
+                    }
+                    Stale::Missing | Stale::No => {}
+                },
                 // The claims made so far stand (see `RuntimeStore::claim`).
                 Err(e) if claimed.is_empty() => return Err(e),
                 Err(e) => {
