@@ -542,7 +542,7 @@ impl RuntimeBackend for NatsStore {
 
     /// Scans the takeover index and claims each task with one
     /// compare-and-set. Entries of ended tasks are dropped; an entry whose
-    /// task is not there is dropped only once it is [`ABANDONED_AFTER`] old:
+    /// task is not there is dropped only once it is ten minutes old:
     /// its task may be being created right now (the create writes the
     /// entry before the task and again after it, and a drop between the two
     /// would lose the task for every claim).
