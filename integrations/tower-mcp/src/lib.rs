@@ -163,7 +163,7 @@
 //!
 //! tower-mcp asks of a task store what the task contract did not have;
 //! where that took more than a mapping, the contract grew (T13 to T15, each
-//! on all five stores, with cases in the shared suite), and otherwise this
+//! on every store, with cases in the shared suite), and otherwise this
 //! crate decides:
 //!
 //! * **Tool name, arguments, owner and `_meta` are the task's context**
