@@ -9,10 +9,11 @@
 //! mcp-event-store tail    sqlite://events.db EVENT_ID   # ... and the new ones, until Ctrl-C
 //! mcp-event-store purge   sled:///var/lib/app/events    # apply retention and task expiry now
 //! mcp-event-store delete-stream sqlite://events.db STREAM_ID [--yes]
+//! mcp-event-store keys    sqlite://events.db [--verify]  # events per key id of a sealed store
 //! ```
 //!
 //! `--json` gives machine-readable output where it is tabular: one object
-//! for `check` and `stats`, JSON lines for `streams`, `replay` and `tail`.
+//! for `check`, `stats` and `keys`, JSON lines for `streams`, `replay` and `tail`.
 //!
 //! URLs are those of `mcp_event_store::connect`: `memory://`,
 //! `sqlite://path`, `postgres://…[?schema=]`, `redis://…[?prefix=]`,
@@ -21,8 +22,19 @@
 //! (the facade's feature: `postgres`, `redis`, `sled`); a URL whose backend
 //! is not compiled in says which feature to enable.
 //!
-//! Exit status: 0 on success; 1 when `check` found a risky setting or
-//! `delete-stream` was not confirmed; 2 on any error, reported as one
+//! `keys` reads a store written through `mcp-event-store-sealed`'s
+//! decorator: how many events each key id sealed, and when those of each
+//! key age out under the store's `max_age` (events cannot be rewritten
+//! under a new key: an old key leaves the ring once they are gone). With
+//! `--verify` it opens every event with the key ring in
+//! `MCP_EVENT_STORE_SEALED_KEYS` (or `--keys-env`). Sessions and tasks
+//! are not counted: the store lists neither (see the sealed crate's docs,
+//! "Keys and rotation").
+//!
+//! Exit status: 0 on success; 1 when `check` found a risky setting,
+//! `delete-stream` was not confirmed, or `keys` found an event that is not
+//! sealed, not of this release's format, or (with `--verify`) does not
+//! open; 2 on any error, reported as one
 //! `error: …` line on stderr. Output cut short by a closed pipe
 //! (`| head`) ends the command quietly.
 
@@ -139,6 +151,34 @@ enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+    /// Count a sealed store's events by the key id that sealed them, and
+    /// say when those of each key age out (events are never rewritten:
+    /// an old key may leave the ring once its events are gone). Reads
+    /// streams page by page; writes nothing. Exit 1 when an event is not
+    /// sealed, or (with --verify) does not open.
+    Keys {
+        /// The store URL (the store underneath the decorator).
+        url: String,
+        /// Open every event with the key ring in the environment variable
+        /// named by --keys-env, counting those that do not open.
+        #[arg(long)]
+        verify: bool,
+        /// The environment variable holding the key ring
+        /// (`id:base64-key,...`, the current key first).
+        #[arg(long, value_name = "VAR", default_value = mcp_event_store_sealed::KEYS_ENV)]
+        keys_env: String,
+        /// Streams read per page of the listing (1 to 1000).
+        #[arg(long, value_name = "N", default_value_t = 100,
+              value_parser = clap::value_parser!(u64).range(1..=1000))]
+        batch: u64,
+        /// Pause this long after each page, to leave the store to the
+        /// servers running on it.
+        #[arg(long, value_name = "MS", default_value_t = 0)]
+        pause_ms: u64,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The order of `streams --sort`.
@@ -241,6 +281,28 @@ async fn run(cli: Cli) -> Outcome {
             stream_id,
             yes,
         } => delete_stream(&connect(&url, timeout).await?, &stream_id, yes, &mut out).await,
+        Command::Keys {
+            url,
+            verify,
+            keys_env,
+            batch,
+            pause_ms,
+            json,
+        } => {
+            let ring = if verify {
+                Some(mcp_event_store_sealed::KeyRing::from_env(&keys_env)?)
+            } else {
+                None
+            };
+            let mut options = mcp_event_store_sealed::scan::ScanOptions::default()
+                .batch(usize::try_from(batch).unwrap_or(MAX_LIST_PAGE))
+                .pause(Duration::from_millis(pause_ms));
+            if let Some(ring) = &ring {
+                options = options.verify(ring);
+            }
+            let store = connect(&url, timeout).await?;
+            keys(&store, &options, json, &mut out).await
+        }
     }?;
     out.flush()?;
     Ok(code)
@@ -581,6 +643,103 @@ async fn delete_stream(
         plural(deleted, "event", "events")
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `keys`: events per key id, what is not sealed, and when each key's
+/// events age out under the store's `max_age`.
+async fn keys(
+    store: &DynStore,
+    options: &mcp_event_store_sealed::scan::ScanOptions<'_>,
+    json: bool,
+    out: &mut impl Write,
+) -> Outcome {
+    let usage = mcp_event_store_sealed::scan::key_usage(&**store, options).await?;
+    let max_age = store
+        .retention()
+        .max_age
+        .map(|age| i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+    let ages_out = |newest: Option<i64>| Some(newest?.saturating_add(max_age?));
+    let verified = options.verify.is_some();
+    let unreadable = verified.then_some(usage.unreadable);
+    if json {
+        let keys: Vec<_> = usage
+            .keys
+            .iter()
+            .map(|(key, count)| {
+                json!({
+                    "key": key.0,
+                    "events": count.events,
+                    "streams": count.streams,
+                    "newest_millis": count.newest_millis,
+                    "ages_out_by_millis": ages_out(count.newest_millis),
+                    "ages_out_by": ages_out(count.newest_millis).map(rfc3339),
+                })
+            })
+            .collect();
+        let value = json!({
+            "streams": usage.streams,
+            "events": usage.events,
+            "keys": keys,
+            "not_sealed": usage.not_sealed,
+            "truncated": usage.truncated,
+            "newer_format": usage.newer,
+            "unreadable": unreadable,
+            "interrupted": usage.interrupted,
+            "max_age_millis": max_age,
+        });
+        writeln!(out, "{value}")?;
+    } else {
+        writeln!(
+            out,
+            "{} {} in {} {}",
+            usage.events,
+            plural(usage.events, "event", "events"),
+            usage.streams,
+            plural(usage.streams, "stream", "streams")
+        )?;
+        for (key, count) in &usage.keys {
+            let by = match (max_age, ages_out(count.newest_millis)) {
+                (None, _) => "never ages out (no max_age)".to_owned(),
+                (Some(_), by) => format!("ages out by {}", time_or_dash(by)),
+            };
+            writeln!(
+                out,
+                "key {key}: {} {} in {} {}, newest stream time {}, {by}",
+                count.events,
+                plural(count.events, "event", "events"),
+                count.streams,
+                plural(count.streams, "stream", "streams"),
+                time_or_dash(count.newest_millis),
+            )?;
+        }
+        writeln!(out, "not sealed: {}", usage.not_sealed)?;
+        if usage.truncated + usage.newer > 0 {
+            writeln!(out, "truncated: {}", usage.truncated)?;
+            writeln!(out, "newer envelope format: {}", usage.newer)?;
+        }
+        if let Some(unreadable) = unreadable {
+            writeln!(out, "do not open with the key ring: {unreadable}")?;
+        }
+        if usage.interrupted > 0 {
+            writeln!(
+                out,
+                "streams cut short by retention while read: {}",
+                usage.interrupted
+            )?;
+        }
+        writeln!(
+            out,
+            "sessions and tasks: not counted (the store lists neither); a session is sealed \
+             anew on every write and expires with its ttl, a task lives at most max_task_age \
+             plus its grace (7 days and 1 hour by default)"
+        )?;
+    }
+    let bad = usage.not_sealed + usage.truncated + usage.newer + unreadable.unwrap_or(0);
+    Ok(if bad == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// The stream's retained events, 0 if the store does not list it.

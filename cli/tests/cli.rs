@@ -379,6 +379,106 @@ fn append_live(url: &str) {
     });
 }
 
+/// `keys` on a store written through the sealing decorator under key 1,
+/// then under key 2 (key 1 kept to read), with one event written around
+/// the decorator.
+#[allow(dead_code)]
+fn keys_scenario(url: &str) {
+    use mcp_event_store::{EventStore, NewEvent};
+    use mcp_event_store_sealed::{KEYS_ENV, KeyRing, Sealed};
+
+    let (one, two) = (
+        KeyRing::generate_key().unwrap(),
+        KeyRing::generate_key().unwrap(),
+    );
+    let old_ring = format!("1:{}", *one);
+    let new_ring = format!("2:{},1:{}", *two, *one);
+    block_on(async {
+        let plain = mcp_event_store::connect(url).await.unwrap();
+        let old = Sealed::new(plain.clone(), old_ring.parse().unwrap());
+        for data in [&b"one"[..], b"two"] {
+            old.store_event("a", NewEvent::new(data)).await.unwrap();
+        }
+        let new = Sealed::new(plain.clone(), new_ring.parse().unwrap());
+        new.store_event("a", NewEvent::new(b"three")).await.unwrap();
+        new.store_event("b", NewEvent::priming(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        plain
+            .store_event("plain", NewEvent::new(b"{}"))
+            .await
+            .unwrap();
+    });
+
+    // An event written around the decorator: reported, exit 1.
+    let run_json = run(&["keys", url, "--json"]);
+    assert_eq!(run_json.code, Some(1), "{run_json:?}");
+    let report: Value = serde_json::from_str(&run_json.stdout).unwrap();
+    assert_eq!(
+        (report["streams"].as_u64(), report["events"].as_u64()),
+        (Some(3), Some(5))
+    );
+    assert_eq!(report["not_sealed"], 1, "{report}");
+    assert_eq!(report["unreadable"], Value::Null, "{report}");
+    let keys = report["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2, "{report}");
+    assert_eq!(
+        (keys[0]["key"].as_u64(), keys[0]["events"].as_u64()),
+        (Some(1), Some(2))
+    );
+    assert_eq!(
+        (keys[1]["key"].as_u64(), keys[1]["events"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(keys[1]["streams"], 2, "{report}");
+    // The default retention's hour after the newest stream time.
+    let newest = keys[1]["newest_millis"].as_i64().unwrap();
+    assert_eq!(
+        keys[1]["ages_out_by_millis"].as_i64(),
+        Some(newest + 3_600_000)
+    );
+
+    ok(&["delete-stream", url, "plain", "--yes"]);
+    let text = ok(&["keys", url, "--batch", "1"]);
+    assert!(
+        text.starts_with("4 events in 2 streams\nkey 1: 2 events in 1 stream, "),
+        "{text}"
+    );
+    assert!(text.contains("\nkey 2: 2 events in 2 streams, "), "{text}");
+    assert!(text.contains("ages out by 20"), "{text}");
+    assert!(text.contains("\nnot sealed: 0\n"), "{text}");
+
+    // --verify opens every event with the ring in the environment.
+    let verify = |ring: &str| -> Run {
+        cli()
+            .args(["keys", url, "--verify", "--json"])
+            .env(KEYS_ENV, ring)
+            .output()
+            .expect("the binary runs")
+            .into()
+    };
+    let whole = verify(&new_ring);
+    assert_eq!(whole.code, Some(0), "{whole:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&whole.stdout).unwrap()["unreadable"],
+        0
+    );
+    let without_one = verify(&format!("2:{}", *two));
+    assert_eq!(without_one.code, Some(1), "{without_one:?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&without_one.stdout).unwrap()["unreadable"],
+        2
+    );
+    let missing = run(&[
+        "keys",
+        url,
+        "--verify",
+        "--keys-env",
+        "MCP_EVENT_STORE_NO_SUCH_VAR",
+    ]);
+    assert_error_line(&missing, "MCP_EVENT_STORE_NO_SUCH_VAR");
+}
+
 /// The whole scenario on a persistent store at `url`. `backend` is the name
 /// `check` reports; `shared` says whether other processes may write while
 /// `tail` holds the store open (not sled, which locks its directory).
@@ -551,6 +651,13 @@ macro_rules! backend_tests {
                 let output = child.wait_with_output().unwrap();
                 assert_eq!(output.status.code(), Some(0), "{output:?}");
                 assert!(output.stderr.is_empty(), "{output:?}");
+                block_on(storage.remove());
+            }
+
+            #[test]
+            fn keys_counts_events_by_the_key_that_sealed_them() {
+                let storage = storage();
+                keys_scenario(&storage.url());
                 block_on(storage.remove());
             }
 
