@@ -148,6 +148,17 @@
 //! So keep an old key for the longest of: the event `max_age`, the longest
 //! session ttl, and `max_task_age` plus the grace.
 //!
+//! A rotation that rewrites everything at once would need, in the core
+//! traits and every backend: for events, a compare-and-set that replaces
+//! one event's data by id (the old bytes expected, id, position and time
+//! kept); for sessions, a paged listing and a put that succeeds only over
+//! the bytes read, keeping the expiry; for tasks, a paged listing of
+//! digests and an operator's write that replaces sealed bytes at a given
+//! `rev` without changing the instance, the claim's epoch or the status.
+//! None exists today, and a rewrite without them would race the servers
+//! (a session put back over a newer state, a task taken from its
+//! instance).
+//!
 //! # Payload limits
 //!
 //! The store underneath checks its limits on the sealed bytes, so the

@@ -1,0 +1,8 @@
+//! The sealed store's tests, as one test binary: the conformance suites
+//! through the decorator (on the memory store and on SQLite), and the
+//! decorator's own cases.
+
+mod harness;
+mod limits;
+mod suites;
+mod values;
