@@ -17,6 +17,8 @@
 //!   its oldest, for a transport that numbers its events itself (C16);
 //! * [`EventStore::stats`], [`EventStore::list_streams`] and
 //!   [`EventStore::check`], what an operator asks of a store (C15);
+//! * [`RedeemStore`], single use of a nonce across every instance (C21),
+//!   reached from any store through [`EventStore::redeemer`];
 //! * [`MemoryStore`], a complete in-memory backend;
 //! * [`backend`], the plumbing backend crates share (cursor and gap checks,
 //!   follow, spans and metrics, stream tokens), kept out of applications'
@@ -98,6 +100,7 @@ mod inspect;
 mod maintenance;
 mod memory;
 mod options;
+mod redeem;
 mod store;
 
 pub mod backend;
@@ -118,4 +121,5 @@ pub use options::{
     Clock, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, MAX_STREAM_ID_LEN, ManualClock,
     PurgeReport, Retention, StoreOptions, SystemClock,
 };
+pub use redeem::{MAX_NONCE_BYTES, MAX_REDEEM_HORIZON, REDEEM_GRACE, RedeemStore, Redemption};
 pub use store::{EventStore, FollowOptions, Replay, SessionStore, Store};

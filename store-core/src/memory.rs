@@ -12,7 +12,8 @@ use crate::backend::dense::{self, DenseStream};
 use crate::backend::follow::{self, Wakeups};
 use crate::backend::task::OwnerKey;
 use crate::backend::{
-    BackendHandle, EventBackend, Reader, RuntimeBackend, SessionBackend, TaskBackend,
+    BackendHandle, EventBackend, Reader, RedeemBackend, RedeemKey, RuntimeBackend, SessionBackend,
+    TaskBackend,
 };
 use crate::error::{Error, Result};
 use crate::event::{NewEvent, StoredEvent};
@@ -41,7 +42,7 @@ use crate::task::{
 ///
 /// It is built as every backend is: it implements the job traits of
 /// [`backend`](crate::backend) ([`EventBackend`], [`SessionBackend`],
-/// [`TaskBackend`], [`RuntimeBackend`]), and the public traits, with their
+/// [`TaskBackend`], [`RuntimeBackend`], [`RedeemBackend`]), and the public traits, with their
 /// checks and observation, come from core.
 ///
 /// ```
@@ -75,6 +76,8 @@ struct State {
     /// Ordered by token, so stream listings page by token.
     streams: BTreeMap<StreamToken, Stream>,
     sessions: HashMap<String, Session>,
+    /// Redeemed nonces (C21), by key, with the time they may be forgotten.
+    redeemed: HashMap<RedeemKey, i64>,
     /// The last incarnation handed to a stream; never handed out twice.
     last_incarnation: u64,
 }
@@ -411,6 +414,9 @@ impl EventBackend for MemoryStore {
             }
             keep
         });
+        let held = state.redeemed.len();
+        state.redeemed.retain(|_, forget_at| *forget_at > now);
+        report.redemptions = (held - state.redeemed.len()) as u64;
         Ok(report)
     }
 
@@ -477,6 +483,22 @@ impl EventBackend for MemoryStore {
                 Setting::retention(&self.inner.options.retention),
             ],
         ))
+    }
+}
+
+/// Redemptions (C21) in a map shared by every handle on the data; the
+/// purge forgets those past their time.
+#[async_trait]
+impl RedeemBackend for MemoryStore {
+    async fn redeem_once(&self, key: &RedeemKey, forget_at: i64) -> Result<bool> {
+        let mut state = self.state();
+        match state.redeemed.entry(*key) {
+            std::collections::hash_map::Entry::Occupied(_) => Ok(false),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(forget_at);
+                Ok(true)
+            }
+        }
     }
 }
 

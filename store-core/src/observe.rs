@@ -1,8 +1,9 @@
 //! The metrics every store records, and their names.
 //!
-//! Every store wraps its appends, replays, follows and purges in the same
-//! spans and metrics (tracing spans `mcp_event_store.append`,
-//! `mcp_event_store.replay` and `mcp_event_store.purge`).
+//! Every store wraps its appends, replays, follows, purges and redemptions
+//! in the same spans and metrics (tracing spans `mcp_event_store.append`,
+//! `mcp_event_store.replay`, `mcp_event_store.purge` and
+//! `mcp_event_store.redeem`).
 //!
 //! # Metrics
 //!
@@ -26,7 +27,10 @@
 //! | `mcp_event_store_purge_duration_seconds` | histogram | seconds | | `purge_expired` duration |
 //! | `mcp_event_store_purged_events_total` | counter | events | | events removed by purges |
 //! | `mcp_event_store_purged_streams_total` | counter | streams | | streams removed whole by purges |
-//! | `mcp_event_store_errors_total` | counter | errors | `operation`, `kind` ([`Error::kind`](crate::Error::kind)) | failed appends, replays and purges |
+//! | `mcp_event_store_purged_redemptions_total` | counter | redemptions | | redemption records past their expiry removed by purges (C21; backends with a ttl per key forget them by themselves) |
+//! | `mcp_event_store_redemptions_total` | counter | redemptions | `outcome` (`redeemed`, `already_redeemed`, `expired`, `error`) | `redeem` calls (C21) |
+//! | `mcp_event_store_redeem_duration_seconds` | histogram | seconds | | `redeem` latency, durable under the store's setting |
+//! | `mcp_event_store_errors_total` | counter | errors | `operation`, `kind` ([`Error::kind`](crate::Error::kind)) | failed appends, replays, purges and redemptions |
 
 /// The metric names, as the table above lists them.
 pub mod names {
@@ -54,6 +58,12 @@ pub mod names {
     pub const PURGED_EVENTS_TOTAL: &str = "mcp_event_store_purged_events_total";
     /// Streams removed whole by purges.
     pub const PURGED_STREAMS_TOTAL: &str = "mcp_event_store_purged_streams_total";
+    /// Redemption records removed by purges (C21).
+    pub const PURGED_REDEMPTIONS_TOTAL: &str = "mcp_event_store_purged_redemptions_total";
+    /// `redeem` calls, by `outcome` (C21).
+    pub const REDEMPTIONS_TOTAL: &str = "mcp_event_store_redemptions_total";
+    /// `redeem` latency in seconds (C21).
+    pub const REDEEM_DURATION_SECONDS: &str = "mcp_event_store_redeem_duration_seconds";
     /// Failed operations, by `operation` and `kind`.
     pub const ERRORS_TOTAL: &str = "mcp_event_store_errors_total";
 }

@@ -112,6 +112,10 @@ pub struct PurgeReport {
     pub streams: u64,
     /// Expired sessions removed.
     pub sessions: u64,
+    /// Redemption records past their expiry removed (C21), where the
+    /// backend removes them in the purge; a backend with a ttl per key
+    /// forgets them by itself and counts none here.
+    pub redemptions: u64,
 }
 
 impl PurgeReport {
@@ -120,6 +124,7 @@ impl PurgeReport {
         self.events += other.events;
         self.streams += other.streams;
         self.sessions += other.sessions;
+        self.redemptions += other.redemptions;
     }
 }
 

@@ -15,6 +15,7 @@ use crate::event::{NewEvent, StoredEvent};
 use crate::id::{EventId, Position};
 use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage};
 use crate::options::{PurgeReport, Retention};
+use crate::redeem::RedeemStore;
 use crate::task::{RuntimeStore, TaskStore};
 
 /// How a follow ends, besides being dropped or failing.
@@ -238,6 +239,39 @@ pub trait EventStore: Send + Sync + 'static {
     /// acknowledged events survive and the store stays bounded, each with
     /// a verdict and, when risky, its remedy (C15).
     async fn check(&self) -> Result<HealthReport>;
+
+    /// The redemptions of this store's storage (C21): single use of a
+    /// nonce across every handle and process sharing it. Through an
+    /// `Arc<dyn `[`Store`]`>` (what `connect` hands out), this is how a
+    /// server reaches them.
+    ///
+    /// Every store of this project answers `Some` (a backend's comes with
+    /// its event side: every [`EventBackend`](crate::backend::EventBackend)
+    /// is a [`RedeemBackend`](crate::backend::RedeemBackend)). Provided,
+    /// answering `None`, so that a store written before it (a wrapper
+    /// forwarding to another store) keeps compiling; such a wrapper should
+    /// forward this too. With `None` there is nothing that could enforce
+    /// single use, and callers refuse rather than let a value through
+    /// twice.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mcp_event_store_core::Result<()> {
+    /// use std::sync::Arc;
+    /// use std::time::{Duration, SystemTime};
+    /// use mcp_event_store_core::task::Owner;
+    /// use mcp_event_store_core::{MemoryStore, Redemption, Store};
+    ///
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let soon = SystemTime::now() + Duration::from_secs(60);
+    /// let redeemer = store.redeemer().unwrap();
+    /// assert_eq!(redeemer.redeem(b"n-1", soon, &Owner::Anonymous).await?, Redemption::Redeemed);
+    /// assert_eq!(redeemer.redeem(b"n-1", soon, &Owner::Anonymous).await?, Redemption::AlreadyRedeemed);
+    /// # Ok(()) }
+    /// ```
+    fn redeemer(&self) -> Option<&dyn RedeemStore> {
+        None
+    }
 }
 
 /// Opaque session state with a time to live, keyed by session id.
@@ -279,6 +313,9 @@ pub trait SessionStore: Send + Sync + 'static {
 /// leases, claims, writes under a claim) it asks for with
 /// [`task_runtime`](Self::task_runtime): a handle offers none of it
 /// otherwise.
+///
+/// Single use of a nonce (C21) it reaches through
+/// [`redeemer`](EventStore::redeemer), as every event store does.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -2,10 +2,13 @@
 //!
 //! Applications never need this module. A backend crate implements the
 //! job traits ([`jobs`]: [`BackendHandle`], [`EventBackend`],
-//! [`SessionBackend`], [`TaskBackend`], [`RuntimeBackend`]), which say only
+//! [`SessionBackend`], [`TaskBackend`], [`RuntimeBackend`]; and
+//! [`redeem`]'s [`RedeemBackend`], which every [`EventBackend`] is), which
+//! say only
 //! what its database makes different; the public traits
 //! ([`EventStore`](crate::EventStore), [`SessionStore`](crate::SessionStore),
-//! [`TaskStore`](crate::task::TaskStore), [`RuntimeStore`](crate::task::RuntimeStore))
+//! [`TaskStore`](crate::task::TaskStore), [`RuntimeStore`](crate::task::RuntimeStore),
+//! [`RedeemStore`](crate::RedeemStore))
 //! come from core over them, with the closed check, the input every store
 //! refuses the same way ([`validate_stream_id`], [`validate_session_id`],
 //! [`check_list_limit`], the task limits) and the spans and metrics
@@ -45,7 +48,8 @@
 //! [`Error`](crate::Error)), files named for the jobs the database makes
 //! different (`append.rs`, `replay.rs`, `follow.rs`, `purge.rs`,
 //! `inspect.rs`, each a set of free functions taking the store;
-//! `sessions.rs`, which holds `impl SessionBackend`, and `tasks.rs`, which
+//! `sessions.rs`, which holds `impl SessionBackend`, `redeem.rs`, which
+//! holds `impl RedeemBackend`, and `tasks.rs`, which
 //! holds `impl TaskBackend` and `impl RuntimeBackend`), and `testing.rs` (the
 //! harnesses of the conformance suites, feature `conformance`). The job files
 //! take what they share from `state.rs` and `error.rs` and name the store
@@ -130,9 +134,11 @@ pub mod dense;
 pub mod follow;
 pub mod jobs;
 pub mod observe;
+pub mod redeem;
 pub mod task;
 
 pub use jobs::{BackendHandle, EventBackend, Reader, RuntimeBackend, SessionBackend, TaskBackend};
+pub use redeem::{RedeemBackend, RedeemKey};
 
 pub use crate::event::{retry_from_millis, retry_to_millis};
 pub use crate::id::{STREAM_KEY_LEN, STREAM_TOKEN_LEN, StreamKey, StreamToken};

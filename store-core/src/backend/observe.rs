@@ -3,8 +3,8 @@
 //! reports the same span names, fields and metrics.
 //!
 //! Spans: `mcp_event_store.append` (backend, stream_id, bytes),
-//! `mcp_event_store.replay` (backend, event_id) and `mcp_event_store.purge`
-//! (backend). Each ends with a `debug` event carrying `elapsed_us` and the
+//! `mcp_event_store.replay` (backend, event_id), `mcp_event_store.purge`
+//! (backend) and `mcp_event_store.redeem` (backend). Each ends with a `debug` event carrying `elapsed_us` and the
 //! outcome; a replay also reports `events` and `bytes` when its stream ends.
 //!
 //! The metric names and what they count are in
@@ -19,6 +19,7 @@ use tracing::{Instrument, Span};
 use crate::error::Result;
 use crate::id::EventId;
 use crate::options::PurgeReport;
+use crate::redeem::Redemption;
 use crate::store::Replay;
 
 pub use crate::observe::names;
@@ -210,10 +211,13 @@ where
                     .increment(report.events);
                 metrics::counter!(names::PURGED_STREAMS_TOTAL, "backend" => backend)
                     .increment(report.streams);
+                metrics::counter!(names::PURGED_REDEMPTIONS_TOTAL, "backend" => backend)
+                    .increment(report.redemptions);
                 tracing::debug!(
                     events = report.events,
                     streams = report.streams,
                     sessions = report.sessions,
+                    redemptions = report.redemptions,
                     elapsed_us = elapsed_us(start),
                     "purged"
                 )
@@ -221,6 +225,38 @@ where
             Err(e) => {
                 error(backend, "purge", e);
                 tracing::warn!(error = %e, elapsed_us = elapsed_us(start), "purge failed")
+            }
+        }
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// Runs a redemption (C21) inside its span and reports its answer.
+pub async fn redeem<F>(backend: &'static str, work: F) -> Result<Redemption>
+where
+    F: Future<Output = Result<Redemption>>,
+{
+    let span = tracing::debug_span!("mcp_event_store.redeem", backend);
+    async move {
+        let start = Instant::now();
+        let result = work.await;
+        metrics::histogram!(names::REDEEM_DURATION_SECONDS, "backend" => backend)
+            .record(start.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(Redemption::Redeemed) => "redeemed",
+            Ok(Redemption::AlreadyRedeemed) => "already_redeemed",
+            Ok(Redemption::Expired) => "expired",
+            Err(_) => "error",
+        };
+        metrics::counter!(names::REDEMPTIONS_TOTAL, "backend" => backend, "outcome" => outcome)
+            .increment(1);
+        match &result {
+            Ok(_) => tracing::debug!(outcome, elapsed_us = elapsed_us(start), "redeemed"),
+            Err(e) => {
+                error(backend, "redeem", e);
+                tracing::warn!(error = %e, elapsed_us = elapsed_us(start), "redeem failed")
             }
         }
         result
