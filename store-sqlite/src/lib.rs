@@ -58,7 +58,9 @@
 //! `mes_migrations` (the embedded migrations applied), and for durable tasks
 //! `mes_tasks`, `mes_task_inputs`, `mes_instances`, `mes_task_migrations`,
 //! `mes_task_context_migrations`, `mes_task_takeover_migrations` and
-//! `mes_task_cancel_reason_migrations` (see [Tasks](#tasks)).
+//! `mes_task_cancel_reason_migrations` (see [Tasks](#tasks)), and
+//! `mes_redeemed` and `mes_redeem_migrations` (see
+//! [Redemptions](#redemptions)).
 //!
 //! ## One writer, many readers
 //!
@@ -160,6 +162,23 @@
 //! watcher also re-reads every [`SqliteOptions::follow_recheck`]. An idle
 //! watcher holds no connection and no task of its own: a registration in
 //! the handle's wake-up hub; dropping the `watch` future frees it.
+//!
+//! ## Redemptions
+//!
+//! [`RedeemStore::redeem`](mcp_event_store_core::RedeemStore::redeem)
+//! (C21) is one `INSERT INTO mes_redeemed (key, forget_at) ... ON CONFLICT
+//! (key) DO NOTHING` on the writer thread, committed with its group before
+//! the answer: SQLite's write lock orders the handles and processes on the
+//! file, so of racing redemptions of one nonce exactly one inserts the row.
+//! The key is the 32-byte digest core computes (the principal's digest and
+//! the nonce, never the nonce); `forget_at` is the nonce's expiry plus
+//! [`REDEEM_GRACE`](mcp_event_store_core::REDEEM_GRACE). SQLite has no ttl
+//! per row: [`EventStore::purge_expired`] deletes the rows past
+//! `forget_at` (on its index, 500 a transaction, counted in
+//! [`PurgeReport::redemptions`](mcp_event_store_core::PurgeReport::redemptions)),
+//! so the table holds at most the redemptions of the last
+//! [`MAX_REDEEM_HORIZON`](mcp_event_store_core::MAX_REDEEM_HORIZON) plus
+//! the grace, and whatever the purge has not reached yet.
 //!
 //! # Durability
 //!
@@ -309,6 +328,12 @@
 //! before it opens the file, reads a task without its reason, and leaves
 //! the reason as it is when it writes the task.
 //!
+//! Redemptions (C21) take the same path: their migration
+//! (`migrations/redeem/`, the `mes_redeemed` table and its `forget_at`
+//! index) is recorded in `mes_redeem_migrations`, so a release from before
+//! them opens the file and serves events and tasks, never touching the
+//! table; a redemption migration of a newer release is refused.
+//!
 //! # Limits
 //!
 //! * Payloads up to [`StoreOptions::max_payload_bytes`](mcp_event_store_core::StoreOptions::max_payload_bytes)
@@ -337,6 +362,7 @@ mod inspect;
 mod options;
 mod pages;
 mod purge;
+mod redeem;
 mod replay;
 mod sessions;
 mod setup;

@@ -1,6 +1,6 @@
 //! Retention (C8): deleting a stream, and `purge_expired` run by the
-//! writer thread in bounded steps (age, then sessions, then the count and
-//! byte limits), each one short transaction queued as a job of its own, so
+//! writer thread in bounded steps (age, then sessions, then redemptions past
+//! their time, then the count and byte limits), each one short transaction queued as a job of its own, so
 //! append groups run in between; and the trim that appends apply inline.
 
 use std::collections::HashSet;
@@ -34,7 +34,7 @@ pub(crate) async fn remove_stream(store: &SqliteStore, stream_id: &str) -> Resul
 }
 
 /// Applies retention now: one bounded step after another (age, then
-/// sessions, then the count and byte limits), each a job for the writer,
+/// sessions, then redemptions, then the count and byte limits), each a job for the writer,
 /// so appends get their turn in between.
 pub(crate) async fn purge(store: &SqliteStore) -> Result<PurgeReport> {
     let mut progress = Progress {
@@ -84,6 +84,7 @@ impl Job for RemoveStream {
 enum Phase {
     Age,
     Sessions,
+    Redemptions,
     Limits { after_token: Vec<u8> },
 }
 
@@ -133,6 +134,16 @@ impl Job for PurgeStep {
                     report.sessions += removed;
                     removed < PURGE_BATCH as u64
                 }
+                Phase::Redemptions => {
+                    let removed = execute(
+                        conn,
+                        "DELETE FROM mes_redeemed WHERE key IN \
+                         (SELECT key FROM mes_redeemed WHERE forget_at <= ?1 LIMIT ?2)",
+                        params![now, PURGE_BATCH],
+                    )?;
+                    report.redemptions += removed;
+                    removed < PURGE_BATCH as u64
+                }
                 Phase::Limits { after_token } => {
                     let (events, next) = enforce_limits(conn, after_token, retention)?;
                     report.events += events;
@@ -149,7 +160,8 @@ impl Job for PurgeStep {
         if done_with_phase {
             progress.phase = match progress.phase {
                 Phase::Age => Phase::Sessions,
-                Phase::Sessions => Phase::Limits {
+                Phase::Sessions => Phase::Redemptions,
+                Phase::Redemptions => Phase::Limits {
                     after_token: Vec::new(),
                 },
                 Phase::Limits { .. } => return Ok((progress, true)),

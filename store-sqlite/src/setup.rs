@@ -145,8 +145,9 @@ async fn prepare(conn: &mut SqliteConnection) -> Result<StreamKey> {
 /// The event migrations (`migrations/`, recorded in `mes_migrations`), the
 /// task migrations (`migrations/tasks/`, recorded in `mes_task_migrations`)
 /// and each additive change to the tasks since (contexts, takeover, cancel
-/// reasons: `migrations/task_*/`, each recorded in a table of its own) are
-/// kept apart: a release that knows only
+/// reasons: `migrations/task_*/`, each recorded in a table of its own), and
+/// the redemptions (`migrations/redeem/`, recorded in
+/// `mes_redeem_migrations`) are kept apart: a release that knows only
 /// the event migrations finds nothing unknown in `mes_migrations`, so it
 /// keeps serving events from a file that also holds tasks, and one of task
 /// format 1 keeps serving tasks from a file whose tasks have contexts. Each
@@ -183,7 +184,10 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<()> {
     run(&takeover, conn, "task takeover ").await?;
     let mut reasons = sqlx::migrate!("./migrations/task_cancel_reason");
     reasons.dangerous_set_table_name(CANCEL_REASON_MIGRATIONS);
-    run(&reasons, conn, "task cancel reason ").await
+    run(&reasons, conn, "task cancel reason ").await?;
+    let mut redeem = sqlx::migrate!("./migrations/redeem");
+    redeem.dangerous_set_table_name(REDEEM_MIGRATIONS);
+    run(&redeem, conn, "redemption ").await
 }
 
 /// The table recording the task migrations applied.
@@ -210,6 +214,12 @@ pub(crate) const TAKEOVER_MIGRATIONS: &str = "mes_task_takeover_migrations";
 /// The table recording the cancel reason migrations applied (T20), apart
 /// from the others for the same reason as [`CONTEXT_MIGRATIONS`].
 pub(crate) const CANCEL_REASON_MIGRATIONS: &str = "mes_task_cancel_reason_migrations";
+
+/// The table recording the redemption migrations applied (C21), apart
+/// from the others for the same reason as [`CONTEXT_MIGRATIONS`]: a
+/// release from before redemptions opens the file and serves events and
+/// tasks.
+pub(crate) const REDEEM_MIGRATIONS: &str = "mes_redeem_migrations";
 
 /// Runs one set of migrations; `what` names the set in a refusal.
 async fn run(migrator: &Migrator, conn: &mut SqliteConnection, what: &str) -> Result<()> {
