@@ -237,6 +237,24 @@
 //! 9 ms in 300 changes) after the change began, 0.3 ms after it returned. Releases from before tasks
 //! ignore the `t` payloads (they are not a stream token).
 //!
+//! ## Redemptions
+//!
+//! [`RedeemStore::redeem`](mcp_event_store_core::RedeemStore::redeem)
+//! (C21) is one `INSERT INTO <schema>.redeemed (key, forget_at) ... ON
+//! CONFLICT (key) DO NOTHING`, committed before the answer (one round
+//! trip): the primary key orders racing inserts from every handle and
+//! process, so exactly one inserts the row. The key is the 32-byte digest
+//! core computes (the principal's digest and the nonce, never the nonce);
+//! `forget_at` is the nonce's expiry plus
+//! [`REDEEM_GRACE`](mcp_event_store_core::REDEEM_GRACE). PostgreSQL has no
+//! ttl per row: [`EventStore::purge_expired`](mcp_event_store_core::EventStore::purge_expired)
+//! deletes the rows past `forget_at` in batches on its index (`FOR UPDATE
+//! SKIP LOCKED`, as for sessions), counted in
+//! [`PurgeReport::redemptions`](mcp_event_store_core::PurgeReport::redemptions),
+//! so the table holds at most the redemptions of the last
+//! [`MAX_REDEEM_HORIZON`](mcp_event_store_core::MAX_REDEEM_HORIZON) plus
+//! the grace, and whatever the purge has not reached yet.
+//!
 //! # Durability
 //!
 //! `store_event` is one statement, one round trip: a CTE that upserts the
@@ -532,6 +550,14 @@
 //! migration this release does not know is refused like a newer task
 //! format.
 //!
+//! Redemptions (C21) take the same path: their migration
+//! (`migrations/redeem/`, the `redeemed` table and its `forget_at` index)
+//! is recorded in `_mes_redeem_migrations`, so a release from before them
+//! opens the schema and serves events and tasks, never touching the table;
+//! a redemption migration of a newer release is refused, and with
+//! `run_migrations` off a schema without the table opens (redemptions fail
+//! until a release with them migrates it).
+//!
 //! # Limits
 //!
 //! * Stream ids of 1 to 1024 bytes and payloads up to the
@@ -571,6 +597,7 @@ mod follow;
 mod inspect;
 mod options;
 mod purge;
+mod redeem;
 mod replay;
 mod sessions;
 mod setup;

@@ -161,7 +161,7 @@ pub(crate) async fn remove_stream(store: &PostgresStore, stream_id: &str) -> Res
 }
 
 /// Applies every retention limit to every stream, a batch of streams at a
-/// time, then removes expired sessions.
+/// time, then removes expired sessions and redemptions past their time.
 pub(crate) async fn purge(store: &PostgresStore) -> Result<PurgeReport> {
     let now = store.now();
     let retention = store.options().retention;
@@ -225,6 +225,7 @@ pub(crate) async fn purge(store: &PostgresStore) -> Result<PurgeReport> {
         }
     }
     report.sessions = purge_sessions(store, now).await?;
+    report.redemptions = purge_redeemed(store, now).await?;
     if let Some(deleted) = store.add_deleted(report.events + report.streams + report.sessions) {
         vacuum_if_due(store, deleted).await;
     }
@@ -271,6 +272,24 @@ pub(crate) async fn vacuum_if_due(store: &PostgresStore, deleted: u64) {
             schema = store.schema(),
             "vacuuming the store's tables after a purge failed; trying again after the next purge"
         ),
+    }
+}
+
+/// Deletes redemptions past their time in batches (C21), as
+/// [`purge_sessions`] deletes sessions.
+async fn purge_redeemed(store: &PostgresStore, now: i64) -> Result<u64> {
+    let mut removed = 0;
+    loop {
+        let done = sqlx::query(store.sql().purge_redeemed.clone())
+            .bind(now)
+            .bind(BATCH as i64)
+            .execute(store.pool())
+            .await
+            .map_err(backend)?;
+        removed += done.rows_affected();
+        if done.rows_affected() < BATCH as u64 {
+            return Ok(removed);
+        }
     }
 }
 

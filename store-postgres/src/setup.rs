@@ -72,9 +72,24 @@ fn cancel_reason_migrator() -> Migrator {
     reasons
 }
 
-/// The task migration sets, in the order they run: each recorded in a
-/// table of its own, named in refusals.
-fn task_migrators() -> [(Migrator, &'static str, &'static str); 4] {
+/// The table recording the redemption migrations applied (C21), apart
+/// from the others for the same reason as [`CONTEXT_MIGRATIONS`]: a
+/// release from before redemptions opens the schema and serves events and
+/// tasks.
+pub(crate) const REDEEM_MIGRATIONS: &str = "_mes_redeem_migrations";
+
+/// The embedded redemption migrations (`migrations/redeem/`), recorded in
+/// [`REDEEM_MIGRATIONS`]; they run after the task ones.
+fn redeem_migrator() -> Migrator {
+    let mut redeem = sqlx::migrate!("./migrations/redeem");
+    redeem.dangerous_set_table_name(REDEEM_MIGRATIONS);
+    redeem
+}
+
+/// The additive migration sets after the event format's (the tasks and
+/// their additions, the redemptions), in the order they run: each recorded
+/// in a table of its own, named in refusals.
+fn additive_migrators() -> [(Migrator, &'static str, &'static str); 5] {
     [
         (task_migrator(), TASK_MIGRATIONS, "task"),
         (context_migrator(), CONTEXT_MIGRATIONS, "task context"),
@@ -84,6 +99,7 @@ fn task_migrators() -> [(Migrator, &'static str, &'static str); 4] {
             CANCEL_REASON_MIGRATIONS,
             "task cancel reason",
         ),
+        (redeem_migrator(), REDEEM_MIGRATIONS, "redemption"),
     ]
 }
 
@@ -191,7 +207,7 @@ async fn prepare_on(
 
     check_format(conn, schema, &quoted, run_migrations).await?;
     if !run_migrations {
-        for (migrator, table, what) in task_migrators() {
+        for (migrator, table, what) in additive_migrators() {
             check_task_format(conn, schema, &migrator, table, what).await?;
         }
     }
@@ -202,7 +218,7 @@ async fn prepare_on(
             .run_direct(None, &mut *conn, false)
             .await
             .map_err(|e| migrate_error(schema, e))?;
-        for (migrator, _, what) in task_migrators() {
+        for (migrator, _, what) in additive_migrators() {
             migrator
                 .run_direct(None, &mut *conn, false)
                 .await

@@ -307,6 +307,23 @@ pub(crate) const SELECT_KEY: &str = r#"
 SELECT value FROM {s}.meta WHERE key = 'stream_key'
 "#;
 
+/// Redeems a nonce (C21): inserts its digest unless it is there; one row
+/// affected when this call redeemed it. The primary key orders racing
+/// inserts, so exactly one of them inserts. $1 key (32 bytes), $2 forget
+/// at (ms).
+const REDEEM: &str = r#"
+INSERT INTO {s}.redeemed (key, forget_at) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING
+"#;
+
+/// Deletes a bounded batch of redemptions past their time (C21), skipping
+/// rows another transaction holds, as [`PURGE_SESSIONS`] does. $1 now
+/// (ms), $2 batch size.
+const PURGE_REDEEMED: &str = r#"
+DELETE FROM {s}.redeemed
+ WHERE key IN (SELECT key FROM {s}.redeemed WHERE forget_at <= $1
+                LIMIT $2 FOR UPDATE SKIP LOCKED)
+"#;
+
 /// What decides whether deleted rows are ever reclaimed: the server's
 /// `autovacuum` and `track_counts`, and the store's tables (or their TOAST
 /// tables) with `autovacuum_enabled` off. $1 schema name.
@@ -431,6 +448,8 @@ pub(crate) struct Sql {
     pub put_session: SqlStr,
     pub get_session: SqlStr,
     pub delete_session: SqlStr,
+    pub redeem: SqlStr,
+    pub purge_redeemed: SqlStr,
     pub table_rows: SqlStr,
     pub vacuum: SqlStr,
     pub stats_page: SqlStr,
@@ -463,6 +482,8 @@ impl Sql {
             put_session: make(PUT_SESSION),
             get_session: make(GET_SESSION),
             delete_session: make(DELETE_SESSION),
+            redeem: make(REDEEM),
+            purge_redeemed: make(PURGE_REDEEMED),
             table_rows: make(TABLE_ROWS),
             vacuum: make(VACUUM),
             stats_page: make(STATS_PAGE),
