@@ -13,6 +13,8 @@
 //! <prefix>:t1:changes                    pub/sub channel (not a key): task changes
 //! <prefix>:t1:takeover                   set: digests (hex) of tasks that may be
 //!                                        taken over, the claim's candidates
+//! <prefix>:r1:{<redeem key hex>}         a redeemed nonce (C21): its expiry plus
+//!                                        the grace (ms), expiring then (PXAT)
 //! ```
 //!
 //! `<token>` is the stream's 24-character token (`[0-9a-v]`), the same text as
@@ -25,7 +27,7 @@
 #[cfg(test)]
 use mcp_event_store_core::backend::task::stored_instance;
 use mcp_event_store_core::backend::task::{TaskDigest, stored_digest};
-use mcp_event_store_core::backend::{StreamKey, StreamToken};
+use mcp_event_store_core::backend::{RedeemKey, StreamKey, StreamToken};
 use mcp_event_store_core::task::InstanceId;
 use mcp_event_store_core::{Error, Result};
 
@@ -36,6 +38,10 @@ const LAYOUT: &str = "v1";
 /// The tasks' layout version, in the name of every task key (a family of
 /// its own: releases without tasks never touch it).
 const TASK_LAYOUT: &str = "t1";
+/// The redemptions' layout version, in the name of every redemption key
+/// (a family of its own, like the tasks': releases without redemptions
+/// never touch it).
+const REDEEM_LAYOUT: &str = "r1";
 /// Domain separation between stream tokens and session tokens.
 const SESSION_DOMAIN: &str = "mcp-event-store/session\0";
 
@@ -221,6 +227,13 @@ impl Keys {
     /// hex as the message).
     pub fn task_channel(&self) -> String {
         format!("{}:{TASK_LAYOUT}:changes", self.prefix)
+    }
+
+    /// The key of a redeemed nonce (C21): its digest (in hex) is the hash
+    /// tag, so each lives in a slot of its own and the nonce never reaches
+    /// a key.
+    pub fn redeemed(&self, key: &RedeemKey) -> String {
+        format!("{}:{REDEEM_LAYOUT}:{{{}}}", self.prefix, key.to_hex())
     }
 
     /// `SCAN MATCH` pattern for every key of this prefix (test teardown).

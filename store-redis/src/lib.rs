@@ -122,6 +122,25 @@
 //! tokens. Keyless commands (`SCAN`, `INFO`, `CONFIG GET`) go to every
 //! master.
 //!
+//! ## Redemptions
+//!
+//! [`RedeemStore::redeem`](mcp_event_store_core::RedeemStore::redeem)
+//! (C21) is one `SET <prefix>:r1:{<digest>} <forget_at> NX PXAT
+//! <forget_at>` (followed by `WAIT` when `wait_replicas` is set, and
+//! refused as an append is when too few replicas acknowledged): one key
+//! whose hash tag is the 32-byte digest core computes (the principal's
+//! digest and the nonce, in hex; never the nonce), so one slot on a
+//! cluster and one atomic command on its master; `OK` for the first
+//! redemption, nil for every later one. `forget_at` is the nonce's expiry
+//! plus [`REDEEM_GRACE`](mcp_event_store_core::REDEEM_GRACE), and Redis
+//! expires the key then, by its own clock: the keys are bounded by the
+//! redemptions of the last
+//! [`MAX_REDEEM_HORIZON`](mcp_event_store_core::MAX_REDEEM_HORIZON) plus
+//! the grace without any purge (`purge_expired` does not visit them, and
+//! counts none). They live as long as Redis keeps its data: a Redis that
+//! lost its data (a restart without persistence) forgets every
+//! redemption, and a failover without `WAIT` may lose the newest.
+//!
 //! # Durability
 //!
 //! `store_event` returns once the Redis primary has executed the append, so
@@ -468,6 +487,10 @@
 //! server lost its data, the marker is put back with the secret (see
 //! [Restart without persistence](#restart-without-persistence)).
 //!
+//! Redemption keys are a family of their own (`r1`), like the tasks':
+//! releases from before them never touch them, and the format marker is
+//! unchanged.
+//!
 //! # Limits
 //!
 //! * Stream ids of 1 to 1024 bytes and payloads up to the
@@ -499,6 +522,7 @@ mod inspect;
 mod keys;
 mod options;
 mod purge;
+mod redeem;
 mod replay;
 mod scripts;
 mod sessions;
