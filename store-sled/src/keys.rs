@@ -10,6 +10,8 @@
 //! | `v1/stream_age` | age (8) ++ token (15) | empty |
 //! | `v1/sessions` | session id | expires (8) ++ state |
 //! | `v1/session_expiry` | expires (8) ++ session id | empty |
+//! | `r1/redeemed` | redeem key (32) | forget at (8) |
+//! | `r1/redeem_expiry` | forget at (8) ++ redeem key (32) | empty |
 //! | `meta` | a `META_*` name | format version (4), stream key, ... |
 //!
 //! A tree's name carries the format its layout first appeared in. Format 2
@@ -64,6 +66,12 @@ pub(crate) const TREE_TASKS: &str = "mcp-event-store/t1/tasks";
 pub(crate) const TREE_TASK_PURGE: &str = "mcp-event-store/t1/task_purge";
 /// Instance id -> heartbeat deadline.
 pub(crate) const TREE_TASK_INSTANCES: &str = "mcp-event-store/t1/instances";
+/// Redemptions (C21), added without a new `FORMAT_VERSION`: releases
+/// before them never open these trees. A redeemed nonce's digest -> the
+/// time it may be forgotten ([`encode_time`]).
+pub(crate) const TREE_REDEEMED: &str = "mcp-event-store/r1/redeemed";
+/// `forget_at ++ digest` for every redemption: what the purge walks.
+pub(crate) const TREE_REDEEM_EXPIRY: &str = "mcp-event-store/r1/redeem_expiry";
 pub(crate) const META_FORMAT: &str = "format_version";
 pub(crate) const META_STREAM_KEY: &str = "stream_key";
 pub(crate) const META_CREATED_BY: &str = "created_by";
@@ -262,6 +270,36 @@ pub(crate) fn expiry_key(expires: u64, session_id: &[u8]) -> Vec<u8> {
 pub(crate) fn parse_expiry_key(key: &[u8]) -> Result<(u64, &[u8])> {
     let expires = be_u64(key, 0).ok_or_else(|| corrupt("session expiry key"))?;
     Ok((expires, &key[8..]))
+}
+
+/// Length of a redemption's key (its digest, C21).
+pub(crate) const REDEEM_KEY_LEN: usize = 32;
+
+/// The expiry entry of a redemption: `forget_at ++ key`.
+pub(crate) fn redeem_expiry_key(
+    forget_at: u64,
+    key: &[u8; REDEEM_KEY_LEN],
+) -> [u8; 8 + REDEEM_KEY_LEN] {
+    let mut entry = [0u8; 8 + REDEEM_KEY_LEN];
+    entry[..8].copy_from_slice(&forget_at.to_be_bytes());
+    entry[8..].copy_from_slice(key);
+    entry
+}
+
+/// The time and key of a redemption's expiry entry.
+pub(crate) fn parse_redeem_expiry_key(entry: &[u8]) -> Result<(u64, &[u8])> {
+    if entry.len() != 8 + REDEEM_KEY_LEN {
+        return Err(corrupt("redemption expiry entry"));
+    }
+    Ok((be_u64(entry, 0).expect("length checked"), &entry[8..]))
+}
+
+/// The time a redemption record may be forgotten.
+pub(crate) fn redeem_forget_at(record: &[u8]) -> Result<u64> {
+    if record.len() != 8 {
+        return Err(corrupt("redemption record"));
+    }
+    Ok(be_u64(record, 0).expect("length checked"))
 }
 
 #[cfg(test)]

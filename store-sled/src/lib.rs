@@ -174,6 +174,27 @@
 //! safety margin, so incarnations grow by that much per restart; a `u64`
 //! does not run out.)
 //!
+//! ## Redemptions
+//!
+//! [`RedeemStore::redeem`](mcp_event_store_core::RedeemStore::redeem)
+//! (C21) writes the record's expiry entry (`r1/redeem_expiry`:
+//! `forget_at ++ digest`), then the record (`r1/redeemed`: the 32-byte
+//! digest core computes, the principal's digest and the nonce, never the
+//! nonce, to `forget_at`) by `compare_and_swap` from absent, which of racing
+//! calls from any handle exactly one wins (a loser removes the expiry entry
+//! it added, unless it is the winner's too); the winner waits for the flush
+//! its handle's durability asks for before it answers. `forget_at` is the
+//! nonce's expiry plus
+//! [`REDEEM_GRACE`](mcp_event_store_core::REDEEM_GRACE). sled has no ttl:
+//! `purge_expired` walks the expiry entries up to now and removes each
+//! with its record (if the record still names that time), counted in
+//! [`PurgeReport::redemptions`](mcp_event_store_core::PurgeReport::redemptions),
+//! so the trees hold at most the redemptions of the last
+//! [`MAX_REDEEM_HORIZON`](mcp_event_store_core::MAX_REDEEM_HORIZON) plus
+//! the grace, and whatever the purge has not reached yet. Like the task
+//! trees, they came without a new format version: releases from before
+//! them never open them.
+//!
 //! # Durability
 //!
 //! [`Durability::Flush`] (the default): `store_event` returns only after the
@@ -446,6 +467,7 @@ mod inspect;
 mod keys;
 mod options;
 mod purge;
+mod redeem;
 mod replay;
 mod sessions;
 mod setup;

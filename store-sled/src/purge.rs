@@ -108,7 +108,8 @@ impl Shared {
         Ok(())
     }
 
-    /// Applies retention to every stream and expires sessions.
+    /// Applies retention to every stream, expires sessions and forgets
+    /// redemptions past their time.
     pub(crate) fn purge(&self, retention: &Retention, now_millis: i64) -> Result<PurgeReport> {
         let mut report = PurgeReport::default();
         if let Some(cutoff) = retention.expiry_cutoff_millis(now_millis) {
@@ -118,6 +119,7 @@ impl Shared {
             self.purge_by_size(retention, &mut report)?;
         }
         report.sessions = self.purge_sessions(keys::encode_time(now_millis))?;
+        report.redemptions = self.purge_redeemed(keys::encode_time(now_millis))?;
         Ok(report)
     }
 

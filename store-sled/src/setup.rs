@@ -28,14 +28,14 @@ use crate::flusher::Flusher;
 use crate::keys::{
     self, META_CREATED_BY, META_ERA, META_FLOOR, META_FORMAT, META_LOOSEST, META_MIGRATED,
     META_RELAXED, META_STREAM_KEY, META_TASK_FORMAT, TASK_FORMAT, TREE_EVENTS, TREE_META,
-    TREE_SESSION_EXPIRY, TREE_SESSIONS, TREE_STREAM_AGE, TREE_STREAMS, TREE_STREAMS_V1,
-    TREE_TASK_INSTANCES, TREE_TASK_PURGE, TREE_TASKS,
+    TREE_REDEEM_EXPIRY, TREE_REDEEMED, TREE_SESSION_EXPIRY, TREE_SESSIONS, TREE_STREAM_AGE,
+    TREE_STREAMS, TREE_STREAMS_V1, TREE_TASK_INSTANCES, TREE_TASK_PURGE, TREE_TASKS,
 };
 use crate::shared::{CloseSignal, Closer, Incarnations, Shared, lock};
 use crate::slot::SlotMap;
 
 /// Every tree this crate has ever written.
-const OUR_TREES: [&str; 10] = [
+const OUR_TREES: [&str; 12] = [
     TREE_META,
     TREE_EVENTS,
     TREE_STREAMS,
@@ -46,6 +46,8 @@ const OUR_TREES: [&str; 10] = [
     TREE_TASKS,
     TREE_TASK_PURGE,
     TREE_TASK_INSTANCES,
+    TREE_REDEEMED,
+    TREE_REDEEM_EXPIRY,
 ];
 const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
 
@@ -200,6 +202,8 @@ impl Shared {
             tasks: tree(TREE_TASKS)?,
             task_purge: tree(TREE_TASK_PURGE)?,
             task_instances: tree(TREE_TASK_INSTANCES)?,
+            redeemed: tree(TREE_REDEEMED)?,
+            redeem_expiry: tree(TREE_REDEEM_EXPIRY)?,
             meta,
             db,
             closer: Closer(Arc::default()),

@@ -167,6 +167,9 @@ pub(crate) struct Shared {
     pub(crate) tasks: sled::Tree,
     pub(crate) task_purge: sled::Tree,
     pub(crate) task_instances: sled::Tree,
+    /// Redemptions (C21), see [`crate::redeem`].
+    pub(crate) redeemed: sled::Tree,
+    pub(crate) redeem_expiry: sled::Tree,
     pub(crate) meta: sled::Tree,
     pub(crate) db: sled::Db,
     pub(crate) closer: Closer,
