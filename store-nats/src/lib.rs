@@ -45,7 +45,8 @@
 //! * the key-value buckets `<prefix>-meta` (the format marker and the
 //!   secret), `<prefix>-sessions` (a key per session, named by a keyed
 //!   hash of its id), `<prefix>-tasks`, `<prefix>-instances` and
-//!   `<prefix>-takeover` (see [Tasks](#tasks)).
+//!   `<prefix>-takeover` (see [Tasks](#tasks)), and `<prefix>-redeemed`
+//!   (see [Redemptions](#redemptions)).
 //!
 //! An event's message carries a small binary header before its payload
 //! (the append time by the store's clock, its stream's first sequence in
@@ -66,6 +67,24 @@
 //! turns, and another writer's append in between costs a re-read and a
 //! retry. Each append carries a message id, so one retried after a lost
 //! acknowledgement is stored once.
+//!
+//! ## Redemptions
+//!
+//! [`RedeemStore::redeem`](mcp_event_store_core::RedeemStore::redeem)
+//! (C21) is the bucket `<prefix>-redeemed`'s `create` of one key, the
+//! 32-byte digest core computes (the principal's digest and the nonce, in
+//! hex; never the nonce): a publish that expects no message on the key's
+//! subject yet (`Nats-Expected-Last-Subject-Sequence: 0`), which of racing
+//! creates exactly one passes; acknowledged by JetStream before the
+//! answer. NATS 2.9 has no ttl per key, so the bucket's age limit bounds
+//! it: every record is removed by the server
+//! [`MAX_REDEEM_HORIZON`](mcp_event_store_core::MAX_REDEEM_HORIZON) plus
+//! [`REDEEM_GRACE`](mcp_event_store_core::REDEEM_GRACE) (24 h 5 min) after
+//! its write, by the server's clock, however early its own expiry: never
+//! before it may still be needed (an expiry is at most the horizon ahead),
+//! and the bucket holds at most the redemptions of that long.
+//! `purge_expired` has nothing to do for them and counts none. Every open
+//! sets the bucket's age limit back to that if it finds another.
 //!
 //! # Durability
 //!
@@ -125,6 +144,8 @@
 //! The format is version [`FORMAT_VERSION`], in the meta bucket's `format`
 //! key and in every event header; a store of a newer format is refused.
 //! Task values carry core's task value format.
+//! The redemption bucket came without a new format version: releases
+//! from before it never open it.
 //!
 //! # Limits
 //!
@@ -147,6 +168,7 @@ mod get;
 mod inspect;
 mod options;
 mod purge;
+mod redeem;
 mod replay;
 mod sessions;
 mod setup;

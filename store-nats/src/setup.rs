@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use mcp_event_store_core::backend::follow::Wakeups;
 use mcp_event_store_core::backend::{StreamKey, StreamToken};
-use mcp_event_store_core::{Error, Result};
+use mcp_event_store_core::{Error, MAX_REDEEM_HORIZON, REDEEM_GRACE, Result};
 
 use crate::error::{NAME, backend, is_conflict};
 use crate::options::{MIN_CLUSTER_VERSION, MIN_SERVER_VERSION};
@@ -53,13 +53,14 @@ pub(crate) async fn open(url: &str, options: NatsOptions) -> Result<Inner> {
     check_format(&meta).await?;
     let secret = secret(&meta).await?;
     let sessions = bucket(&js, &names, &options, "sessions").await?;
+    let redeemed = redeem_bucket(&js, &names, &options).await?;
     let tasks = [
         bucket(&js, &names, &options, "tasks").await?,
         bucket(&js, &names, &options, "instances").await?,
         bucket(&js, &names, &options, "takeover").await?,
     ];
     let inner = Inner::new(
-        client, js, events, spill, sessions, tasks, names, secret, options,
+        client, js, events, spill, sessions, redeemed, tasks, names, secret, options,
     );
     let events = inner.names.wake_subjects();
     watch(&inner, events, inner.wakeups.clone()).await?;
@@ -227,6 +228,47 @@ pub(crate) async fn bucket(
     options: &NatsOptions,
     job: &str,
 ) -> Result<kv::Store> {
+    bucket_aged(js, names, options, job, Duration::ZERO).await
+}
+
+/// How long the redemption bucket keeps a record (C21): the longest a
+/// record may be needed, the horizon plus the grace. JetStream 2.9 has no
+/// ttl per key: every record is kept this long from its write, however
+/// early its own expiry.
+pub(crate) const REDEEM_MAX_AGE: Duration = MAX_REDEEM_HORIZON.saturating_add(REDEEM_GRACE);
+
+/// The redemption bucket (C21), whose messages JetStream removes
+/// [`REDEEM_MAX_AGE`] after their write: what bounds it. A bucket found
+/// with another age limit is set to this one (never shorter than a record
+/// may be needed).
+async fn redeem_bucket(
+    js: &jetstream::Context,
+    names: &Names,
+    options: &NatsOptions,
+) -> Result<kv::Store> {
+    let bucket = bucket_aged(js, names, options, "redeemed", REDEEM_MAX_AGE).await?;
+    let mut stream = bucket.stream.clone();
+    let config = stream.info().await.map_err(backend)?.config.clone();
+    if config.max_age != REDEEM_MAX_AGE {
+        js.update_stream(stream::Config {
+            max_age: REDEEM_MAX_AGE,
+            ..config
+        })
+        .await
+        .map_err(backend)?;
+    }
+    Ok(bucket)
+}
+
+/// A bucket whose values JetStream removes `max_age` after their write
+/// (`Duration::ZERO`: never).
+async fn bucket_aged(
+    js: &jetstream::Context,
+    names: &Names,
+    options: &NatsOptions,
+    job: &str,
+    max_age: Duration,
+) -> Result<kv::Store> {
     let name = names.bucket(job);
     if let Ok(store) = js.get_key_value(&name).await {
         return Ok(store);
@@ -246,6 +288,7 @@ pub(crate) async fn bucket(
         // Direct gets only where no replica can answer stale (see `get`).
         allow_direct: options.replicas == 1,
         discard: stream::DiscardPolicy::New,
+        max_age,
         ..Default::default()
     };
     if let Err(e) = js.create_stream(config).await {

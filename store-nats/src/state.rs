@@ -14,7 +14,14 @@ use crate::NatsOptions;
 use crate::NatsStore;
 
 /// The key-value buckets of a store, by job.
-pub(crate) const BUCKETS: [&str; 5] = ["meta", "sessions", "tasks", "instances", "takeover"];
+pub(crate) const BUCKETS: [&str; 6] = [
+    "meta",
+    "sessions",
+    "tasks",
+    "instances",
+    "takeover",
+    "redeemed",
+];
 
 /// The names of this store's streams, buckets and subjects, from its prefix.
 #[derive(Clone, Debug)]
@@ -104,6 +111,8 @@ pub(crate) struct Inner {
     /// Values too large for one message (see `spill`).
     pub(crate) spill: jetstream::stream::Stream,
     pub(crate) sessions: kv::Store,
+    /// Redeemed nonces (C21), see [`crate::redeem`].
+    pub(crate) redeemed: kv::Store,
     pub(crate) tasks: kv::Store,
     pub(crate) instances: kv::Store,
     pub(crate) takeover: kv::Store,
@@ -133,6 +142,7 @@ impl Inner {
         events: jetstream::stream::Stream,
         spill: jetstream::stream::Stream,
         sessions: kv::Store,
+        redeemed: kv::Store,
         [tasks, instances, takeover]: [kv::Store; 3],
         names: Names,
         secret: StreamKey,
@@ -144,6 +154,7 @@ impl Inner {
             events,
             spill,
             sessions,
+            redeemed,
             tasks,
             instances,
             takeover,
