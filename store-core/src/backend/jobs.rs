@@ -59,6 +59,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::backend::observe;
+use crate::backend::redeem::RedeemBackend;
 use crate::backend::task::{OwnerKey, TaskDigest, check_message, check_responses, client_call};
 use crate::error::{Error, Result};
 use crate::event::NewEvent;
@@ -67,6 +68,7 @@ use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage, check_l
 use crate::options::{
     PurgeReport, Retention, StoreOptions, validate_session_id, validate_stream_id,
 };
+use crate::redeem::RedeemStore;
 use crate::store::{EventStore, FollowOptions, Replay, SessionStore};
 use crate::task::{
     Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
@@ -104,9 +106,11 @@ pub(crate) fn ensure_open<B: BackendHandle + ?Sized>(backend: &B) -> Result<()> 
 
 /// The event side of a backend: what [`EventStore`] needs from the
 /// database. Every input is checked before these are called (see the
-/// [module docs](self)).
+/// [module docs](self)). Redemptions (C21) come with it: an event backend
+/// is a [`RedeemBackend`], which its store's
+/// [`EventStore::redeemer`] hands out.
 #[async_trait]
-pub trait EventBackend: BackendHandle {
+pub trait EventBackend: RedeemBackend {
     /// Stores one event durably (C1) and returns its id (C2). The store
     /// wakes this handle's followers of the stream itself, or is woken by
     /// the database, either way (C13).
@@ -244,6 +248,10 @@ impl<B: EventBackend> EventStore for B {
     async fn check(&self) -> Result<HealthReport> {
         ensure_open(self)?;
         self.inspect_check().await
+    }
+
+    fn redeemer(&self) -> Option<&dyn RedeemStore> {
+        Some(self)
     }
 }
 

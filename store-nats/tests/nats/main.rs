@@ -4,5 +4,6 @@
 mod cluster;
 mod common;
 mod event_suite;
+mod redeem;
 mod store;
 mod task_suite;

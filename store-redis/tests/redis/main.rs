@@ -8,6 +8,7 @@ mod event_suite;
 mod faults;
 mod follow;
 mod inspect;
+mod redeem;
 mod replicas;
 mod store;
 mod task_suite;
