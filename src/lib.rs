@@ -485,9 +485,10 @@ pub use mcp_event_store_core::task;
 pub use mcp_event_store_core::{
     Backend, BoxError, Clock, Connecting, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, Error,
     EventId, EventStore, FollowOptions, HealthReport, MAX_EVENT_ID_LEN, MAX_LIST_PAGE,
-    MAX_STREAM_ID_LEN, ManualClock, MemoryStore, NewEvent, Position, PurgeReport, PurgeTask,
-    Replay, Result, Retention, SessionStore, Setting, Store, StoreOptions, StoreStats, StoredEvent,
-    StreamCursor, StreamInfo, StreamPage, SystemClock, Verdict, observe,
+    MAX_NONCE_BYTES, MAX_REDEEM_HORIZON, MAX_STREAM_ID_LEN, ManualClock, MemoryStore, NewEvent,
+    Position, PurgeReport, PurgeTask, REDEEM_GRACE, RedeemStore, Redemption, Replay, Result,
+    Retention, SessionStore, Setting, Store, StoreOptions, StoreStats, StoredEvent, StreamCursor,
+    StreamInfo, StreamPage, SystemClock, Verdict, observe,
 };
 /// rmcp, the official Rust MCP SDK (feature `rmcp`): the whole
 /// `mcp-event-store-rmcp` crate.

@@ -15,6 +15,8 @@
 //!   (create, read with the instance's lease, compare-and-set on the
 //!   revision); core NATS publish and subscribe as the raw wake-up.
 //! * Bus: a core NATS publish heard by a subscription.
+//! * Redemptions: the bucket's `create` (a publish expecting no message on
+//!   the key's subject yet) in a key-value bucket of its own ([`Redeem`]).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -27,6 +29,7 @@ use mcp_event_store_conformance::bench::append::{
     AppendBench, AppendCase, AppendFn, WRITERS, store_append,
 };
 use mcp_event_store_conformance::bench::bus::{Delivery, DeliveryCases, within_guard};
+use mcp_event_store_conformance::bench::redeem::RawRedeem;
 use mcp_event_store_conformance::bench::tasks::{
     MAX_WAIT, NoClaim, RESULT, RawWake, TaskOps, TaskRaw, TaskSubject, fresh_key,
 };
@@ -34,7 +37,7 @@ use mcp_event_store_conformance::bench::{
     Kit, Loaded, RawEvent, RawRead, StreamPlan, append_plan, payload, unbounded,
 };
 use mcp_event_store_conformance::testkit;
-use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::backend::{RedeemKey, StreamToken};
 use mcp_event_store_core::task::TaskStatus;
 use mcp_event_store_core::{Backend, Position};
 
@@ -284,6 +287,29 @@ impl Delivery for Publish {
     }
 }
 
+/// The raw redemption: `create` of the key in a key-value bucket of its
+/// own, the value the time it may go; an existing key is refused.
+pub struct Redeem {
+    bucket: kv::Store,
+    js: jetstream::Context,
+    name: String,
+}
+
+impl RawRedeem for Redeem {
+    async fn redeem(&self, key: &RedeemKey, forget_at: i64) -> bool {
+        let value = Bytes::copy_from_slice(&forget_at.to_le_bytes());
+        match self.bucket.create(key.to_hex(), value).await {
+            Ok(_) => true,
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => false,
+            Err(e) => panic!("raw redeem: {e}"),
+        }
+    }
+
+    async fn close(self) {
+        let _ = self.js.delete_stream(format!("KV_{}", self.name)).await;
+    }
+}
+
 impl Kit for NatsKit {
     const BACKEND: &'static Backend = &crate::BACKEND;
 
@@ -292,6 +318,18 @@ impl Kit for NatsKit {
 
     async fn harness() -> NatsHarness {
         NatsHarness::new().await
+    }
+
+    type RawRedeem = Redeem;
+
+    async fn raw_redeem(_: &NatsHarness) -> Redeem {
+        let (_, js) = raw_client().await;
+        let name = format!("{}-raw-redeemed", bench_prefix());
+        Redeem {
+            bucket: raw_bucket(&js, name.clone()).await,
+            js,
+            name,
+        }
     }
 
     async fn task_harness() -> NatsHarness {

@@ -12,6 +12,8 @@
 //!   its own on the same schema; a raw claim (`FOR UPDATE SKIP LOCKED`);
 //!   `pg_notify` heard by a `PgListener` as the raw wake-up.
 //! * Bus: `pg_notify` on a pool, heard by a `PgListener`.
+//! * Redemptions: the store's `INSERT ... ON CONFLICT DO NOTHING` into its
+//!   own table, through a pool of its own on the same schema ([`Redeem`]).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use mcp_event_store_conformance::bench::append::{
     AppendBench, AppendCase, AppendFn, WRITERS, store_append,
 };
 use mcp_event_store_conformance::bench::bus::{Delivery, DeliveryCases, GUARD};
+use mcp_event_store_conformance::bench::redeem::RawRedeem;
 use mcp_event_store_conformance::bench::tasks::{
     MAX_WAIT, MESSAGE, RESULT, RawClaim, RawWake, TTL, TaskOps, TaskRaw, TaskSubject, fresh_key,
     lifetime,
@@ -30,7 +33,7 @@ use mcp_event_store_conformance::bench::{
     Kit, Loaded, RAW_PAGE, RawEvent, RawRead, StreamPlan, dense_positions, median_us, now_millis,
     payload, process_cpu_ns, unbounded,
 };
-use mcp_event_store_core::backend::{StreamKey, StreamToken, dense};
+use mcp_event_store_core::backend::{RedeemKey, StreamKey, StreamToken, dense};
 use mcp_event_store_core::task::{InstanceId, TaskStatus};
 use mcp_event_store_core::{Backend, EventStore, NewEvent, Position, StoreOptions};
 use sqlx::{AssertSqlSafe, Connection, Row};
@@ -398,6 +401,31 @@ impl Delivery for Notify {
     }
 }
 
+/// The raw redemption: the store's statement on its own table, through a
+/// pool of 8 connections of its own (as the harness gives the store),
+/// each insert committing by itself.
+pub struct Redeem {
+    pool: sqlx::PgPool,
+    insert: String,
+}
+
+impl RawRedeem for Redeem {
+    async fn redeem(&self, key: &RedeemKey, forget_at: i64) -> bool {
+        sqlx::query(AssertSqlSafe(self.insert.clone()))
+            .bind(&key.as_bytes()[..])
+            .bind(forget_at)
+            .execute(&self.pool)
+            .await
+            .expect("raw redeem")
+            .rows_affected()
+            == 1
+    }
+
+    async fn close(self) {
+        self.pool.close().await;
+    }
+}
+
 impl Kit for PostgresKit {
     const BACKEND: &'static Backend = &crate::BACKEND;
 
@@ -406,6 +434,25 @@ impl Kit for PostgresKit {
 
     async fn harness() -> PostgresHarness {
         PostgresHarness::new().await
+    }
+
+    type RawRedeem = Redeem;
+
+    async fn raw_redeem(harness: &PostgresHarness) -> Redeem {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .test_before_acquire(false)
+            .connect(harness.url())
+            .await
+            .expect("raw postgres pool");
+        Redeem {
+            pool,
+            insert: format!(
+                "INSERT INTO \"{}\".redeemed (key, forget_at) VALUES ($1, $2) \
+                 ON CONFLICT (key) DO NOTHING",
+                harness.schema()
+            ),
+        }
     }
 
     async fn task_harness() -> PostgresHarness {

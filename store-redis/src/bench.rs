@@ -15,6 +15,8 @@
 //!   heard by a `SUBSCRIBE`d connection as the raw wake-up.
 //! * Bus: `PUBLISH` heard by a `SUBSCRIBE` connection, and `XADD` heard by
 //!   a task blocked in `XREAD BLOCK`.
+//! * Redemptions: `SET key v NX PXAT` on a multiplexed connection, under
+//!   the harness's prefix with the store's key shape ([`Redeem`]).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use mcp_event_store_conformance::bench::append::{AppendBench, AppendCase, AppendFn, WRITERS};
 use mcp_event_store_conformance::bench::bus::{Delivery, DeliveryCases, within_guard};
+use mcp_event_store_conformance::bench::redeem::RawRedeem;
 use mcp_event_store_conformance::bench::tasks::{
     MAX_WAIT, RESULT, RawClaim, RawWake, TaskOps, TaskRaw, TaskSubject, fresh_key, lifetime,
 };
@@ -31,7 +34,7 @@ use mcp_event_store_conformance::bench::{
     Kit, Loaded, RAW_PAGE, RawEvent, RawRead, StreamPlan, append_plan, median_us, payload,
     process_cpu_ns, unbounded,
 };
-use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::backend::{RedeemKey, StreamToken};
 use mcp_event_store_core::task::InstanceId;
 use mcp_event_store_core::{Backend, EventStore, NewEvent, Position, Retention, Store};
 use redis::aio::MultiplexedConnection;
@@ -525,6 +528,28 @@ impl Drop for Xadd {
     }
 }
 
+/// The raw redemption: one `SET <prefix>:raw:{<digest>} <forget_at> NX
+/// PXAT <forget_at>` on a multiplexed connection of its own.
+pub struct Redeem {
+    conn: MultiplexedConnection,
+    prefix: String,
+}
+
+impl RawRedeem for Redeem {
+    async fn redeem(&self, key: &RedeemKey, forget_at: i64) -> bool {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(format!("{}:raw:{{{}}}", self.prefix, key.to_hex()))
+            .arg(forget_at)
+            .arg("NX")
+            .arg("PXAT")
+            .arg(forget_at)
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("raw redeem");
+        set.is_some()
+    }
+}
+
 impl Kit for RedisKit {
     const BACKEND: &'static Backend = &crate::BACKEND;
 
@@ -533,6 +558,20 @@ impl Kit for RedisKit {
 
     async fn harness() -> RedisHarness {
         RedisHarness::new().await
+    }
+
+    type RawRedeem = Redeem;
+
+    async fn raw_redeem(harness: &RedisHarness) -> Redeem {
+        let conn = redis::Client::open(harness.url())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw redis connection");
+        Redeem {
+            conn,
+            prefix: harness.prefix().to_owned(),
+        }
     }
 
     async fn task_harness() -> RedisHarness {

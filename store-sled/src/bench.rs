@@ -11,6 +11,9 @@
 //! * Append: raw sled insert, then `flush()`, per event.
 //! * Tasks: the store's trees in a database of their own, each change
 //!   flushed before it returns, on the blocking pool.
+//! * Redemptions: `compare_and_swap(None → forget_at)` on a tree of a
+//!   database of its own, then `flush()`, on the blocking pool
+//!   ([`Redeem`]).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use bytes::Bytes;
 use mcp_event_store_conformance::bench::append::{
     AppendBench, AppendCase, AppendFn, WRITERS, store_append,
 };
+use mcp_event_store_conformance::bench::redeem::RawRedeem;
 use mcp_event_store_conformance::bench::tasks::{
     NoClaim, NoWake, RESULT, TaskOps, TaskRaw, TaskSubject, fresh_key, lifetime,
 };
@@ -27,7 +31,7 @@ use mcp_event_store_conformance::bench::{
     Kit, Loaded, RawEvent, RawRead, ReadCases, StreamPlan, append_plan, dense_positions,
     now_millis, payload, unbounded,
 };
-use mcp_event_store_core::backend::{StreamToken, dense};
+use mcp_event_store_core::backend::{RedeemKey, StreamToken, dense};
 use mcp_event_store_core::task::TaskStatus;
 use mcp_event_store_core::{Backend, Position};
 
@@ -222,6 +226,34 @@ impl TaskOps for Tasks {
     }
 }
 
+/// The raw redemption: a compare-and-swap from absent on a tree of a
+/// database of its own (sled lets one process open a directory once), then
+/// `flush()` when it stored the key, as the store waits for its flush; on
+/// the blocking pool.
+pub struct Redeem {
+    tree: sled::Tree,
+    db: sled::Db,
+    _dir: tempfile::TempDir,
+}
+
+impl RawRedeem for Redeem {
+    async fn redeem(&self, key: &RedeemKey, forget_at: i64) -> bool {
+        let (tree, db, key) = (self.tree.clone(), self.db.clone(), *key.as_bytes());
+        tokio::task::spawn_blocking(move || {
+            let stored = tree
+                .compare_and_swap(key, None::<&[u8]>, Some(&forget_at.to_be_bytes()[..]))
+                .expect("raw swap")
+                .is_ok();
+            if stored {
+                db.flush().expect("raw flush");
+            }
+            stored
+        })
+        .await
+        .expect("raw sled task")
+    }
+}
+
 impl Kit for SledKit {
     const BACKEND: &'static Backend = &crate::BACKEND;
 
@@ -230,6 +262,18 @@ impl Kit for SledKit {
 
     async fn harness() -> SledHarness {
         SledHarness::new().await
+    }
+
+    type RawRedeem = Redeem;
+
+    async fn raw_redeem(_: &SledHarness) -> Redeem {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let db = raw_db(&dir);
+        Redeem {
+            tree: db.open_tree("r1/redeemed").expect("raw tree"),
+            db,
+            _dir: dir,
+        }
     }
 
     async fn task_harness() -> SledHarness {

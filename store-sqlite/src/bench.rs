@@ -15,6 +15,9 @@
 //!   calling thread, behind one thread hop, and committed in groups.
 //! * Tasks: the store's statements on its own tables, through a pool of
 //!   one connection on the same file, and a raw claim.
+//! * Redemptions: the store's `INSERT ... ON CONFLICT DO NOTHING` into its
+//!   own table, through rusqlite behind one thread hop ([`Redeem`]), as the
+//!   store's writer runs it.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -25,6 +28,7 @@ use bytes::Bytes;
 use mcp_event_store_conformance::bench::append::{
     AppendBench, AppendCase, AppendFn, WRITERS, store_append,
 };
+use mcp_event_store_conformance::bench::redeem::RawRedeem;
 use mcp_event_store_conformance::bench::tasks::{
     MESSAGE, NoWake, RESULT, RawClaim, TTL, TaskOps, TaskRaw, TaskSubject, fresh_key, lifetime,
 };
@@ -32,7 +36,7 @@ use mcp_event_store_conformance::bench::{
     Kit, Loaded, RAW_PAGE, RawEvent, RawRead, ReadCases, StreamPlan, dense_positions, now_millis,
     payload, unbounded,
 };
-use mcp_event_store_core::backend::{StreamKey, StreamToken, dense};
+use mcp_event_store_core::backend::{RedeemKey, StreamKey, StreamToken, dense};
 use mcp_event_store_core::task::{InstanceId, TaskStatus};
 use mcp_event_store_core::{Backend, EventStore, NewEvent, Position, StoreOptions};
 use sqlx::{Connection, Row};
@@ -529,6 +533,28 @@ impl RawClaim for Claim {
     }
 }
 
+/// The raw redemption: the store's statement on its own table, on a
+/// rusqlite connection behind one thread hop (as the store's writer),
+/// `synchronous=NORMAL` as the store, each insert committing by itself.
+pub struct Redeem(SqliteThread);
+
+impl RawRedeem for Redeem {
+    async fn redeem(&self, key: &RedeemKey, forget_at: i64) -> bool {
+        let key = *key.as_bytes();
+        self.0
+            .run(move |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO mes_redeemed (key, forget_at) VALUES (?1, ?2) \
+                     ON CONFLICT (key) DO NOTHING",
+                )
+                .and_then(|mut statement| statement.execute(rusqlite::params![&key[..], forget_at]))
+                .expect("raw redeem")
+                    == 1
+            })
+            .await
+    }
+}
+
 impl Kit for SqliteKit {
     const BACKEND: &'static Backend = &crate::BACKEND;
 
@@ -537,6 +563,12 @@ impl Kit for SqliteKit {
 
     async fn harness() -> SqliteHarness {
         SqliteHarness::new().await
+    }
+
+    type RawRedeem = Redeem;
+
+    async fn raw_redeem(harness: &SqliteHarness) -> Redeem {
+        Redeem(SqliteThread::spawn(direct_connection(&harness.path())))
     }
 
     async fn task_harness() -> SqliteHarness {

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
-use mcp_event_store_core::backend::{StreamToken, dense};
+use mcp_event_store_core::backend::{RedeemKey, StreamToken, dense};
 use mcp_event_store_core::task::TaskStatus;
 use mcp_event_store_core::{Backend, EventStore, MemoryStore, NewEvent, Position};
 
 use super::append::{AppendBench, AppendCase, AppendFn, store_append};
+use super::redeem::RawRedeem;
 use super::tasks::{NoClaim, NoWake, RESULT, TaskOps, TaskRaw, TaskSubject, fresh_key};
 use super::{Kit, Loaded, RawEvent, RawRead, ReadCases, StreamPlan};
 use super::{dense_positions, payload, schedule, unbounded};
@@ -83,6 +84,24 @@ impl TaskOps for MemoryTasks {
     }
 }
 
+/// The raw redemption: a `HashMap` insert-if-absent behind a mutex, as
+/// the store's map.
+#[derive(Debug, Default)]
+pub struct MemoryRedeem(std::sync::Mutex<std::collections::HashMap<RedeemKey, i64>>);
+
+impl RawRedeem for MemoryRedeem {
+    async fn redeem(&self, key: &RedeemKey, forget_at: i64) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match map.entry(*key) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(forget_at);
+                true
+            }
+        }
+    }
+}
+
 impl Kit for MemoryKit {
     const BACKEND: &'static Backend = &MemoryStore::BACKEND;
 
@@ -95,6 +114,12 @@ impl Kit for MemoryKit {
 
     async fn task_harness() -> MemoryTaskHarness {
         MemoryTaskHarness::new().await
+    }
+
+    type RawRedeem = MemoryRedeem;
+
+    async fn raw_redeem(_: &MemoryHarness) -> MemoryRedeem {
+        MemoryRedeem::default()
     }
 
     /// Nothing to keep: the data set lives and dies with the store.

@@ -24,6 +24,7 @@
 pub mod append;
 pub mod bus;
 mod memory;
+pub mod redeem;
 pub mod tasks;
 
 use std::future::Future;
@@ -136,6 +137,16 @@ pub trait Kit: Sized + 'static {
         harness: &Self::TaskHarness,
         subject: &tasks::TaskSubject,
     ) -> impl Future<Output = tasks::TaskRaw<Self::TaskOps, Self::Claim, Self::Wake>>;
+
+    // ------------------------------------------------------- redemptions
+
+    /// The raw redemption (C21): the database's own insert-if-absent by
+    /// hand.
+    type RawRedeem: redeem::RawRedeem;
+
+    /// The raw redemption on `harness`'s storage, which a store opened
+    /// first (so its tables, trees or buckets are there).
+    fn raw_redeem(harness: &Self::Harness) -> impl Future<Output = Self::RawRedeem>;
 
     // --------------------------------------------------------------- bus
 
