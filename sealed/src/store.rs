@@ -14,8 +14,9 @@ use mcp_event_store_core::task::{
     TaskRecord, TaskStatus, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{
-    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, Replay, Result,
-    Retention, SessionStore, Setting, Store, StoreOptions, StoreStats, StreamCursor, StreamPage,
+    Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, RedeemStore,
+    Replay, Result, Retention, SessionStore, Setting, Store, StoreOptions, StoreStats,
+    StreamCursor, StreamPage,
 };
 
 use crate::envelope::{Field, OVERHEAD, Place, open, seal};
@@ -218,6 +219,12 @@ impl<S: EventStore + ?Sized> EventStore for Sealed<S> {
 
     async fn list_streams(&self, after: Option<&StreamCursor>, limit: usize) -> Result<StreamPage> {
         self.inner.list_streams(after, limit).await
+    }
+
+    /// The store's own redemptions (C21): they keep only a digest of the
+    /// principal and the nonce, nothing to seal.
+    fn redeemer(&self) -> Option<&dyn RedeemStore> {
+        self.inner.redeemer()
     }
 
     /// The store's own report, and one more setting, `sealed`: the

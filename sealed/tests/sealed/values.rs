@@ -543,6 +543,19 @@ async fn the_decorator_wraps_a_dyn_store_and_is_one() {
         .unwrap()
         .unwrap();
     assert_eq!(read.context.as_deref(), Some(&b"c"[..]));
+    // Redemptions pass through to the store's (they hold digests only).
+    let soon = std::time::SystemTime::now() + HOUR;
+    let redeemer = store.redeemer().expect("the store's redemptions");
+    let first = redeemer
+        .redeem(b"n", soon, &Owner::Anonymous)
+        .await
+        .unwrap();
+    assert!(first.is_first());
+    let again = redeemer
+        .redeem(b"n", soon, &Owner::Anonymous)
+        .await
+        .unwrap();
+    assert!(!again.is_first());
     let report = store.check().await.unwrap();
     let sealed = report.settings.iter().find(|s| s.name == "sealed").unwrap();
     assert_eq!(
