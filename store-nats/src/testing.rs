@@ -194,6 +194,12 @@ impl Harness for NatsHarness {
         store.close().await;
     }
 
+    /// Redemption records age out of their bucket by JetStream's own
+    /// clock (its age limit, C21).
+    fn forgets_redemptions_itself(&self) -> bool {
+        true
+    }
+
     async fn teardown(self) {
         let namespace = self
             .shared

@@ -266,6 +266,11 @@ impl Harness for RedisHarness {
         true
     }
 
+    /// Redemption keys expire by Redis's own clock (`PXAT`, C21).
+    fn forgets_redemptions_itself(&self) -> bool {
+        true
+    }
+
     async fn teardown(self) {
         let namespace = self
             .shared

@@ -19,6 +19,7 @@ mod ids;
 mod input;
 mod inspect;
 mod oldest;
+mod redeem;
 mod replay;
 mod restart;
 mod retention;
@@ -33,6 +34,7 @@ pub use ids::*;
 pub use input::*;
 pub use inspect::*;
 pub use oldest::*;
+pub use redeem::*;
 pub use replay::*;
 pub use restart::*;
 pub use retention::*;
@@ -78,6 +80,15 @@ pub trait Harness: Send + Sync + 'static {
     /// schema): C14 then holds because the secret cannot be lost without the
     /// events, and the case has nothing to check.
     async fn lose_data(&self) -> bool {
+        false
+    }
+
+    /// Whether the backend forgets redemptions (C21) by itself, with a
+    /// ttl per key on the database's clock, rather than in
+    /// `purge_expired`: the expiry case then does not expect the purge to
+    /// count them (the backend crate tests its ttl). `false`, the default,
+    /// for backends whose purge removes them.
+    fn forgets_redemptions_itself(&self) -> bool {
         false
     }
 
@@ -197,10 +208,12 @@ macro_rules! event_suite {
         $crate::__conformance_inspect!($harness);
         $crate::__conformance_oldest!($harness);
         $crate::__conformance_bus!($harness);
+        $crate::__conformance_redeem!($harness);
     };
     ($harness:expr, persistent) => {
         $crate::event_suite!($harness);
         $crate::__conformance_restart!($harness);
+        $crate::__conformance_redeem_persistent!($harness);
     };
 }
 
@@ -391,6 +404,7 @@ mod registration {
                 ("inspect", include_str!("inspect.rs")),
                 ("oldest", include_str!("oldest.rs")),
                 ("bus", include_str!("bus.rs")),
+                ("redeem", include_str!("redeem.rs")),
             ],
             dir: "events",
         }

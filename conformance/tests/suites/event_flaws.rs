@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use mcp_event_store_conformance::events::{self as conformance, Harness};
+use mcp_event_store_core::task::Owner;
 use mcp_event_store_core::{
-    EventId, EventStore, FollowOptions, MemoryStore, NewEvent, PurgeReport, Replay, Result,
-    SessionStore, StoreOptions,
+    EventId, EventStore, FollowOptions, MemoryStore, NewEvent, PurgeReport, RedeemStore,
+    Redemption, Replay, Result, SessionStore, StoreOptions,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -31,6 +32,14 @@ enum Flaw {
     StreamReplaySkipsTheOldest,
     /// A replay from the oldest event replays every stream's events.
     StreamReplayMixesStreams,
+    /// The store hands out no redemptions (a wrapper that forwards none).
+    NoRedeemer,
+    /// A nonce redeemed before is redeemed again.
+    RedeemsTwice,
+    /// Every principal redeems in one nonce space.
+    RedeemIgnoresPrincipal,
+    /// An expired nonce is redeemed (and stored) with an expiry of its own.
+    RedeemsExpired,
 }
 
 struct Flawed {
@@ -136,6 +145,36 @@ impl EventStore for Flawed {
     }
     async fn check(&self) -> mcp_event_store_core::Result<mcp_event_store_core::HealthReport> {
         self.inner.check().await
+    }
+    fn redeemer(&self) -> Option<&dyn RedeemStore> {
+        match self.flaw {
+            Flaw::NoRedeemer => None,
+            _ => Some(self),
+        }
+    }
+}
+
+#[async_trait]
+impl RedeemStore for Flawed {
+    async fn redeem(
+        &self,
+        nonce: &[u8],
+        expires_at: std::time::SystemTime,
+        principal: &Owner,
+    ) -> Result<Redemption> {
+        let inner = self.inner.redeemer().unwrap();
+        let principal = match self.flaw {
+            Flaw::RedeemIgnoresPrincipal => &Owner::Anonymous,
+            _ => principal,
+        };
+        match (self.flaw, inner.redeem(nonce, expires_at, principal).await?) {
+            (Flaw::RedeemsTwice, Redemption::AlreadyRedeemed) => Ok(Redemption::Redeemed),
+            (Flaw::RedeemsExpired, Redemption::Expired) => {
+                let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+                inner.redeem(nonce, later, principal).await
+            }
+            (_, answer) => Ok(answer),
+        }
     }
 }
 
@@ -257,6 +296,58 @@ async fn a_replay_from_the_oldest_that_skips_or_mixes_fails() {
     .await;
 }
 
+#[tokio::test]
+async fn a_store_without_redemptions_fails() {
+    assert_case_fails(Flaw::NoRedeemer, |h| async move {
+        conformance::a_nonce_is_redeemed_once(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_nonce_redeemed_twice_fails() {
+    assert_case_fails(Flaw::RedeemsTwice, |h| async move {
+        conformance::a_nonce_is_redeemed_once(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::RedeemsTwice, |h| async move {
+        conformance::concurrent_redemptions_have_one_winner(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::RedeemsTwice, |h| async move {
+        conformance::expired_redemptions_are_forgotten_and_stay_refused(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redemptions_shared_between_principals_fail() {
+    assert_case_fails(Flaw::RedeemIgnoresPrincipal, |h| async move {
+        conformance::principals_redeem_independently(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_expired_nonce_redeemed_fails() {
+    assert_case_fails(Flaw::RedeemsExpired, |h| async move {
+        conformance::refused_redemptions_store_nothing(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::RedeemsExpired, |h| async move {
+        conformance::expired_redemptions_are_forgotten_and_stay_refused(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redemptions_never_forgotten_fail() {
+    assert_case_fails(Flaw::NeverPurges, |h| async move {
+        conformance::expired_redemptions_are_forgotten_and_stay_refused(&h).await
+    })
+    .await;
+}
+
 /// The same cases pass on the unflawed store, so the failures above are the
 /// flaws' doing.
 #[tokio::test]
@@ -275,4 +366,10 @@ async fn the_cases_pass_on_a_sound_store() {
     conformance::replay_stream_yields_every_event_from_the_oldest(&h).await;
     let h = conformance::MemoryHarness::new().await;
     conformance::replay_stream_starts_at_the_oldest_retained(&h).await;
+    let h = conformance::MemoryHarness::new().await;
+    conformance::a_nonce_is_redeemed_once(&h).await;
+    conformance::concurrent_redemptions_have_one_winner(&h).await;
+    conformance::principals_redeem_independently(&h).await;
+    conformance::refused_redemptions_store_nothing(&h).await;
+    conformance::expired_redemptions_are_forgotten_and_stay_refused(&h).await;
 }
