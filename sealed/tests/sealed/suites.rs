@@ -49,6 +49,7 @@ macro_rules! event_cases {
         mcp_event_store_conformance::__conformance_follow!($harness);
         mcp_event_store_conformance::__conformance_oldest!($harness);
         mcp_event_store_conformance::__conformance_bus!($harness);
+        mcp_event_store_conformance::__conformance_redeem!($harness);
         mcp_event_store_conformance::__conformance_cases!($harness;
             // retention.rs
             handle_reports_its_retention,
@@ -81,6 +82,7 @@ macro_rules! restart_cases {
             reopen_never_reissues_ids_of_a_deleted_stream,
             reopen_with_a_lower_count_limit_trims_long_streams,
         );
+        mcp_event_store_conformance::__conformance_redeem_persistent!($harness);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn acknowledged_events_survive_sigkill() {
@@ -207,6 +209,49 @@ fn every_case_of_the_split_files_runs_or_is_excluded_for_a_reason() {
                 run(case) + usize::from(excluded),
                 1,
                 "{case}: run it here (or exclude it, saying why), once"
+            );
+        }
+    }
+}
+
+/// Every file the suites run is run here: whole, through its macro, or
+/// split above, case by case.
+#[test]
+fn every_file_of_the_suites_runs_here() {
+    let this = include_str!("suites.rs");
+    let split = [
+        "retention",
+        "inspect",
+        "restart",
+        "limits",
+        "runtime",
+        "takeover",
+    ];
+    for (suite, module, prefix) in [
+        (
+            "event_suite",
+            include_str!("../../../conformance/src/events/mod.rs"),
+            "__conformance_",
+        ),
+        (
+            "task_suite",
+            include_str!("../../../conformance/src/tasks/mod.rs"),
+            "__task_cases_",
+        ),
+    ] {
+        let start = module
+            .find(&format!("macro_rules! {suite}"))
+            .expect("the suite's macro");
+        let end = start + module[start..].find("\n}").expect("its end");
+        for file in module[start..end]
+            .split(&format!("$crate::{prefix}"))
+            .skip(1)
+            .filter_map(|rest| rest.split('!').next())
+        {
+            let whole = this.contains(&format!("{prefix}{file}!("));
+            assert!(
+                whole || split.contains(&file),
+                "{suite}'s {file}.rs does not run through the decorator"
             );
         }
     }
