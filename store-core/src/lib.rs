@@ -88,6 +88,28 @@
 //!   messages are kept under the store's retention; a subscription reads
 //!   the store only as it is polled, so a slow one holds no backlog in
 //!   memory.
+//! * **C20 Sessions by digest, bound to their owner.** A store keeps a
+//!   session under the digest of its id ([`SessionDigest`]), never the
+//!   id: nothing read from its tables, keys or files yields a live session
+//!   id. A session stored with [`SessionStore::put_session_as`] is read
+//!   and deleted only by the same [`task::Owner`]; for any other it is
+//!   answered exactly as an unknown session. Sessions a release before
+//!   this one stored under their ids are not found any more (their clients
+//!   start new sessions, as MCP clients do on a 404) and go with their
+//!   time to live.
+//! * **C21 Redeemed once.** [`RedeemStore::redeem`] answers
+//!   [`Redemption::Redeemed`] once per principal and nonce across every
+//!   handle and process sharing the storage, and
+//!   [`Redemption::AlreadyRedeemed`] after. The store keeps a digest of
+//!   the principal's digest and the nonce, never the nonce, so one caller
+//!   cannot burn another's. An expiry not in the future (by the store's
+//!   clock) is [`Redemption::Expired`]; an empty nonce, one over
+//!   [`MAX_NONCE_BYTES`], or an expiry beyond [`MAX_REDEEM_HORIZON`] is
+//!   [`Error::Config`]; either refusal stores nothing. Records are
+//!   forgotten [`REDEEM_GRACE`] after their expiry (by the database's ttl
+//!   per key, else by `purge_expired`), so storage stays bounded, and a
+//!   forgotten nonce stays refused: every later redemption of it is
+//!   expired.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -101,6 +123,7 @@ mod maintenance;
 mod memory;
 mod options;
 mod redeem;
+mod session;
 mod store;
 
 pub mod backend;
@@ -122,4 +145,5 @@ pub use options::{
     PurgeReport, Retention, StoreOptions, SystemClock,
 };
 pub use redeem::{MAX_NONCE_BYTES, MAX_REDEEM_HORIZON, REDEEM_GRACE, RedeemStore, Redemption};
+pub use session::SessionDigest;
 pub use store::{EventStore, FollowOptions, Replay, SessionStore, Store};

@@ -16,7 +16,7 @@ use crate::id::{EventId, Position};
 use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage};
 use crate::options::{PurgeReport, Retention};
 use crate::redeem::RedeemStore;
-use crate::task::{RuntimeStore, TaskStore};
+use crate::task::{Owner, RuntimeStore, TaskStore};
 
 /// How a follow ends, besides being dropped or failing.
 ///
@@ -277,7 +277,9 @@ pub trait EventStore: Send + Sync + 'static {
 /// Opaque session state with a time to live, keyed by session id.
 ///
 /// MCP servers use it to restore a session on another instance behind a load
-/// balancer.
+/// balancer. A store keeps each session under the digest of its id
+/// ([`SessionDigest`](crate::SessionDigest)), never the id (C20); the `_as`
+/// methods bind a session to the caller who opened it.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -301,6 +303,66 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// Removes a session; `true` if it existed and had not expired.
     async fn delete_session(&self, session_id: &str) -> Result<bool>;
+
+    /// Stores (or replaces) a session's state bound to `owner` (C20): only
+    /// [`get_session_as`](Self::get_session_as) with the same owner reads
+    /// it back.
+    ///
+    /// The owner is kept with the state, in the value: a session written
+    /// this way is read with the `_as` methods only (its plain
+    /// [`get_session`](Self::get_session) holds the owner's digest before
+    /// the state). Provided over the three methods above, so every store,
+    /// and every wrapper of one, binds the same way.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> mcp_event_store_core::Result<()> {
+    /// use std::time::Duration;
+    /// use mcp_event_store_core::task::Owner;
+    /// use mcp_event_store_core::{MemoryStore, SessionStore};
+    ///
+    /// let store = MemoryStore::new();
+    /// let alice = Owner::principal(b"alice")?;
+    /// let bob = Owner::principal(b"bob")?;
+    /// store.put_session_as(&alice, "s-1", b"state", Duration::from_secs(60)).await?;
+    /// // Bob holding Alice's session id is answered as for an unknown session.
+    /// assert_eq!(store.get_session_as(&bob, "s-1").await?, None);
+    /// assert!(!store.delete_session_as(&bob, "s-1").await?);
+    /// assert_eq!(store.get_session_as(&alice, "s-1").await?.as_deref(), Some(&b"state"[..]));
+    /// # Ok(()) }
+    /// ```
+    async fn put_session_as(
+        &self,
+        owner: &Owner,
+        session_id: &str,
+        state: &[u8],
+        ttl: Duration,
+    ) -> Result<()> {
+        let value = crate::session::bind(owner, state);
+        self.put_session(session_id, &value, ttl).await
+    }
+
+    /// The state of a session stored with
+    /// [`put_session_as`](Self::put_session_as) by the same `owner`; `None`
+    /// if it is unknown, expired, or bound to another owner (C20): a
+    /// session of someone else reads exactly as one that does not exist.
+    async fn get_session_as(&self, owner: &Owner, session_id: &str) -> Result<Option<Bytes>> {
+        Ok(self
+            .get_session(session_id)
+            .await?
+            .and_then(|value| crate::session::unbind(owner, value)))
+    }
+
+    /// Removes a session stored with [`put_session_as`](Self::put_session_as)
+    /// if `owner` is its owner; `true` if it existed, had not expired and
+    /// was `owner`'s. Another owner's session is left alone and answered
+    /// `false`, as an unknown one.
+    async fn delete_session_as(&self, owner: &Owner, session_id: &str) -> Result<bool> {
+        if self.get_session_as(owner, session_id).await?.is_none() {
+            return Ok(false);
+        }
+        self.delete_session(session_id).await
+    }
 }
 
 /// A store that is an [`EventStore`], a [`SessionStore`] and a

@@ -255,6 +255,45 @@ impl PersistentHarness for NatsHarness {
             .await
             .unwrap_or_else(|e| panic!("setting the format failed: {e}"));
     }
+
+    /// Every message (subject, headers, payload) of every stream of the
+    /// harness's prefix: its events and spill streams and its key-value
+    /// buckets' streams.
+    async fn stored_bytes(&self) -> Vec<u8> {
+        use futures_util::TryStreamExt;
+        let client = async_nats::connect(servers(self.url()).as_slice())
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()));
+        let js = async_nats::jetstream::new(client);
+        let names: Vec<String> = js
+            .stream_names()
+            .try_collect()
+            .await
+            .expect("list the server's streams");
+        let mut bytes = Vec::new();
+        for name in names
+            .into_iter()
+            .filter(|name| name.contains(self.prefix()))
+        {
+            let mut stream = js.get_stream(&name).await.expect("open a stream");
+            let state = &stream.info().await.expect("a stream's state").state;
+            let (first, last) = (state.first_sequence, state.last_sequence);
+            for seq in first..=last {
+                let Ok(message) = stream.get_raw_message(seq).await else {
+                    continue; // removed since (a purge, a deleted key)
+                };
+                bytes.extend(message.subject.as_bytes());
+                for (name, values) in message.headers.iter() {
+                    bytes.extend(name.to_string().into_bytes());
+                    for value in values {
+                        bytes.extend(value.as_str().as_bytes());
+                    }
+                }
+                bytes.extend_from_slice(&message.payload);
+            }
+        }
+        bytes
+    }
 }
 
 #[async_trait]

@@ -279,6 +279,36 @@ impl PersistentHarness for PostgresHarness {
                 )
             });
     }
+
+    /// Every row of every table in the harness's schema, as PostgreSQL's
+    /// text form of the row (`bytea` as hex).
+    async fn stored_bytes(&self) -> Vec<u8> {
+        let mut conn = PgConnection::connect(&self.url)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url));
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1",
+        )
+        .bind(self.schema())
+        .fetch_all(&mut conn)
+        .await
+        .expect("list the schema's tables");
+        let mut bytes = Vec::new();
+        for table in tables {
+            let rows: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT t::text FROM \"{}\".\"{table}\" t",
+                self.schema()
+            )))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("dumping {table} failed: {e}"));
+            for row in rows {
+                bytes.extend(row.into_bytes());
+                bytes.push(b'\n');
+            }
+        }
+        bytes
+    }
 }
 
 /// The task conformance harness ([`task_suite!`](mcp_event_store_conformance::task_suite)):

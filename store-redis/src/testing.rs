@@ -320,6 +320,60 @@ impl PersistentHarness for RedisHarness {
             .await
             .unwrap_or_else(|e| panic!("setting {key} failed: {e}"));
     }
+
+    /// Every key under the harness's prefix with its value, read by type.
+    async fn stored_bytes(&self) -> Vec<u8> {
+        let mut conn = connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()));
+        let mut keys: Vec<String> = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}*", self.prefix()))
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut conn)
+                .await
+                .expect("scan the prefix's keys");
+            keys.extend(page);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut bytes = Vec::new();
+        for key in keys {
+            let kind: String = redis::cmd("TYPE")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("TYPE");
+            let read = match kind.as_str() {
+                "string" => redis::cmd("GET").arg(&key).clone(),
+                "hash" => redis::cmd("HGETALL").arg(&key).clone(),
+                "list" => redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).clone(),
+                "set" => redis::cmd("SMEMBERS").arg(&key).clone(),
+                "zset" => redis::cmd("ZRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .clone(),
+                "stream" => redis::cmd("XRANGE").arg(&key).arg("-").arg("+").clone(),
+                _ => continue,
+            };
+            let value: redis::Value = read
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("reading {key} failed: {e}"));
+            bytes.extend(key.into_bytes());
+            flatten(&value, &mut bytes);
+        }
+        bytes
+    }
 }
 
 #[async_trait]
@@ -421,5 +475,22 @@ mod tests {
         assert_ne!(a, b);
         crate::validate_prefix(&a).unwrap();
         assert!(a.starts_with(TEST_PREFIX));
+    }
+}
+
+/// Every byte string in a reply, one after another.
+fn flatten(value: &redis::Value, out: &mut Vec<u8>) {
+    match value {
+        redis::Value::BulkString(bytes) => out.extend_from_slice(bytes),
+        redis::Value::SimpleString(text) => out.extend_from_slice(text.as_bytes()),
+        redis::Value::Int(n) => out.extend_from_slice(n.to_string().as_bytes()),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().for_each(|item| flatten(item, out))
+        }
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+            flatten(k, out);
+            flatten(v, out);
+        }),
+        _ => {}
     }
 }

@@ -137,6 +137,24 @@ impl PersistentHarness for SledHarness {
             .await
             .unwrap_or_else(|e| panic!("set the format of {:?} to {version}: {e}", self.path()));
     }
+
+    /// The bytes of every file under the database's directory, as they are
+    /// on disk now.
+    async fn stored_bytes(&self) -> Vec<u8> {
+        fn read_all(dir: &Path, bytes: &mut Vec<u8>) {
+            for entry in std::fs::read_dir(dir).expect("list the database's directory") {
+                let path = entry.expect("a directory entry").path();
+                if path.is_dir() {
+                    read_all(&path, bytes);
+                } else {
+                    bytes.extend(std::fs::read(&path).expect("read a database file"));
+                }
+            }
+        }
+        let mut bytes = Vec::new();
+        read_all(self.path(), &mut bytes);
+        bytes
+    }
 }
 
 /// How many streams have a follower on `store`'s database in this process:

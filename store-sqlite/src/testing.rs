@@ -169,6 +169,23 @@ impl PersistentHarness for SqliteHarness {
         tx.commit().await.expect("commit");
         conn.close().await.expect("close");
     }
+
+    /// The bytes of every file in the database's directory (the database,
+    /// its write-ahead log), as they are on disk now.
+    async fn stored_bytes(&self) -> Vec<u8> {
+        let dir = self
+            .path
+            .parent()
+            .expect("the database file has a directory");
+        let mut bytes = Vec::new();
+        for entry in std::fs::read_dir(dir).expect("list the database's directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_file() {
+                bytes.extend(std::fs::read(&path).expect("read a database file"));
+            }
+        }
+        bytes
+    }
 }
 
 /// The task suite's harness: every `open` is a new handle on this

@@ -1,4 +1,4 @@
-//! The conformance suite: every backend runs every case (contract C1 to C19).
+//! The conformance suite: every backend runs every case (contract C1 to C21).
 //!
 //! Each case is a plain async function taking a [`Harness`]; the
 //! [`event_suite!`](crate::event_suite) macro turns them all into
@@ -126,6 +126,12 @@ pub trait PersistentHarness: Harness {
     /// where a release writing that version would (a migration row, a
     /// metadata key), with no handle open.
     async fn set_format_version(&self, version: u64);
+
+    /// Every byte this harness's storage holds, as the database keeps it
+    /// while handles are open: its files, or its rows as text, or its keys
+    /// and values. What a dump of the store would hand out (C20). Values
+    /// may come in any encoding the database shows them in, hex included.
+    async fn stored_bytes(&self) -> Vec<u8>;
 }
 
 /// Private test storage that `connect` opens by URL, whatever the backend:

@@ -269,6 +269,61 @@ where
     }
 }
 
+/// C20: whatever the database holds (files, rows, keys, values) names no
+/// live session id, bound or not, while the states are there to see.
+pub async fn no_stored_byte_names_a_live_session<H: PersistentHarness>(h: &H) {
+    let store = h.open(test_options(&test_clock())).await;
+    let ttl = Duration::from_secs(600);
+    let nonce = mcp_event_store_core::backend::StreamKey::generate()
+        .unwrap()
+        .token("c20")
+        .to_string();
+    let plain = format!("live-plain-{nonce}");
+    let bound = format!("live-bound-{nonce}");
+    let marker = format!("state-marker-{nonce}");
+    let owner = mcp_event_store_core::task::Owner::principal(b"alice").unwrap();
+    store
+        .put_session(&plain, marker.as_bytes(), ttl)
+        .await
+        .unwrap();
+    store
+        .put_session_as(&owner, &bound, marker.as_bytes(), ttl)
+        .await
+        .unwrap();
+    // Both readable by id, as before.
+    assert!(store.get_session(&plain).await.unwrap().is_some());
+    assert!(
+        store
+            .get_session_as(&owner, &bound)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let dump = h.stored_bytes().await;
+    let holds = |needle: &str| {
+        let hex = data_encoding::HEXLOWER.encode(needle.as_bytes());
+        [needle.as_bytes(), hex.as_bytes()]
+            .iter()
+            .any(|n| dump.windows(n.len()).any(|w| w == *n))
+    };
+    // The dump sees session data (the states are plaintext here), so it
+    // would see an id stored beside them.
+    assert!(
+        holds(&marker),
+        "the harness's stored bytes ({} bytes) do not hold a session's state",
+        dump.len()
+    );
+    assert!(
+        !holds(&plain),
+        "a stored byte names the live session {plain}"
+    );
+    assert!(
+        !holds(&bound),
+        "a stored byte names the live session {bound}"
+    );
+    h.close(store).await;
+}
+
 /// Registers this file's cases with [`event_suite!`](crate::event_suite).
 #[doc(hidden)]
 #[macro_export]
@@ -279,6 +334,7 @@ macro_rules! __conformance_restart {
             reopen_replays_everything_acknowledged,
             reopen_continues_each_stream,
             reopen_keeps_sessions,
+            no_stored_byte_names_a_live_session,
             reopen_never_reissues_ids_of_a_deleted_stream,
             reopen_with_a_lower_count_limit_trims_long_streams
         );

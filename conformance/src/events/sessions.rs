@@ -85,6 +85,60 @@ pub async fn session_ids_are_data<H: Harness>(h: &H) {
     h.close(store).await;
 }
 
+/// C20: a session stored for an owner reads, and deletes, for that owner
+/// only; for anyone else it is an unknown session.
+pub async fn a_session_is_read_only_by_its_owner<H: Harness>(h: &H) {
+    use mcp_event_store_core::task::Owner;
+    let (store, _) = open_default(h).await;
+    let ttl = Duration::from_secs(600);
+    let alice = Owner::principal(b"alice").unwrap();
+    let bob = Owner::principal(b"bob").unwrap();
+    store
+        .put_session_as(&alice, "s-alice", b"a", ttl)
+        .await
+        .unwrap();
+    store
+        .put_session_as(&Owner::Anonymous, "s-anon", b"n", ttl)
+        .await
+        .unwrap();
+    store.put_session("s-plain", b"p", ttl).await.unwrap();
+    for other in [bob, Owner::Anonymous] {
+        assert_eq!(store.get_session_as(&other, "s-alice").await.unwrap(), None);
+        assert!(!store.delete_session_as(&other, "s-alice").await.unwrap());
+    }
+    assert_eq!(store.get_session_as(&alice, "s-anon").await.unwrap(), None);
+    assert!(!store.delete_session_as(&alice, "s-anon").await.unwrap());
+    // A value stored unbound is bound to nobody.
+    for who in [alice, Owner::Anonymous] {
+        assert_eq!(store.get_session_as(&who, "s-plain").await.unwrap(), None);
+    }
+    // What the refused calls left is all there.
+    assert_eq!(
+        store
+            .get_session_as(&alice, "s-alice")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"a"[..])
+    );
+    assert_eq!(
+        store
+            .get_session_as(&Owner::Anonymous, "s-anon")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"n"[..])
+    );
+    assert_eq!(
+        store.get_session("s-plain").await.unwrap().as_deref(),
+        Some(&b"p"[..])
+    );
+    assert!(store.delete_session_as(&alice, "s-alice").await.unwrap());
+    assert_eq!(store.get_session_as(&alice, "s-alice").await.unwrap(), None);
+    assert!(!store.delete_session_as(&alice, "s-alice").await.unwrap());
+    h.close(store).await;
+}
+
 /// Registers this file's cases with [`event_suite!`](crate::event_suite).
 #[doc(hidden)]
 #[macro_export]
@@ -93,7 +147,8 @@ macro_rules! __conformance_sessions {
         $crate::__conformance_cases!($harness;
             session_round_trip,
             session_expires,
-            session_ids_are_data
+            session_ids_are_data,
+            a_session_is_read_only_by_its_owner
         );
     };
 }

@@ -69,6 +69,7 @@ use crate::options::{
     PurgeReport, Retention, StoreOptions, validate_session_id, validate_stream_id,
 };
 use crate::redeem::RedeemStore;
+use crate::session::SessionDigest;
 use crate::store::{EventStore, FollowOptions, Replay, SessionStore};
 use crate::task::{
     Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
@@ -257,24 +258,29 @@ impl<B: EventBackend> EventStore for B {
 
 /// The session side of a backend: what [`SessionStore`] needs from the
 /// database.
+///
+/// Each method receives the session's *key*, the
+/// [`SessionDigest::key`] of the id the caller gave (C20): 67 ASCII bytes
+/// (`s1.` and 64 hex digits), never the id itself, so what a backend
+/// stores names no live session.
 #[async_trait]
 pub trait SessionBackend: BackendHandle {
-    /// Keeps `state` under `session_id` until `expires_at` (milliseconds
-    /// since the epoch by the store's clock, `ttl` from now), replacing
-    /// what was there. Id and size checked.
+    /// Keeps `state` under `key` until `expires_at` (milliseconds since
+    /// the epoch by the store's clock, `ttl` from now), replacing what was
+    /// there. Size checked.
     async fn session_put(
         &self,
-        session_id: &str,
+        key: &str,
         state: &[u8],
         ttl: Duration,
         expires_at: i64,
     ) -> Result<()>;
 
-    /// The state under `session_id` unless it expired.
-    async fn session_get(&self, session_id: &str) -> Result<Option<Bytes>>;
+    /// The state under `key` unless it expired.
+    async fn session_get(&self, key: &str) -> Result<Option<Bytes>>;
 
-    /// Forgets `session_id`; whether a live session was there.
-    async fn session_delete(&self, session_id: &str) -> Result<bool>;
+    /// Forgets `key`; whether a live session was there.
+    async fn session_delete(&self, key: &str) -> Result<bool>;
 }
 
 #[async_trait]
@@ -284,7 +290,8 @@ impl<B: SessionBackend> SessionStore for B {
         let expires_at = self
             .store_options()
             .check_session_put(session_id, state.len(), ttl)?;
-        self.session_put(session_id, state, ttl, expires_at).await
+        let key = SessionDigest::of(session_id).key();
+        self.session_put(&key, state, ttl, expires_at).await
     }
 
     async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
@@ -292,7 +299,7 @@ impl<B: SessionBackend> SessionStore for B {
         if validate_session_id(session_id).is_err() {
             return Ok(None);
         }
-        self.session_get(session_id).await
+        self.session_get(&SessionDigest::of(session_id).key()).await
     }
 
     async fn delete_session(&self, session_id: &str) -> Result<bool> {
@@ -300,7 +307,8 @@ impl<B: SessionBackend> SessionStore for B {
         if validate_session_id(session_id).is_err() {
             return Ok(false);
         }
-        self.session_delete(session_id).await
+        self.session_delete(&SessionDigest::of(session_id).key())
+            .await
     }
 }
 
