@@ -22,7 +22,7 @@ use futures_util::stream::BoxStream;
 use futures_util::{Stream, StreamExt};
 use mcp_event_store_core::bus::{Bus, Cursor, Message, Start, StoreBus, Subscription, Topic};
 use mcp_event_store_core::task::InstanceId;
-use mcp_event_store_core::{Error, Result};
+use mcp_event_store_core::{Error, Result, SessionDigest};
 
 use crate::Runtime;
 
@@ -116,8 +116,35 @@ pub enum Route {
 pub enum Audience {
     /// Every listener of every session.
     All,
-    /// The listeners of one session.
-    Session(String),
+    /// The listeners of one session, named by its digest (C20: the bus
+    /// keeps what it carries in the store, and a session id there would be
+    /// a live credential). [`Audience::session`] makes one from an id.
+    Session(SessionDigest),
+}
+
+impl Audience {
+    /// The listeners of the session `id`.
+    ///
+    /// ```
+    /// use mcp_event_store_core::SessionDigest;
+    /// use mcp_event_store_runtime::Audience;
+    ///
+    /// let audience = Audience::session("0b5c4a9e-1b9f-4c55-9f43-7a3c6f0d2e11");
+    /// assert_eq!(
+    ///     audience,
+    ///     Audience::Session(SessionDigest::of("0b5c4a9e-1b9f-4c55-9f43-7a3c6f0d2e11"))
+    /// );
+    /// ```
+    pub fn session(id: &str) -> Self {
+        Self::Session(SessionDigest::of(id))
+    }
+}
+
+/// The session a message on the bus names: a digest's key, or, from an
+/// instance of a release before digests, the session id itself.
+fn heard_session(bytes: &[u8]) -> Option<SessionDigest> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    Some(SessionDigest::from_key(text).unwrap_or_else(|| SessionDigest::of(text)))
 }
 
 /// A notification raised on some instance, for the listeners of this one.
@@ -251,27 +278,30 @@ impl Runtime {
     }
 
     /// Tells every instance that `session` ended (a client deleted it
-    /// here): each ends it where it holds it.
+    /// here): each ends it where it holds it. What the bus carries, and
+    /// the store keeps, is the session's digest, never its id (C20).
     pub async fn end_session(&self, session: &str) -> Result<()> {
-        self.inner.ended().insert(session);
+        let digest = SessionDigest::of(session);
+        self.inner.ended().insert(digest);
         self.inner
             .bus
-            .publish(&topic(ENDED_SESSIONS), session.as_bytes())
+            .publish(&topic(ENDED_SESSIONS), digest.key().as_bytes())
             .await
             .map(drop)
     }
 
-    /// The sessions ended on any instance, this one included. Each one
+    /// The sessions ended on any instance, this one included, as their
+    /// digests: compare [`SessionDigest::of`] a session you hold. Each one
     /// heard is also remembered ([`session_ended`](Self::session_ended)).
-    pub async fn ended_sessions(&self) -> Result<Listener<String>> {
+    pub async fn ended_sessions(&self) -> Result<Listener<SessionDigest>> {
         self.ensure_open()?;
         let topic = topic(ENDED_SESSIONS);
         let first = self.inner.bus.subscribe(&topic, Start::Now).await?;
         let runtime = Arc::downgrade(&self.inner);
         Ok(self.keep(topic, first, move |message| {
-            let session = String::from_utf8(message.payload.to_vec()).ok()?;
+            let session = heard_session(&message.payload)?;
             if let Some(inner) = runtime.upgrade() {
-                inner.ended().insert(&session);
+                inner.ended().insert(session);
             }
             Some(session)
         }))
@@ -284,23 +314,18 @@ impl Runtime {
     /// holds or another instance wrote back before it heard. At most
     /// 100,000 are remembered (the oldest go first).
     pub fn session_ended(&self, session: &str) -> bool {
-        self.inner.ended().contains(session)
+        self.inner.ended().contains(&SessionDigest::of(session))
     }
 
     /// Raises a notification once for the listeners of every instance.
     pub async fn notify(&self, audience: &Audience, message: &[u8]) -> Result<()> {
-        let to: &[u8] = match audience {
-            Audience::All => b"",
-            Audience::Session(session) if session.is_empty() => {
-                return Err(Error::InvalidSessionId {
-                    reason: "a notification's session is 1 or more bytes".into(),
-                });
-            }
-            Audience::Session(session) => session.as_bytes(),
+        let to = match audience {
+            Audience::All => String::new(),
+            Audience::Session(session) => session.key(),
         };
         self.inner
             .bus
-            .publish(&topic(NOTIFICATIONS), &frame(to, message)?)
+            .publish(&topic(NOTIFICATIONS), &frame(to.as_bytes(), message)?)
             .await
             .map(drop)
     }
@@ -326,7 +351,7 @@ impl Runtime {
                     let (to, notification) = unframe(&message.payload)?;
                     let audience = match to.is_empty() {
                         true => Audience::All,
-                        false => Audience::Session(String::from_utf8(to.to_vec()).ok()?),
+                        false => Audience::Session(heard_session(&to)?),
                     };
                     Some(Notification {
                         audience,
@@ -482,12 +507,12 @@ pub(crate) fn new_bus(store: &Arc<dyn mcp_event_store_core::Store>) -> StoreBus 
 /// Sessions ended anywhere, oldest first, for [`ENDED_KEPT`].
 #[derive(Default)]
 pub(crate) struct Ended {
-    at: HashMap<String, Instant>,
-    order: VecDeque<(Instant, String)>,
+    at: HashMap<SessionDigest, Instant>,
+    order: VecDeque<(Instant, SessionDigest)>,
 }
 
 impl Ended {
-    fn insert(&mut self, session: &str) {
+    fn insert(&mut self, session: SessionDigest) {
         let now = Instant::now();
         self.forget_before(now);
         if self.at.len() >= ENDED_MAX
@@ -495,12 +520,12 @@ impl Ended {
         {
             self.at.remove(&oldest);
         }
-        if self.at.insert(session.to_owned(), now).is_none() {
-            self.order.push_back((now, session.to_owned()));
+        if self.at.insert(session, now).is_none() {
+            self.order.push_back((now, session));
         }
     }
 
-    fn contains(&mut self, session: &str) -> bool {
+    fn contains(&mut self, session: &SessionDigest) -> bool {
         self.forget_before(Instant::now());
         self.at.contains_key(session)
     }
@@ -578,15 +603,24 @@ mod tests {
     #[test]
     fn ended_sessions_are_remembered_within_a_bound() {
         let mut ended = Ended::default();
+        let s = |i: usize| SessionDigest::of(&format!("s-{i}"));
         for i in 0..=ENDED_MAX {
-            ended.insert(&format!("s-{i}"));
+            ended.insert(s(i));
         }
-        assert!(!ended.contains("s-0"), "the oldest went first");
-        assert!(ended.contains("s-1") && ended.contains(&format!("s-{ENDED_MAX}")));
+        assert!(!ended.contains(&s(0)), "the oldest went first");
+        assert!(ended.contains(&s(1)) && ended.contains(&s(ENDED_MAX)));
         assert_eq!(ended.at.len(), ENDED_MAX);
         assert_eq!(ended.order.len(), ENDED_MAX);
-        ended.insert("s-1");
+        ended.insert(s(1));
         assert_eq!(ended.order.len(), ENDED_MAX, "one entry per session");
+    }
+
+    #[test]
+    fn a_heard_session_is_a_digest_or_an_older_release_s_id() {
+        let digest = SessionDigest::of("session-1");
+        assert_eq!(heard_session(digest.key().as_bytes()), Some(digest));
+        assert_eq!(heard_session(b"session-1"), Some(digest));
+        assert_eq!(heard_session(b"\xff"), None);
     }
 
     #[test]

@@ -72,6 +72,7 @@
 #![forbid(unsafe_code)]
 
 mod bus;
+mod callers;
 mod run;
 mod runtime;
 mod streams;
@@ -79,6 +80,7 @@ mod takeover;
 mod time;
 
 pub use bus::{Audience, Heard, Listener, Notification, Reply, Route};
+pub use callers::{Callers, owner_of};
 pub use run::{Outcome, Stop, TaskRun};
 pub use runtime::{
     DEFAULT_CLAIM_EVERY, DEFAULT_LEASE, DEFAULT_MAX_RUNNING, DEFAULT_PURGE_EVERY,

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use mcp_event_store_core::{EventStore, MemoryStore, Retention, StoreOptions};
+use futures_util::{StreamExt, TryStreamExt};
+use mcp_event_store_core::{EventStore, MemoryStore, Retention, SessionDigest, StoreOptions};
 use mcp_event_store_runtime::{Audience, Heard, Listener, Notification, Reply, Route, Runtime};
 
 /// "Must happen eventually" guard; never a latency bound.
@@ -94,9 +94,7 @@ async fn a_notification_is_heard_on_every_instance() {
     let all = br#"{"jsonrpc":"2.0","method":"notifications/resources/list_changed"}"#;
     let one = br#"{"jsonrpc":"2.0","method":"notifications/message"}"#;
     a.notify(&Audience::All, all).await.unwrap();
-    b.notify(&Audience::Session("s-9".into()), one)
-        .await
-        .unwrap();
+    b.notify(&Audience::session("s-9"), one).await.unwrap();
     for listener in [&mut on_a, &mut on_b] {
         assert_eq!(
             message(listener).await,
@@ -108,16 +106,28 @@ async fn a_notification_is_heard_on_every_instance() {
         assert_eq!(
             message(listener).await,
             Notification {
-                audience: Audience::Session("s-9".into()),
+                audience: Audience::session("s-9"),
                 message: one.to_vec().into(),
             }
         );
     }
-    assert!(
-        a.notify(&Audience::Session(String::new()), one)
+    // What the store keeps names the session by its digest only (C20).
+    let streams = store.list_streams(None, 100).await.unwrap().streams;
+    assert!(!streams.is_empty());
+    for stream in streams {
+        assert!(!stream.stream_id.contains("s-9"));
+        let kept: Vec<_> = store
+            .replay_stream(&stream.stream_id)
             .await
-            .is_err()
-    );
+            .unwrap()
+            .events
+            .try_collect()
+            .await
+            .unwrap();
+        for event in kept {
+            assert!(!event.data.windows(3).any(|w| w == b"s-9"), "{event:?}");
+        }
+    }
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -130,8 +140,11 @@ async fn an_ended_session_is_heard_everywhere() {
     let mut on_a = a.ended_sessions().await.unwrap();
     let mut on_b = b.ended_sessions().await.unwrap();
     b.end_session("session-7").await.unwrap();
-    assert_eq!(message(&mut on_a).await, "session-7");
-    assert_eq!(message(&mut on_b).await, "session-7");
+    let seven = SessionDigest::of("session-7");
+    assert_eq!(message(&mut on_a).await, seven);
+    assert_eq!(message(&mut on_b).await, seven);
+    assert!(a.session_ended("session-7") && b.session_ended("session-7"));
+    assert!(!a.session_ended("session-8"));
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -150,7 +163,7 @@ async fn an_overtaken_listener_says_it_missed_and_goes_on() {
     store.purge_expired().await.unwrap();
     assert_eq!(heard(&mut slow).await, Heard::Missed);
     a.end_session("after").await.unwrap();
-    assert_eq!(message(&mut slow).await, "after");
+    assert_eq!(message(&mut slow).await, SessionDigest::of("after"));
     a.shutdown().await;
 }
 
