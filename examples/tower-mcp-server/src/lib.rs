@@ -59,7 +59,8 @@ use std::time::Duration;
 
 use mcp_event_store::DynStore;
 use mcp_event_store::tower_mcp::{
-    Across, Broadcast, Runtime, TowerEventStore, TowerSessionStore, TowerTaskStore,
+    Across, BindCallers, Broadcast, Callers, CallersLayer, Runtime, TowerEventStore,
+    TowerSessionStore, TowerTaskStore,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -424,7 +425,8 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
         .tool(running_counts(running))
         .tool(announce(across.clone()))
         .tool(ask_client())
-        .with_tasks();
+        .with_tasks()
+        .bind_callers();
     let takeovers = options
         .takeover
         .is_some()
@@ -438,6 +440,7 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     let events = TowerEventStore::new(store).across_instances();
     let announcing = router.clone();
     let mut transport = HttpTransport::new(router)
+        .bind_callers()
         .session_store(Arc::new(sessions))
         .event_store(Arc::new(events))
         .session_config(
@@ -451,15 +454,57 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     }
     let (router, handle) = transport.into_router_at_with_handle("/mcp");
     Ok(App {
-        router: router.layer(
-            across
-                .layer(handle)
-                .await?
-                .announcing_tasks(announcing, TowerTaskStore::clone(&tasks)),
-        ),
+        router: router
+            .layer(
+                across
+                    .layer(handle)
+                    .await?
+                    .announcing_tasks(announcing, TowerTaskStore::clone(&tasks)),
+            )
+            // Sessions and tasks are bound to the caller (C20, T3).
+            .layer(CallersLayer::new(callers()))
+            .layer(axum::middleware::map_request(|request| {
+                std::future::ready(authenticate(request))
+            })),
         takeovers,
         runtime,
     })
+}
+
+/// Who a request comes from, as the example's stand-in for authentication
+/// ([`authenticate`]) puts it in the request's extensions: its
+/// `Authorization` header. A real server's authentication middleware
+/// inserts its own type (verified claims), and [`callers`] reads that.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+/// The example's stand-in for authentication: a request's non-empty
+/// `Authorization` header, whatever it holds, becomes its [`Caller`]. Do
+/// not trust a header like this in production; verify it first.
+pub fn authenticate(mut request: axum::extract::Request) -> axum::extract::Request {
+    let caller = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|value| value.as_bytes())
+        .filter(|bytes| !bytes.is_empty())
+        .map(|bytes| match std::str::from_utf8(bytes) {
+            Ok(text) => format!("u:{text}"),
+            Err(_) => format!("b:{}", hex(bytes)),
+        });
+    if let Some(caller) = caller {
+        request.extensions_mut().insert(Caller(caller));
+    }
+    request
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Who is calling: the [`Caller`] of each request. tower-mcp binds each
+/// session and each task to it.
+pub fn callers() -> Callers {
+    Callers::from_extension(|caller: &Caller| caller.0.clone())
 }
 
 /// The server's HTTP service, the takeovers it runs (with `--takeover`),

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{Method, Request, Response, StatusCode, header};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
-use mcp_event_store_core::Result;
+use mcp_event_store_core::{Result, SessionDigest};
 use mcp_event_store_runtime::{Audience, Heard, Notification, Runtime};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -299,7 +299,7 @@ impl Across {
                     return;
                 };
                 match heard {
-                    Heard::Message(session) => shared.ended_somewhere(&session).await,
+                    Heard::Message(session) => shared.ended_somewhere(session).await,
                     Heard::Missed => tracing::warn!(
                         "sessions deleted on other instances may have been missed (the bus's retention overtook this instance); each lives on here until idle"
                     ),
@@ -355,12 +355,30 @@ impl Shared {
     }
 
     /// `session` was deleted on some instance (this one included).
-    async fn ended_somewhere(&self, session: &str) {
-        let terminated = ENDING.scope((), self.sessions.terminate_session(session));
+    /// Ends here the session a digest heard on the bus names (C20: the bus
+    /// never carries ids), if this instance holds it or a stream of it.
+    async fn ended_somewhere(&self, ended: SessionDigest) {
+        let held = self.sessions.list_sessions().await;
+        let streams: Vec<String> = self
+            .streams
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let Some(session) = held
+            .into_iter()
+            .map(|info| info.id)
+            .chain(streams)
+            .find(|id| SessionDigest::of(id) == ended)
+        else {
+            return;
+        };
+        let terminated = ENDING.scope((), self.sessions.terminate_session(&session));
         if terminated.await {
             tracing::info!(session_id = %session, "session deleted on another instance; ended here");
         }
-        self.end_streams(session);
+        self.end_streams(&session);
     }
 
     fn end_streams(&self, session: &str) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use mcp_event_store_core::{Error, EventStore, NewEvent, Store};
+use mcp_event_store_core::{Error, EventStore, NewEvent, SessionDigest, Store};
 use tower_mcp::event_store::{EventRecord, EventStoreError, Result};
 
 use crate::DEFAULT_NAMESPACE;
@@ -25,7 +25,9 @@ const REPLAY_ATTEMPTS: usize = 3;
 /// tower-mcp numbers a session's events itself (a `u64` per session,
 /// counted by the transport) and replays by session and number, where this
 /// project's stores assign their own ids (C2) and replay by id. So each
-/// session is one stream of the store, named `<namespace><session id>`,
+/// session is one stream of the store, named `<namespace><digest>` (the
+/// session id's [`SessionDigest`] in hex, so the store names no live
+/// session, C20),
 /// and each event is stored in an envelope of this adapter's: a version
 /// byte, tower-mcp's id and its timestamp (big-endian), then the data.
 /// [`replay_after`](tower_mcp::event_store::EventStore::replay_after)
@@ -107,9 +109,11 @@ impl<S: EventStore + ?Sized> TowerEventStore<S> {
         self
     }
 
-    /// The store's stream id for a tower-mcp session.
+    /// The store's stream id for a tower-mcp session: the namespace and
+    /// the session id's digest in hex (C20), so no stream id in the store
+    /// names a live session.
     pub fn stream_id(&self, session_id: &str) -> String {
-        format!("{}{session_id}", self.namespace)
+        format!("{}{}", self.namespace, SessionDigest::of(session_id).hex())
     }
 }
 
@@ -249,16 +253,18 @@ mod tests {
         let b = TowerEventStore::new(store.clone()).with_namespace("b/");
         a.append("s", EventRecord::new(1, "from a")).await.unwrap();
         assert!(b.replay_after("s", 0).await.unwrap().is_empty());
-        assert_eq!(a.stream_id("s"), "a/s");
-        let raw = store.replay_stream("a/s").await.unwrap();
+        assert_eq!(
+            a.stream_id("s"),
+            format!("a/{}", SessionDigest::of("s").hex())
+        );
+        let raw = store.replay_stream(&a.stream_id("s")).await.unwrap();
         assert_eq!(raw.events.count().await, 1);
-        // A session id too long for a stream: nothing stored, nothing lost.
+        // The store's stream id names no session (C20), so a session id of
+        // any length has one.
         let long = "s".repeat(2_000);
-        assert!(matches!(
-            a.append(&long, EventRecord::new(1, "x")).await,
-            Err(EventStoreError::Encode(_))
-        ));
-        assert!(a.replay_after(&long, 0).await.unwrap().is_empty());
+        a.append(&long, EventRecord::new(1, "x")).await.unwrap();
+        assert_eq!(a.replay_after(&long, 0).await.unwrap().len(), 1);
         a.purge_session(&long).await.unwrap();
+        assert!(a.replay_after(&long, 0).await.unwrap().is_empty());
     }
 }

@@ -339,6 +339,7 @@
 #![forbid(unsafe_code)]
 
 mod across;
+mod callers;
 mod events;
 mod sessions;
 mod support;
@@ -346,8 +347,9 @@ mod takeover;
 mod tasks;
 
 pub use across::{Across, AcrossLayer, AcrossService, Broadcast};
+pub use callers::{BindCallers, CallerPrincipal, CallersLayer, CallersService};
 pub use events::TowerEventStore;
-pub use mcp_event_store_runtime::{self as runtime, Runtime, RuntimeBuilder, Takeovers};
+pub use mcp_event_store_runtime::{self as runtime, Callers, Runtime, RuntimeBuilder, Takeovers};
 pub use sessions::TowerSessionStore;
 pub use tasks::{DEFAULT_POLL_INTERVAL, DEFAULT_TASK_TTL, TowerTaskStore, TowerTaskStoreBuilder};
 

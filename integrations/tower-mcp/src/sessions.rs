@@ -18,7 +18,8 @@ const CREATE_ATTEMPTS: usize = 8;
 /// so that a session created on one instance is served by another.
 ///
 /// Each session is one record of the store's session store, keyed
-/// `<namespace><session id>`: tower-mcp's [`SessionRecord`] as JSON, kept
+/// `<namespace><session id>` (which the store keeps as a digest, C20):
+/// tower-mcp's [`SessionRecord`] as JSON without its id, kept
 /// until the record's `expires_at` (each `save` sets the time to live
 /// again; tower-mcp saves on every request). A record read after its
 /// `expires_at` is never returned, whatever the store's clock says.
@@ -120,8 +121,10 @@ impl<S: SessionStore + ?Sized> TowerSessionStore<S> {
         let Some(state) = state else {
             return Ok(None);
         };
-        let record: SessionRecord = serde_json::from_slice(&state)
+        let mut record: SessionRecord = serde_json::from_slice(&state)
             .map_err(|e| SessionStoreError::Decode(format!("a stored session record: {e}")))?;
+        // Stored without its id (C20): it is the key's.
+        record.id = session_id.to_owned();
         Ok((!record.is_expired()).then_some(record))
     }
 
@@ -141,7 +144,11 @@ impl<S: SessionStore + ?Sized> TowerSessionStore<S> {
                 .map(drop)
                 .map_err(session_error);
         }
-        let state = serde_json::to_vec(record)
+        // The id is a live credential: the store keeps its digest as the
+        // key (C20) and the record without it.
+        let mut stored = record.clone();
+        stored.id = String::new();
+        let state = serde_json::to_vec(&stored)
             .map_err(|e| SessionStoreError::Encode(format!("a session record: {e}")))?;
         self.store
             .put_session(&key, &state, ttl)
@@ -207,6 +214,25 @@ mod tests {
         sessions.save(&record).await.unwrap();
         assert!(sessions.load("old").await.unwrap().is_none());
         assert_eq!(store.get_session("tower-mcp/old").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_record_is_kept_without_its_id_and_loads_with_it() {
+        let store = Arc::new(MemoryStore::new());
+        let sessions = TowerSessionStore::new(store.clone());
+        let id = "5b0c7f6e-9d1c-4f5e-8a61-2f3c4d5e6f70";
+        let mut record = SessionRecord::new(id, "2025-11-25", Duration::from_secs(60));
+        record.principal = Some("alice".into());
+        sessions.create(&mut record).await.unwrap();
+        let kept = store
+            .get_session(&format!("tower-mcp/{id}"))
+            .await
+            .unwrap()
+            .expect("kept");
+        assert!(!kept.windows(8).any(|w| w == &id.as_bytes()[..8]), "C20");
+        let loaded = sessions.load(id).await.unwrap().expect("loaded");
+        assert_eq!(loaded.id, id);
+        assert_eq!(loaded.principal.as_deref(), Some("alice"));
     }
 
     #[tokio::test]

@@ -15,7 +15,6 @@ use mcp_event_store_core::task::{
 use mcp_event_store_runtime::{Runtime, iso8601, status_message};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tokio::task::AbortHandle;
 use tower_mcp::CallToolResult;
 use tower_mcp::async_task::{
@@ -40,8 +39,6 @@ const CONTEXT_VERSION: u32 = 1;
 const ANSWER_VERSION: u8 = 1;
 /// Bytes of the nonce that marks which `tasks/update` stored an answer.
 const NONCE_LEN: usize = 16;
-/// Domain of the digest a tower-mcp owner is bound by in the store.
-const OWNER_DOMAIN: &[u8] = b"mcp-event-store-tower-mcp/owner\0";
 
 /// What the adapter keeps with each task, as its context (T13): what
 /// tower-mcp asks back and the store does not otherwise keep.
@@ -86,19 +83,11 @@ impl Context {
 }
 
 /// The store's owner for a tower-mcp owner: anonymous, or the principal
-/// whose bytes are a digest of the owner string (so every string, the
-/// empty one and one over 256 bytes included, is a principal of its own).
+/// (every string, the empty one and one over 256 bytes included, is a
+/// principal of its own), as [`Callers`](mcp_event_store_runtime::Callers)
+/// binds it for every framework.
 fn core_owner(owner: &TaskOwner) -> Result<Owner> {
-    match owner {
-        None => Ok(Owner::Anonymous),
-        Some(principal) => {
-            let digest = Sha256::new()
-                .chain_update(OWNER_DOMAIN)
-                .chain_update(principal.as_bytes())
-                .finalize();
-            Owner::principal(&digest).map_err(task_error)
-        }
-    }
+    Ok(mcp_event_store_runtime::owner_of(owner.as_deref()))
 }
 
 fn tower_status(status: CoreStatus) -> TaskStatus {

@@ -4,8 +4,8 @@ use serde_json::{Value, json};
 
 use crate::harness::{ChildServer, Fixture};
 use crate::wire::{
-    Stream, counts_until, delete, get_task, initialize, initialize_with, post, request, start_task,
-    task_until,
+    Stream, counts_until, delete, get_task, initialize, initialize_as, initialize_with, post,
+    request, request_as, start_task, task_until,
 };
 
 fn list_tools(id: i64) -> Value {
@@ -69,6 +69,7 @@ pub async fn session_created_on_one_server_is_served_by_another(fixture: &Fixtur
     assert_eq!(text_of(&called.answer.expect("the result")), "counted to 2");
     let unknown = crate::wire::Session {
         id: "no-such-session".into(),
+        caller: None,
     };
     assert_eq!(
         post(&b.url, Some(&unknown), list_tools(4)).await.status,
@@ -568,4 +569,97 @@ pub async fn task_of_a_killed_server_is_taken_over_by_another(fixture: &Fixture)
         done["result"]["content"][0]["text"], "counted to 20",
         "{done}"
     );
+}
+
+/// A session and a task are their caller's on every server (C20, T3):
+/// another caller (or an anonymous one) holding the session's id gets
+/// what a client of an unknown session gets, on the server that holds it
+/// and on the one that would restore it (a POST and a resume are 404, a
+/// `DELETE` leaves it alone), and a task of another caller reads as an
+/// unknown task. Their owner goes on using both, on both servers.
+pub async fn sessions_and_tasks_are_their_callers_on_every_server(fixture: &Fixture) {
+    let a = ChildServer::start(fixture.url());
+    let b = ChildServer::start(fixture.url());
+    let alice = Some("Bearer alice");
+    let session = initialize_as(&a.url, alice, json!({})).await;
+    let mut stream = Stream::open(&a.url, &session, None).await;
+    let called = post(&a.url, Some(&session), count_call(2, 2, "p")).await;
+    assert!(called.status.is_success(), "alice's call: {}", called.status);
+    let cursor = stream.next().await.id.expect("the GET stream's events have ids");
+    drop(stream);
+    let unknown = crate::wire::Session {
+        id: "00000000-0000-4000-8000-000000000000".into(),
+        caller: session.caller.clone(),
+    };
+    let mut id = 10;
+    for url in [&a.url, &b.url] {
+        for other in [Some("Bearer mallory"), None] {
+            let other = session.as_caller(other);
+            id += 1;
+            let (theirs, none) = (
+                post(url, Some(&other), list_tools(id)).await,
+                post(url, Some(&unknown), list_tools(id)).await,
+            );
+            assert_eq!(
+                theirs.status,
+                reqwest::StatusCode::NOT_FOUND,
+                "POST on {url}"
+            );
+            assert_eq!(theirs.status, none.status);
+            assert_eq!(theirs.answer, none.answer);
+            assert_eq!(
+                resume_status(url, &other, &cursor).await,
+                resume_status(url, &unknown, &cursor).await,
+                "a resume on {url}"
+            );
+            assert_eq!(
+                delete(url, &other).await,
+                delete(url, &unknown).await,
+                "DELETE on {url}"
+            );
+        }
+    }
+    for url in [&b.url, &a.url] {
+        id += 1;
+        let own = post(url, Some(&session), list_tools(id)).await;
+        assert!(own.status.is_success(), "alice on {url}: {}", own.status);
+    }
+
+    let task = request_as(
+        &a.url,
+        alice,
+        "tools/call",
+        "slow_count",
+        json!({"name": "slow_count", "arguments": {"count": 1, "interval_ms": 5}}),
+    )
+    .await;
+    let task = task["result"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {task}"))
+        .to_owned();
+    let get = |url: &str, caller: Option<&'static str>, task: &str| {
+        let (url, task) = (url.to_owned(), task.to_owned());
+        async move { request_as(&url, caller, "tasks/get", &task, json!({"taskId": task})).await }
+    };
+    let no_such = "t1.00000000000000000000000000";
+    for url in [&a.url, &b.url] {
+        for other in [Some("Bearer mallory"), None] {
+            let theirs = get(url, other, &task).await;
+            let none = get(url, other, no_such).await;
+            assert!(theirs.get("error").is_some(), "{theirs}");
+            assert_eq!(
+                theirs["error"]["code"], none["error"]["code"],
+                "{theirs} {none}"
+            );
+        }
+        let own = get(url, alice, &task).await;
+        assert!(own.get("result").is_some(), "alice's task on {url}: {own}");
+    }
+}
+
+/// The status a `GET` resuming after `cursor` in `session` gets.
+async fn resume_status(url: &str, session: &crate::wire::Session, cursor: &str) -> u16 {
+    crate::wire::resume_status(url, session, cursor)
+        .await
+        .as_u16()
 }

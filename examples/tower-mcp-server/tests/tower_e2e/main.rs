@@ -50,6 +50,7 @@ macro_rules! e2e_tests {
             case!(task_created_on_one_server_is_read_answered_and_cancelled_through_another);
             case!(tasks_of_a_killed_server_read_failed_on_another);
             case!(task_of_a_killed_server_is_taken_over_by_another);
+            case!(sessions_and_tasks_are_their_callers_on_every_server);
         }
     };
 }

@@ -35,8 +35,31 @@ fn answer_in(body: &str, id: i64) -> Option<Value> {
 }
 
 /// A 2025-11-25 session on one server (another server serves it by id).
+#[derive(Clone)]
 pub struct Session {
     pub id: String,
+    /// Sent as `Authorization`: the example server's caller.
+    pub caller: Option<String>,
+}
+
+impl Session {
+    /// The same session id, sent by `caller` (`None`: anonymously).
+    pub fn as_caller(&self, caller: Option<&str>) -> Self {
+        Self {
+            id: self.id.clone(),
+            caller: caller.map(str::to_owned),
+        }
+    }
+}
+
+/// `request` with the session's headers: its id, and its caller's
+/// `Authorization` if any.
+fn in_session(mut request: reqwest::RequestBuilder, session: &Session) -> reqwest::RequestBuilder {
+    request = request.header("Mcp-Session-Id", &session.id);
+    match &session.caller {
+        Some(caller) => request.header("Authorization", caller),
+        None => request,
+    }
 }
 
 /// What a POST answered: its HTTP status and the JSON-RPC answer, if any.
@@ -53,7 +76,7 @@ fn legacy_post(url: &str, session: Option<&Session>, body: &Value) -> reqwest::R
         .header("Accept", "application/json, text/event-stream")
         .header("MCP-Protocol-Version", LEGACY);
     if let Some(session) = session {
-        request = request.header("Mcp-Session-Id", &session.id);
+        request = in_session(request, session);
     }
     request.body(body.to_string())
 }
@@ -80,8 +103,17 @@ pub async fn initialize(url: &str) -> Session {
 
 /// Starts a session on `url` whose client declares `capabilities`.
 pub async fn initialize_with(url: &str, capabilities: Value) -> Session {
-    let response = client()
-        .post(url)
+    initialize_as(url, None, capabilities).await
+}
+
+/// Starts a session on `url` as `caller` (its `Authorization`), whose
+/// client declares `capabilities`.
+pub async fn initialize_as(url: &str, caller: Option<&str>, capabilities: Value) -> Session {
+    let mut request = client().post(url);
+    if let Some(caller) = caller {
+        request = request.header("Authorization", caller);
+    }
+    let response = request
         .header("Content-Type", "application/json")
         .header("Accept", "application/json, text/event-stream")
         .body(
@@ -112,7 +144,10 @@ pub async fn initialize_with(url: &str, capabilities: Value) -> Session {
     let text = response.text().await.unwrap();
     let answer = answer_in(&text, 1).expect("the initialize result");
     assert_eq!(answer["result"]["protocolVersion"], LEGACY, "{answer}");
-    let session = Session { id };
+    let session = Session {
+        id,
+        caller: caller.map(str::to_owned),
+    };
     let done = post(
         url,
         Some(&session),
@@ -125,13 +160,23 @@ pub async fn initialize_with(url: &str, capabilities: Value) -> Session {
 
 /// `DELETE`s a session; the HTTP status.
 pub async fn delete(url: &str, session: &Session) -> reqwest::StatusCode {
-    client()
-        .delete(url)
-        .header("Mcp-Session-Id", &session.id)
+    in_session(client().delete(url), session)
         .header("MCP-Protocol-Version", LEGACY)
         .send()
         .await
         .expect("the server answers DELETE")
+        .status()
+}
+
+/// The status of a `GET` in `session` resuming after `cursor`.
+pub async fn resume_status(url: &str, session: &Session, cursor: &str) -> reqwest::StatusCode {
+    in_session(client().get(url), session)
+        .header("Accept", "text/event-stream")
+        .header("MCP-Protocol-Version", LEGACY)
+        .header("Last-Event-ID", cursor)
+        .send()
+        .await
+        .expect("the server answers GET")
         .status()
 }
 
@@ -153,10 +198,8 @@ impl Stream {
     /// Opens the session's GET stream on `url`, resuming after
     /// `last_event_id` if given.
     pub async fn open(url: &str, session: &Session, last_event_id: Option<&str>) -> Self {
-        let mut request = client()
-            .get(url)
+        let mut request = in_session(client().get(url), session)
             .header("Accept", "text/event-stream")
-            .header("Mcp-Session-Id", &session.id)
             .header("MCP-Protocol-Version", LEGACY);
         if let Some(id) = last_event_id {
             request = request.header("Last-Event-ID", id);
@@ -296,10 +339,22 @@ fn final_meta() -> Value {
 /// A 2026-07-28 request: `method` with `params` (plus `_meta`), `name` in
 /// the `Mcp-Name` header; the JSON-RPC answer.
 pub async fn request(url: &str, method: &str, name: &str, params: Value) -> Value {
-    let response = final_post(url, method, name, params)
-        .send()
-        .await
-        .expect("the server answers");
+    request_as(url, None, method, name, params).await
+}
+
+/// [`request`] as `caller` (its `Authorization`; `None`: anonymously).
+pub async fn request_as(
+    url: &str,
+    caller: Option<&str>,
+    method: &str,
+    name: &str,
+    params: Value,
+) -> Value {
+    let mut request = final_post(url, method, name, params);
+    if let Some(caller) = caller {
+        request = request.header("Authorization", caller);
+    }
+    let response = request.send().await.expect("the server answers");
     let text = response.text().await.expect("a body");
     answer_in(&text, 7).unwrap_or_else(|| panic!("no answer to {method} in {text}"))
 }
