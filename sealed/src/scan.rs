@@ -46,9 +46,8 @@ use crate::keys::{KeyId, KeyRing};
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct ScanOptions<'a> {
-    /// Streams per page of the listing (at most
-    /// [`MAX_LIST_PAGE`](mcp_event_store_core::MAX_LIST_PAGE)). Default:
-    /// 100.
+    /// Streams per page of the listing (at most [`MAX_LIST_PAGE`]).
+    /// Default: 100.
     pub batch: usize,
     /// A pause after each page of streams, to leave the store to the
     /// servers running on it. Default: none.
