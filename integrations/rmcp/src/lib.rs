@@ -147,6 +147,30 @@
 //! whose instance stops renewing reads `failed`. ([`DurableTasks::builder`]
 //! builds the tasks of a runtime alone: a worker's, say.)
 //!
+//! # Request states used once
+//!
+//! A multi-round-trip request (SEP-2322, MCP 2026-07-28) hands the client
+//! a `requestState` it echoes back on its retry, to whichever instance.
+//! rmcp's `RequestStateCodec` signs it with the replicas' key ring; a
+//! state that must be consumed at most once also needs a memory the
+//! instances share. [`SingleUseStates`] is the codec beside the store's
+//! redemptions (C21): [`seal`](SingleUseStates::seal) puts a fresh nonce
+//! and the expiry in with the payload, [`open`](SingleUseStates::open)
+//! checks the state with the codec and redeems its nonce, so the first
+//! retry to reach any instance gets the payload and every replay, on any
+//! instance, is refused:
+//!
+//! ```no_run
+//! # async fn demo(store: std::sync::Arc<dyn mcp_event_store_core::Store>, state: String,
+//! #     owner: mcp_event_store_core::task::Owner) -> Result<(), Box<dyn std::error::Error>> {
+//! use mcp_event_store_rmcp::SingleUseStates;
+//! use rmcp::model::RequestStateCodec;
+//!
+//! let states = SingleUseStates::new(RequestStateCodec::try_new(b"key shared by every replica, 32+ bytes".to_vec())?, store);
+//! let payload = states.open(&state, b"alice|tools/call:pay", &owner).await?; // once, anywhere
+//! # let _ = payload; Ok(()) }
+//! ```
+//!
 //! # The pieces
 //!
 //! rmcp defines two seams, both in
@@ -302,6 +326,7 @@ mod listeners;
 mod routed;
 mod scoped;
 mod sessions;
+mod single_use;
 pub mod tasks;
 mod tracker;
 
@@ -315,6 +340,7 @@ pub use scoped::{
     SessionScoped,
 };
 pub use sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL, RmcpSessionStore};
+pub use single_use::{SingleUseError, SingleUseStates};
 pub use tasks::{
     DurableTaskContext, DurableTasks, DurableTasksBuilder, TakeoverCall, TakeoverHandler,
 };
