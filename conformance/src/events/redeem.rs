@@ -252,18 +252,46 @@ pub async fn expired_redemptions_are_forgotten_and_stay_refused<H: Harness>(h: &
     h.close(store).await;
 }
 
-/// C10, C21: redemptions survive a reopen.
-pub async fn reopen_keeps_redemptions<H: PersistentHarness>(h: &H) {
+/// C10, C21: redemptions survive a reopen; and the store keeps no nonce:
+/// no stored byte holds one, raw or in hex, while its record (the digest)
+/// is there to see.
+pub async fn reopen_keeps_redemptions_and_no_nonce<H: PersistentHarness>(h: &H) {
     let clock = test_clock();
     let store = h.open(test_options(&clock)).await;
     let who = Owner::principal(b"alice").unwrap();
     let soon = clock_now(&clock) + Duration::from_secs(600);
-    assert!(redeem(&store, b"kept", soon, &who).await.is_first());
+    let nonce = mcp_event_store_core::backend::StreamKey::generate()
+        .unwrap()
+        .token("c21")
+        .to_string();
+    let nonce = format!("nonce-{nonce}");
+    assert!(
+        redeem(&store, nonce.as_bytes(), soon, &who)
+            .await
+            .is_first()
+    );
+    let key = mcp_event_store_core::backend::RedeemKey::of(nonce.as_bytes(), &who);
+    let dump = h.stored_bytes().await;
+    let holds = |needle: &[u8]| {
+        let hex = data_encoding::HEXLOWER.encode(needle);
+        [needle, hex.as_bytes()]
+            .iter()
+            .any(|n| dump.windows(n.len()).any(|w| w == *n))
+    };
+    assert!(
+        holds(key.as_bytes()),
+        "the harness's stored bytes ({} bytes) do not hold the redemption's record",
+        dump.len()
+    );
+    assert!(
+        !holds(nonce.as_bytes()),
+        "a stored byte holds the redeemed nonce"
+    );
     h.close(store).await;
 
     let store = h.open(test_options(&clock)).await;
     assert_eq!(
-        redeem(&store, b"kept", soon, &who).await,
+        redeem(&store, nonce.as_bytes(), soon, &who).await,
         Redemption::AlreadyRedeemed,
         "a redemption must survive a reopen"
     );
@@ -292,7 +320,7 @@ macro_rules! __conformance_redeem {
 macro_rules! __conformance_redeem_persistent {
     ($harness:expr) => {
         $crate::__conformance_cases!($harness;
-            reopen_keeps_redemptions
+            reopen_keeps_redemptions_and_no_nonce
         );
     };
 }
