@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use futures_util::TryStreamExt;
-use mcp_event_store::{DynStore, EventStore, NewEvent};
+use mcp_event_store::{DynStore, NewEvent};
 use mcp_event_store_sealed::{KEY_BYTES, KeyId, KeyRing, Sealed, headroom};
 
 fn ring() -> KeyRing {
