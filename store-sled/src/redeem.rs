@@ -34,12 +34,18 @@ impl RedeemBackend for SledStore {
 }
 
 impl Shared {
-    /// Stores `key` unless it is there: its expiry entry first, so a crash
+    /// Stores `key` unless it is there (a read refuses one that is, with no
+    /// write): its expiry entry first, so a crash
     /// never leaves a record the purge cannot find, then the record by
     /// compare-and-swap from absent, which of racing calls exactly one
     /// wins. A loser removes the expiry entry it added, unless it is the
     /// winner's too (the same time).
     pub(crate) fn redeem(&self, key: &[u8; REDEEM_KEY_LEN], forget_at: u64) -> Result<bool> {
+        // A nonce redeemed before is refused by a read, with no write; the
+        // compare-and-swap below still decides any race.
+        if self.redeemed.contains_key(key).map_err(backend)? {
+            return Ok(false);
+        }
         let entry = keys::redeem_expiry_key(forget_at, key);
         self.redeem_expiry.insert(entry, &[]).map_err(backend)?;
         let stored = self
