@@ -156,8 +156,8 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use mcp_event_store::rmcp::tasks::{TaskExit, TaskFuture};
 use mcp_event_store::rmcp::{
-    Durable, DurableTaskContext, DurableTasks, DurableTasksBuilder, Runtime, RuntimeBuilder,
-    TakeoverCall,
+    Callers, Durable, DurableTaskContext, DurableTasks, DurableTasksBuilder, Runtime,
+    RuntimeBuilder, TakeoverCall,
 };
 use mcp_event_store::runtime::Audience;
 use mcp_event_store::task::Owner;
@@ -488,36 +488,50 @@ impl SlowCounter {
     }
 }
 
-/// The owner of the tasks a request creates or may see: its `Authorization`
-/// header as the principal, or anonymous without one. The example's
-/// stand-in for authentication; a real server uses the principal its
-/// authentication established.
+/// Who a request comes from, as the example's stand-in for authentication
+/// ([`authenticate`]) puts it in the request's extensions: its
+/// `Authorization` header. A real server's authentication middleware
+/// inserts its own type (verified claims), and [`callers`] reads that.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller(pub String);
+
+/// The example's stand-in for authentication: a request's `Authorization`
+/// header, whatever it holds, becomes its [`Caller`] (an empty one is no
+/// credential: the request is anonymous). Do not trust a header like this
+/// in production; verify it first.
+pub fn authenticate(mut request: axum::extract::Request) -> axum::extract::Request {
+    let caller = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|value| value.as_bytes())
+        .filter(|bytes| !bytes.is_empty())
+        .map(|bytes| match std::str::from_utf8(bytes) {
+            Ok(text) => format!("u:{text}"),
+            Err(_) => format!("b:{}", hex(bytes)),
+        });
+    if let Some(caller) = caller {
+        request.extensions_mut().insert(Caller(caller));
+    }
+    request
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Who is calling, for [`Durable`]: the [`Caller`] of each request. Each
+/// session, its streams and the tasks it creates are bound to it.
+pub fn callers() -> Callers {
+    Callers::from_extension(|caller: &Caller| caller.0.clone())
+}
+
+/// The owner of the tasks a request creates or may see, as [`callers`]
+/// binds them (for wiring [`DurableTasks`] by hand).
 pub fn owner_of(context: &RequestContext<RoleServer>) -> Owner {
     context
         .extensions
         .get::<axum::http::request::Parts>()
-        .and_then(|parts| parts.headers.get(axum::http::header::AUTHORIZATION))
-        .map_or(Owner::Anonymous, |value| principal(value.as_bytes()))
-}
-
-/// The owner for a header value of any length: principals are at most 256
-/// bytes, so a longer value is folded into the digests of its 256-byte
-/// chunks (16 bytes each) until it fits. An empty value is no credential.
-fn principal(bytes: &[u8]) -> Owner {
-    if bytes.is_empty() {
-        return Owner::Anonymous;
-    }
-    match Owner::principal(bytes) {
-        Ok(owner) => owner,
-        Err(_) => {
-            let folded: Vec<u8> = bytes
-                .chunks(mcp_event_store::task::MAX_PRINCIPAL_BYTES)
-                .filter_map(|chunk| Owner::principal(chunk).ok())
-                .flat_map(|owner| owner.digest().copied().unwrap_or_default())
-                .collect();
-            principal(&folded)
-        }
-    }
+        .map_or(Owner::Anonymous, |parts| callers().owner(&parts.extensions))
 }
 
 /// Everything the server needs from `store`, wired once ([`Durable`]):
@@ -526,8 +540,8 @@ fn principal(bytes: &[u8]) -> Owner {
 /// store and checked every `options.session_check`, priming events carry
 /// `options.retry`, the runtime renews the instance's one lease every third
 /// of `options.task_lease` and takes `slow_count` tasks over
-/// ([`runtime_options`], [`takeover_tools`]), the owner of a task is
-/// [`owner_of`] the request, and expired events, sessions and tasks are
+/// ([`runtime_options`], [`takeover_tools`]), sessions, their streams and
+/// their tasks are bound to the request's [`callers`], and expired events, sessions and tasks are
 /// purged every minute.
 pub async fn durable(store: DynStore, options: &Options) -> mcp_event_store::Result<Durable> {
     let options = options.clone();
@@ -536,7 +550,7 @@ pub async fn durable(store: DynStore, options: &Options) -> mcp_event_store::Res
         .follow_hold(options.follow_hold)
         .session_check_interval(options.session_check)
         .sse_retry(options.retry)
-        .owner(owner_of)
+        .callers(callers())
         .tasks(move |tasks| takeover_tools(tasks, &options))
         .start()
         .await
@@ -1067,11 +1081,14 @@ pub fn router(
     let make = move || Ok(handler.clone());
     let router = if options.stateless {
         let service = StreamableHttpService::new(make, durable.stateless_session_manager(), config);
-        axum::Router::new().nest_service("/mcp", service)
+        axum::Router::new().nest_service("/mcp", durable.scoped(service))
     } else {
         let service = StreamableHttpService::new(make, durable.session_manager(), config);
-        axum::Router::new().nest_service("/mcp", service)
-    };
+        axum::Router::new().nest_service("/mcp", durable.scoped(service))
+    }
+    .layer(axum::middleware::map_request(|request| {
+        std::future::ready(authenticate(request))
+    }));
     match options.poll_every {
         Some(messages) => {
             let retry = options.retry;
@@ -1241,23 +1258,29 @@ fn redact(url: &str) -> String {
 mod tests {
     use super::*;
 
-    /// Any `Authorization` value is an owner: equal values the same, other
-    /// values (long ones too, which differ only past 256 bytes) another;
-    /// an empty one is no credential.
+    /// Any `Authorization` value is a caller of its own: equal values the
+    /// same, other values (long ones, and ones that are not UTF-8, too)
+    /// another; an empty one is no credential.
     #[test]
-    fn every_authorization_value_is_an_owner_of_its_own() {
-        let short = principal(b"Bearer alice");
-        assert_eq!(short, principal(b"Bearer alice"));
-        assert_ne!(short, principal(b"Bearer mallory"));
+    fn every_authorization_value_is_a_caller_of_its_own() {
+        let caller = |value: &[u8]| {
+            let request = axum::http::Request::builder()
+                .header(axum::http::header::AUTHORIZATION, value)
+                .body(Body::empty())
+                .unwrap();
+            let request = authenticate(request);
+            callers().owner(request.extensions())
+        };
+        let short = caller(b"Bearer alice");
+        assert_eq!(short, caller(b"Bearer alice"));
+        assert_ne!(short, caller(b"Bearer mallory"));
         assert_ne!(short, Owner::Anonymous);
-        assert_eq!(principal(b""), Owner::Anonymous);
-
+        assert_eq!(caller(b""), Owner::Anonymous);
         let long = vec![b'a'; 5_000];
         let mut other = long.clone();
         *other.last_mut().unwrap() = b'b';
-        assert_eq!(principal(&long), principal(&long.clone()));
-        assert_ne!(principal(&long), principal(&other));
-        assert_ne!(principal(&long), Owner::Anonymous);
-        assert_ne!(principal(&long[..257]), principal(&long[..256]));
+        assert_eq!(caller(&long), caller(&long.clone()));
+        assert_ne!(caller(&long), caller(&other));
+        assert_ne!(caller(b"\xff\xfe"), caller(b"\xff\xfd"));
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use mcp_event_store_core::task::{CancelMode, Owner};
 use mcp_event_store_core::{Result, Store};
-use mcp_event_store_runtime::{Audience, Heard, Runtime, RuntimeBuilder};
+use mcp_event_store_runtime::{Audience, Callers, Heard, Runtime, RuntimeBuilder};
 use rmcp::model::{ServerJsonRpcMessage, ServerNotification};
 use rmcp::service::{RequestContext, RoleServer, SubscriptionContext, SubscriptionSendError};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -15,6 +15,7 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler};
 
+use crate::callers::CallerScoped;
 use crate::sessions::DEFAULT_SESSION_TTL;
 use crate::tasks::{DurableTasks, DurableTasksBuilder};
 use crate::{
@@ -99,6 +100,7 @@ struct Inner {
     session_manager: Arc<SessionManager>,
     tasks: DurableTasks,
     sse_retry: Duration,
+    callers: Callers,
 }
 
 impl fmt::Debug for Durable {
@@ -120,6 +122,7 @@ pub struct DurableBuilder {
     session_check: Duration,
     sse_retry: Duration,
     tasks: DurableTasksBuilder,
+    callers: Callers,
 }
 
 impl fmt::Debug for DurableBuilder {
@@ -131,6 +134,7 @@ impl fmt::Debug for DurableBuilder {
             .field("session_check", &self.session_check)
             .field("sse_retry", &self.sse_retry)
             .field("tasks", &self.tasks)
+            .field("callers", &self.callers)
             .finish_non_exhaustive()
     }
 }
@@ -146,6 +150,7 @@ impl Durable {
             session_check: DEFAULT_SESSION_CHECK_INTERVAL,
             sse_retry: DEFAULT_SSE_RETRY,
             tasks: DurableTasks::builder(),
+            callers: Callers::anonymous(),
         }
     }
 
@@ -153,12 +158,30 @@ impl Durable {
     /// `handler` making each session's handler, [`session_manager`](Self::session_manager)
     /// and [`config`](Self::config). Serve it with axum's
     /// `Router::nest_service("/mcp", service)`.
-    pub fn service<H, F>(&self, handler: F) -> StreamableHttpService<H, SessionManager>
+    ///
+    /// Each request is served as its caller ([`CallerScoped`], with the
+    /// builder's [`callers`](DurableBuilder::callers)).
+    pub fn service<H, F>(
+        &self,
+        handler: F,
+    ) -> CallerScoped<StreamableHttpService<H, SessionManager>>
     where
         H: ServerHandler + Send + 'static,
         F: Fn() -> std::io::Result<H> + Send + Sync + 'static,
     {
-        StreamableHttpService::new(handler, self.session_manager(), self.config())
+        self.scoped(StreamableHttpService::new(
+            handler,
+            self.session_manager(),
+            self.config(),
+        ))
+    }
+
+    /// `service` (one you built on [`session_manager`](Self::session_manager)
+    /// and [`config`](Self::config)) serving each request as its caller,
+    /// which binding sessions to callers needs
+    /// ([`DurableBuilder::callers`]).
+    pub fn scoped<S>(&self, service: S) -> CallerScoped<S> {
+        CallerScoped::new(service, self.inner.callers.clone())
     }
 
     /// The stateless-mode service (no MCP sessions; streams still stored
@@ -413,6 +436,33 @@ impl DurableBuilder {
         self
     }
 
+    /// Who is calling (C20, T3): each session is bound to the principal
+    /// `callers` reads from the request that opened it, and so are the
+    /// streams of that session and the tasks it creates (unless
+    /// [`owner`](Self::owner) says otherwise for tasks). A restore, resume,
+    /// `DELETE` or task call by another principal is answered as for an
+    /// unknown session or task, on every instance. Default: every caller
+    /// anonymous.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: std::sync::Arc<dyn mcp_event_store_core::Store>) -> mcp_event_store_core::Result<()> {
+    /// use mcp_event_store_rmcp::{Callers, Durable};
+    ///
+    /// /// What your authentication middleware inserts in the request.
+    /// #[derive(Clone)]
+    /// struct Claims { sub: String }
+    ///
+    /// let durable = Durable::builder(store)
+    ///     .callers(Callers::from_extension(|claims: &Claims| claims.sub.clone()))
+    ///     .start()
+    ///     .await?;
+    /// # let _ = durable; Ok(()) }
+    /// ```
+    pub fn callers(mut self, callers: Callers) -> Self {
+        self.callers = callers;
+        self
+    }
+
     /// Who may see the tasks a request creates (T3); see
     /// [`DurableTasksBuilder::owner`].
     pub fn owner(
@@ -469,7 +519,16 @@ impl DurableBuilder {
         let store = runtime.store().clone();
         // What guards a stream lives as long as its events.
         let guard_ttl = store.retention().max_age.unwrap_or(self.session_ttl);
-        let tasks = self.tasks.build(&runtime);
+        let mut tasks = self.tasks;
+        if self.callers.is_bound() && !tasks.has_owner() {
+            let callers = self.callers.clone();
+            tasks = tasks.owner(move |ctx| {
+                ctx.extensions
+                    .get::<http::request::Parts>()
+                    .map_or(Owner::Anonymous, |parts| callers.owner(&parts.extensions))
+            });
+        }
+        let tasks = tasks.build(&runtime);
         let mut events = RmcpEventStore::new(store.clone()).with_runtime(runtime.clone());
         events = match self.follow_hold {
             Some(hold) => events.with_follow_hold(hold),
@@ -478,7 +537,8 @@ impl DurableBuilder {
         let sessions = Arc::new(
             RmcpSessionStore::new(store.clone())
                 .with_ttl(self.session_ttl)
-                .with_runtime(runtime.clone()),
+                .with_runtime(runtime.clone())
+                .with_callers(&self.callers),
         );
         let mut local = LocalSessionManager::default();
         local.session_config.sse_retry = Some(self.sse_retry);
@@ -488,7 +548,8 @@ impl DurableBuilder {
                 .with_binding_ttl(guard_ttl)
                 .with_session_store(&sessions)
                 .with_session_check_interval(self.session_check)
-                .with_runtime(runtime.clone()),
+                .with_runtime(runtime.clone())
+                .with_callers(&self.callers),
         );
         session_manager.listen_across().await?;
         Ok(Durable {
@@ -499,6 +560,7 @@ impl DurableBuilder {
                 session_manager,
                 tasks,
                 sse_retry: self.sse_retry,
+                callers: self.callers,
             }),
         })
     }

@@ -1,5 +1,6 @@
 //! rmcp's `EventStore` over ours.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,6 +21,7 @@ use mcp_event_store_core::EventId;
 use mcp_event_store_core::EventStore;
 use mcp_event_store_core::FollowOptions;
 use mcp_event_store_core::Result;
+use mcp_event_store_core::SessionDigest;
 use mcp_event_store_core::{NewEvent, StoredEvent};
 use mcp_event_store_runtime::Runtime;
 
@@ -156,7 +158,7 @@ impl<S: EventStore + ?Sized> RmcpEventStoreTrait for RmcpEventStore<S> {
         let id = self
             .store
             .store_event(
-                stream_id,
+                &stored_stream_id(stream_id),
                 NewEvent {
                     data: &payload,
                     retry,
@@ -213,6 +215,32 @@ impl<S: EventStore + ?Sized> RmcpEventStoreTrait for RmcpEventStore<S> {
 /// rmcp's name for a session's standalone (GET) stream ends with this; it
 /// carries no answers, so only the hold ends a follow of it.
 const STANDALONE_STREAM_SUFFIX: &str = ":common";
+
+/// The stream id the store keeps for rmcp's `stream_id`: a session's
+/// standalone stream (`<session id>:common`) as `<digest>:common`, the
+/// session id's [`SessionDigest`] in hex (C20), so no stream id in the
+/// store names a live session; a request stream (a random UUID) as it is.
+pub(crate) fn stored_stream_id(stream_id: &str) -> Cow<'_, str> {
+    match stream_id.strip_suffix(STANDALONE_STREAM_SUFFIX) {
+        Some(session) => Cow::Owned(format!(
+            "{}{STANDALONE_STREAM_SUFFIX}",
+            SessionDigest::of(session).hex()
+        )),
+        None => Cow::Borrowed(stream_id),
+    }
+}
+
+/// Whether the store's stream id `stored` is `session`'s standalone stream:
+/// as [`stored_stream_id`] names it, or as a release before it did (the
+/// session id itself, in streams written before, until retention takes
+/// them).
+pub(crate) fn is_standalone_of(stored: &str, session: &str) -> bool {
+    stored
+        .strip_suffix(STANDALONE_STREAM_SUFFIX)
+        .is_some_and(|named| {
+            named == session || SessionDigest::from_hex(named) == Some(SessionDigest::of(session))
+        })
+}
 
 /// A replay as rmcp wants it: `Send + Sync`, no error items.
 ///

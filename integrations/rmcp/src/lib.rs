@@ -319,6 +319,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod callers;
 mod codec;
 mod durable;
 mod events;
@@ -330,10 +331,11 @@ mod single_use;
 pub mod tasks;
 mod tracker;
 
+pub use callers::CallerScoped;
 pub use codec::{DecodeError, decode, encode, replays_exactly};
 pub use durable::{DEFAULT_SSE_RETRY, Durable, DurableBuilder, SessionManager};
 pub use events::{DEFAULT_FOLLOW_HOLD, RmcpEventStore};
-pub use mcp_event_store_runtime::{self as runtime, Runtime, RuntimeBuilder};
+pub use mcp_event_store_runtime::{self as runtime, Callers, Runtime, RuntimeBuilder};
 pub use routed::Routed;
 pub use scoped::{
     DEFAULT_BINDING_KEY_PREFIX, DEFAULT_BINDING_TTL, DEFAULT_SESSION_CHECK_INTERVAL, ScopedError,

@@ -17,6 +17,8 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use tokio::time::Instant;
 
+use super::callers::{caller, scoped_caller};
+use super::events::is_standalone_of;
 use super::listeners::Listeners;
 use super::routed::Routed;
 use super::sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL};
@@ -24,6 +26,7 @@ use super::tracker::{Absent, Cleanup, Stored, Tracker, spawn};
 use super::{RmcpEventStore, RmcpSessionStore};
 use mcp_event_store_core::EventId;
 use mcp_event_store_core::Retention;
+use mcp_event_store_core::SessionDigest;
 use mcp_event_store_core::backend::StreamToken;
 use mcp_event_store_core::backend::validate_session_id;
 use mcp_event_store_core::{EventStore, SessionStore};
@@ -206,6 +209,8 @@ pub struct SessionScoped<M, S: ?Sized> {
     /// The standalone streams served here, for notifications raised
     /// anywhere.
     listeners: Arc<Listeners>,
+    /// Whether sessions are bound to their callers ([`with_callers`](Self::with_callers)).
+    callers_bound: bool,
 }
 
 impl<S: EventStore + SessionStore + ?Sized> SessionScoped<LocalSessionManager, S> {
@@ -255,7 +260,37 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
             tracker: Arc::default(),
             runtime: None,
             listeners: Arc::default(),
+            callers_bound: false,
         }
+    }
+
+    /// Binds each session to the caller that opened it (C20), as `callers`
+    /// reads it from the request: for anyone else a session held here is
+    /// unknown (rmcp then looks it up in the session store, which answers
+    /// the same for the same reason: 404), its streams cannot be resumed
+    /// and a `DELETE` leaves it alone. Give the session store the same
+    /// callers ([`RmcpSessionStore::with_callers`]) and serve the requests
+    /// through [`CallerScoped`](crate::CallerScoped);
+    /// [`Durable`](crate::Durable) does all three.
+    pub fn with_callers(mut self, callers: &mcp_event_store_runtime::Callers) -> Self {
+        self.callers_bound = callers.is_bound();
+        self
+    }
+
+    /// Refuses a request of another caller that reached session `id`
+    /// without [`has_session`](SessionManager::has_session) (rmcp lets the
+    /// requests that waited on a restore through once it is done).
+    fn ensure_caller<E>(&self, id: &SessionId) -> Result<(), ScopedError<E>> {
+        match self.caller_owns(id) {
+            true => Ok(()),
+            false => Err(ScopedError::SessionNotFound),
+        }
+    }
+
+    /// Whether the request being served may use session `id`: always when
+    /// callers are not bound, else when it is the session's owner.
+    fn caller_owns(&self, id: &SessionId) -> bool {
+        !self.callers_bound || caller(true).is_some_and(|owner| self.tracker.owned_by(id, &owner))
     }
 
     /// Serves sessions across instances through `runtime`'s bus: each
@@ -368,6 +403,12 @@ pub enum ScopedError<E> {
         /// The id as received (shortened if long).
         event_id: String,
     },
+    /// The session is not one of the caller's (C20): what a request of
+    /// another caller gets that reached the session anyway (it waited on
+    /// the restore its owner's request made; rmcp then answers 500 rather
+    /// than 404). Says nothing more than an unknown session would.
+    #[error("session not found")]
+    SessionNotFound,
     /// The store failed while the resume was checked; the resume is refused.
     #[error("could not check the Last-Event-ID against the session: {0}")]
     Store(#[source] mcp_event_store_core::Error),
@@ -443,7 +484,14 @@ where
             return Err(ScopedError::foreign(last_event_id));
         };
         match self.store.get_session(&self.binding_key(&id.token)).await {
-            Ok(Some(owner)) if owner == session.as_bytes() => return Ok(false),
+            // The session's digest (C20); a binding written by a release
+            // before it holds the id itself, until it expires.
+            Ok(Some(owner))
+                if owner == SessionDigest::of(session).hex().as_bytes()
+                    || owner == session.as_bytes() =>
+            {
+                return Ok(false);
+            }
             Ok(Some(_)) => return Err(ScopedError::foreign(last_event_id)),
             Ok(None) => {}
             Err(e) => return Err(ScopedError::Store(e)),
@@ -451,9 +499,7 @@ where
         // Not a request stream of any session: the standalone stream of
         // this one is the only other thing it may be.
         match self.store.get_stream_id_for_event_id(last_event_id).await {
-            Ok(Some(stream)) if stream.strip_suffix(":common") == Some(session.as_ref()) => {
-                Ok(true)
-            }
+            Ok(Some(stream)) if is_standalone_of(&stream, session) => Ok(true),
             Ok(_) => Err(ScopedError::foreign(last_event_id)),
             Err(e) => Err(ScopedError::Store(e)),
         }
@@ -520,7 +566,8 @@ where
             let session = session.clone();
             let tracker = tracker.clone();
             Some(Box::pin(async move {
-                match store.put_session(&key, session.as_bytes(), ttl).await {
+                let owner = SessionDigest::of(&session).hex();
+                match store.put_session(&key, owner.as_bytes(), ttl).await {
                     Ok(()) if first => tracker.remember(&session, token, ttl, Instant::now()),
                     Ok(()) => {}
                     Err(error) => tracing::error!(
@@ -622,7 +669,11 @@ where
                     return;
                 };
                 match heard {
-                    Heard::Message(session) => manager.ended_elsewhere(session.into()).await,
+                    Heard::Message(digest) => {
+                        if let Some(session) = manager.tracker.find(&digest) {
+                            manager.ended_elsewhere(session).await;
+                        }
+                    }
                     Heard::Missed => tracing::warn!(
                         "sessions ended on other instances may have been missed; each ends here at its next request"
                     ),
@@ -644,8 +695,10 @@ where
         };
         let sessions = match notification.audience {
             Audience::All => self.listeners.sessions(),
-            Audience::Session(session) if self.listeners.has(&session) => vec![session.into()],
-            Audience::Session(_) => return,
+            Audience::Session(digest) => match self.tracker.find(&digest) {
+                Some(session) if self.listeners.has(&session) => vec![session],
+                _ => return,
+            },
         };
         for session in sessions {
             let mut event = ServerSseMessage::from_message(message.clone());
@@ -743,6 +796,9 @@ where
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        // A new session, or one restored for a caller the session store
+        // checked: either way, the caller serving it now owns it.
+        self.tracker.set_owner(id, caller(self.callers_bound));
         self.inner
             .initialize_session(id, message)
             .await
@@ -758,12 +814,25 @@ where
         {
             return Ok(false);
         }
+        if !self.caller_owns(id) {
+            // Another caller's: unknown to this one (C20).
+            return Ok(false);
+        }
         // Checked last: a session ended elsewhere while this ran is closed
         // here, and possibly untracked, by now; it is unknown all the same.
         Ok(self.still_stored(id).await && !self.ended_anywhere(id))
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        if self.callers_bound
+            && let Some(owner) = scoped_caller()
+            && !self.tracker.owned_by(id, &owner)
+        {
+            // Another caller's `DELETE`: answered as for an unknown session
+            // (which rmcp accepts), the session left alone. (Outside a
+            // request, rmcp closes a session whose worker ended.)
+            return Ok(());
+        }
         let closed = self
             .inner
             .close_session(id)
@@ -820,6 +889,7 @@ where
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.ensure_caller(id)?;
         let stream = self
             .inner
             .create_stream(id, message)
@@ -833,6 +903,7 @@ where
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<(), Self::Error> {
+        self.ensure_caller(id)?;
         if let Some(runtime) = &self.runtime
             && let Some(request_id) = answered(&message)
         {
@@ -862,6 +933,7 @@ where
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.ensure_caller(id)?;
         let stream = self
             .inner
             .create_standalone_stream(id)
@@ -875,6 +947,9 @@ where
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        if !self.caller_owns(id) {
+            return Err(ScopedError::foreign(&last_event_id));
+        }
         let standalone = match self.check_owner(id, &last_event_id).await {
             Ok(standalone) => standalone,
             Err(refused) => {

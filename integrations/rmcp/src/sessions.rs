@@ -10,11 +10,12 @@ use rmcp::transport::streamable_http_server::session::{
 };
 
 use super::AdapterError;
+use super::callers::caller;
 use super::tracker::Tracker;
 use mcp_event_store_core::Error;
 use mcp_event_store_core::SessionStore;
 use mcp_event_store_core::backend::validate_session_id;
-use mcp_event_store_runtime::Runtime;
+use mcp_event_store_runtime::{Callers, Runtime};
 
 /// How long a session's state stays restorable by default: 24 hours.
 pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -57,6 +58,8 @@ pub struct RmcpSessionStore<S: ?Sized> {
     linked: RwLock<Vec<Weak<Tracker>>>,
     /// Tells every instance when a client deleted a session.
     runtime: Option<Runtime>,
+    /// Whether sessions are bound to their callers ([`with_callers`](Self::with_callers)).
+    callers_bound: bool,
 }
 
 impl<S: ?Sized> RmcpSessionStore<S> {
@@ -70,7 +73,19 @@ impl<S: ?Sized> RmcpSessionStore<S> {
             refresh_on_load: true,
             linked: RwLock::default(),
             runtime: None,
+            callers_bound: false,
         }
+    }
+
+    /// Binds each session to the caller that opened it (C20), as `callers`
+    /// reads it from the request: a load, a refresh or a delete by anyone
+    /// else is answered as for an unknown session (rmcp answers 404), on
+    /// every instance. The requests must be served through
+    /// [`CallerScoped`](crate::CallerScoped) ([`Durable`](crate::Durable)
+    /// does both); one that is not reaches no session.
+    pub fn with_callers(mut self, callers: &Callers) -> Self {
+        self.callers_bound = callers.is_bound();
+        self
     }
 
     /// Tells every instance on `runtime`'s bus when a client deletes a
@@ -176,7 +191,10 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
         let Some(key) = self.key(session_id) else {
             return Ok(None);
         };
-        let bytes = match self.store.get_session(&key).await {
+        let Some(owner) = caller(self.callers_bound) else {
+            return Ok(None);
+        };
+        let bytes = match self.store.get_session_as(&owner, &key).await {
             Ok(Some(bytes)) => bytes,
             Ok(None) | Err(Error::InvalidSessionId { .. }) => return Ok(None),
             Err(e) => return Err(AdapterError::store("load session", e).into()),
@@ -187,7 +205,10 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
                 source,
             })?;
         if self.refresh_on_load
-            && let Err(error) = self.store.put_session(&key, &bytes, self.ttl).await
+            && let Err(error) = self
+                .store
+                .put_session_as(&owner, &key, &bytes, self.ttl)
+                .await
         {
             tracing::warn!(%error, "could not refresh the time to live of a restored session");
         }
@@ -211,9 +232,15 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
                 },
             )
         })?;
+        let owner = caller(self.callers_bound).ok_or_else(|| {
+            AdapterError::store(
+                "store session",
+                Error::Config("callers are bound, and this request's caller is unknown".into()),
+            )
+        })?;
         let bytes = serde_json::to_vec(state).map_err(AdapterError::Encode)?;
         self.store
-            .put_session(&key, &bytes, self.ttl)
+            .put_session_as(&owner, &key, &bytes, self.ttl)
             .await
             .map_err(|e| AdapterError::store("store session", e))?;
         self.stored(session_id);
@@ -221,9 +248,16 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
     }
 
     async fn delete(&self, session_id: &str) -> std::result::Result<(), SessionStoreError> {
-        let Some(key) = self.key(session_id) else {
+        let (Some(key), Some(owner)) = (self.key(session_id), caller(self.callers_bound)) else {
             return Ok(());
         };
+        match self.store.get_session_as(&owner, &key).await {
+            // Another caller's session (or none): left as it is, and
+            // answered as for an unknown one.
+            Ok(None) | Err(Error::InvalidSessionId { .. }) => return Ok(()),
+            Ok(Some(_)) => {}
+            Err(e) => return Err(AdapterError::store("delete session", e).into()),
+        }
         match self.store.delete_session(&key).await {
             Ok(_) | Err(Error::InvalidSessionId { .. }) => {
                 self.deleted(session_id);

@@ -211,6 +211,11 @@ impl DurableTasksBuilder {
         self
     }
 
+    /// Whether [`owner`](Self::owner) was set.
+    pub(crate) fn has_owner(&self) -> bool {
+        self.owner_bound
+    }
+
     /// How `tasks/cancel` ends a task (T6); default
     /// [`CancelMode::Cooperative`], as rmcp.
     pub fn cancel_mode(mut self, mode: CancelMode) -> Self {

@@ -708,7 +708,12 @@ async fn sessions_expire_after_their_ttl_and_loads_refresh_it() {
 async fn unreadable_session_state_is_an_error_with_its_source() {
     let store = Arc::new(MemoryStore::new());
     store
-        .put_session("rmcp/s", b"{}", Duration::from_secs(60))
+        .put_session_as(
+            &mcp_event_store_core::task::Owner::Anonymous,
+            "rmcp/s",
+            b"{}",
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     let err = store.into_rmcp_sessions().load("s").await.unwrap_err();

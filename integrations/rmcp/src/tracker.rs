@@ -14,7 +14,9 @@ use futures_core::future::BoxFuture;
 use rmcp::transport::streamable_http_server::session::SessionId;
 use tokio::time::Instant;
 
+use mcp_event_store_core::SessionDigest;
 use mcp_event_store_core::backend::StreamToken;
+use mcp_event_store_core::task::Owner;
 
 /// How many stream bindings a manager remembers per session, to remove them
 /// when the session is deleted or expires. Older ones are forgotten and left
@@ -40,6 +42,12 @@ pub(super) enum Stored {
 #[derive(Debug)]
 pub(super) struct Tracked {
     pub(super) stored: Stored,
+    /// Who the session is bound to, once its `initialize` (or restore)
+    /// was served; `None` before, and for one served unscoped while
+    /// callers are bound (no caller matches it then).
+    owner: Option<Owner>,
+    /// The digest of its id: what the bus names it by (C20).
+    digest: SessionDigest,
     /// When the store was last asked (or a check claimed), on tokio's clock.
     checked_at: Option<Instant>,
     /// Streams bound to the session by this manager, oldest first.
@@ -47,9 +55,11 @@ pub(super) struct Tracked {
 }
 
 impl Tracked {
-    fn new(stored: Stored) -> Self {
+    fn new(id: &str, stored: Stored) -> Self {
         Self {
             stored,
+            owner: None,
+            digest: SessionDigest::of(id),
             checked_at: None,
             bindings: VecDeque::new(),
         }
@@ -141,7 +151,29 @@ impl Tracker {
         self.lock()
             .entry(id.clone())
             .and_modify(|tracked| tracked.stored = stored)
-            .or_insert_with(|| Tracked::new(stored));
+            .or_insert_with(|| Tracked::new(id, stored));
+    }
+
+    /// Binds a held session to the caller that opened (or restored) it.
+    pub(super) fn set_owner(&self, id: &str, owner: Option<Owner>) {
+        if let Some(tracked) = self.lock().get_mut(id) {
+            tracked.owner = owner;
+        }
+    }
+
+    /// Whether `id` is held here and bound to `caller` (C20).
+    pub(super) fn owned_by(&self, id: &str, caller: &Owner) -> bool {
+        self.lock()
+            .get(id)
+            .is_some_and(|tracked| tracked.owner.as_ref() == Some(caller))
+    }
+
+    /// The held session a digest heard on the bus names.
+    pub(super) fn find(&self, digest: &SessionDigest) -> Option<SessionId> {
+        self.lock()
+            .iter()
+            .find(|(_, tracked)| tracked.digest == *digest)
+            .map(|(id, _)| id.clone())
     }
 
     /// A linked session store wrote the session's state.

@@ -157,6 +157,63 @@ pub async fn a_delete_on_one_instance_ends_the_session_on_the_other(fixture: &Fi
     }
 }
 
+/// A session is its caller's on every instance (C20): another caller (or
+/// an anonymous one) holding its id gets exactly what a client of an
+/// unknown session gets, on the instance that holds it and on the one that
+/// would restore it: a `POST` and a resume are 404, and a `DELETE` leaves
+/// it alone. Its owner goes on using it on both.
+pub async fn a_session_is_its_callers_on_every_instance(fixture: &Fixture) {
+    let [a, b] = servers(fixture);
+    let mut alice = Client::new(&a.url).as_caller(Some("Bearer alice"));
+    alice.initialize().await;
+    let session = alice.session.clone().expect("a session");
+    let mut call = alice.call_slow_count(2, 2, 10).await;
+    let mut cursor = None;
+    while let Some(event) = call.next().await {
+        cursor = event.id.clone().or(cursor);
+    }
+    let cursor = cursor.expect("the call's events have ids");
+    let unknown = Client::new(&a.url)
+        .as_caller(Some("Bearer alice"))
+        .in_session("00000000-0000-4000-8000-000000000000");
+    let mut id = 10;
+    for url in [&a.url, &b.url] {
+        for other in [Some("Bearer mallory"), None] {
+            let other = alice.as_caller(other).on(url);
+            let unknown = unknown.on(url);
+            id += 1;
+            let call = serde_json::json!({
+                "jsonrpc": "2.0", "id": id, "method": "tools/list", "params": {}
+            });
+            let (theirs, none) = (other.post(call.clone()).await, unknown.post(call).await);
+            assert_eq!(theirs.status(), 404, "another caller's POST on {url}");
+            assert_eq!(theirs.status(), none.status());
+            assert_eq!(theirs.text().await.unwrap(), none.text().await.unwrap());
+            let header = reqwest::header::HeaderValue::from_str(&cursor).unwrap();
+            let (theirs, none) = (
+                other.get_with_last_event_id(header.clone()).await,
+                unknown.get_with_last_event_id(header).await,
+            );
+            assert_eq!(theirs.status(), 404, "another caller's resume on {url}");
+            assert_eq!(theirs.status(), none.status());
+            assert_eq!(
+                other.delete().await,
+                unknown.delete().await,
+                "DELETE on {url}"
+            );
+        }
+    }
+    // Nothing the others did touched it: its owner restores it on B, and
+    // goes on on A.
+    for url in [&b.url, &a.url] {
+        id += 1;
+        assert_eq!(alice.on(url).call_status(id).await, 200, "alice on {url}");
+    }
+    assert_eq!(alice.session.as_deref(), Some(session.as_str()));
+    let resumed = alice.on(&b.url).resume(&cursor).await;
+    let _ = resumed.collect_for(Duration::from_secs(2)).await;
+}
+
 /// A notification raised once on A reaches every listener: a session's
 /// standalone stream on A and another session's on B, each once, with an
 /// event id (it is stored, so a resume finds it too).

@@ -102,6 +102,7 @@ macro_rules! e2e_tests {
         e2e_case!($fixture, stateless_resume_of_a_killed_writers_stream_ends, resume_of_a_killed_writers_stream_ends, Mode::Stateless);
         across_case!($fixture, round_robin_server_requests_complete, server_requests_complete_behind_a_round_robin_proxy);
         across_case!($fixture, sessions_deleted_on_one_instance_end_at_once_on_another, a_delete_on_one_instance_ends_the_session_on_the_other);
+        across_case!($fixture, sessions_are_their_callers_on_every_instance, a_session_is_its_callers_on_every_instance);
         across_case!($fixture, notifications_raised_on_one_instance_reach_every_listener, a_notification_raised_on_one_instance_reaches_listeners_on_every_instance);
         across_case!($fixture, changes_raised_on_one_instance_reach_every_subscription, a_change_raised_on_one_instance_reaches_subscriptions_on_every_instance);
         across_case!($fixture, forged_answers_never_reach_another_session, a_forged_answer_from_another_session_never_reaches_the_waiting_one);

@@ -159,6 +159,8 @@ pub struct Client {
     http: reqwest::Client,
     pub url: String,
     pub session: Option<String>,
+    /// Sent as `Authorization`: the example server's caller.
+    authorization: Option<String>,
 }
 
 impl Client {
@@ -170,6 +172,24 @@ impl Client {
                 .expect("an HTTP client"),
             url: url.to_owned(),
             session: None,
+            authorization: None,
+        }
+    }
+
+    /// The same client (and session) sending `Authorization: <value>`, or
+    /// none: another caller of the example server.
+    pub fn as_caller(&self, value: Option<&str>) -> Self {
+        Self {
+            authorization: value.map(str::to_owned),
+            ..self.clone()
+        }
+    }
+
+    /// The same client (and caller) in session `session`.
+    pub fn in_session(&self, session: &str) -> Self {
+        Self {
+            session: Some(session.to_owned()),
+            ..self.clone()
         }
     }
 
@@ -188,6 +208,12 @@ impl Client {
             headers.insert(
                 "Mcp-Session-Id",
                 HeaderValue::from_str(session).expect("a header-safe session id"),
+            );
+        }
+        if let Some(authorization) = &self.authorization {
+            headers.insert(
+                "Authorization",
+                HeaderValue::from_str(authorization).expect("a header-safe value"),
             );
         }
         headers
