@@ -134,6 +134,20 @@
 //!   itself (tower-mcp). A stream never written, deleted or expired whole
 //!   replays nothing; retention overtaking the replay is `EventsPurged`, never
 //!   a skipped event.
+//! - **C17 to C19 The bus.** A message published on any handle reaches every
+//!   subscription to its topic on every handle, in order, each once; a
+//!   subscription resumed after its cursor misses nothing, or says
+//!   `FellBehind`; topics and messages are bounded, and kept under the
+//!   store's retention.
+//! - **C20 Sessions by digest, bound to their owner.** The store keeps a
+//!   session under the digest of its id, never the id: nothing read from its
+//!   tables, keys or files yields a live session id. A session stored for an
+//!   owner (`put_session_as`) reads and deletes for that owner only. See
+//!   `docs/security.md` for callers bound through both frameworks.
+//! - **C21 Redeemed once.** `redeem(nonce, expires_at, owner)` succeeds once
+//!   per owner and nonce across every handle and process, is refused after,
+//!   and its records are forgotten after their expiry, bounded, without ever
+//!   reopening a nonce.
 //!
 //! A session store (`put_session`, `get_session`, `delete_session`, with a time
 //! to live) rides along in the same backend, for restoring MCP sessions on

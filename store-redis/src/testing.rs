@@ -321,34 +321,38 @@ impl PersistentHarness for RedisHarness {
             .unwrap_or_else(|e| panic!("setting {key} failed: {e}"));
     }
 
-    /// Every key under the harness's prefix with its value, read by type.
+    /// Every key under the harness's prefix with its value, read by type,
+    /// from every node of a cluster.
     async fn stored_bytes(&self) -> Vec<u8> {
-        let mut conn = connect(self.url())
+        let conn = connect(self.url())
             .await
             .unwrap_or_else(|e| panic!("connecting to {} failed: {e}", self.url()));
-        let mut keys: Vec<String> = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(format!("{}*", self.prefix()))
-                .arg("COUNT")
-                .arg(1_000)
-                .query_async(&mut conn)
-                .await
-                .expect("scan the prefix's keys");
-            keys.extend(page);
-            if next == 0 {
-                break;
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        for node in crate::conn::nodes(&conn).await.expect("the server's nodes") {
+            let mut cursor = 0u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(format!("{}*", self.prefix()))
+                    .arg("COUNT")
+                    .arg(1_000);
+                let (next, page): (u64, Vec<Vec<u8>>) = node
+                    .query(&conn, &scan)
+                    .await
+                    .expect("scan the prefix's keys");
+                keys.extend(page);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            cursor = next;
         }
         let mut bytes = Vec::new();
         for key in keys {
             let kind: String = redis::cmd("TYPE")
                 .arg(&key)
-                .query_async(&mut conn)
+                .query_async(&mut conn.clone())
                 .await
                 .expect("TYPE");
             let read = match kind.as_str() {
@@ -366,10 +370,10 @@ impl PersistentHarness for RedisHarness {
                 _ => continue,
             };
             let value: redis::Value = read
-                .query_async(&mut conn)
+                .query_async(&mut conn.clone())
                 .await
-                .unwrap_or_else(|e| panic!("reading {key} failed: {e}"));
-            bytes.extend(key.into_bytes());
+                .unwrap_or_else(|e| panic!("reading a key failed: {e}"));
+            bytes.extend(key);
             flatten(&value, &mut bytes);
         }
         bytes
@@ -449,6 +453,23 @@ impl PersistentTaskHarness for RedisHarness {
     }
 }
 
+/// Every byte string in a reply, one after another.
+fn flatten(value: &redis::Value, out: &mut Vec<u8>) {
+    match value {
+        redis::Value::BulkString(bytes) => out.extend_from_slice(bytes),
+        redis::Value::SimpleString(text) => out.extend_from_slice(text.as_bytes()),
+        redis::Value::Int(n) => out.extend_from_slice(n.to_string().as_bytes()),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().for_each(|item| flatten(item, out))
+        }
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
+            flatten(k, out);
+            flatten(v, out);
+        }),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,22 +496,5 @@ mod tests {
         assert_ne!(a, b);
         crate::validate_prefix(&a).unwrap();
         assert!(a.starts_with(TEST_PREFIX));
-    }
-}
-
-/// Every byte string in a reply, one after another.
-fn flatten(value: &redis::Value, out: &mut Vec<u8>) {
-    match value {
-        redis::Value::BulkString(bytes) => out.extend_from_slice(bytes),
-        redis::Value::SimpleString(text) => out.extend_from_slice(text.as_bytes()),
-        redis::Value::Int(n) => out.extend_from_slice(n.to_string().as_bytes()),
-        redis::Value::Array(items) | redis::Value::Set(items) => {
-            items.iter().for_each(|item| flatten(item, out))
-        }
-        redis::Value::Map(pairs) => pairs.iter().for_each(|(k, v)| {
-            flatten(k, out);
-            flatten(v, out);
-        }),
-        _ => {}
     }
 }

@@ -679,10 +679,10 @@ async fn a_format_1_database_is_migrated_and_keeps_serving_its_events() {
         .await,
         Err(Error::EventsPurged { .. })
     ));
-    assert_eq!(
-        store.get_session("sess").await.unwrap().as_deref(),
-        Some(&b"state"[..])
-    );
+    // A session format 1 kept under its id is not found by it any more
+    // (C20: sessions are looked up by the digest of their id); its client
+    // starts a new one, and the record goes with its time to live.
+    assert_eq!(store.get_session("sess").await.unwrap(), None);
 
     // "current" goes on in the same life, after its last number.
     let next = append(&store, "current", "next").await;
