@@ -584,8 +584,16 @@ pub async fn sessions_and_tasks_are_their_callers_on_every_server(fixture: &Fixt
     let session = initialize_as(&a.url, alice, json!({})).await;
     let mut stream = Stream::open(&a.url, &session, None).await;
     let called = post(&a.url, Some(&session), count_call(2, 2, "p")).await;
-    assert!(called.status.is_success(), "alice's call: {}", called.status);
-    let cursor = stream.next().await.id.expect("the GET stream's events have ids");
+    assert!(
+        called.status.is_success(),
+        "alice's call: {}",
+        called.status
+    );
+    let cursor = stream
+        .next()
+        .await
+        .id
+        .expect("the GET stream's events have ids");
     drop(stream);
     let unknown = crate::wire::Session {
         id: "00000000-0000-4000-8000-000000000000".into(),
