@@ -226,7 +226,8 @@ pub(crate) async fn purge(store: &PostgresStore) -> Result<PurgeReport> {
     }
     report.sessions = purge_sessions(store, now).await?;
     report.redemptions = purge_redeemed(store, now).await?;
-    if let Some(deleted) = store.add_deleted(report.events + report.streams + report.sessions) {
+    let deleted = report.events + report.streams + report.sessions + report.redemptions;
+    if let Some(deleted) = store.add_deleted(deleted) {
         vacuum_if_due(store, deleted).await;
     }
     Ok(report)

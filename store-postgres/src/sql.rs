@@ -334,7 +334,7 @@ SELECT current_setting('autovacuum')::bool,
                FROM pg_class c
                JOIN pg_namespace n ON n.oid = c.relnamespace
                JOIN pg_class t ON t.oid = c.oid OR t.oid = c.reltoastrelid
-              WHERE n.nspname = $1 AND c.relname IN ('events', 'streams', 'sessions')
+              WHERE n.nspname = $1 AND c.relname IN ('events', 'streams', 'sessions', 'redeemed')
                 AND EXISTS (SELECT 1 FROM pg_options_to_table(t.reloptions) o
                              WHERE o.option_name = 'autovacuum_enabled'
                                AND NOT o.option_value::bool)
@@ -345,7 +345,8 @@ SELECT current_setting('autovacuum')::bool,
 /// when never counted): what a purge's deletions are measured against.
 const TABLE_ROWS: &str = r#"
 SELECT sum(GREATEST(reltuples, 0))::int8 FROM pg_class
- WHERE oid IN ('{s}.events'::regclass, '{s}.streams'::regclass, '{s}.sessions'::regclass)
+ WHERE oid IN ('{s}.events'::regclass, '{s}.streams'::regclass, '{s}.sessions'::regclass,
+               '{s}.redeemed'::regclass)
 "#;
 
 /// Plain `VACUUM` (never FULL) of the store's tables: it takes a lock that
@@ -355,7 +356,7 @@ SELECT sum(GREATEST(reltuples, 0))::int8 FROM pg_class
 /// returning empty pages at the end of a table to the OS needs (the pages
 /// stay, free for new rows). It cannot run inside a transaction.
 const VACUUM: &str = r#"
-VACUUM (SKIP_LOCKED, TRUNCATE false) {s}.events, {s}.streams, {s}.sessions
+VACUUM (SKIP_LOCKED, TRUNCATE false) {s}.events, {s}.streams, {s}.sessions, {s}.redeemed
 "#;
 
 /// Totals over one page of stream rows in token order (C15), for `stats`:

@@ -1,5 +1,5 @@
 //! The redemption side of a backend (C21): what
-//! [`RedeemStore`](crate::RedeemStore) needs from the database, one
+//! [`RedeemStore`] needs from the database, one
 //! insert-if-absent.
 //!
 //! [`RedeemStore::redeem`] is written once, here, over
