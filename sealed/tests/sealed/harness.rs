@@ -59,6 +59,10 @@ impl<H: Harness> Harness for SealedHarness<H> {
         self.inner.lose_data().await
     }
 
+    fn forgets_redemptions_itself(&self) -> bool {
+        self.inner.forgets_redemptions_itself()
+    }
+
     async fn teardown(self) {
         self.inner.teardown().await;
     }
