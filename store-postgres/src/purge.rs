@@ -18,7 +18,7 @@
 use std::time::Instant;
 
 use mcp_event_store_core::{PurgeReport, Result};
-use sqlx::Row;
+use sqlx::{Row, SqlStr};
 
 use crate::PostgresStore;
 use crate::error::backend;
@@ -276,30 +276,24 @@ pub(crate) async fn vacuum_if_due(store: &PostgresStore, deleted: u64) {
     }
 }
 
-/// Deletes redemptions past their time in batches (C21), as
-/// [`purge_sessions`] deletes sessions.
+/// Deletes redemptions past their time (C21), as [`purge_sessions`]
+/// deletes sessions.
 async fn purge_redeemed(store: &PostgresStore, now: i64) -> Result<u64> {
-    let mut removed = 0;
-    loop {
-        let done = sqlx::query(store.sql().purge_redeemed.clone())
-            .bind(now)
-            .bind(BATCH as i64)
-            .execute(store.pool())
-            .await
-            .map_err(backend)?;
-        removed += done.rows_affected();
-        if done.rows_affected() < BATCH as u64 {
-            return Ok(removed);
-        }
-    }
+    delete_in_batches(store, &store.sql().purge_redeemed, now).await
 }
 
 /// Deletes expired sessions in batches; see [`crate::sql`] for why it skips
 /// rows another transaction holds.
 async fn purge_sessions(store: &PostgresStore, now: i64) -> Result<u64> {
+    delete_in_batches(store, &store.sql().purge_sessions, now).await
+}
+
+/// Runs `delete` (`$1` now, `$2` the batch size) until a batch removes
+/// fewer rows than the batch size; how many rows went.
+async fn delete_in_batches(store: &PostgresStore, delete: &SqlStr, now: i64) -> Result<u64> {
     let mut removed = 0;
     loop {
-        let done = sqlx::query(store.sql().purge_sessions.clone())
+        let done = sqlx::query(delete.clone())
             .bind(now)
             .bind(BATCH as i64)
             .execute(store.pool())

@@ -251,15 +251,11 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
         let (Some(key), Some(owner)) = (self.key(session_id), caller(self.callers_bound)) else {
             return Ok(());
         };
-        match self.store.get_session_as(&owner, &key).await {
+        match self.store.delete_session_as(&owner, &key).await {
             // Another caller's session (or none): left as it is, and
             // answered as for an unknown one.
-            Ok(None) | Err(Error::InvalidSessionId { .. }) => return Ok(()),
-            Ok(Some(_)) => {}
-            Err(e) => return Err(AdapterError::store("delete session", e).into()),
-        }
-        match self.store.delete_session(&key).await {
-            Ok(_) | Err(Error::InvalidSessionId { .. }) => {
+            Ok(false) | Err(Error::InvalidSessionId { .. }) => Ok(()),
+            Ok(true) => {
                 self.deleted(session_id);
                 if let Some(runtime) = &self.runtime
                     && let Err(error) = runtime.end_session(session_id).await

@@ -616,8 +616,8 @@ pub async fn sessions_and_tasks_are_their_callers_on_every_server(fixture: &Fixt
             assert_eq!(theirs.status, none.status);
             assert_eq!(theirs.answer, none.answer);
             assert_eq!(
-                resume_status(url, &other, &cursor).await,
-                resume_status(url, &unknown, &cursor).await,
+                crate::wire::resume_status(url, &other, &cursor).await,
+                crate::wire::resume_status(url, &unknown, &cursor).await,
                 "a resume on {url}"
             );
             assert_eq!(
@@ -663,11 +663,4 @@ pub async fn sessions_and_tasks_are_their_callers_on_every_server(fixture: &Fixt
         let own = get(url, alice, &task).await;
         assert!(own.get("result").is_some(), "alice's task on {url}: {own}");
     }
-}
-
-/// The status a `GET` resuming after `cursor` in `session` gets.
-async fn resume_status(url: &str, session: &crate::wire::Session, cursor: &str) -> u16 {
-    crate::wire::resume_status(url, session, cursor)
-        .await
-        .as_u16()
 }
