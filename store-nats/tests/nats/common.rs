@@ -55,10 +55,15 @@ pub fn cluster_server_bin() -> String {
     bin
 }
 
-/// A loopback port nothing listens on now.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
-    listener.local_addr().expect("local address").port()
+/// `n` distinct loopback ports nothing listens on now: all are held at
+/// once while they are chosen, so the system cannot hand out one twice.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    held.iter()
+        .map(|listener| listener.local_addr().expect("local address").port())
+        .collect()
 }
 
 /// One `nats-server` of a cluster, killed (SIGKILL, by pid) when dropped.
@@ -156,7 +161,8 @@ impl Cluster {
     pub fn start() -> Self {
         let bin = cluster_server_bin();
         let dir = tempfile::tempdir().expect("temporary directory");
-        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let free = free_ports(6);
+        let ports: Vec<(u16, u16)> = free.chunks(2).map(|pair| (pair[0], pair[1])).collect();
         let cluster_ports: Vec<u16> = ports.iter().map(|(_, c)| *c).collect();
         let nodes = ports
             .iter()
