@@ -4,7 +4,7 @@
 //! A backend (ours, or one of your own) proves it keeps the contract by
 //! implementing a harness and calling two macros from its tests:
 //!
-//! * [`events`]: the event suite, contract C1 to C21, one case per clause
+//! * [`events`]: the event suite, contract C1 to C22, one case per clause
 //!   file, run by [`event_suite!`]; a backend whose data survives a reopen
 //!   adds `persistent` and implements [`events::PersistentHarness`] to run
 //!   the restart, SIGKILL and format cases (C10, C12) as well;

@@ -19,6 +19,8 @@
 //!   [`EventStore::check`], what an operator asks of a store (C15);
 //! * [`RedeemStore`], single use of a nonce across every instance (C21),
 //!   reached from any store through [`EventStore::redeemer`];
+//! * [`rewrite`], a store's values listed and swapped in place (C22), for
+//!   re-sealing under a new key while servers run;
 //! * [`MemoryStore`], a complete in-memory backend;
 //! * [`backend`], the plumbing backend crates share (cursor and gap checks,
 //!   follow, spans and metrics, stream tokens), kept out of applications'
@@ -110,6 +112,19 @@
 //!   per key, else by `purge_expired`), so storage stays bounded, and a
 //!   forgotten nonce stays refused: every later redemption of it is
 //!   expired.
+//! * **C22 Swapped in place, only over what was read.**
+//!   [`EventStore::rewriter`] lists the values a store holds (events by
+//!   stream, sessions by digest, tasks by digest with each of their
+//!   values) as the database keeps them, a bounded page at a time, and
+//!   swaps one for bytes of the same length only if it still holds exactly
+//!   the bytes expected; a value written, removed or expired since is left
+//!   alone ([`rewrite::Swap::Changed`]). A swap changes nothing else: an
+//!   event keeps its id, position, time and retry hint, a session its
+//!   expiry, a task its status, revision, instance and claim. A backend
+//!   whose events live in an append-only log (Redis streams, NATS
+//!   JetStream) says so ([`rewrite::RewriteStore::rewrites_events`]) and
+//!   refuses an event swap with [`Error::Config`]; its events leave with
+//!   retention.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -129,6 +144,7 @@ mod store;
 pub mod backend;
 pub mod bus;
 pub mod observe;
+pub mod rewrite;
 pub mod task;
 
 pub use descriptor::{Backend, Connecting};

@@ -12,14 +12,16 @@ use crate::backend::dense::{self, DenseStream};
 use crate::backend::follow::{self, Wakeups};
 use crate::backend::task::OwnerKey;
 use crate::backend::{
-    BackendHandle, EventBackend, Reader, RedeemBackend, RedeemKey, RuntimeBackend, SessionBackend,
-    TaskBackend,
+    BackendHandle, EventBackend, Reader, RedeemBackend, RedeemKey, RewriteBackend, RuntimeBackend,
+    SessionBackend, TaskBackend,
 };
 use crate::error::{Error, Result};
 use crate::event::{NewEvent, StoredEvent};
 use crate::id::{EventId, StreamKey, StreamToken};
 use crate::inspect::{HealthReport, Setting, StoreStats, StreamCursor, StreamInfo, StreamPage};
 use crate::options::{PurgeReport, StoreOptions};
+use crate::rewrite::{SessionValue, SessionValuePage, TaskField, TaskValuePage};
+use crate::session::SessionDigest;
 use crate::store::FollowOptions;
 use crate::store::{Page, Replay, paged_replay};
 use crate::task::{
@@ -535,6 +537,95 @@ impl SessionBackend for MemoryStore {
         let now = self.now_millis();
         let removed = self.state().sessions.remove(session_id);
         Ok(removed.is_some_and(|s| s.expires_at > now))
+    }
+}
+
+/// Values swapped in place (C22): under the lock, so each swap is one
+/// step against every other handle's writes.
+#[async_trait]
+impl RewriteBackend for MemoryStore {
+    fn rewrites_events(&self) -> bool {
+        true
+    }
+
+    async fn event_swap(
+        &self,
+        stream_id: &str,
+        id: &EventId,
+        expected: &[u8],
+        new: &[u8],
+    ) -> Result<bool> {
+        let token = self.inner.key.token(stream_id);
+        let mut state = self.state();
+        let Some(stream) = state
+            .streams
+            .get_mut(&token)
+            .filter(|stream| id.token == token && stream.incarnation == id.position.major)
+        else {
+            return Ok(false);
+        };
+        let entry = stream
+            .events
+            .iter_mut()
+            .find(|entry| entry.seq == id.position.minor);
+        Ok(match entry {
+            Some(entry) if entry.data[..] == *expected => {
+                entry.data = Bytes::copy_from_slice(new);
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn session_page(
+        &self,
+        after: Option<&SessionDigest>,
+        limit: usize,
+    ) -> Result<SessionValuePage> {
+        let state = self.state();
+        let mut sessions: Vec<SessionValue> = state
+            .sessions
+            .iter()
+            .filter_map(|(key, session)| {
+                let digest = SessionDigest::from_key(key)?;
+                after
+                    .is_none_or(|after| digest > *after)
+                    .then(|| SessionValue::new(digest, session.state.clone()))
+            })
+            .collect();
+        sessions.sort_unstable_by_key(|session| session.digest);
+        sessions.truncate(limit);
+        Ok(SessionValuePage::new(sessions, limit))
+    }
+
+    async fn session_swap(
+        &self,
+        digest: &SessionDigest,
+        expected: &[u8],
+        new: &[u8],
+    ) -> Result<bool> {
+        let mut state = self.state();
+        Ok(match state.sessions.get_mut(&digest.key()) {
+            Some(session) if session.state[..] == *expected => {
+                session.state = Bytes::copy_from_slice(new);
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn task_page(&self, after: Option<&TaskDigest>, limit: usize) -> Result<TaskValuePage> {
+        Ok(self.inner.tasks.value_page(after, limit))
+    }
+
+    async fn task_swap(
+        &self,
+        digest: &TaskDigest,
+        field: &TaskField,
+        expected: &[u8],
+        new: &[u8],
+    ) -> Result<bool> {
+        Ok(self.inner.tasks.value_swap(digest, field, expected, new))
     }
 }
 

@@ -16,6 +16,7 @@ use crate::id::{EventId, Position};
 use crate::inspect::{HealthReport, StoreStats, StreamCursor, StreamPage};
 use crate::options::{PurgeReport, Retention};
 use crate::redeem::RedeemStore;
+use crate::rewrite::RewriteStore;
 use crate::task::{Owner, RuntimeStore, TaskStore};
 
 /// How a follow ends, besides being dropped or failing.
@@ -270,6 +271,19 @@ pub trait EventStore: Send + Sync + 'static {
     /// # Ok(()) }
     /// ```
     fn redeemer(&self) -> Option<&dyn RedeemStore> {
+        None
+    }
+
+    /// This store's values as the database holds them, listed and swapped
+    /// in place (C22): what an operator's tool re-sealing the store under
+    /// a new key works on (see [`rewrite`](crate::rewrite)).
+    ///
+    /// Every store of this project answers `Some` (every
+    /// [`EventBackend`](crate::backend::EventBackend) is a
+    /// [`RewriteBackend`](crate::backend::RewriteBackend)); a decorator
+    /// answers with the store underneath's, whose bytes are what it keeps.
+    /// Provided, answering `None`, for wrappers written before it.
+    fn rewriter(&self) -> Option<&dyn RewriteStore> {
         None
     }
 }

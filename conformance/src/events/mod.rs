@@ -1,4 +1,4 @@
-//! The conformance suite: every backend runs every case (contract C1 to C21).
+//! The conformance suite: every backend runs every case (contract C1 to C22).
 //!
 //! Each case is a plain async function taking a [`Harness`]; the
 //! [`event_suite!`](crate::event_suite) macro turns them all into
@@ -23,6 +23,7 @@ mod redeem;
 mod replay;
 mod restart;
 mod retention;
+mod rewrite;
 mod sessions;
 mod sharing;
 mod support;
@@ -38,6 +39,8 @@ pub use redeem::*;
 pub use replay::*;
 pub use restart::*;
 pub use retention::*;
+pub(crate) use rewrite::flipped;
+pub use rewrite::*;
 pub use sessions::*;
 pub use sharing::*;
 pub use support::HOSTILE_STREAM_IDS;
@@ -215,6 +218,7 @@ macro_rules! event_suite {
         $crate::__conformance_oldest!($harness);
         $crate::__conformance_bus!($harness);
         $crate::__conformance_redeem!($harness);
+        $crate::__conformance_rewrite!($harness);
     };
     ($harness:expr, persistent) => {
         $crate::event_suite!($harness);
@@ -404,6 +408,7 @@ mod registration {
                 ("concurrency", include_str!("concurrency.rs")),
                 ("retention", include_str!("retention.rs")),
                 ("sessions", include_str!("sessions.rs")),
+                ("rewrite", include_str!("rewrite.rs")),
                 ("sharing", include_str!("sharing.rs")),
                 ("restart", include_str!("restart.rs")),
                 ("follow", include_str!("follow.rs")),

@@ -29,6 +29,7 @@ mod input;
 mod instances;
 mod limits;
 mod persistent;
+mod rewrite;
 mod runtime;
 mod states;
 mod support;
@@ -42,6 +43,7 @@ pub use input::*;
 pub use instances::*;
 pub use limits::*;
 pub use persistent::*;
+pub use rewrite::*;
 pub use runtime::*;
 pub use states::*;
 pub use takeover::*;
@@ -51,6 +53,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use mcp_event_store_core::StoreOptions;
+use mcp_event_store_core::rewrite::RewriteStore;
 use mcp_event_store_core::task::{MemoryTaskStore, RuntimeStore};
 
 use crate::events::PersistentHarness;
@@ -91,6 +94,14 @@ pub trait TaskHarness: Send + Sync + 'static {
     /// however loaded the machine is. A store with no periodic re-read
     /// opens a plain handle.
     async fn open_without_recheck(&self, options: StoreOptions) -> Self::Store;
+
+    /// The store's values listed and swapped in place (C22): for a store
+    /// that is also an event store (every backend's), its
+    /// [`EventStore::rewriter`](mcp_event_store_core::EventStore::rewriter);
+    /// `None` only for a store that keeps tasks alone (and so has no
+    /// rewriter to hand out). Required, so that no backend's harness skips
+    /// the C22 task case by default.
+    fn rewriter<'s>(&self, store: &'s Self::Store) -> Option<&'s dyn RewriteStore>;
 
     /// Removes the storage after the case (by default, nothing to do).
     async fn teardown(self)
@@ -163,6 +174,13 @@ impl TaskHarness for MemoryTaskHarness {
     async fn open_without_recheck(&self, options: StoreOptions) -> MemoryTaskStore {
         self.open(options).await
     }
+
+    /// A store of tasks alone: its values are rewritten through the
+    /// [`MemoryStore`](mcp_event_store_core::MemoryStore) that holds one
+    /// (the next harness).
+    fn rewriter<'s>(&self, _: &'s MemoryTaskStore) -> Option<&'s dyn RewriteStore> {
+        None
+    }
 }
 
 /// The task suite on [`MemoryStore`](mcp_event_store_core::MemoryStore), the store
@@ -182,6 +200,13 @@ impl TaskHarness for crate::events::MemoryHarness {
         options: StoreOptions,
     ) -> mcp_event_store_core::MemoryStore {
         TaskHarness::open(self, options).await
+    }
+
+    fn rewriter<'s>(
+        &self,
+        store: &'s mcp_event_store_core::MemoryStore,
+    ) -> Option<&'s dyn RewriteStore> {
+        mcp_event_store_core::EventStore::rewriter(store)
     }
 }
 
@@ -213,6 +238,7 @@ macro_rules! task_suite {
         $crate::__task_cases_instances!($harness);
         $crate::__task_cases_runtime!($harness);
         $crate::__task_cases_takeover!($harness);
+        $crate::__task_cases_rewrite!($harness);
     };
     ($harness:expr, persistent) => {
         $crate::task_suite!($harness);
@@ -258,6 +284,7 @@ mod registration {
                 ("instances", include_str!("instances.rs")),
                 ("runtime", include_str!("runtime.rs")),
                 ("takeover", include_str!("takeover.rs")),
+                ("rewrite", include_str!("rewrite.rs")),
             ],
             dir: "tasks",
         }

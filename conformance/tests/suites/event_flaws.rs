@@ -9,10 +9,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use mcp_event_store_conformance::events::{self as conformance, Harness};
+use mcp_event_store_core::rewrite::{RewriteStore, SessionValuePage, Swap};
 use mcp_event_store_core::task::Owner;
 use mcp_event_store_core::{
     EventId, EventStore, FollowOptions, MemoryStore, NewEvent, PurgeReport, RedeemStore,
-    Redemption, Replay, Result, SessionStore, StoreOptions,
+    Redemption, Replay, Result, SessionDigest, SessionStore, StoreOptions,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +41,14 @@ enum Flaw {
     RedeemIgnoresPrincipal,
     /// An expired nonce is redeemed (and stored) with an expiry of its own.
     RedeemsExpired,
+    /// A swap writes whatever the value holds (C22).
+    SwapsUnconditionally,
+    /// A session swap puts the state back with a fresh, long expiry.
+    SwapExtendsTheSession,
+    /// Every page of sessions after the first skips its first session.
+    ListingSkipsAcrossPages,
+    /// An event swap finds the event by its id, whatever stream it names.
+    EventSwapIgnoresTheStream,
 }
 
 struct Flawed {
@@ -151,6 +160,139 @@ impl EventStore for Flawed {
             Flaw::NoRedeemer => None,
             _ => Some(self),
         }
+    }
+    fn rewriter(&self) -> Option<&dyn RewriteStore> {
+        Some(self)
+    }
+}
+
+/// The memory store's rewriter, with the rewrite flaws.
+#[async_trait]
+impl RewriteStore for Flawed {
+    async fn event_values(&self, stream_id: &str) -> Result<Replay> {
+        self.inner().event_values(stream_id).await
+    }
+
+    fn rewrites_events(&self) -> bool {
+        self.inner().rewrites_events()
+    }
+
+    async fn swap_event(
+        &self,
+        stream_id: &str,
+        id: &EventId,
+        expected: &[u8],
+        new: &[u8],
+    ) -> Result<Swap> {
+        let stream_id = match self.flaw {
+            Flaw::EventSwapIgnoresTheStream => self
+                .inner
+                .get_stream_id_for_event_id(&id.to_string())
+                .await?
+                .unwrap_or_else(|| stream_id.to_owned()),
+            _ => stream_id.to_owned(),
+        };
+        let expected = match self.flaw {
+            Flaw::SwapsUnconditionally => {
+                let events: Vec<_> = self
+                    .inner()
+                    .event_values(&stream_id)
+                    .await?
+                    .events
+                    .collect()
+                    .await;
+                events
+                    .into_iter()
+                    .flatten()
+                    .find(|event| event.id == *id)
+                    .map_or_else(|| expected.to_vec(), |event| event.data.to_vec())
+            }
+            _ => expected.to_vec(),
+        };
+        self.inner()
+            .swap_event(&stream_id, id, &expected, new)
+            .await
+    }
+
+    async fn session_values(
+        &self,
+        after: Option<&SessionDigest>,
+        limit: usize,
+    ) -> Result<SessionValuePage> {
+        let mut page = self.inner().session_values(after, limit).await?;
+        if matches!(self.flaw, Flaw::ListingSkipsAcrossPages) && after.is_some() {
+            page.sessions.drain(..page.sessions.len().min(1));
+        }
+        Ok(page)
+    }
+
+    async fn swap_session(
+        &self,
+        digest: &SessionDigest,
+        expected: &[u8],
+        new: &[u8],
+    ) -> Result<Swap> {
+        let current = || async {
+            let mut after = None;
+            loop {
+                let page = self.inner().session_values(after.as_ref(), 100).await?;
+                if let Some(found) = page.sessions.iter().find(|s| s.digest == *digest) {
+                    return Ok::<_, mcp_event_store_core::Error>(Some(found.state.clone()));
+                }
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => return Ok(None),
+                }
+            }
+        };
+        match self.flaw {
+            Flaw::SwapsUnconditionally => match current().await? {
+                Some(state) => self.inner().swap_session(digest, &state, new).await,
+                None => Ok(Swap::Changed),
+            },
+            Flaw::SwapExtendsTheSession => {
+                let swapped = self.inner().swap_session(digest, expected, new).await?;
+                if swapped == Swap::Swapped {
+                    // The flawed store re-puts the value under its digest:
+                    // through the memory store's backend, which is keyed
+                    // by the digest's key.
+                    for id in ["alpha", "beta", "gamma", "short"] {
+                        if SessionDigest::of(id) == *digest {
+                            self.inner
+                                .put_session(id, new, std::time::Duration::from_secs(1 << 30))
+                                .await?;
+                        }
+                    }
+                }
+                Ok(swapped)
+            }
+            _ => self.inner().swap_session(digest, expected, new).await,
+        }
+    }
+
+    async fn task_values(
+        &self,
+        after: Option<&mcp_event_store_core::task::TaskDigest>,
+        limit: usize,
+    ) -> Result<mcp_event_store_core::rewrite::TaskValuePage> {
+        self.inner().task_values(after, limit).await
+    }
+
+    async fn swap_task(
+        &self,
+        digest: &mcp_event_store_core::task::TaskDigest,
+        field: &mcp_event_store_core::rewrite::TaskField,
+        expected: &[u8],
+        new: &[u8],
+    ) -> Result<Swap> {
+        self.inner().swap_task(digest, field, expected, new).await
+    }
+}
+
+impl Flawed {
+    /// The memory store's own rewriter.
+    fn inner(&self) -> &dyn RewriteStore {
+        self.inner.rewriter().expect("the memory store rewrites")
     }
 }
 
@@ -372,4 +514,40 @@ async fn the_cases_pass_on_a_sound_store() {
     conformance::principals_redeem_independently(&h).await;
     conformance::refused_redemptions_store_nothing(&h).await;
     conformance::expired_redemptions_are_forgotten_and_stay_refused(&h).await;
+}
+
+#[tokio::test]
+async fn an_unconditional_swap_fails() {
+    assert_case_fails(Flaw::SwapsUnconditionally, |h| async move {
+        conformance::sessions_are_swapped_only_over_the_bytes_read(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::SwapsUnconditionally, |h| async move {
+        conformance::events_are_swapped_only_over_the_bytes_read(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_swap_that_extends_a_session_fails() {
+    assert_case_fails(Flaw::SwapExtendsTheSession, |h| async move {
+        conformance::sessions_are_swapped_only_over_the_bytes_read(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_listing_that_skips_across_pages_fails() {
+    assert_case_fails(Flaw::ListingSkipsAcrossPages, |h| async move {
+        conformance::sessions_are_swapped_only_over_the_bytes_read(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_event_swap_through_another_stream_fails() {
+    assert_case_fails(Flaw::EventSwapIgnoresTheStream, |h| async move {
+        conformance::events_are_swapped_only_over_the_bytes_read(&h).await
+    })
+    .await;
 }

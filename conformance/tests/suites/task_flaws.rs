@@ -225,6 +225,14 @@ impl TaskHarness for FlawedHarness {
     async fn open_without_recheck(&self, options: StoreOptions) -> Flawed {
         self.open(options).await
     }
+
+    /// The flaws are of the task side, over a store of tasks alone.
+    fn rewriter<'s>(
+        &self,
+        _: &'s Flawed,
+    ) -> Option<&'s dyn mcp_event_store_core::rewrite::RewriteStore> {
+        None
+    }
 }
 
 async fn assert_case_fails<F, Fut>(flaw: Flaw, case: F)
@@ -349,4 +357,168 @@ async fn a_store_whose_tasks_never_expire_fails_the_suite() {
         tasks::expired_task_reads_failed(&h).await
     })
     .await;
+}
+
+/// Rewrite flaws (C22), over the memory store that holds tasks beside
+/// its events: its own rewriter, with one flaw.
+mod rewrite {
+    use super::*;
+    use mcp_event_store_conformance::events::MemoryHarness;
+    use mcp_event_store_core::rewrite::{
+        RewriteStore, SessionValuePage, Swap, TaskField, TaskValuePage,
+    };
+    use mcp_event_store_core::{EventId, EventStore, MemoryStore, Replay, SessionDigest};
+
+    #[derive(Clone, Copy, Debug)]
+    enum RewriteFlaw {
+        /// A task swap writes whatever the value holds.
+        SwapsUnconditionally,
+        /// A task swap zeroes the task's other values too.
+        SwapTouchesOtherValues,
+        /// The listing leaves out the task's inputs.
+        ListingOmitsInputs,
+    }
+
+    struct FlawedRewriter {
+        store: MemoryStore,
+        flaw: RewriteFlaw,
+    }
+
+    impl FlawedRewriter {
+        fn inner(&self) -> &dyn RewriteStore {
+            self.store.rewriter().expect("the memory store rewrites")
+        }
+
+        async fn current(&self, digest: &TaskDigest, field: &TaskField) -> Option<Vec<u8>> {
+            let page = self.inner().task_values(None, 100).await.ok()?;
+            let task = page.tasks.into_iter().find(|t| t.digest == *digest)?;
+            let value = task.values.into_iter().find(|v| v.field == *field)?;
+            Some(value.bytes.to_vec())
+        }
+    }
+
+    #[async_trait]
+    impl RewriteStore for FlawedRewriter {
+        async fn event_values(&self, stream_id: &str) -> Result<Replay> {
+            self.inner().event_values(stream_id).await
+        }
+        fn rewrites_events(&self) -> bool {
+            true
+        }
+        async fn swap_event(&self, s: &str, id: &EventId, e: &[u8], n: &[u8]) -> Result<Swap> {
+            self.inner().swap_event(s, id, e, n).await
+        }
+        async fn session_values(
+            &self,
+            after: Option<&SessionDigest>,
+            limit: usize,
+        ) -> Result<SessionValuePage> {
+            self.inner().session_values(after, limit).await
+        }
+        async fn swap_session(&self, d: &SessionDigest, e: &[u8], n: &[u8]) -> Result<Swap> {
+            self.inner().swap_session(d, e, n).await
+        }
+        async fn task_values(
+            &self,
+            after: Option<&TaskDigest>,
+            limit: usize,
+        ) -> Result<TaskValuePage> {
+            let mut page = self.inner().task_values(after, limit).await?;
+            if matches!(self.flaw, RewriteFlaw::ListingOmitsInputs) {
+                for task in &mut page.tasks {
+                    task.values.retain(|v| v.field.input_key().is_none());
+                }
+            }
+            Ok(page)
+        }
+        async fn swap_task(
+            &self,
+            digest: &TaskDigest,
+            field: &TaskField,
+            expected: &[u8],
+            new: &[u8],
+        ) -> Result<Swap> {
+            match self.flaw {
+                RewriteFlaw::SwapsUnconditionally => match self.current(digest, field).await {
+                    Some(current) => self.inner().swap_task(digest, field, &current, new).await,
+                    None => Ok(Swap::Changed),
+                },
+                RewriteFlaw::SwapTouchesOtherValues => {
+                    let swapped = self.inner().swap_task(digest, field, expected, new).await?;
+                    if swapped == Swap::Swapped {
+                        let page = self.inner().task_values(None, 100).await?;
+                        let task = page.tasks.into_iter().find(|t| t.digest == *digest);
+                        for value in task.map(|t| t.values).unwrap_or_default() {
+                            if value.field != *field {
+                                let zeros = vec![0; value.bytes.len()];
+                                let _ = self
+                                    .inner()
+                                    .swap_task(digest, &value.field, &value.bytes, &zeros)
+                                    .await?;
+                            }
+                        }
+                    }
+                    Ok(swapped)
+                }
+                RewriteFlaw::ListingOmitsInputs => {
+                    self.inner().swap_task(digest, field, expected, new).await
+                }
+            }
+        }
+    }
+
+    struct RewriteFlawHarness {
+        memory: MemoryHarness,
+        flaw: RewriteFlaw,
+    }
+
+    #[async_trait]
+    impl TaskHarness for RewriteFlawHarness {
+        type Store = MemoryStore;
+
+        async fn open(&self, options: StoreOptions) -> MemoryStore {
+            TaskHarness::open(&self.memory, options).await
+        }
+
+        async fn open_without_recheck(&self, options: StoreOptions) -> MemoryStore {
+            TaskHarness::open(&self.memory, options).await
+        }
+
+        /// Leaked: a test's few bytes, so the flawed rewriter lives as
+        /// long as any borrow of the store.
+        fn rewriter<'s>(&self, store: &'s MemoryStore) -> Option<&'s dyn RewriteStore> {
+            Some(Box::leak(Box::new(FlawedRewriter {
+                store: store.clone(),
+                flaw: self.flaw,
+            })))
+        }
+    }
+
+    async fn assert_rewrite_case_fails(flaw: RewriteFlaw) {
+        let harness = RewriteFlawHarness {
+            memory: MemoryHarness::new().await,
+            flaw,
+        };
+        let outcome = AssertUnwindSafe(tasks::task_values_are_swapped_only_over_the_bytes_read(
+            &harness,
+        ))
+        .catch_unwind()
+        .await;
+        assert!(outcome.is_err(), "the task suite let {flaw:?} through");
+    }
+
+    #[tokio::test]
+    async fn an_unconditional_task_swap_fails_the_suite() {
+        assert_rewrite_case_fails(RewriteFlaw::SwapsUnconditionally).await;
+    }
+
+    #[tokio::test]
+    async fn a_swap_that_touches_other_values_fails_the_suite() {
+        assert_rewrite_case_fails(RewriteFlaw::SwapTouchesOtherValues).await;
+    }
+
+    #[tokio::test]
+    async fn a_listing_without_inputs_fails_the_suite() {
+        assert_rewrite_case_fails(RewriteFlaw::ListingOmitsInputs).await;
+    }
 }

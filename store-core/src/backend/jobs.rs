@@ -60,6 +60,7 @@ use bytes::Bytes;
 
 use crate::backend::observe;
 use crate::backend::redeem::RedeemBackend;
+use crate::backend::rewrite::RewriteBackend;
 use crate::backend::task::{OwnerKey, TaskDigest, check_message, check_responses, client_call};
 use crate::error::{Error, Result};
 use crate::event::NewEvent;
@@ -69,6 +70,7 @@ use crate::options::{
     PurgeReport, Retention, StoreOptions, validate_session_id, validate_stream_id,
 };
 use crate::redeem::RedeemStore;
+use crate::rewrite::RewriteStore;
 use crate::session::SessionDigest;
 use crate::store::{EventStore, FollowOptions, Replay, SessionStore};
 use crate::task::{
@@ -109,9 +111,11 @@ pub(crate) fn ensure_open<B: BackendHandle + ?Sized>(backend: &B) -> Result<()> 
 /// database. Every input is checked before these are called (see the
 /// [module docs](self)). Redemptions (C21) come with it: an event backend
 /// is a [`RedeemBackend`], which its store's
-/// [`EventStore::redeemer`] hands out.
+/// [`EventStore::redeemer`] hands out. Rewrites in place (C22) come with
+/// it too: an event backend is a [`RewriteBackend`], which
+/// [`EventStore::rewriter`] hands out.
 #[async_trait]
-pub trait EventBackend: RedeemBackend {
+pub trait EventBackend: RedeemBackend + RewriteBackend {
     /// Stores one event durably (C1) and returns its id (C2). The store
     /// wakes this handle's followers of the stream itself, or is woken by
     /// the database, either way (C13).
@@ -252,6 +256,10 @@ impl<B: EventBackend> EventStore for B {
     }
 
     fn redeemer(&self) -> Option<&dyn RedeemStore> {
+        Some(self)
+    }
+
+    fn rewriter(&self) -> Option<&dyn RewriteStore> {
         Some(self)
     }
 }

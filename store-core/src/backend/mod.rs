@@ -135,10 +135,12 @@ pub mod follow;
 pub mod jobs;
 pub mod observe;
 pub mod redeem;
+pub mod rewrite;
 pub mod task;
 
 pub use jobs::{BackendHandle, EventBackend, Reader, RuntimeBackend, SessionBackend, TaskBackend};
 pub use redeem::{RedeemBackend, RedeemKey};
+pub use rewrite::RewriteBackend;
 
 pub use crate::event::{retry_from_millis, retry_to_millis};
 pub use crate::id::{STREAM_KEY_LEN, STREAM_TOKEN_LEN, StreamKey, StreamToken};

@@ -16,6 +16,7 @@ use crate::backend::task::{InputEffect, OwnerKey, Step, count_ended, replacement
 use crate::backend::{BackendHandle, Reader, RuntimeBackend, TaskBackend};
 use crate::error::{Error, Result};
 use crate::options::StoreOptions;
+use crate::rewrite::{TaskField, TaskValue, TaskValuePage, TaskValues};
 
 /// A [`TaskStore`](crate::task::TaskStore) kept in process memory.
 ///
@@ -199,6 +200,97 @@ impl MemoryTaskStore {
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The values of a task and their swaps (C22), for the [`MemoryStore`]
+/// that holds this store.
+///
+/// [`MemoryStore`]: crate::MemoryStore
+impl MemoryTaskStore {
+    /// Up to `limit` tasks after `after`, by digest, with their values.
+    pub(crate) fn value_page(&self, after: Option<&TaskDigest>, limit: usize) -> TaskValuePage {
+        let state = self.state();
+        let mut digests: Vec<&TaskDigest> = state
+            .tasks
+            .keys()
+            .filter(|digest| after.is_none_or(|after| *digest > after))
+            .collect();
+        digests.sort_unstable();
+        digests.truncate(limit);
+        let tasks = digests
+            .into_iter()
+            .map(|digest| {
+                let task = &state.tasks[digest];
+                let record = &task.record;
+                let mut values = Vec::new();
+                let fields = [
+                    (TaskField::Context, &record.context),
+                    (TaskField::Outcome, &record.outcome),
+                ];
+                for (field, value) in fields {
+                    if let Some(bytes) = value {
+                        values.push(TaskValue::new(field, bytes.clone()));
+                    }
+                }
+                if let Some(bytes) = record.takeover.as_ref().and_then(|t| t.checkpoint.as_ref()) {
+                    values.push(TaskValue::new(TaskField::Checkpoint, bytes.clone()));
+                }
+                for (key, input) in &task.inputs {
+                    match &input.state {
+                        InputState::Outstanding(request) => values.push(TaskValue::new(
+                            TaskField::Request(key.clone()),
+                            request.clone(),
+                        )),
+                        InputState::Answered(response) => values.push(TaskValue::new(
+                            TaskField::Response(key.clone()),
+                            response.clone(),
+                        )),
+                        InputState::Spent => {}
+                    }
+                }
+                TaskValues::new(*digest, values)
+            })
+            .collect();
+        TaskValuePage::new(tasks, limit)
+    }
+
+    /// Replaces the value `field` of task `digest` if it is `expected`.
+    pub(crate) fn value_swap(
+        &self,
+        digest: &TaskDigest,
+        field: &TaskField,
+        expected: &[u8],
+        new: &[u8],
+    ) -> bool {
+        let mut state = self.state();
+        let Some(task) = state.tasks.get_mut(digest) else {
+            return false;
+        };
+        let slot = match field {
+            TaskField::Context => task.record.context.as_mut(),
+            TaskField::Outcome => task.record.outcome.as_mut(),
+            TaskField::Checkpoint => task
+                .record
+                .takeover
+                .as_mut()
+                .and_then(|t| t.checkpoint.as_mut()),
+            TaskField::Request(key) => match task.inputs.get_mut(key).map(|i| &mut i.state) {
+                Some(InputState::Outstanding(request)) => Some(request),
+                _ => None,
+            },
+            TaskField::Response(key) => match task.inputs.get_mut(key).map(|i| &mut i.state) {
+                Some(InputState::Answered(response)) => Some(response),
+                _ => None,
+            },
+        };
+        match slot {
+            Some(value) if value[..] == *expected => {
+                *value = Bytes::copy_from_slice(new);
+                true
+            }
+            _ => false,
+        }
     }
 }
 
