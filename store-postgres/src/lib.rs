@@ -255,6 +255,23 @@
 //! [`MAX_REDEEM_HORIZON`](mcp_event_store_core::MAX_REDEEM_HORIZON) plus
 //! the grace, and whatever the purge has not reached yet.
 //!
+//! ## Rewrites in place
+//!
+//! [`EventStore::rewriter`](mcp_event_store_core::EventStore::rewriter)
+//! (C22, for re-sealing the schema under a new key while servers run)
+//! lists events, sessions and tasks with their values as the tables hold
+//! them, one statement per page, and swaps a value with one conditional
+//! `UPDATE` (`... SET data = <new> WHERE token = <token> AND seq = <seq>
+//! AND data = <expected>`, for an event retained in the stream's current
+//! incarnation only; the same for a session's state, a task's context,
+//! outcome or checkpoint, an input's request or response, which first
+//! takes its task's row lock as every task step does). A value written
+//! since it was read is left alone. Only that column changes: no `rev`, expiry,
+//! time or byte count moves (the new bytes have the old length). Each swap
+//! leaves a dead tuple, as a delete does: with autovacuum off, `VACUUM`
+//! the store's tables (tasks included) after a rewrite (see "Disk space and
+//! autovacuum").
+//!
 //! # Durability
 //!
 //! `store_event` is one statement, one round trip: a CTE that upserts the
@@ -599,6 +616,7 @@ mod options;
 mod purge;
 mod redeem;
 mod replay;
+mod rewrite;
 mod sessions;
 mod setup;
 mod sql;

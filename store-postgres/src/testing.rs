@@ -333,6 +333,14 @@ impl TaskHarness for PostgresHarness {
         store.close().await;
     }
 
+    /// The store's own rewriter: a PostgreSQL store is an event store.
+    fn rewriter<'s>(
+        &self,
+        store: &'s Self::Store,
+    ) -> Option<&'s dyn mcp_event_store_core::rewrite::RewriteStore> {
+        mcp_event_store_core::EventStore::rewriter(store)
+    }
+
     /// Every row of `tasks`, `task_inputs` and `instances`, each column as
     /// its bytes (`bytea` as stored, other types as their text), joined by
     /// `|`.

@@ -180,6 +180,19 @@
 //! [`MAX_REDEEM_HORIZON`](mcp_event_store_core::MAX_REDEEM_HORIZON) plus
 //! the grace, and whatever the purge has not reached yet.
 //!
+//! ## Rewrites in place
+//!
+//! [`EventStore::rewriter`] (C22, for re-sealing the file under a new key
+//! while servers run) lists events, sessions and tasks with their values
+//! as the file holds them, and swaps a value with one conditional `UPDATE`
+//! on the writer thread (`... SET payload = <new> WHERE token = <token> AND
+//! seq = <seq> AND payload = <expected>`, in the stream's current
+//! incarnation only; the same for a session's state, a task's context,
+//! outcome or checkpoint, an input's request or response). A value
+//! written since it was read is left alone. Only that column changes: no `rev`, expiry or
+//! time moves, and `mes_streams.bytes` stays right (its triggers fire on
+//! insert and delete only, and a swap keeps the length).
+//!
 //! # Durability
 //!
 //! The default, [`Durability::Process`] (`synchronous=NORMAL`), survives
@@ -364,6 +377,7 @@ mod pages;
 mod purge;
 mod redeem;
 mod replay;
+mod rewrite;
 mod sessions;
 mod setup;
 mod state;

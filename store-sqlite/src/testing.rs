@@ -212,6 +212,14 @@ impl TaskHarness for SqliteHarness {
         store.close().await;
     }
 
+    /// The store's own rewriter: a SQLite store is an event store.
+    fn rewriter<'s>(
+        &self,
+        store: &'s Self::Store,
+    ) -> Option<&'s dyn mcp_event_store_core::rewrite::RewriteStore> {
+        mcp_event_store_core::EventStore::rewriter(store)
+    }
+
     /// Every row of `mes_tasks`, `mes_task_inputs` and `mes_instances`,
     /// each column as the bytes SQLite holds, joined by `|`.
     async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {

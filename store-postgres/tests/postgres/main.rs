@@ -5,6 +5,7 @@
 mod event_suite;
 mod follow;
 mod inspect;
+mod rewrite;
 mod store;
 mod task_suite;
 mod tasks;

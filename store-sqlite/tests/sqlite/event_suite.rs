@@ -1,4 +1,4 @@
-//! The shared conformance suite (C1 to C21) on SQLite, in the crate itself,
+//! The shared conformance suite (C1 to C22) on SQLite, in the crate itself,
 //! so `cargo test -p mcp-event-store-sqlite` runs every case. Each case gets
 //! its own temporary database file.
 

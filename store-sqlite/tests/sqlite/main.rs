@@ -7,6 +7,7 @@ mod first_open;
 mod follow;
 mod incarnations;
 mod inspect;
+mod rewrite;
 mod store;
 mod task_suite;
 mod tasks;
