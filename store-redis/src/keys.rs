@@ -8,7 +8,8 @@
 //! <prefix>:v1:{<token>}:events    the Redis Stream of one event stream
 //! <prefix>:v1:{<token>}:meta      hash: sid, base, last, purged, bytes, head_t
 //! <prefix>:v1:{<sessiontoken>}:session   hash: id, d, exp
-//! <prefix>:t1:{<digest hex>}:task        hash: v (the task), rev (durable tasks)
+//! <prefix>:t1:{<digest hex>}:task        hash: v (the task), rev (durable tasks),
+//!                                        c (its context), s (its swaps, C22)
 //! <prefix>:t1:instance:{<instance hex>}  a task instance's heartbeat deadline
 //! <prefix>:t1:changes                    pub/sub channel (not a key): task changes
 //! <prefix>:t1:takeover                   set: digests (hex) of tasks that may be
@@ -146,6 +147,12 @@ impl Keys {
     /// `SCAN MATCH` pattern for this store's metadata and session hashes.
     pub fn scan_pattern(&self) -> String {
         format!("{}:{LAYOUT}:{{{}}}:*", self.prefix, "?".repeat(24))
+    }
+
+    /// `SCAN MATCH` pattern for this store's session hashes only, for the
+    /// listing of stored values (C22).
+    pub fn session_pattern(&self) -> String {
+        format!("{}:{LAYOUT}:{{{}}}:session", self.prefix, "?".repeat(24))
     }
 
     /// `SCAN MATCH` pattern for this store's stream metadata hashes only

@@ -58,7 +58,7 @@
 //! <prefix>:v1:{<token>}:meta             hash: sid base last purged bytes head_t [pending]
 //! <prefix>:v1:{<token>}:gone             a deleted or expired stream's newest id, for an hour
 //! <prefix>:v1:{<session token>}:session  hash: id d exp [pending]
-//! <prefix>:t1:{<task digest>}:task       hash: v rev (see Tasks)
+//! <prefix>:t1:{<task digest>}:task       hash: v rev [c] [s] (see Tasks)
 //! <prefix>:t1:instance:{<instance id>}   a task instance's heartbeat deadline
 //! ```
 //!
@@ -140,6 +140,34 @@
 //! counts none). They live as long as Redis keeps its data: a Redis that
 //! lost its data (a restart without persistence) forgets every
 //! redemption, and a failover without `WAIT` may lose the newest.
+//!
+//! ## Rewrites in place
+//!
+//! [`EventStore::rewriter`] (C22, what re-sealing a store under a new key
+//! works on) lists sessions and tasks by digest and swaps their values in
+//! place, each swap one Lua script on the value's one key (so one slot on
+//! a cluster) that writes only over the bytes expected and keeps the key's
+//! TTL: a session's `d` (its `exp` kept), a task's `c` or `v` (its `rev`
+//! kept), bumping the task's swap stamp `s`, which every task step checks
+//! beside `rev` so that a step that read the task before the swap reads
+//! it again instead of writing the old bytes back. Events are not
+//! rewritten: a stream entry is immutable, and none can be added again
+//! below a stream's newest id, so
+//! [`rewrites_events`](mcp_event_store_core::rewrite::RewriteStore::rewrites_events)
+//! is `false` and an event swap is refused with
+//! [`Error::Config`](mcp_event_store_core::Error::Config); events leave
+//! with retention.
+//!
+//! Redis keeps no index by digest, so each page of a listing walks every
+//! session (or task) hash under the prefix on every master (`SCAN`),
+//! keeping only the page's smallest digests (memory bounded by the page),
+//! and a session listing also reads each session's `id` on the way (its
+//! key is named by a keyed hash, not by the digest): listing `n` sessions
+//! a page of `p` at a time costs about `n² / p` small reads. An operator's
+//! tool run now and then, not a request path. Task steps of a release from
+//! before rewrites do not check `s`: rewrite once every handle on the
+//! prefix runs this release, or a step of an older one may write back a
+//! value swapped while it ran.
 //!
 //! # Durability
 //!
@@ -321,7 +349,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>:t1:{<digest>}:task` | hash | `v`: the whole task in core's [`codec`](mcp_event_store_core::backend::task::codec) encoding (owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, its inputs: outstanding requests, answered responses, spent keys, and the cancel reason (T20) if any: value format 2); `rev`: the task's revision in decimal; `c`, when the task has one: its context (T13), a field of its own so that a release from before contexts, which writes only `v` and `rev`, leaves it as it is |
+//! | `<prefix>:t1:{<digest>}:task` | hash | `v`: the whole task in core's [`codec`](mcp_event_store_core::backend::task::codec) encoding (owner digest, instance, status, `rev`, times, ttl, poll interval, cancel flag, message, outcome, its inputs: outstanding requests, answered responses, spent keys, and the cancel reason (T20) if any: value format 2); `rev`: the task's revision in decimal; `c`, when the task has one: its context (T13), a field of its own so that a release from before contexts, which writes only `v` and `rev`, leaves it as it is; `s`, once a value of the task was swapped in place (see [Rewrites in place](#rewrites-in-place)): how many times |
 //! | `<prefix>:t1:instance:{<instance id>}` | string | the instance's heartbeat deadline (store-clock ms) |
 //! | `<prefix>:t1:changes` | pub/sub channel | the digest (hex) of each task that changed |
 //! | `<prefix>:t1:takeover` | set | the digest (hex) of each task that may be taken over (T16): a claim's candidates |
@@ -349,14 +377,14 @@
 //! each): claim every second or so, not in a tight loop.
 //!
 //! **One atomic step.** Every mutation (`answer`, `request_cancel`,
-//! `apply`, a purge ending a task) reads the task (`HGET v`) and its
+//! `apply`, a purge ending a task) reads the task (`HMGET v c s`) and its
 //! instance's deadline (`GET`, a second command: the instance key lives in
 //! another slot), lets the state machine every backend shares decide, and
 //! writes with one Lua script that stores the new value only if the stored
-//! `rev` is still the one read, sets the key's backstop TTL and
-//! `PUBLISH`es the digest; if `rev` moved, the step reads again. `rev`
-//! only grows, so the compare-and-set cannot be fooled, and of racing
-//! finishers exactly one writes (T4). `create` reads its instance's
+//! `rev` (and swap stamp `s`) are still the ones read, sets the key's
+//! backstop TTL and `PUBLISH`es the digest; if either moved, the step
+//! reads again. `rev` only grows, so the compare-and-set cannot be fooled,
+//! and of racing finishers exactly one writes (T4). `create` reads its instance's
 //! deadline (`GET`) and refuses a lapsed instance
 //! ([`Error::InstanceLapsed`](mcp_event_store_core::Error::InstanceLapsed)),
 //! then runs one script that inserts only if the key is absent: two round
@@ -524,6 +552,7 @@ mod options;
 mod purge;
 mod redeem;
 mod replay;
+mod rewrite;
 mod scripts;
 mod sessions;
 mod setup;

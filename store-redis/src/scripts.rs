@@ -332,6 +332,21 @@ end
 return 0
 "#;
 
+/// A session's state swapped in place (C22). KEYS: session. ARGV: session
+/// key (the digest's `s1.` form, checked against the `id` field), the
+/// state expected, the new state (same length). Writes `d` only if it
+/// holds exactly the state expected; `exp`, `pending` and the key's TTL
+/// stay as they are (`HSET` keeps a TTL). Returns 1 when swapped, 0 when
+/// the state is another (or the key holds another session), -1 when there
+/// is no session (the handle then checks its secret, as a read does).
+const SESSION_SWAP: &str = r#"
+local s = redis.call('HMGET', KEYS[1], 'id', 'd')
+if s[1] == false then return -1 end
+if s[1] ~= ARGV[1] or s[2] ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'd', ARGV[3])
+return 1
+"#;
+
 /// `TaskStore::try_create`: insert if absent. KEYS: task. ARGV: value,
 /// rev, backstop TTL ms or '' (none), '1' and the context (T13) or '0'.
 /// Returns 1 when created, 0 when the key was taken (nothing changed).
@@ -343,16 +358,24 @@ if ARGV[3] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
 return 1
 "#;
 
-/// One task mutation, compare-and-set on `rev`: writes the new value only
-/// if the stored `rev` is still the one the handle read, sets the backstop
-/// TTL and publishes the change. KEYS: task. ARGV: rev read, value, new
-/// rev, backstop TTL ms or '' (none: `PERSIST`), channel, digest hex, '1'
-/// and the new context (T13) or '0' to leave it.
+/// One task mutation, compare-and-set on `rev` and the swap stamp `s`:
+/// writes the new value only if the stored `rev` and `s` are still the
+/// ones the handle read, sets the backstop TTL and publishes the change.
+/// KEYS: task. ARGV: rev read, value, new rev, backstop TTL ms or ''
+/// (none: `PERSIST`), channel, digest hex, '1' and the new context (T13)
+/// or '0' to leave it, the swap stamp read ('' for none).
 /// Returns 1 when written, 0 when the task changed (or went) meanwhile.
 /// The context is a field of its own, `c`: a release from before contexts
 /// writes only `v` and `rev`, and so leaves it as it is.
+///
+/// `s` counts the swaps of [`TASK_SWAP`], which rewrite `v` or `c` in
+/// place without moving `rev` (C22): a step that read the task before a
+/// swap would otherwise pass the `rev` check and write back the bytes the
+/// swap replaced, undoing it. With the stamp checked too, that step fails
+/// as after any change, and reads again.
 const TASK_WRITE: &str = r#"
 if redis.call('HGET', KEYS[1], 'rev') ~= ARGV[1] then return 0 end
+if (redis.call('HGET', KEYS[1], 's') or '') ~= ARGV[9] then return 0 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 'rev', ARGV[3])
 if ARGV[7] == '1' then redis.call('HSET', KEYS[1], 'c', ARGV[8]) end
 if ARGV[4] == '' then
@@ -373,6 +396,21 @@ if rev == false then return 0 end
 if ARGV[1] ~= '' and rev ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"#;
+
+/// A task's value swapped in place (C22). KEYS: task. ARGV: the hash
+/// field (`v`, the encoded task, or `c`, its context), the bytes expected
+/// there, the new bytes (same length). Writes only if the field holds
+/// exactly the bytes expected, and then bumps the swap stamp `s`, which
+/// [`TASK_WRITE`] checks beside `rev`; `rev`, the other fields and the
+/// key's TTL stay as they are (`HSET` and `HINCRBY` keep a TTL), and
+/// nothing is published: no reader or watcher sees a change. Returns 1
+/// when swapped, 0 when the field holds other bytes (or the task went).
+const TASK_SWAP: &str = r#"
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('HINCRBY', KEYS[1], 's', 1)
 return 1
 "#;
 
@@ -485,12 +523,16 @@ pub struct Scripts {
     pub session_delete: Lua,
     /// See [`SESSION_PURGE`].
     pub session_purge: Lua,
+    /// See [`SESSION_SWAP`].
+    pub session_swap: Lua,
     /// See [`TASK_CREATE`].
     pub task_create: Lua,
     /// See [`TASK_WRITE`].
     pub task_write: Lua,
     /// See [`TASK_DELETE`].
     pub task_delete: Lua,
+    /// See [`TASK_SWAP`].
+    pub task_swap: Lua,
     /// See [`INSTANCE_BEAT`].
     pub instance_beat: Lua,
     /// See [`INSTANCE_FORGET`].
@@ -510,9 +552,11 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     session_discard: Lua::new(SESSION_DISCARD.to_owned()),
     session_delete: Lua::new(SESSION_DELETE.to_owned()),
     session_purge: Lua::new(SESSION_PURGE.to_owned()),
+    session_swap: Lua::new(SESSION_SWAP.to_owned()),
     task_create: Lua::new(TASK_CREATE.to_owned()),
     task_write: Lua::new(TASK_WRITE.to_owned()),
     task_delete: Lua::new(TASK_DELETE.to_owned()),
+    task_swap: Lua::new(TASK_SWAP.to_owned()),
     instance_beat: Lua::new(INSTANCE_BEAT.to_owned()),
     instance_forget: Lua::new(INSTANCE_FORGET.to_owned()),
 });

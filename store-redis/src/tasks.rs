@@ -67,8 +67,15 @@ fn backstop_arg(ms: i64) -> String {
     }
 }
 
-/// `HMGET task v c`: the task's value and its context, if any.
-type ValueAndContext = (Option<Vec<u8>>, Option<Vec<u8>>);
+/// `HMGET task v c s`: the task's value, its context and its swap stamp,
+/// if any.
+type ValueContextStamp = (Option<Vec<u8>>, Option<Vec<u8>>, Option<String>);
+
+/// How many times a task's values were swapped in place (C22), the hash
+/// field `s` (empty: never): the `TASK_WRITE` script writes only over the
+/// stamp a step read, so a step that read the task before a swap reads
+/// again instead of writing back the bytes the swap replaced.
+pub(crate) type Stamp = String;
 
 /// A task's value `v`: core's encoding without the context, which is a
 /// field of its own (`c`).
@@ -251,10 +258,12 @@ impl WakeShared {
 
 // ------------------------------------------------------------ reading
 
-/// A task as read: its value, and the task as a read at `now` shows it
-/// (`None`: past its purge time) with its instance's deadline.
+/// A task as read: its value and swap stamp, and the task as a read at
+/// `now` shows it (`None`: past its purge time) with its instance's
+/// deadline.
 struct Found {
     stored: StoredTask,
+    stamp: Stamp,
     seen: Option<TaskRecord>,
     alive_until: Option<i64>,
 }
@@ -267,13 +276,14 @@ fn task_options(store: &RedisStore) -> TaskOptions {
     store.inner.options.store.tasks
 }
 
-/// The task's value, with its context (the field `c`), or `None`.
-async fn load_task(store: &RedisStore, digest: &TaskDigest) -> Result<Option<StoredTask>> {
+/// The task's value, with its context (the field `c`), and its swap
+/// stamp, read together; or `None`.
+async fn load_task(store: &RedisStore, digest: &TaskDigest) -> Result<Option<(StoredTask, Stamp)>> {
     let mut pipe = redis::pipe();
     pipe.cmd("HMGET")
         .arg(store.inner.keys.task(digest))
-        .arg(&["v", "c"]);
-    let ((value, context),): (ValueAndContext,) = store.read(&pipe).await?;
+        .arg(&["v", "c", "s"]);
+    let ((value, context, stamp),): (ValueContextStamp,) = store.read(&pipe).await?;
     let Some(value) = value else {
         return Ok(None);
     };
@@ -281,7 +291,7 @@ async fn load_task(store: &RedisStore, digest: &TaskDigest) -> Result<Option<Sto
     if let Some(context) = context {
         stored.record.context = Some(context.into());
     }
-    Ok(Some(stored))
+    Ok(Some((stored, stamp.unwrap_or_default())))
 }
 
 /// Instance `id`'s heartbeat deadline (the orphan check, T11: a second
@@ -302,7 +312,7 @@ async fn find_task(
     owner: Option<&[u8]>,
     now: i64,
 ) -> Result<Option<Found>> {
-    let Some(stored) = load_task(store, digest).await? else {
+    let Some((stored, stamp)) = load_task(store, digest).await? else {
         return Ok(None);
     };
     if owner.is_some_and(|o| o != stored.owner) {
@@ -312,6 +322,7 @@ async fn find_task(
     let seen = stored.record.clone().seen_at(now, alive_until);
     Ok(Some(Found {
         stored,
+        stamp,
         seen,
         alive_until,
     }))
@@ -447,8 +458,10 @@ async fn claim_one(
         return Ok(None);
     };
     // A lost race (another claim, or any change) leaves it: whoever
-    // changed it holds it or changed what a claim would see.
-    match write_task(store, digest, &found.stored, &new, now).await {
+    // changed it holds it or changed what a claim would see. (A value
+    // swapped in place, C22, changes nothing a claim sees: the task
+    // waits for the next claim.)
+    match write_task(store, digest, &found.stored, &found.stamp, &new, now).await {
         Ok(true) => {}
         Ok(false) => return Ok(None),
         // The script may have run with its reply lost (a timeout, a
@@ -469,7 +482,7 @@ async fn claim_one(
 }
 
 /// Runs a task script, waiting for replicas as appends do.
-async fn task_script(store: &RedisStore, call: Call<'_>, what: &str) -> Result<i64> {
+pub(crate) async fn task_script(store: &RedisStore, call: Call<'_>, what: &str) -> Result<i64> {
     let (reply, acked) = store.run(&call, true).await?;
     let reply: i64 = redis::from_redis_value(reply).map_err(|e| Error::backend(NAME, e))?;
     if reply == 1 {
@@ -478,12 +491,13 @@ async fn task_script(store: &RedisStore, call: Call<'_>, what: &str) -> Result<i
     Ok(reply)
 }
 
-/// Writes `new` over the task `read`, if it is still at `read`'s `rev`;
-/// its context only when it changed.
+/// Writes `new` over the task `read`, if it is still at `read`'s `rev`
+/// and swap `stamp`; its context only when it changed.
 async fn write_task(
     store: &RedisStore,
     digest: &TaskDigest,
     read: &StoredTask,
+    stamp: &str,
     new: &StoredTask,
     now: i64,
 ) -> Result<bool> {
@@ -505,7 +519,8 @@ async fn write_task(
             .arg(store.inner.keys.task_channel())
             .arg(hex(digest.as_bytes()))
             .arg(if context.is_some() { "1" } else { "0" })
-            .arg(context.map_or(&[][..], |c| &c[..])),
+            .arg(context.map_or(&[][..], |c| &c[..]))
+            .arg(stamp),
         "the task change",
     )
     .await?;
@@ -542,7 +557,7 @@ async fn task_step<T>(
         let (Some(new), Some(found)) = (new, found) else {
             return Ok(answer);
         };
-        if write_task(store, digest, &found.stored, &new, now).await? {
+        if write_task(store, digest, &found.stored, &found.stamp, &new, now).await? {
             return Ok(answer);
         }
     }
@@ -562,6 +577,7 @@ async fn client_step(
             stored,
             seen: Some(seen),
             alive_until,
+            ..
         }) = found
         else {
             return Ok((None, None));
@@ -695,6 +711,7 @@ impl RuntimeBackend for RedisStore {
                 stored,
                 seen: Some(seen),
                 alive_until,
+                ..
             }) = found
             else {
                 return Ok((None, Applied::Unknown));
@@ -895,7 +912,7 @@ async fn purge_task(store: &RedisStore, digest: &TaskDigest, now: i64) -> Result
         let Some(new) = found.stored.ended_as_read(&seen) else {
             return Ok(report);
         };
-        if write_task(store, digest, &read, &new, now).await? {
+        if write_task(store, digest, &read, &found.stamp, &new, now).await? {
             count_ended(&mut report, &seen);
             return Ok(report);
         }

@@ -416,6 +416,14 @@ impl TaskHarness for RedisHarness {
         Harness::close(self, store).await;
     }
 
+    /// The store's own rewriter (C22): every backend store hands one out.
+    fn rewriter<'s>(
+        &self,
+        store: &'s RedisStore,
+    ) -> Option<&'s dyn mcp_event_store_core::rewrite::RewriteStore> {
+        mcp_event_store_core::EventStore::rewriter(store)
+    }
+
     /// Every key under this harness's prefix with its value (`key |
     /// value`), through a handle of its own.
     async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {

@@ -195,6 +195,21 @@
 //! trees, they came without a new format version: releases from before
 //! them never open them.
 //!
+//! ## Rewrites in place
+//!
+//! [`EventStore::rewriter`] (C22, what re-sealing a store under a new key
+//! works on) lists sessions (the `s1.` keys of the session tree, in digest
+//! order) and tasks (the task tree, in digest order) a bounded page at a
+//! time, and swaps a value with one `compare_and_swap` of the key that
+//! holds it, only over the bytes expected, changing nothing else in the
+//! value: an event's payload behind its header (time, retry hint and
+//! cumulative byte count kept, so byte counts and ages stay right; under
+//! the stream's lock, for an event of the stream's current life only), a
+//! session's state behind its expiry, one value inside a task's encoding
+//! (its `rev`, status and claim kept). Every task step swaps over the
+//! whole value it read, so a step that raced a swap reads again. A swap
+//! returns once flushed under the handle's durability.
+//!
 //! # Durability
 //!
 //! [`Durability::Flush`] (the default): `store_event` returns only after the
@@ -453,6 +468,7 @@
 //! [`EventStore::list_streams`]: mcp_event_store_core::EventStore::list_streams
 //! [`EventStore::open_follows`]: mcp_event_store_core::EventStore::open_follows
 //! [`EventStore::purge_expired`]: mcp_event_store_core::EventStore::purge_expired
+//! [`EventStore::rewriter`]: mcp_event_store_core::EventStore::rewriter
 //! [`EventStore::stats`]: mcp_event_store_core::EventStore::stats
 //! [`FollowOptions::max_hold`]: mcp_event_store_core::FollowOptions::max_hold
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -469,6 +485,7 @@ mod options;
 mod purge;
 mod redeem;
 mod replay;
+mod rewrite;
 mod sessions;
 mod setup;
 mod shared;

@@ -194,6 +194,14 @@ impl TaskHarness for SledHarness {
         Harness::close(self, store).await;
     }
 
+    /// The store's own rewriter (C22): every backend store hands one out.
+    fn rewriter<'s>(
+        &self,
+        store: &'s SledStore,
+    ) -> Option<&'s dyn mcp_event_store_core::rewrite::RewriteStore> {
+        mcp_event_store_core::EventStore::rewriter(store)
+    }
+
     /// Every key and value of the task trees, each as `key | value`. Read
     /// through an open handle (sled lets one process open the directory).
     async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {

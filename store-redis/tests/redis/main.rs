@@ -10,6 +10,7 @@ mod follow;
 mod inspect;
 mod redeem;
 mod replicas;
+mod rewrite;
 mod store;
 mod task_suite;
 mod tasks;

@@ -1,4 +1,4 @@
-//! The shared conformance suite (contract C1 to C21) on this backend, each
+//! The shared conformance suite (contract C1 to C22) on this backend, each
 //! case in its own temporary directory, reopened from disk for the
 //! persistent cases.
 

@@ -7,5 +7,6 @@ mod follow;
 mod inspect;
 mod lifecycle;
 mod process;
+mod rewrite;
 mod task_suite;
 mod tasks;
