@@ -86,6 +86,21 @@
 //! `purge_expired` has nothing to do for them and counts none. Every open
 //! sets the bucket's age limit back to that if it finds another.
 //!
+//! ## Rewriting in place
+//!
+//! The [rewriter](mcp_event_store_core::EventStore::rewriter) (C22) lists
+//! sessions and tasks as their buckets hold them and swaps one value by a
+//! revision-checked write of its key (the bucket's `update`), which lands
+//! only if nothing wrote the key since the read; a session keeps the
+//! expiry its value holds, a task everything but the value, and a value
+//! too large for one message is written to new chunks first, as any write
+//! is. A session's key is a keyed hash, which says nothing of its digest's
+//! order, so each page of the session listing reads every session's value;
+//! a task's key is its digest, so a page reads only its own tasks. Events
+//! are JetStream messages, which never change: the rewriter says so
+//! (`rewrites_events` is `false`) and refuses an event swap; events leave
+//! with retention.
+//!
 //! # Durability
 //!
 //! `store_event` returns once JetStream acknowledged the event: stored by
@@ -170,6 +185,7 @@ mod options;
 mod purge;
 mod redeem;
 mod replay;
+mod rewrite;
 mod sessions;
 mod setup;
 mod spill;

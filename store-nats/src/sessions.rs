@@ -25,23 +25,8 @@ impl SessionBackend for NatsStore {
         expires_at: i64,
     ) -> Result<()> {
         let key = session_key(self, session_id);
-        let mut value = BytesMut::with_capacity(11 + session_id.len() + state.len());
-        value.put_i64_le(expires_at);
-        value.put_u16_le(session_id.len() as u16);
-        value.put_slice(session_id.as_bytes());
-        if state.len() > inline_limit(self, 11 + session_id.len()) {
-            let spilled = spill(self, &format!("s{key}"), state).await?;
-            value.put_u8(SPILLED);
-            spilled.encode(&mut value);
-        } else {
-            value.put_u8(INLINE);
-            value.put_slice(state);
-        }
-        self.inner
-            .sessions
-            .put(key, value.freeze())
-            .await
-            .map_err(backend)?;
+        let (value, _) = encode(self, &key, expires_at, session_id.as_bytes(), state).await?;
+        self.inner.sessions.put(key, value).await.map_err(backend)?;
         Ok(())
     }
 
@@ -65,7 +50,9 @@ impl SessionBackend for NatsStore {
     }
 }
 
-fn session_key(store: &NatsStore, session_id: &str) -> String {
+/// The bucket key of the session core names `session_id` (its digest's
+/// key, `s1.` and 64 hex digits).
+pub(crate) fn session_key(store: &NatsStore, session_id: &str) -> String {
     // A domain of its own, so a session's key is never a stream's token.
     format!(
         "s{}",
@@ -94,6 +81,34 @@ async fn read_session(
         State::Spilled(spilled) => unspill(store, &format!("s{key}"), &spilled).await?,
     };
     Ok(Some((expires_at, state)))
+}
+
+/// A session's value under `key`: the expiry, the id and the state,
+/// inline, or spilled first when one message cannot hold it (then with
+/// the reference written, so that a write that does not land can drop
+/// its chunks).
+pub(crate) async fn encode(
+    store: &NatsStore,
+    key: &str,
+    expires_at: i64,
+    session_id: &[u8],
+    state: &[u8],
+) -> Result<(Bytes, Option<SpillRef>)> {
+    let mut value = BytesMut::with_capacity(11 + session_id.len() + state.len());
+    value.put_i64_le(expires_at);
+    value.put_u16_le(session_id.len() as u16);
+    value.put_slice(session_id);
+    let spilled = if state.len() > inline_limit(store, 11 + session_id.len()) {
+        let spilled = spill(store, &format!("s{key}"), state).await?;
+        value.put_u8(SPILLED);
+        spilled.encode(&mut value);
+        Some(spilled)
+    } else {
+        value.put_u8(INLINE);
+        value.put_slice(state);
+        None
+    };
+    Ok((value.freeze(), spilled))
 }
 
 /// The id of the spilled state the session under `key` refers to.
@@ -136,13 +151,13 @@ const INLINE: u8 = 0;
 const SPILLED: u8 = 1;
 
 /// A session's state as its value holds it.
-enum State {
+pub(crate) enum State {
     Inline(Bytes),
     Spilled(SpillRef),
 }
 
 /// A session's value: (expiry, id, state).
-fn decode(value: &Bytes) -> Result<(i64, Bytes, State)> {
+pub(crate) fn decode(value: &Bytes) -> Result<(i64, Bytes, State)> {
     let corrupt = || Error::Corrupt("a session value is malformed".into());
     if value.len() < 11 {
         return Err(corrupt());

@@ -40,11 +40,11 @@ use crate::spill::{REF_LEN, SpillRef, drop_spilled, inline_limit, spill, unspill
 const SPILLED: u8 = 0xff;
 
 /// A key as the buckets spell it: 32 lowercase hex digits.
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex(text: &str) -> Option<[u8; 16]> {
+pub(crate) fn unhex(text: &str) -> Option<[u8; 16]> {
     if text.len() != 32 {
         return None;
     }
@@ -66,7 +66,7 @@ fn deadline(value: &[u8]) -> Result<i64> {
 }
 
 /// A stored task and the revision it was read at.
-type Loaded = (u64, StoredTask);
+pub(crate) type Loaded = (u64, StoredTask);
 
 /// What a step decided: the value to write (`None`: nothing changes) and
 /// the answer.
@@ -74,7 +74,7 @@ type Decision<T> = (Option<StoredTask>, T);
 
 /// The live value under `key`, with its revision (deleted keys and
 /// markers read as none).
-async fn entry(bucket: &kv::Store, key: &str) -> Result<Option<(u64, Bytes)>> {
+pub(crate) async fn entry(bucket: &kv::Store, key: &str) -> Result<Option<(u64, Bytes)>> {
     let entry = bucket.entry(key).await.map_err(backend)?;
     Ok(entry
         .filter(|entry| entry.operation == kv::Operation::Put)
@@ -109,18 +109,24 @@ pub(crate) async fn keys_of(bucket: &kv::Store) -> Result<Vec<String>> {
     Ok(keys)
 }
 
-async fn load(store: &NatsStore, digest: &TaskDigest) -> Result<Option<Loaded>> {
+pub(crate) async fn load(store: &NatsStore, digest: &TaskDigest) -> Result<Option<Loaded>> {
     let key = hex(digest.as_bytes());
     let Some((revision, value)) = entry(&store.inner.tasks, &key).await? else {
         return Ok(None);
     };
+    Ok(Some((revision, open_value(store, &key, value).await?)))
+}
+
+/// The task a value under `key` holds: its codec bytes, read back from
+/// the spill stream first when the value is a reference to them.
+pub(crate) async fn open_value(store: &NatsStore, key: &str, value: Bytes) -> Result<StoredTask> {
     let value = match value.split_first() {
         Some((&SPILLED, reference)) => {
             unspill(store, &format!("t{key}"), &SpillRef::decode(reference)?).await?
         }
         _ => value,
     };
-    Ok(Some((revision, decode(&value)?)))
+    decode(&value)
 }
 
 /// The id of the spilled value the task under `key` refers to.
@@ -144,7 +150,7 @@ async fn alive_until(store: &NatsStore, instance: &[u8; 16]) -> Result<Option<i6
 
 /// Writes `new` under `digest` if the key is still at `revision`
 /// (`None`: absent); `false` when another write got in first.
-async fn swap(
+pub(crate) async fn swap(
     store: &NatsStore,
     digest: &TaskDigest,
     revision: Option<u64>,

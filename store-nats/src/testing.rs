@@ -331,6 +331,14 @@ impl TaskHarness for NatsHarness {
         Harness::close(self, store).await;
     }
 
+    /// The store's own (C22): every NATS store is an event store.
+    fn rewriter<'s>(
+        &self,
+        store: &'s Self::Store,
+    ) -> Option<&'s dyn mcp_event_store_core::rewrite::RewriteStore> {
+        mcp_event_store_core::EventStore::rewriter(store)
+    }
+
     async fn raw_rows(&self) -> Option<Vec<Vec<u8>>> {
         let store = Harness::open(self, StoreOptions::default()).await;
         let rows = crate::tasks::raw_rows(&store).await.unwrap_or_else(|e| {

@@ -5,5 +5,6 @@ mod cluster;
 mod common;
 mod event_suite;
 mod redeem;
+mod rewrite;
 mod store;
 mod task_suite;
