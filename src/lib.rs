@@ -148,6 +148,11 @@
 //!   per owner and nonce across every handle and process, is refused after,
 //!   and its records are forgotten after their expiry, bounded, without ever
 //!   reopening a nonce.
+//! - **C22 Swapped in place, only over what was read.** `rewriter()` lists
+//!   a store's sessions, task values and events as stored and swaps one
+//!   only if it still holds the bytes read, changing nothing else: what
+//!   re-sealing under a new key needs while servers run (Redis and NATS
+//!   refuse event swaps: their event logs are append-only).
 //!
 //! A session store (`put_session`, `get_session`, `delete_session`, with a time
 //! to live) rides along in the same backend, for restoring MCP sessions on
@@ -495,6 +500,7 @@ use std::sync::Arc;
 // What applications use; the implementer plumbing stays in
 // `mcp_event_store_core::backend`, for backend crates.
 pub use mcp_event_store_core::bus;
+pub use mcp_event_store_core::rewrite;
 pub use mcp_event_store_core::task;
 pub use mcp_event_store_core::{
     Backend, BoxError, Clock, Connecting, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PAGE_SIZE, Error,

@@ -9,7 +9,8 @@
 //! mcp-event-store tail    sqlite://events.db EVENT_ID   # ... and the new ones, until Ctrl-C
 //! mcp-event-store purge   sled:///var/lib/app/events    # apply retention and task expiry now
 //! mcp-event-store delete-stream sqlite://events.db STREAM_ID [--yes]
-//! mcp-event-store keys    sqlite://events.db [--verify]  # events per key id of a sealed store
+//! mcp-event-store keys    sqlite://events.db [--verify]  # values per key id of a sealed store
+//! mcp-event-store keys    sqlite://events.db --rewrite   # re-seal them under the current key
 //! ```
 //!
 //! `--json` gives machine-readable output where it is tabular: one object
@@ -23,18 +24,20 @@
 //! is not compiled in says which feature to enable.
 //!
 //! `keys` reads a store written through `mcp-event-store-sealed`'s
-//! decorator: how many events each key id sealed, and when those of each
-//! key age out under the store's `max_age` (events cannot be rewritten
-//! under a new key: an old key leaves the ring once they are gone). With
-//! `--verify` it opens every event with the key ring in
-//! `MCP_EVENT_STORE_SEALED_KEYS` (or `--keys-env`). Sessions and tasks
-//! are not counted: the store lists neither (see the sealed crate's docs,
-//! "Keys and rotation").
+//! decorator: how many events, sessions and task values each key id
+//! sealed, and when the events of each key age out under the store's
+//! `max_age`. With `--verify` it opens every value with the key ring in
+//! `MCP_EVENT_STORE_SEALED_KEYS` (or `--keys-env`). With `--rewrite` it
+//! first re-seals, under that ring's current key, every value sealed under
+//! another, a page at a time while servers run (each swap only over the
+//! bytes it read, C22; see the sealed crate's docs, "Keys and rotation"):
+//! on Redis and NATS, whose events live in append-only logs, events are
+//! counted, not rewritten, and leave with retention.
 //!
 //! Exit status: 0 on success; 1 when `check` found a risky setting,
-//! `delete-stream` was not confirmed, or `keys` found an event that is not
-//! sealed, not of this release's format, or (with `--verify`) does not
-//! open; 2 on any error, reported as one
+//! `delete-stream` was not confirmed, or `keys` found a value that is not
+//! sealed, not of this release's format, or (with `--verify` or
+//! `--rewrite`) does not open; 2 on any error, reported as one
 //! `error: …` line on stderr. Output cut short by a closed pipe
 //! (`| head`) ends the command quietly.
 
@@ -151,23 +154,28 @@ enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
-    /// Count a sealed store's events by the key id that sealed them, and
-    /// say when those of each key age out (events are never rewritten:
-    /// an old key may leave the ring once its events are gone). Reads
-    /// streams page by page; writes nothing. Exit 1 when an event is not
-    /// sealed, or (with --verify) does not open.
+    /// Count a sealed store's events, sessions and task values by the key
+    /// id that sealed them, and say when the events of each key age out;
+    /// with --rewrite, first re-seal every value under the current key
+    /// while servers run. Reads page by page. Exit 1 when a value is not
+    /// sealed, or (with --verify or --rewrite) does not open.
     Keys {
         /// The store URL (the store underneath the decorator).
         url: String,
-        /// Open every event with the key ring in the environment variable
+        /// Open every value with the key ring in the environment variable
         /// named by --keys-env, counting those that do not open.
         #[arg(long)]
         verify: bool,
+        /// Re-seal every value sealed under another key than the ring's
+        /// current one (the ring in --keys-env), each swapped in only if
+        /// no server wrote it meanwhile; then report as with --verify.
+        #[arg(long)]
+        rewrite: bool,
         /// The environment variable holding the key ring
         /// (`id:base64-key,...`, the current key first).
         #[arg(long, value_name = "VAR", default_value = mcp_event_store_sealed::KEYS_ENV)]
         keys_env: String,
-        /// Streams read per page of the listing (1 to 1000).
+        /// Streams, sessions or tasks read per page (1 to 1000).
         #[arg(long, value_name = "N", default_value_t = 100,
               value_parser = clap::value_parser!(u64).range(1..=1000))]
         batch: u64,
@@ -284,12 +292,13 @@ async fn run(cli: Cli) -> Outcome {
         Command::Keys {
             url,
             verify,
+            rewrite,
             keys_env,
             batch,
             pause_ms,
             json,
         } => {
-            let ring = if verify {
+            let ring = if verify || rewrite {
                 Some(mcp_event_store_sealed::KeyRing::from_env(&keys_env)?)
             } else {
                 None
@@ -301,7 +310,16 @@ async fn run(cli: Cli) -> Outcome {
                 options = options.verify(ring);
             }
             let store = connect(&url, timeout).await?;
-            keys(&store, &options, json, &mut out).await
+            let rewritten = match (&ring, rewrite) {
+                (Some(ring), true) => {
+                    let options = mcp_event_store_sealed::rotate::RotateOptions::default()
+                        .batch(options.batch)
+                        .pause(options.pause);
+                    Some(mcp_event_store_sealed::rotate::reseal(&*store, ring, &options).await?)
+                }
+                _ => None,
+            };
+            keys(&store, &options, rewritten.as_ref(), json, &mut out).await
         }
     }?;
     out.flush()?;
@@ -645,11 +663,13 @@ async fn delete_stream(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `keys`: events per key id, what is not sealed, and when each key's
-/// events age out under the store's `max_age`.
+/// `keys`: what `--rewrite` did, then values per key id, what is not
+/// sealed, and when each key's events age out under the store's
+/// `max_age`.
 async fn keys(
     store: &DynStore,
     options: &mcp_event_store_sealed::scan::ScanOptions<'_>,
+    rewritten: Option<&mcp_event_store_sealed::rotate::RotateReport>,
     json: bool,
     out: &mut impl Write,
 ) -> Outcome {
@@ -669,6 +689,8 @@ async fn keys(
                 json!({
                     "key": key.0,
                     "events": count.events,
+                    "sessions": count.sessions,
+                    "task_values": count.task_values,
                     "streams": count.streams,
                     "newest_millis": count.newest_millis,
                     "ages_out_by_millis": ages_out(count.newest_millis),
@@ -677,8 +699,11 @@ async fn keys(
             })
             .collect();
         let value = json!({
+            "rewrite": rewritten.map(rewrite_json),
             "streams": usage.streams,
             "events": usage.events,
+            "sessions": usage.sessions,
+            "task_values": usage.task_values,
             "keys": keys,
             "not_sealed": usage.not_sealed,
             "truncated": usage.truncated,
@@ -689,13 +714,20 @@ async fn keys(
         });
         writeln!(out, "{value}")?;
     } else {
+        if let Some(report) = rewritten {
+            write_rewrite(report, out)?;
+        }
         writeln!(
             out,
-            "{} {} in {} {}",
+            "{} {} in {} {}, {} {}, {} task {}",
             usage.events,
             plural(usage.events, "event", "events"),
             usage.streams,
-            plural(usage.streams, "stream", "streams")
+            plural(usage.streams, "stream", "streams"),
+            usage.sessions,
+            plural(usage.sessions, "session", "sessions"),
+            usage.task_values,
+            plural(usage.task_values, "value", "values"),
         )?;
         for (key, count) in &usage.keys {
             let by = match (max_age, ages_out(count.newest_millis)) {
@@ -704,12 +736,16 @@ async fn keys(
             };
             writeln!(
                 out,
-                "key {key}: {} {} in {} {}, newest stream time {}, {by}",
+                "key {key}: {} {} in {} {}, newest stream time {}, {by}; {} {}, {} task {}",
                 count.events,
                 plural(count.events, "event", "events"),
                 count.streams,
                 plural(count.streams, "stream", "streams"),
                 time_or_dash(count.newest_millis),
+                count.sessions,
+                plural(count.sessions, "session", "sessions"),
+                count.task_values,
+                plural(count.task_values, "value", "values"),
             )?;
         }
         writeln!(out, "not sealed: {}", usage.not_sealed)?;
@@ -727,12 +763,6 @@ async fn keys(
                 usage.interrupted
             )?;
         }
-        writeln!(
-            out,
-            "sessions and tasks: not counted (the store lists neither); a session is sealed \
-             anew on every write and expires with its ttl, a task lives at most max_task_age \
-             plus its grace (7 days and 1 hour by default)"
-        )?;
     }
     let bad = usage.not_sealed + usage.truncated + usage.newer + unreadable.unwrap_or(0);
     Ok(if bad == 0 {
@@ -740,6 +770,56 @@ async fn keys(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// What `keys --rewrite` did, as JSON.
+fn rewrite_json(report: &mcp_event_store_sealed::rotate::RotateReport) -> serde_json::Value {
+    let counts = |c: &mcp_event_store_sealed::rotate::Counts| {
+        json!({
+            "read": c.read,
+            "resealed": c.resealed,
+            "current": c.current,
+            "changed": c.changed,
+            "unreadable": c.unreadable,
+            "not_sealed": c.not_sealed,
+        })
+    };
+    json!({
+        "sessions": counts(&report.sessions),
+        "task_values": counts(&report.tasks),
+        "events": counts(&report.events),
+        "events_in_place": report.events_in_place,
+        "events_left": report.events_left,
+        "interrupted": report.interrupted,
+    })
+}
+
+/// What `keys --rewrite` did, as text.
+fn write_rewrite(
+    report: &mcp_event_store_sealed::rotate::RotateReport,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let line = |out: &mut dyn Write, what: &str, c: &mcp_event_store_sealed::rotate::Counts| {
+        writeln!(
+            out,
+            "rewrite, {what}: {} read, {} re-sealed, {} already current, {} written by a server \
+             meanwhile, {} do not open, {} not sealed",
+            c.read, c.resealed, c.current, c.changed, c.unreadable, c.not_sealed
+        )
+    };
+    line(out, "sessions", &report.sessions)?;
+    line(out, "task values", &report.tasks)?;
+    if report.events_in_place {
+        line(out, "events", &report.events)?;
+    } else {
+        writeln!(
+            out,
+            "rewrite, events: this backend keeps events in an append-only log; {} under older \
+             keys leave with retention",
+            report.events_left
+        )?;
+    }
+    Ok(())
 }
 
 /// The stream's retained events, 0 if the store does not list it.

@@ -384,7 +384,7 @@ fn append_live(url: &str) {
 /// the decorator.
 #[allow(dead_code)]
 fn keys_scenario(url: &str) {
-    use mcp_event_store::{EventStore, NewEvent};
+    use mcp_event_store::{EventStore, NewEvent, SessionStore};
     use mcp_event_store_sealed::{KEYS_ENV, KeyRing, Sealed};
 
     let (one, two) = (
@@ -406,6 +406,9 @@ fn keys_scenario(url: &str) {
             .unwrap();
         plain
             .store_event("plain", NewEvent::new(b"{}"))
+            .await
+            .unwrap();
+        old.put_session("session-1", b"state", Duration::from_secs(3600))
             .await
             .unwrap();
     });
@@ -441,7 +444,9 @@ fn keys_scenario(url: &str) {
     ok(&["delete-stream", url, "plain", "--yes"]);
     let text = ok(&["keys", url, "--batch", "1"]);
     assert!(
-        text.starts_with("4 events in 2 streams\nkey 1: 2 events in 1 stream, "),
+        text.starts_with(
+            "4 events in 2 streams, 1 session, 0 task values\nkey 1: 2 events in 1 stream, "
+        ),
         "{text}"
     );
     assert!(text.contains("\nkey 2: 2 events in 2 streams, "), "{text}");
@@ -465,9 +470,10 @@ fn keys_scenario(url: &str) {
     );
     let without_one = verify(&format!("2:{}", *two));
     assert_eq!(without_one.code, Some(1), "{without_one:?}");
+    // Key 1's two events and its session.
     assert_eq!(
         serde_json::from_str::<Value>(&without_one.stdout).unwrap()["unreadable"],
-        2
+        3
     );
     let missing = run(&[
         "keys",
@@ -477,6 +483,48 @@ fn keys_scenario(url: &str) {
         "MCP_EVENT_STORE_NO_SUCH_VAR",
     ]);
     assert_error_line(&missing, "MCP_EVENT_STORE_NO_SUCH_VAR");
+
+    // --rewrite re-seals what key 1 sealed under key 2, while the store is
+    // open; then the ring without key 1 opens every session, and every
+    // event where the backend rewrites events in place.
+    let rewrite = cli()
+        .args(["keys", url, "--rewrite", "--json", "--batch", "1"])
+        .env(KEYS_ENV, &new_ring)
+        .output()
+        .expect("the binary runs");
+    let rewrite = Run::from(rewrite);
+    assert_eq!(rewrite.code, Some(0), "{rewrite:?}");
+    let report: Value = serde_json::from_str(&rewrite.stdout).unwrap();
+    let done = &report["rewrite"];
+    assert_eq!(done["sessions"]["resealed"], 1, "{report}");
+    let in_place = done["events_in_place"].as_bool().unwrap();
+    if in_place {
+        assert_eq!(done["events"]["resealed"], 2, "{report}");
+    } else {
+        assert_eq!(done["events_left"], 2, "{report}");
+    }
+    let keys = report["keys"].as_array().unwrap();
+    assert_eq!(keys.last().unwrap()["key"], 2, "{report}");
+    assert_eq!(keys.last().unwrap()["sessions"], 1, "{report}");
+    let after = verify(&format!("2:{}", *two));
+    let unreadable = if in_place { 0 } else { 2 };
+    assert_eq!(
+        serde_json::from_str::<Value>(&after.stdout).unwrap()["unreadable"],
+        unreadable,
+        "{after:?}"
+    );
+    let text = Run::from(
+        cli()
+            .args(["keys", url, "--rewrite"])
+            .env(KEYS_ENV, &new_ring)
+            .output()
+            .expect("the binary runs"),
+    );
+    assert!(
+        text.stdout
+            .starts_with("rewrite, sessions: 1 read, 0 re-sealed, 1 already current"),
+        "{text:?}"
+    );
 }
 
 /// The whole scenario on a persistent store at `url`. `backend` is the name

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use chacha20poly1305::aead::AeadInPlace;
 use chacha20poly1305::{Tag, XNonce};
 use mcp_event_store_core::task::TaskDigest;
-use mcp_event_store_core::{Error, Result};
+use mcp_event_store_core::{Error, Result, SessionDigest};
 
 use crate::keys::{KeyId, KeyRing};
 
@@ -96,8 +96,9 @@ impl Field {
 pub(crate) enum Place<'a> {
     /// An event's data (and a bus message's: a topic is a stream).
     Event { stream_id: &'a str },
-    /// A session's state.
-    Session { session_id: &'a str },
+    /// A session's state, bound to the digest the store keeps it under
+    /// (C20), so a rotation that reads only digests can seal it again.
+    Session { digest: &'a SessionDigest },
     /// A task's field; requests and responses also name their input key.
     Task {
         task: &'a TaskDigest,
@@ -139,9 +140,9 @@ impl Place<'_> {
                 part(b"event");
                 part(stream_id.as_bytes());
             }
-            Place::Session { session_id } => {
+            Place::Session { digest } => {
                 part(b"session");
-                part(session_id.as_bytes());
+                part(digest.as_bytes());
             }
             Place::Task { task, field, key } => {
                 part(b"task");
@@ -321,14 +322,15 @@ mod tests {
             TaskId::generate().unwrap().digest(),
             TaskId::generate().unwrap().digest(),
         );
+        let (s, t) = (SessionDigest::of("s"), SessionDigest::of("t"));
         let places = [
             Place::Event { stream_id: "s" },
             Place::Event { stream_id: "t" },
             Place::Event {
                 stream_id: "\u{1}bus/s",
             },
-            Place::Session { session_id: "s" },
-            Place::Session { session_id: "t" },
+            Place::Session { digest: &s },
+            Place::Session { digest: &t },
             Place::task(&a, Field::Context),
             Place::task(&b, Field::Context),
             Place::task(&a, Field::Outcome),

@@ -45,7 +45,7 @@
 //! |---|---|
 //! | an event's data (priming events' empty data included) | its stream id |
 //! | a bus message ([`StoreBus`](mcp_event_store_core::bus::StoreBus) over the decorator, [`Sealed::bus`]) | its topic (a topic is a stream) |
-//! | a session's state | its session id |
+//! | a session's state | the digest of its session id (the key the store keeps it under, C20) |
 //! | a task's context (tool name and arguments) | the task's digest and the field |
 //! | a task's outcome (result or error) | the task's digest and the field |
 //! | a task's checkpoint | the task's digest and the field |
@@ -126,39 +126,36 @@
 //! # Keys and rotation
 //!
 //! A [`KeyRing`] holds numbered keys: the current one seals every value
-//! written, the others only open older values. Rotate by putting a new key
-//! first (`3:<new>,2:<old>`) on every instance: values written from then
-//! on are sealed under it, and older ones still open. An old key can leave
-//! the ring once nothing is sealed under it any more:
+//! written, the others only open older values. A rotation has three steps:
 //!
-//! * **events** cannot be rewritten (an event store is append-only): they
-//!   leave with retention, at the latest the store's `max_age` after the
-//!   newest event sealed under the old key. The CLI's `keys` command
-//!   (`mcp-event-store keys URL`) counts the events under each key id, per
-//!   key the newest stream time, and when they age out;
-//! * **sessions** are sealed anew under the current key on every
-//!   `put_session`; one no server writes again expires with its ttl. The
-//!   store has no listing of sessions, so no tool can count them;
-//! * **tasks**: each value is sealed anew when the worker writes it again;
-//!   a task lives at most `max_task_age` (7 days by default) plus its
-//!   grace (1 hour). The store has no listing of tasks, and no write an
-//!   operator could make under a running worker's claim without fencing
-//!   it (T18) or taking the task from its instance (T11), so no tool
-//!   rewrites them.
+//! 1. **Add the new key first** (`3:<new>,2:<old>`) on every instance and
+//!    restart them: from then on every value written is sealed under key
+//!    3, and older ones still open.
+//! 2. **Re-seal what is stored**, while the servers run:
+//!    `mcp-event-store keys URL --rewrite` ([`rotate::reseal`]) walks the
+//!    store a bounded page at a time and seals each value under an older
+//!    key again under the current one, swapping it in only if the store
+//!    still holds the bytes it read (C22): a server's write in between
+//!    wins, and is already under the new key. Run it again until it
+//!    reports nothing re-sealed; `keys URL` ([`scan::key_usage`]) then
+//!    counts nothing under the old key.
+//! 3. **Drop the old key** from every instance's ring.
 //!
-//! So keep an old key for the longest of: the event `max_age`, the longest
-//! session ttl, and `max_task_age` plus the grace.
+//! What the rewrite covers, per backend:
 //!
-//! A rotation that rewrites everything at once would need, in the core
-//! traits and every backend: for events, a compare-and-set that replaces
-//! one event's data by id (the old bytes expected, id, position and time
-//! kept); for sessions, a paged listing and a put that succeeds only over
-//! the bytes read, keeping the expiry; for tasks, a paged listing of
-//! digests and an operator's write that replaces sealed bytes at a given
-//! `rev` without changing the instance, the claim's epoch or the status.
-//! None exists today, and a rewrite without them would race the servers
-//! (a session put back over a newer state, a task taken from its
-//! instance).
+//! * **sessions and tasks** (context, outcome, checkpoint, input requests
+//!   and responses) on every backend: a swap keeps a session's expiry and
+//!   a task's status, revision, instance and claim, so no client or
+//!   worker sees a change;
+//! * **events** on SQLite, PostgreSQL, sled and memory, in place (same id,
+//!   time and retry hint). Redis streams and NATS JetStream keep events in
+//!   append-only logs that cannot be changed in place: there the rewrite
+//!   counts the events still under older keys, which leave with
+//!   retention, at the latest the store's `max_age` after the newest of
+//!   them (`keys URL` shows when). Keep the old key until then.
+//!
+//! A value that does not open with the ring given to the rewrite (a key
+//! it lacks, damage) is counted and left as it is.
 //!
 //! # Payload limits
 //!
@@ -205,6 +202,7 @@
 
 mod envelope;
 mod keys;
+pub mod rotate;
 pub mod scan;
 mod store;
 

@@ -1,4 +1,4 @@
-//! Which keys a store's events are sealed under: what an operator asks
+//! Which keys a store's values are sealed under: what an operator asks
 //! before an old key leaves the ring (the CLI's `keys` command).
 //!
 //! [`key_usage`] reads the store underneath (not the decorator: it needs
@@ -6,8 +6,9 @@
 //! [`replay_stream`](EventStore::replay_stream), a page at a time, so its
 //! memory stays bounded however large the store; it reads only the
 //! envelopes' headers unless asked to [verify](ScanOptions::verify) that
-//! each event opens. It writes nothing: events cannot be rewritten
-//! through an event store (see the [crate docs](crate#keys-and-rotation)).
+//! each value opens. Sessions and task values come through the store's
+//! rewriter (C22). It writes nothing: [`rotate::reseal`](crate::rotate::reseal)
+//! re-seals what it finds (see the [crate docs](crate#keys-and-rotation)).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -37,6 +38,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use mcp_event_store_core::rewrite::{RewriteStore, TaskField};
+use mcp_event_store_core::task::{EXPIRED_ERROR, INSTANCE_LOST_ERROR};
 use mcp_event_store_core::{EventStore, MAX_LIST_PAGE, Result, StreamCursor};
 
 use crate::envelope::{Place, Shape, open, shape};
@@ -93,6 +96,11 @@ impl<'a> ScanOptions<'a> {
 pub struct KeyCount {
     /// Events sealed under the key.
     pub events: u64,
+    /// Sessions sealed under the key.
+    pub sessions: u64,
+    /// Task values (contexts, outcomes, checkpoints, inputs) sealed under
+    /// the key.
+    pub task_values: u64,
     /// Streams holding at least one of them.
     pub streams: u64,
     /// The newest event time of those streams, in milliseconds since the
@@ -101,7 +109,7 @@ pub struct KeyCount {
     pub newest_millis: Option<i64>,
 }
 
-/// What [`key_usage`] found: events per key id, and those under none.
+/// What [`key_usage`] found: values per key id, and those under none.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyUsage {
@@ -109,13 +117,18 @@ pub struct KeyUsage {
     pub streams: u64,
     /// Events read.
     pub events: u64,
+    /// Sessions read.
+    pub sessions: u64,
+    /// Task values read.
+    pub task_values: u64,
     /// Events per key id that sealed them.
     pub keys: BTreeMap<KeyId, KeyCount>,
-    /// Events that are no envelope: written without the decorator.
+    /// Values that are no envelope: written without the decorator (and the
+    /// fixed errors the store writes itself on expired and lost tasks).
     pub not_sealed: u64,
-    /// Events shorter than an envelope.
+    /// Values shorter than an envelope.
     pub truncated: u64,
-    /// Events in a later envelope format.
+    /// Values in a later envelope format.
     pub newer: u64,
     /// With [`ScanOptions::verify`]: envelopes that did not open (a key the
     /// ring lacks, altered bytes, a value moved from another stream).
@@ -126,8 +139,10 @@ pub struct KeyUsage {
 }
 
 /// Counts the events of every stream of `store` (the store underneath a
-/// [`Sealed`](crate::Sealed)) by the key that sealed them; see the
-/// [module docs](self).
+/// [`Sealed`](crate::Sealed)), its sessions and its tasks' values by the
+/// key that sealed them; see the [module docs](self). Sessions and tasks
+/// are read through the store's [`rewriter`](EventStore::rewriter) (C22),
+/// and not counted for a wrapper that hands out none.
 pub async fn key_usage<S: EventStore + ?Sized>(
     store: &S,
     options: &ScanOptions<'_>,
@@ -177,10 +192,105 @@ pub async fn key_usage<S: EventStore + ?Sized>(
         }
         match page.next {
             Some(next) => after = Some(next),
-            None => return Ok(usage),
+            None => break,
         }
-        if !options.pause.is_zero() {
-            tokio::time::sleep(options.pause).await;
-        }
+        rest(options).await;
     }
+    if let Some(rewriter) = store.rewriter() {
+        sessions(rewriter, batch, options, &mut usage).await?;
+        task_values(rewriter, batch, options, &mut usage).await?;
+    }
+    Ok(usage)
+}
+
+async fn rest(options: &ScanOptions<'_>) {
+    if !options.pause.is_zero() {
+        tokio::time::sleep(options.pause).await;
+    }
+}
+
+/// Counts one stored value that is not an event: the key that sealed it,
+/// or what it is instead; `count` picks the key's counter.
+fn tally(
+    usage: &mut KeyUsage,
+    options: &ScanOptions<'_>,
+    place: &Place<'_>,
+    stored: &[u8],
+    count: fn(&mut KeyCount) -> &mut u64,
+) {
+    match shape(stored) {
+        Shape::Sealed(key) => {
+            *count(usage.keys.entry(key).or_default()) += 1;
+            if let Some(ring) = options.verify
+                && open(ring, place, stored).is_err()
+            {
+                usage.unreadable += 1;
+            }
+        }
+        Shape::NotSealed => usage.not_sealed += 1,
+        Shape::Truncated => usage.truncated += 1,
+        Shape::Newer(_) => usage.newer += 1,
+    }
+}
+
+async fn sessions(
+    rewriter: &dyn RewriteStore,
+    batch: usize,
+    options: &ScanOptions<'_>,
+    usage: &mut KeyUsage,
+) -> Result<()> {
+    let mut after = None;
+    loop {
+        let page = rewriter.session_values(after.as_ref(), batch).await?;
+        for session in &page.sessions {
+            usage.sessions += 1;
+            let place = Place::Session {
+                digest: &session.digest,
+            };
+            tally(usage, options, &place, &session.state, |c| &mut c.sessions);
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(()),
+        }
+        rest(options).await;
+    }
+}
+
+async fn task_values(
+    rewriter: &dyn RewriteStore,
+    batch: usize,
+    options: &ScanOptions<'_>,
+    usage: &mut KeyUsage,
+) -> Result<()> {
+    let mut after = None;
+    loop {
+        let page = rewriter.task_values(after.as_ref(), batch).await?;
+        for task in &page.tasks {
+            for value in &task.values {
+                if value.field == TaskField::Outcome && written_by_the_store(&value.bytes) {
+                    // The fixed error of an expired or lost task, which the
+                    // store writes itself and the decorator accepts.
+                    continue;
+                }
+                usage.task_values += 1;
+                match crate::rotate::task_place(&task.digest, &value.field) {
+                    Some(place) => {
+                        tally(usage, options, &place, &value.bytes, |c| &mut c.task_values)
+                    }
+                    None => usage.newer += 1,
+                }
+            }
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return Ok(()),
+        }
+        rest(options).await;
+    }
+}
+
+/// Whether a task outcome is one the store writes itself, unsealed.
+fn written_by_the_store(outcome: &[u8]) -> bool {
+    outcome == EXPIRED_ERROR || outcome == INSTANCE_LOST_ERROR
 }

@@ -15,8 +15,8 @@ use mcp_event_store_core::task::{
 };
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, RedeemStore,
-    Replay, Result, Retention, SessionStore, Setting, Store, StoreOptions, StoreStats,
-    StreamCursor, StreamPage,
+    Replay, Result, Retention, SessionDigest, SessionStore, Setting, Store, StoreOptions,
+    StoreStats, StreamCursor, StreamPage,
 };
 
 use crate::envelope::{Field, OVERHEAD, Place, open, seal};
@@ -227,6 +227,12 @@ impl<S: EventStore + ?Sized> EventStore for Sealed<S> {
         self.inner.redeemer()
     }
 
+    /// The store underneath's: it lists and swaps the sealed bytes, which
+    /// is what a rotation re-seals (see [`crate::rotate`]).
+    fn rewriter(&self) -> Option<&dyn mcp_event_store_core::rewrite::RewriteStore> {
+        self.inner.rewriter()
+    }
+
     /// The store's own report, and one more setting, `sealed`: the
     /// cipher, the current key and the keys the ring holds.
     async fn check(&self) -> Result<HealthReport> {
@@ -247,7 +253,12 @@ impl<S: EventStore + ?Sized> EventStore for Sealed<S> {
 #[async_trait]
 impl<S: SessionStore + ?Sized> SessionStore for Sealed<S> {
     async fn put_session(&self, session_id: &str, state: &[u8], ttl: Duration) -> Result<()> {
-        let sealed = self.seal(&Place::Session { session_id }, state)?;
+        let sealed = self.seal(
+            &Place::Session {
+                digest: &SessionDigest::of(session_id),
+            },
+            state,
+        )?;
         self.inner
             .put_session(session_id, &sealed, ttl)
             .await
@@ -256,7 +267,14 @@ impl<S: SessionStore + ?Sized> SessionStore for Sealed<S> {
 
     async fn get_session(&self, session_id: &str) -> Result<Option<Bytes>> {
         match self.inner.get_session(session_id).await? {
-            Some(stored) => self.open(&Place::Session { session_id }, &stored).map(Some),
+            Some(stored) => self
+                .open(
+                    &Place::Session {
+                        digest: &SessionDigest::of(session_id),
+                    },
+                    &stored,
+                )
+                .map(Some),
             None => Ok(None),
         }
     }

@@ -123,6 +123,14 @@ where
         self.inner.raw_rows().await
     }
 
+    /// The store underneath's, on the sealed bytes.
+    fn rewriter<'s>(
+        &self,
+        store: &'s Self::Store,
+    ) -> Option<&'s dyn mcp_event_store_core::rewrite::RewriteStore> {
+        mcp_event_store_core::EventStore::rewriter(store)
+    }
+
     async fn teardown(self) {
         TaskHarness::teardown(self.inner).await;
     }

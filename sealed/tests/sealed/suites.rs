@@ -50,6 +50,7 @@ macro_rules! event_cases {
         mcp_event_store_conformance::__conformance_oldest!($harness);
         mcp_event_store_conformance::__conformance_bus!($harness);
         mcp_event_store_conformance::__conformance_redeem!($harness);
+        mcp_event_store_conformance::__conformance_rewrite!($harness);
         mcp_event_store_conformance::__conformance_cases!($harness;
             // retention.rs
             handle_reports_its_retention,
@@ -113,6 +114,7 @@ macro_rules! task_cases {
         mcp_event_store_conformance::__task_cases_expiry!($harness);
         mcp_event_store_conformance::__task_cases_watch!($harness);
         mcp_event_store_conformance::__task_cases_instances!($harness);
+        mcp_event_store_conformance::__task_cases_rewrite!($harness);
         mcp_event_store_conformance::__task_conformance_cases!($harness;
             // limits.rs
             hostile_payloads_and_keys_round_trip,
