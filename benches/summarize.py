@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Prints the medians of the last criterion run as Markdown tables, with the
-store/raw ratios the README's Performance section reports.
+store/raw ratios of the summary in docs/performance.md.
 
     python3 benches/summarize.py [CRITERION_DIR]
 
