@@ -1,7 +1,8 @@
 //! The metrics every store records, and their names.
 //!
 //! Every store wraps its appends, replays, follows, purges and redemptions
-//! in the same spans and metrics (tracing spans `mcp_event_store.append`,
+//! in the same spans and metrics, and counts the task operations an
+//! operator watches (created, claimed, fenced, inputs, finished) (tracing spans `mcp_event_store.append`,
 //! `mcp_event_store.replay`, `mcp_event_store.purge` and
 //! `mcp_event_store.redeem`).
 //!
@@ -31,6 +32,12 @@
 //! | `mcp_event_store_redemptions_total` | counter | redemptions | `outcome` (`redeemed`, `already_redeemed`, `expired`, `error`) | `redeem` calls (C21) |
 //! | `mcp_event_store_redeem_duration_seconds` | histogram | seconds | | `redeem` latency, durable under the store's setting |
 //! | `mcp_event_store_errors_total` | counter | errors | `operation`, `kind` ([`Error::kind`](crate::Error::kind)) | failed appends, replays, purges and redemptions |
+//! | `mcp_event_store_tasks_created_total` | counter | tasks | `mode` (`held`: run by its creator; `queued`: waits for a claim) | tasks created |
+//! | `mcp_event_store_task_claims_total` | counter | claims | | tasks claimed by an instance or worker (T17): queued, released by their worker, or taken over after their instance lapsed |
+//! | `mcp_event_store_task_fenced_writes_total` | counter | writes | | a worker's writes refused under a stale claim (T18) |
+//! | `mcp_event_store_task_inputs_requested_total` | counter | inputs | | input requests written by workers (T5; a replacement counts each request it writes) |
+//! | `mcp_event_store_task_inputs_taken_total` | counter | inputs | | answers taken by workers (each answer once) |
+//! | `mcp_event_store_tasks_finished_total` | counter | tasks | `status` (`completed`, `failed`, `cancelled`) | tasks a worker finished |
 
 /// The metric names, as the table above lists them.
 pub mod names {
@@ -66,4 +73,16 @@ pub mod names {
     pub const REDEEM_DURATION_SECONDS: &str = "mcp_event_store_redeem_duration_seconds";
     /// Failed operations, by `operation` and `kind`.
     pub const ERRORS_TOTAL: &str = "mcp_event_store_errors_total";
+    /// Tasks created, by `mode` (`held`, `queued`).
+    pub const TASKS_CREATED_TOTAL: &str = "mcp_event_store_tasks_created_total";
+    /// Tasks claimed (T17).
+    pub const TASK_CLAIMS_TOTAL: &str = "mcp_event_store_task_claims_total";
+    /// Workers' writes refused under a stale claim (T18).
+    pub const TASK_FENCED_WRITES_TOTAL: &str = "mcp_event_store_task_fenced_writes_total";
+    /// Input requests written by workers (T5).
+    pub const TASK_INPUTS_REQUESTED_TOTAL: &str = "mcp_event_store_task_inputs_requested_total";
+    /// Answers taken by workers (T5).
+    pub const TASK_INPUTS_TAKEN_TOTAL: &str = "mcp_event_store_task_inputs_taken_total";
+    /// Tasks a worker finished, by `status`.
+    pub const TASKS_FINISHED_TOTAL: &str = "mcp_event_store_tasks_finished_total";
 }

@@ -28,6 +28,7 @@ mod identity;
 mod input;
 mod instances;
 mod limits;
+mod metrics;
 mod persistent;
 mod rewrite;
 mod runtime;
@@ -42,6 +43,7 @@ pub use identity::*;
 pub use input::*;
 pub use instances::*;
 pub use limits::*;
+pub use metrics::*;
 pub use persistent::*;
 pub use rewrite::*;
 pub use runtime::*;
@@ -239,6 +241,7 @@ macro_rules! task_suite {
         $crate::__task_cases_runtime!($harness);
         $crate::__task_cases_takeover!($harness);
         $crate::__task_cases_rewrite!($harness);
+        $crate::__task_cases_metrics!($harness);
     };
     ($harness:expr, persistent) => {
         $crate::task_suite!($harness);
@@ -285,6 +288,7 @@ mod registration {
                 ("runtime", include_str!("runtime.rs")),
                 ("takeover", include_str!("takeover.rs")),
                 ("rewrite", include_str!("rewrite.rs")),
+                ("metrics", include_str!("metrics.rs")),
             ],
             dir: "tasks",
         }

@@ -395,7 +395,12 @@ impl<B: TaskBackend> TaskStore for B {
     async fn try_create(&self, id: &TaskId, task: &NewTask<'_>) -> Result<Option<TaskRecord>> {
         task.check()?;
         ensure_open(self)?;
-        self.task_create(id.digest(), task).await
+        let created = self.task_create(id.digest(), task).await?;
+        if let Some(record) = &created {
+            let queued = record.takeover.as_ref().is_some_and(|t| t.released);
+            observe::task_created(B::NAME, queued);
+        }
+        Ok(created)
     }
 
     async fn get(&self, id: &str, who: &Owner) -> Result<Option<TaskRecord>> {
@@ -518,7 +523,10 @@ impl<B: RuntimeBackend> RuntimeStore for B {
     ) -> Result<Applied> {
         change.check(self.store_options().max_payload_bytes)?;
         ensure_open(self)?;
-        self.claimed_apply(task, by, change).await
+        let kind = observe::ChangeKind::of(&change);
+        let applied = self.claimed_apply(task, by, change).await?;
+        observe::task_applied(B::NAME, kind, &applied);
+        Ok(applied)
     }
 
     async fn view_claimed(&self, task: &TaskDigest) -> Result<Option<TaskView>> {
@@ -539,6 +547,8 @@ impl<B: RuntimeBackend> RuntimeStore for B {
 
     async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         ensure_open(self)?;
-        self.claim_tasks(by, limit).await
+        let claimed = self.claim_tasks(by, limit).await?;
+        observe::tasks_claimed(B::NAME, claimed.len());
+        Ok(claimed)
     }
 }

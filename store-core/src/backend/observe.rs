@@ -264,3 +264,73 @@ where
     .instrument(span)
     .await
 }
+
+/// Counts a created task: `queued` when it waits for a claim (created for
+/// a worker), `held` when its creator runs it.
+pub fn task_created(backend: &'static str, queued: bool) {
+    let mode = if queued { "queued" } else { "held" };
+    metrics::counter!(names::TASKS_CREATED_TOTAL, "backend" => backend, "mode" => mode)
+        .increment(1);
+}
+
+/// Counts the tasks a claim took (queued, released by their worker, or
+/// taken over after their instance lapsed).
+pub fn tasks_claimed(backend: &'static str, claimed: usize) {
+    metrics::counter!(names::TASK_CLAIMS_TOTAL, "backend" => backend).increment(claimed as u64);
+}
+
+/// What a worker's change was, kept before the change is handed to the
+/// backend, to count what it did once it is applied.
+#[derive(Clone, Copy, Debug)]
+pub enum ChangeKind {
+    /// Input requests, this many.
+    Requests(usize),
+    /// An answer taken.
+    Take,
+    /// A finish with this status.
+    Finish(&'static str),
+    /// Anything else.
+    Other,
+}
+
+impl ChangeKind {
+    /// The kind of `change`.
+    pub fn of(change: &crate::task::WorkerChange<'_>) -> Self {
+        use crate::task::WorkerChange;
+        match change {
+            WorkerChange::RequestInput { .. } => Self::Requests(1),
+            WorkerChange::ReplaceInputs { requests, .. } => Self::Requests(requests.len()),
+            WorkerChange::TakeAnswer { .. } => Self::Take,
+            WorkerChange::Finish(finish) => Self::Finish(finish.status().as_str()),
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Counts what a worker's change did: refused under a stale claim, inputs
+/// requested, an answer taken, a task finished.
+pub fn task_applied(backend: &'static str, kind: ChangeKind, applied: &crate::task::Applied) {
+    use crate::task::Applied;
+    match (kind, applied) {
+        (_, Applied::Fenced) => {
+            metrics::counter!(names::TASK_FENCED_WRITES_TOTAL, "backend" => backend).increment(1);
+        }
+        (ChangeKind::Requests(n), Applied::Changed { .. }) => {
+            metrics::counter!(names::TASK_INPUTS_REQUESTED_TOTAL, "backend" => backend)
+                .increment(n as u64);
+        }
+        (
+            ChangeKind::Take,
+            Applied::Changed {
+                answer: Some(_), ..
+            },
+        ) => {
+            metrics::counter!(names::TASK_INPUTS_TAKEN_TOTAL, "backend" => backend).increment(1);
+        }
+        (ChangeKind::Finish(status), Applied::Changed { .. }) => {
+            metrics::counter!(names::TASKS_FINISHED_TOTAL, "backend" => backend, "status" => status)
+                .increment(1);
+        }
+        _ => {}
+    }
+}
