@@ -14,6 +14,9 @@
 //!   [`Runtime::producer_lost`]). An instance that stalled past its lease
 //!   is never revived: the runtime registers a fresh one. A graceful
 //!   [`shutdown`](Runtime::shutdown) ends the lease at once.
+//!   [`Runtime::lease_current`] says, without a store call, whether the
+//!   store accepted a renewal within the last lease (for a readiness
+//!   probe).
 //! * **One maintenance loop**: the lease renewal, the purge of expired
 //!   events, sessions and tasks ([`purge_every`](RuntimeBuilder::purge_every)),
 //!   and the claim rounds of the takeover runner

@@ -13,6 +13,7 @@ use mcp_event_store_core::task::{
 use mcp_event_store_core::{Error, Result, Store};
 use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::Instant;
 
 use crate::run::TaskRun;
 use crate::takeover::Executor;
@@ -110,6 +111,10 @@ pub(crate) struct Inner {
     pub(crate) notified: tokio::sync::OnceCell<crate::bus::Fanout<crate::Notification>>,
     /// Sessions ended anywhere lately ([`Runtime::session_ended`]).
     ended: Mutex<crate::bus::Ended>,
+    /// The instance whose lease the store last accepted, and when the
+    /// accepted registration or renewal was sent (`None` once the store
+    /// answered that it lapsed): what [`Runtime::lease_remaining`] reads.
+    renewed: Mutex<(InstanceId, Option<Instant>)>,
 }
 
 impl Inner {
@@ -178,6 +183,39 @@ impl Runtime {
     /// How long one renewal keeps this instance alive.
     pub fn lease(&self) -> Duration {
         self.inner.settings.lease
+    }
+
+    /// How much longer this instance's lease holds, as far as this runtime
+    /// knows, if no renewal succeeds before then: the [lease](Self::lease)
+    /// minus the time since the last registration or renewal the store
+    /// accepted for the current [instance](Self::instance), counted from
+    /// when it was sent (so never later than the store's own expiry, clock
+    /// rates aside). Reads no store.
+    ///
+    /// `None` when the lease is not current: no renewal was accepted within
+    /// the last lease (the store is unreachable, refuses writes, or the
+    /// process stalled), the store answered that the instance lapsed (until
+    /// a fresh one is registered), or the runtime was
+    /// [shut down](Self::shutdown). For a readiness probe: an instance
+    /// whose lease is not current has its tasks taken over or read failed
+    /// elsewhere, and should not take new work.
+    pub fn lease_remaining(&self) -> Option<Duration> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let (instance, renewed) = *lock(&self.inner.renewed);
+        if instance != self.instance() {
+            return None;
+        }
+        self.lease()
+            .checked_sub(renewed?.elapsed())
+            .filter(|left| !left.is_zero())
+    }
+
+    /// Whether this instance's lease is current, as far as this runtime
+    /// knows: [`lease_remaining`](Self::lease_remaining) is `Some`.
+    pub fn lease_current(&self) -> bool {
+        self.lease_remaining().is_some()
     }
 
     /// The longest a run waits on one watch of its task.
@@ -300,7 +338,8 @@ impl Runtime {
             "this instance's lease lapsed (was the process paused?); its tasks are taken over or \
              read failed, and new work runs under a fresh instance"
         );
-        let fresh = register(self.runtime_store(), self.lease()).await?;
+        let (fresh, sent) = register(self.runtime_store(), self.lease()).await?;
+        *lock(&self.inner.renewed) = (fresh, Some(sent));
         self.inner.instance.send_replace(fresh);
         Ok(fresh)
     }
@@ -409,7 +448,7 @@ impl RuntimeBuilder {
                 s.max_running, s.max_attempts
             )));
         }
-        let instance = register(self.store.task_runtime(), s.lease).await?;
+        let (instance, sent) = register(self.store.task_runtime(), s.lease).await?;
         let inner = Arc::new(Inner {
             bus: crate::bus::new_bus(&self.store),
             requests: AtomicU64::new(0),
@@ -428,6 +467,7 @@ impl RuntimeBuilder {
             claiming: tokio::sync::Mutex::new(()),
             maintenance: Mutex::default(),
             closed: AtomicBool::new(false),
+            renewed: Mutex::new((instance, Some(sent))),
         });
         let maintenance = tokio::spawn(maintain(Arc::downgrade(&inner)));
         *lock(&inner.maintenance) = Some(maintenance);
@@ -435,13 +475,15 @@ impl RuntimeBuilder {
     }
 }
 
-/// Registers a fresh instance with its first lease; a refused id (one the
-/// store saw lapse) is drawn again.
-async fn register(store: &dyn RuntimeStore, lease: Duration) -> Result<InstanceId> {
+/// Registers a fresh instance with its first lease, and says when the
+/// accepted registration was sent; a refused id (one the store saw lapse)
+/// is drawn again.
+async fn register(store: &dyn RuntimeStore, lease: Duration) -> Result<(InstanceId, Instant)> {
     for _ in 0..REGISTRATION_TRIES {
         let id = InstanceId::generate()?;
+        let sent = Instant::now();
         if store.heartbeat(id, lease).await? {
-            return Ok(id);
+            return Ok((id, sent));
         }
     }
     Err(Error::Corrupt(format!(
@@ -455,9 +497,25 @@ impl Inner {
     async fn beat(self: Arc<Self>) {
         let runtime = Runtime { inner: self };
         let me = runtime.instance();
+        let sent = Instant::now();
         match runtime.runtime_store().heartbeat(me, runtime.lease()).await {
-            Ok(true) => {}
+            Ok(true) => {
+                // Only for the instance renewed (a fresh one may have
+                // replaced it meanwhile), never back to an older renewal
+                // that answered late, and never for one seen lapsed (a
+                // renewal in flight before that is no revival).
+                let mut renewed = lock(&runtime.inner.renewed);
+                if let (true, Some(at)) = (renewed.0 == me, &mut renewed.1) {
+                    *at = (*at).max(sent);
+                }
+            }
             Ok(false) => {
+                {
+                    let mut renewed = lock(&runtime.inner.renewed);
+                    if renewed.0 == me {
+                        renewed.1 = None;
+                    }
+                }
                 if let Err(error) = runtime.replace_lapsed(me).await {
                     tracing::warn!(%error, "registering a fresh instance failed; retrying");
                 }

@@ -300,6 +300,51 @@ async fn a_lapsed_instance_is_replaced() {
     runtime.shutdown().await;
 }
 
+/// `lease_remaining`: current while the loop renews the lease (never
+/// more than one lease ahead), not current once no renewal was accepted for
+/// a lease (a runtime whose loop is gone) or after a shutdown, and current
+/// again under the fresh instance that replaces one the store saw lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_is_current_while_it_is_renewed() {
+    let store = Arc::new(MemoryStore::new());
+    let live = runtime(&store).await;
+    assert!(live.lease_current());
+    tokio::time::sleep(LEASE * 3).await; // several renewals
+    let left = live.lease_remaining().expect("renewed: current");
+    assert!(left <= LEASE, "{left:?}");
+
+    let stalled = killed(&store);
+    eventually("a lease no longer renewed is not current", async || {
+        !stalled.lease_current()
+    })
+    .await;
+    assert!(live.lease_current(), "the other instance renews its own");
+    live.shutdown().await;
+    assert_eq!(live.lease_remaining(), None, "shut down");
+
+    // The store's clock jumps past the lease: the next renewal is refused,
+    // and a fresh instance, current, replaces the lapsed one.
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let store = Arc::new(MemoryStore::with_options(
+        StoreOptions::default().clock(clock.clone()),
+    ));
+    let replaced = runtime(&store).await;
+    let first = replaced.instance();
+    clock.advance(LEASE * 10);
+    eventually("a fresh instance with a current lease", async || {
+        replaced.instance() != first && replaced.lease_current()
+    })
+    .await;
+    assert!(
+        store
+            .task_runtime()
+            .is_alive(replaced.instance())
+            .await
+            .unwrap()
+    );
+    replaced.shutdown().await;
+}
+
 /// Expired events and tasks go without anyone calling a purge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loop_purges_expired_events_and_tasks() {

@@ -143,6 +143,41 @@
 //! Logs go to stderr through `tracing` (`RUST_LOG=debug` for the store's
 //! spans). Ctrl-C (or SIGTERM) stops accepting connections, ends the open
 //! SSE streams and exits.
+//!
+//! # Health
+//!
+//! Two probes answer on the MCP endpoint's listener (`--bind`), with no
+//! MCP session, no `Authorization` and whatever `Host` (`--allow-host`
+//! guards `/mcp` only), and plain text:
+//!
+//! * `GET /healthz`: the process is alive and serving HTTP: always `200
+//!   ok`, without touching the store. Restart the process when it fails.
+//! * `GET /readyz`: this instance is ready for traffic: `200 ready` only
+//!   when the durable-task runtime's lease is current (the store accepted
+//!   a renewal within the last `--task-lease-ms`) and the store answers,
+//!   within [`READY_TIMEOUT`] (2 s), that it counts this instance alive (a
+//!   read by key). Otherwise `503`, `not ready` and a line per failed
+//!   check (`lease: ...`, `store: ...`; the store's error is logged). It
+//!   turns `200` again once the store answers and a renewal (under a fresh
+//!   instance, if the old one lapsed) succeeds.
+//!
+//! A worker (`--worker`) has no HTTP listener, so no probes. In Kubernetes
+//! (`docs/operations.md` has more):
+//!
+//! ```yaml
+//! livenessProbe:
+//!   httpGet: { path: /healthz, port: 8000 }
+//!   periodSeconds: 10
+//!   failureThreshold: 3
+//! readinessProbe:
+//!   httpGet: { path: /readyz, port: 8000 }
+//!   periodSeconds: 5
+//!   timeoutSeconds: 3
+//!   failureThreshold: 2
+//! ```
+//!
+//! (with `--bind 0.0.0.0:8000`, so that the kubelet reaches the pod's
+//! address). `--metrics ADDR` stays a listener of its own.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -1057,7 +1092,9 @@ impl ServerHandler for SlowCounter {
 }
 
 /// The axum router serving MCP at `/mcp` with everything `durable` wired,
-/// the handler's durable tasks on `tasks` (normally `durable.tasks()`).
+/// the handler's durable tasks on `tasks` (normally `durable.tasks()`),
+/// and the probes `/healthz` and `/readyz` ([`health_router`], on
+/// `durable`'s runtime).
 ///
 /// `shutdown` ends every open SSE stream when cancelled.
 pub fn router(
@@ -1089,7 +1126,7 @@ pub fn router(
     .layer(axum::middleware::map_request(|request| {
         std::future::ready(authenticate(request))
     }));
-    match options.poll_every {
+    let router = match options.poll_every {
         Some(messages) => {
             let retry = options.retry;
             router.layer(axum::middleware::map_response(move |response: Response| {
@@ -1097,6 +1134,75 @@ pub fn router(
             }))
         }
         None => router,
+    };
+    // After the MCP layers: the probes need no session, no caller and no
+    // allowed `Host` (rmcp checks those inside `/mcp`).
+    router.merge(health_router(durable.runtime().clone()))
+}
+
+/// How long `/readyz` waits for the store before it answers 503: shorter
+/// than a probe's `timeoutSeconds` (say 3), so that a hung database fails
+/// the probe with a reason rather than hanging it.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `GET /healthz` and `GET /readyz` (see "Health" in the crate docs), for
+/// `runtime`, this instance's: merged into [`router`], on the MCP
+/// endpoint's listener.
+pub fn health_router(runtime: Runtime) -> axum::Router {
+    axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let runtime = runtime.clone();
+                async move {
+                    match readiness(&runtime).await {
+                        Ok(()) => (axum::http::StatusCode::OK, "ready\n".to_owned()),
+                        Err(failed) => (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready\n{}\n", failed.join("\n")),
+                        ),
+                    }
+                }
+            }),
+        )
+}
+
+/// Whether this instance is ready for traffic: this runtime's lease is
+/// current ([`Runtime::lease_current`]: the store accepted a renewal within
+/// the last lease), and the store answers, within [`READY_TIMEOUT`], that
+/// it counts this instance alive (`RuntimeStore::is_alive`, one read by key).
+/// Otherwise the checks that failed, one short line each (`lease: ...`,
+/// `store: ...`); the store's error itself goes to the log, not to the
+/// unauthenticated caller.
+pub async fn readiness(runtime: &Runtime) -> Result<(), Vec<String>> {
+    let mut failed = Vec::new();
+    if !runtime.lease_current() {
+        failed.push(format!(
+            "lease: not current (no renewal accepted by the store within the lease, {:?})",
+            runtime.lease()
+        ));
+    }
+    let instance = runtime.instance();
+    let alive = runtime.store().task_runtime().is_alive(instance);
+    match tokio::time::timeout(READY_TIMEOUT, alive).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => failed.push(format!(
+            "lease: the store counts this instance ({instance}) lapsed"
+        )),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "readiness: the store failed");
+            failed.push("store: failed (the server's log says why)".to_owned());
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?READY_TIMEOUT, "readiness: the store did not answer");
+            failed.push(format!("store: no answer within {READY_TIMEOUT:?}"));
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed)
     }
 }
 

@@ -14,6 +14,7 @@ use resumable_server as server;
 mod across;
 mod cases;
 mod harness;
+mod health;
 mod measure;
 mod tasks;
 mod wire;

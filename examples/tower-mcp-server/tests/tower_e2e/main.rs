@@ -14,6 +14,7 @@
 
 mod cases;
 mod harness;
+mod health;
 mod wire;
 
 use harness::{CHILD_ENV, Fixture};
