@@ -64,7 +64,7 @@
 //! * `store.into_rmcp_sessions()` is rmcp's `SessionStore`: the `initialize`
 //!   parameters as JSON, with a time to live (24 hours by default, counted
 //!   from the session's start or its latest restore on another instance).
-//! * `SessionScoped` closes two gaps in rmcp:
+//! * `SessionScoped` closes three gaps in rmcp:
 //!   * With an event store, `LocalSessionManager` resumes whatever stream a
 //!     `Last-Event-ID` names, whichever session asks. `SessionScoped` binds
 //!     each request stream to its session in the store (one small write per
@@ -81,6 +81,15 @@
 //!     second: `has_session` took 110 to 270 ns a request (rmcp's alone: 50 to
 //!     70 ns), against 46 to 58 µs (SQLite), 81 µs (Redis) and 180 to 190 µs
 //!     (PostgreSQL) when looking up on every request.
+//!   * Two requests of one session arriving together on an instance that
+//!     must restore it could get a 500 from rmcp 3.11: the one that saw
+//!     the session held before its restored handshake was replayed, or the
+//!     one that found it absent and came to restore it after the other had
+//!     (`AlreadyPresent`). `SessionScoped` makes a request wait while its
+//!     session is being restored on the instance (at most 10 s), and
+//!     serves the late restore from the session already held, its
+//!     handshake replayed to a handler of its own (see `SessionScoped`,
+//!     *Restores racing requests*).
 //! * A resume **follows** its stream (C13; see [below](#resumes-follow-the-call-to-its-answer)),
 //!   and a client resumes again with its newest id after the hold (SEP-1699).
 //!   `DurableBuilder::follow_hold(Some(d))` sets another hold;
@@ -324,6 +333,7 @@ mod codec;
 mod durable;
 mod events;
 mod listeners;
+mod restores;
 mod routed;
 mod scoped;
 mod sessions;
@@ -429,5 +439,7 @@ impl<S: ?Sized> IntoRmcp<S> for Arc<S> {
 
 #[cfg(test)]
 mod across_instances;
+#[cfg(test)]
+mod restore_race;
 #[cfg(test)]
 mod tests;

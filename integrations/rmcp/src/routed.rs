@@ -4,12 +4,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use futures_util::future::Either;
 use mcp_event_store_runtime::Runtime;
 use rmcp::model::{
     ClientJsonRpcMessage, NumberOrString, RequestId, ServerJsonRpcMessage, ServerNotification,
 };
 use rmcp::service::{RoleServer, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
+
+use crate::restores::{Replayed, Restoring};
 
 /// A session's transport whose server-to-client request ids name this
 /// instance, so that a client's answer reaching any instance finds the
@@ -25,33 +28,72 @@ use rmcp::transport::Transport;
 /// and counted ([`Runtime::replies_dropped`]), never handed to a request.
 /// [`SessionScoped`](crate::SessionScoped) serves every session on one.
 /// Without a runtime it passes everything through unchanged.
+///
+/// The transport of a second restore of a session already held here
+/// (see [`SessionScoped`](crate::SessionScoped), *Restores racing
+/// requests*) is one too: it carries the replayed handshake to a handler
+/// of its own and nothing else.
 pub struct Routed<T> {
-    inner: T,
+    inner: Leg<T>,
     runtime: Option<Runtime>,
     /// The requests out: their id on the wire, and rmcp's.
     pending: Arc<Mutex<HashMap<Arc<str>, RequestId>>>,
+    /// The restore this transport was made for, while it is in flight.
+    _restoring: Option<Restoring>,
+}
+
+/// What a [`Routed`] carries.
+enum Leg<T> {
+    /// A session's transport.
+    Session(T),
+    /// A handshake replayed for a session held here already.
+    Replay(Replayed),
 }
 
 impl<T> Routed<T> {
     pub(crate) fn new(inner: T, runtime: Option<Runtime>) -> Self {
         Self {
-            inner,
+            inner: Leg::Session(inner),
             runtime,
             pending: Arc::default(),
+            _restoring: None,
         }
+    }
+
+    /// The transport of a handshake replayed for a session held here.
+    pub(crate) fn replay(replayed: Replayed) -> Self {
+        Self {
+            inner: Leg::Replay(replayed),
+            runtime: None,
+            pending: Arc::default(),
+            _restoring: None,
+        }
+    }
+
+    /// Keeps `restoring` in flight until it finishes, or this transport is
+    /// dropped before (rmcp gave up on the restore).
+    pub(crate) fn restoring(mut self, restoring: Restoring) -> Self {
+        self._restoring = Some(restoring);
+        self
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, RequestId>> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.pending)
     }
+}
 
-    /// rmcp's id for an answer to `id`, or `None` if this session never
-    /// sent `id` (or already had its answer).
-    fn answered(&self, id: &RequestId) -> Option<RequestId> {
-        match id {
-            NumberOrString::String(wire) => self.pending().remove(wire),
-            NumberOrString::Number(_) => None,
-        }
+fn lock(
+    pending: &Mutex<HashMap<Arc<str>, RequestId>>,
+) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, RequestId>> {
+    pending.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// rmcp's id for an answer to `id`, or `None` if this session never sent
+/// `id` (or already had its answer).
+fn answered(pending: &Mutex<HashMap<Arc<str>, RequestId>>, id: &RequestId) -> Option<RequestId> {
+    match id {
+        NumberOrString::String(wire) => lock(pending).remove(wire),
+        NumberOrString::Number(_) => None,
     }
 }
 
@@ -62,6 +104,10 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Routed<T> {
         &mut self,
         mut item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let Leg::Replay(replayed) = &mut self.inner {
+            replayed.send(item);
+            return Either::Left(std::future::ready(Ok(())));
+        }
         let mut sent_as = None;
         if let Some(runtime) = &self.runtime {
             match &mut item {
@@ -92,25 +138,29 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Routed<T> {
                 _ => {}
             }
         }
-        let sending = self.inner.send(item);
+        let Leg::Session(inner) = &mut self.inner else {
+            unreachable!("a replay returned above");
+        };
+        let sending = inner.send(item);
         let pending = self.pending.clone();
-        async move {
+        Either::Right(async move {
             let sent = sending.await;
             if sent.is_err()
                 && let Some(wire) = sent_as
             {
-                pending
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&wire);
+                lock(&pending).remove(&wire);
             }
             sent
-        }
+        })
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        let inner = match &mut self.inner {
+            Leg::Session(inner) => inner,
+            Leg::Replay(replayed) => return replayed.receive().await,
+        };
         loop {
-            let mut message = self.inner.receive().await?;
+            let mut message = inner.receive().await?;
             let Some(runtime) = &self.runtime else {
                 return Some(message);
             };
@@ -122,7 +172,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Routed<T> {
                 },
                 _ => return Some(message),
             };
-            match self.answered(id) {
+            match answered(&self.pending, id) {
                 Some(ours) => {
                     *id = ours;
                     return Some(message);
@@ -137,7 +187,10 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Routed<T> {
 
     async fn close(&mut self) -> Result<(), Self::Error> {
         self.pending().clear();
-        self.inner.close().await
+        match &mut self.inner {
+            Leg::Session(inner) => inner.close().await,
+            Leg::Replay(_) => Ok(()),
+        }
     }
 }
 
@@ -145,6 +198,7 @@ impl<T> std::fmt::Debug for Routed<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Routed")
             .field("routes", &self.runtime.is_some())
+            .field("replay", &matches!(self.inner, Leg::Replay(_)))
             .field("pending", &self.pending().len())
             .finish_non_exhaustive()
     }
@@ -237,7 +291,10 @@ mod tests {
         assert_ne!(wire[0], wire[1]);
         assert_ne!(wire[0], foreign, "ids are unique across sessions");
 
-        routed.inner.incoming.extend([
+        let Leg::Session(scripted) = &mut routed.inner else {
+            unreachable!("a session's transport");
+        };
+        scripted.incoming.extend([
             answer(json!(wire[0])),
             answer(json!(wire[0])),
             answer(json!(format!("{}.999", runtime.instance()))),

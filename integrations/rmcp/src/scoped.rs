@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::callers::{caller, scoped_caller};
 use super::events::is_standalone_of;
 use super::listeners::Listeners;
+use super::restores::Restores;
 use super::routed::Routed;
 use super::sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL};
 use super::tracker::{Absent, Cleanup, Stored, Tracker, spawn};
@@ -170,6 +171,45 @@ const CLEANUP_CONCURRENCY: usize = 8;
 /// refresh the state while a session is in use): from then on it is 404
 /// on every instance, in use or not.
 ///
+/// # Restores racing requests
+///
+/// rmcp restores a session in the request that finds it absent
+/// (`has_session` false): it loads the state, calls `restore_session`
+/// (from then on the session is held), and replays `initialize` and
+/// `notifications/initialized`. Other requests of the session that also
+/// found it absent wait for that restore (rmcp's `pending_restores`). Two
+/// orderings of two requests arriving together on an instance that must
+/// restore their session failed with rmcp 3.11 alone, and are served here:
+///
+/// * **Seen half made.** A request arriving after `restore_session` and
+///   before the replayed `initialize` was served saw the session held, and
+///   its message could reach the session's worker before the `initialize`:
+///   the worker ended, and both requests were answered 500. Here a restore
+///   is marked in flight before the inner manager holds the session, until
+///   the replayed `initialize` is served (or fails, or the session closes,
+///   or rmcp drops the restore); `has_session` waits while it is in flight
+///   (at most 10 s), then answers as always (callers included). Without a
+///   restore in flight, `has_session` costs one more atomic read.
+/// * **Come too late.** A request that found the session absent but came
+///   to rmcp's restore after another request had restored it completely
+///   (rmcp forgets a restore once done, and nothing tells the late one)
+///   restored it again: the manager answered `AlreadyPresent`, which
+///   rmcp 3.11 turns into 500 ("restore_session returned AlreadyPresent
+///   unexpectedly"). Here that second restore gets a transport of its own
+///   ([`Routed`], carrying nothing but the handshake): rmcp builds a
+///   handler (your factory runs once more), replays `initialize` (with
+///   `SessionRestoreMarker`) and `notifications/initialized` to it, and
+///   drops it; the request is then served by the session held here, and
+///   the close rmcp makes when that handler's worker ends leaves the
+///   session alone. The session store has just given the state to this
+///   request's caller, so the session is theirs; should the held session
+///   be another caller's, the request is answered 404.
+///
+/// A request of another caller (with [`with_callers`](Self::with_callers))
+/// is never served either way: it waits like the others, then finds the
+/// session unknown, and rmcp answers 404 or, when it then waited on the
+/// owner's restore in rmcp, 500 ([`ScopedError::SessionNotFound`]).
+///
 /// Everything else is passed to the inner manager.
 ///
 /// ```no_run
@@ -211,6 +251,9 @@ pub struct SessionScoped<M, S: ?Sized> {
     listeners: Arc<Listeners>,
     /// Whether sessions are bound to their callers ([`with_callers`](Self::with_callers)).
     callers_bound: bool,
+    /// The restores in flight here, and the handshakes replayed for a
+    /// second restore of a session held here.
+    restores: Arc<Restores>,
 }
 
 impl<S: EventStore + SessionStore + ?Sized> SessionScoped<LocalSessionManager, S> {
@@ -261,6 +304,7 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
             runtime: None,
             listeners: Arc::default(),
             callers_bound: false,
+            restores: Arc::default(),
         }
     }
 
@@ -279,7 +323,8 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
 
     /// Refuses a request of another caller that reached session `id`
     /// without [`has_session`](SessionManager::has_session) (rmcp lets the
-    /// requests that waited on a restore through once it is done).
+    /// requests that waited on a restore through once it is done, whoever
+    /// made them).
     fn ensure_caller<E>(&self, id: &SessionId) -> Result<(), ScopedError<E>> {
         match self.caller_owns(id) {
             true => Ok(()),
@@ -366,6 +411,12 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
         &self.inner
     }
 
+    /// Restores in flight here, and replayed handshakes not over (tests).
+    #[cfg(test)]
+    pub(super) fn restores_pending(&self) -> (usize, usize) {
+        self.restores.pending()
+    }
+
     fn binding_key(&self, token: &StreamToken) -> String {
         format!("{}{}", self.prefix, token)
     }
@@ -409,6 +460,12 @@ pub enum ScopedError<E> {
     /// than 404). Says nothing more than an unknown session would.
     #[error("session not found")]
     SessionNotFound,
+    /// A request found its session absent and came to restore it after
+    /// another request had restored it here, and the handshake replayed
+    /// aside for it (see *Restores racing requests* on [`SessionScoped`])
+    /// got no answer from its handler in time.
+    #[error("the session's handshake could not be replayed")]
+    Replay,
     /// The store failed while the resume was checked; the resume is refused.
     #[error("could not check the Last-Event-ID against the session: {0}")]
     Store(#[source] mcp_event_store_core::Error),
@@ -796,22 +853,41 @@ where
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        // The handshake replayed for a second restore of a session held
+        // here goes to its own handler, not to the session.
+        let message = match self.restores.initialize(id, message) {
+            Ok(answer) => return answer.await.ok_or(ScopedError::Replay),
+            Err(message) => message,
+        };
         // A new session, or one restored for a caller the session store
         // checked: either way, the caller serving it now owns it.
         self.tracker.set_owner(id, caller(self.callers_bound));
-        self.inner
+        let answer = self
+            .inner
             .initialize_session(id, message)
             .await
-            .map_err(ScopedError::Manager)
+            .map_err(ScopedError::Manager);
+        // A restored session now serves requests: those that waited go on.
+        self.restores.finish(id);
+        answer
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
-        if !self
+        let mut held = self
             .inner
             .has_session(id)
             .await
-            .map_err(ScopedError::Manager)?
-        {
+            .map_err(ScopedError::Manager)?;
+        // Asked after the inner manager: a restore is marked before the
+        // session is held, so one seen held mid-restore is seen restoring.
+        if self.restores.settle(id).await {
+            held = self
+                .inner
+                .has_session(id)
+                .await
+                .map_err(ScopedError::Manager)?;
+        }
+        if !held {
             return Ok(false);
         }
         if !self.caller_owns(id) {
@@ -833,6 +909,12 @@ where
             // request, rmcp closes a session whose worker ended.)
             return Ok(());
         }
+        if self.restores.replay_closed(id) {
+            // The worker of a replayed handshake ended: the session it
+            // replayed for lives on.
+            return Ok(());
+        }
+        self.restores.finish(id);
         let closed = self
             .inner
             .close_session(id)
@@ -903,6 +985,10 @@ where
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<(), Self::Error> {
+        let Some(message) = self.restores.initialized(id, message) else {
+            // The end of a handshake replayed for a session held here.
+            return Ok(());
+        };
         self.ensure_caller(id)?;
         if let Some(runtime) = &self.runtime
             && let Some(request_id) = answered(&message)
@@ -976,6 +1062,9 @@ where
             // Whatever state another instance wrote back before it heard.
             return Ok(RestoreOutcome::NotSupported);
         }
+        // Marked before the inner manager holds the session: a request
+        // that sees it held waits until its handshake is replayed.
+        let restoring = self.restores.begin(&id);
         let outcome = self
             .inner
             .restore_session(id.clone())
@@ -985,9 +1074,23 @@ where
             RestoreOutcome::Restored(transport) => {
                 // rmcp restores only what it just loaded from the session store.
                 self.tracker.track(&id, Stored::Yes);
-                RestoreOutcome::Restored(Routed::new(transport, self.runtime.clone()))
+                RestoreOutcome::Restored(
+                    Routed::new(transport, self.runtime.clone()).restoring(restoring),
+                )
             }
-            RestoreOutcome::AlreadyPresent => RestoreOutcome::AlreadyPresent,
+            RestoreOutcome::AlreadyPresent => {
+                drop(restoring);
+                // Restored (or created) here since this request found it
+                // absent. rmcp 3.11 answers `AlreadyPresent` with 500: a
+                // handshake replayed to a handler of its own lets the
+                // request through to the session held here. The session
+                // store just gave its state to this caller; it is theirs.
+                if !self.caller_owns(&id) {
+                    return Ok(RestoreOutcome::NotSupported);
+                }
+                tracing::debug!(session_id = %id, "session restored here meanwhile; replaying its handshake aside");
+                RestoreOutcome::Restored(Routed::replay(self.restores.replay(&id)))
+            }
             // NotSupported, and any outcome a later rmcp adds: no session
             // here to serve.
             _ => RestoreOutcome::NotSupported,

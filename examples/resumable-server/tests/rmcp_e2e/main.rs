@@ -16,6 +16,7 @@ mod cases;
 mod harness;
 mod health;
 mod measure;
+mod restore_race;
 mod tasks;
 mod wire;
 

@@ -1,0 +1,141 @@
+//! Two requests of one session arriving together on an instance that must
+//! restore it: two server processes on one store, each session opened on
+//! A, then two requests of it sent to B at once (two `POST`s, a `POST` and
+//! the standalone `GET`, a `POST` and a resume). rmcp 3.11 alone could
+//! answer one of them 500: the one that found the session absent but
+//! reached rmcp's restore after the other had restored it
+//! (`AlreadyPresent`), or the one that saw the session held before its
+//! restored handshake was replayed. Every request must be served as the
+//! session's.
+//!
+//! The second request of a pair leaves a little later each time (0 to
+//! 1.9 ms, in steps of 100 µs), so that the pairs sweep the restore's
+//! window instead of all landing at its start. The windows are narrow
+//! (microseconds on an idle loopback): these pairs rarely land in them,
+//! with or without the adapter's fix, and this case checks that the whole
+//! server serves such pairs. The orderings that fail are forced,
+//! deterministically, by the adapter's unit tests
+//! (`integrations/rmcp/src/restore_race.rs`). Only backends whose storage
+//! two processes share.
+
+use std::time::Duration;
+
+use reqwest::header::HeaderValue;
+use serde_json::json;
+
+use crate::harness::{ChildServer, Fixture, RETRY};
+use crate::wire::{Client, Sse};
+
+/// How many sessions, each restored on B by a pair of requests.
+const PAIRS: u64 = 20;
+
+/// Every case on one backend whose storage two processes share.
+macro_rules! restore_race_tests {
+    ($backend:ident, kit = $kit:path, restart = $restart:ident, shared = $shared:ident) => {
+        restore_race_tests!(@shared $shared $backend);
+    };
+    (@shared no $backend:ident) => {};
+    (@shared yes $backend:ident) => {
+        mod $backend {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn requests_arriving_together_on_the_restoring_instance_are_served() {
+                let fixture = crate::harness::Fixture::on(stringify!($backend)).await;
+                super::requests_arriving_together_are_served(&fixture).await;
+                fixture.teardown().await;
+            }
+        }
+    };
+}
+
+mcp_event_store::for_each_backend!(restore_race_tests);
+
+fn list(id: u64) -> serde_json::Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": {}})
+}
+
+/// A `tools/list` sent to `client`'s server: its status, and whether its
+/// SSE response carries the answer.
+async fn listed(client: &Client, id: u64) -> (u16, bool) {
+    let response = client.post(list(id)).await;
+    let status = response.status().as_u16();
+    if status != 200 {
+        return (status, false);
+    }
+    let events = Sse::new(response).collect_all().await;
+    (status, events.iter().any(|event| event.is_response_to(id)))
+}
+
+/// What the second request of a pair does.
+#[derive(Clone, Copy, Debug)]
+enum Second {
+    /// Another `tools/list`.
+    List,
+    /// Opens the session's standalone stream.
+    Listen,
+    /// Resumes a stream the session began on A.
+    Resume,
+}
+
+pub async fn requests_arriving_together_are_served(fixture: &Fixture) {
+    let args = [
+        "--store".to_owned(),
+        fixture.url().to_owned(),
+        "--retry-ms".to_owned(),
+        RETRY.as_millis().to_string(),
+    ];
+    let [a, b] = [ChildServer::spawn(&args), ChildServer::spawn(&args)];
+    for pair in 0..PAIRS {
+        let second = [Second::List, Second::Listen, Second::Resume][(pair % 3) as usize];
+        let mut on_a = Client::new(&a.url);
+        on_a.initialize().await;
+        // A stream of the session, begun on A, for the resume.
+        let mut cursor = None;
+        if let Second::Resume = second {
+            let mut call = on_a.call_slow_count(2, 1, 0).await;
+            cursor = call.next().await.and_then(|event| event.id);
+            drop(call.collect_all().await);
+        }
+        let on_b = on_a.on(&b.url);
+        let delay = Duration::from_micros(100 * (pair % 20));
+        let first = listed(&on_b, 10);
+        let later = async {
+            tokio::time::sleep(delay).await;
+            match second {
+                Second::List => listed(&on_b, 11).await,
+                Second::Listen => {
+                    // `listen` asserts the 200; the stream stays open.
+                    drop(on_b.listen().await);
+                    (200, true)
+                }
+                Second::Resume => {
+                    let cursor = cursor.as_deref().expect("the call's first event has an id");
+                    let response = on_b
+                        .get_with_last_event_id(HeaderValue::from_str(cursor).unwrap())
+                        .await;
+                    let status = response.status().as_u16();
+                    if status != 200 {
+                        return (status, false);
+                    }
+                    let events = Sse::new(response).collect_all().await;
+                    (status, events.iter().any(|event| event.is_response_to(2)))
+                }
+            }
+        };
+        let ((first, answered), (later, served)) = tokio::time::timeout(
+            Duration::from_secs(60),
+            futures_util::future::join(first, later),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("pair {pair} ({second:?}): no answer within a minute"));
+        assert_eq!(
+            (first, later),
+            (200, 200),
+            "pair {pair} ({second:?}, the second {delay:?} later): both served as the session's"
+        );
+        assert!(answered, "pair {pair}: the tools/list is answered");
+        assert!(served, "pair {pair} ({second:?}): the second is answered");
+        // Both instances go on serving the session.
+        assert_eq!(listed(&on_b, 12).await, (200, true), "pair {pair}: B after");
+        assert_eq!(listed(&on_a, 13).await, (200, true), "pair {pair}: A after");
+    }
+}
