@@ -36,10 +36,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt, stream};
 use mcp_event_store_core::backend::RewriteBackend;
-use mcp_event_store_core::backend::task::codec::StoredTask;
 use mcp_event_store_core::backend::task::stored_digest;
 use mcp_event_store_core::rewrite::{
-    SessionValue, SessionValuePage, TaskField, TaskValue, TaskValuePage, TaskValues,
+    SessionValue, SessionValuePage, TaskField, TaskValuePage, TaskValues,
 };
 use mcp_event_store_core::task::TaskDigest;
 use mcp_event_store_core::{Error, EventId, Result, SessionDigest};
@@ -179,7 +178,7 @@ impl RewriteBackend for NatsStore {
                 break;
             }
             if let Some((_, stored)) = read_task(self, &digest).await? {
-                tasks.push(TaskValues::new(digest, values(&stored)));
+                tasks.push(TaskValues::new(digest, stored.values()));
             }
         }
         Ok(TaskValuePage::new(tasks, limit))
@@ -201,7 +200,7 @@ impl RewriteBackend for NatsStore {
             let Some((revision, mut stored)) = read_task(self, digest).await? else {
                 return Ok(false);
             };
-            match slot(&mut stored, field) {
+            match stored.value_mut(field) {
                 Some(value) if value[..] == *expected => *value = Bytes::copy_from_slice(new),
                 _ => return Ok(false),
             }
@@ -284,59 +283,4 @@ async fn moved(bucket: &kv::Store, key: &str, revision: u64) -> Result<bool> {
     Ok(entry(bucket, key)
         .await?
         .is_none_or(|(now, _)| now != revision))
-}
-
-/// Every value a stored task holds: its context, outcome and checkpoint,
-/// the request of each outstanding input and the response of each input
-/// answered and not yet taken (a spent input keeps neither).
-fn values(stored: &StoredTask) -> Vec<TaskValue> {
-    let record = &stored.record;
-    let mut values = Vec::new();
-    let fields = [
-        (TaskField::Context, record.context.as_ref()),
-        (TaskField::Outcome, record.outcome.as_ref()),
-        (
-            TaskField::Checkpoint,
-            record.takeover.as_ref().and_then(|t| t.checkpoint.as_ref()),
-        ),
-    ];
-    for (field, value) in fields {
-        if let Some(bytes) = value {
-            values.push(TaskValue::new(field, bytes.clone()));
-        }
-    }
-    for (key, request) in &record.outstanding {
-        values.push(TaskValue::new(
-            TaskField::Request(key.clone()),
-            request.clone(),
-        ));
-    }
-    for (key, response) in record.answered.iter().zip(&stored.responses) {
-        values.push(TaskValue::new(
-            TaskField::Response(key.clone()),
-            response.clone(),
-        ));
-    }
-    values
-}
-
-/// Where a stored task keeps `field`; `None` when it holds no such value.
-fn slot<'t>(stored: &'t mut StoredTask, field: &TaskField) -> Option<&'t mut Bytes> {
-    let record = &mut stored.record;
-    match field {
-        TaskField::Context => record.context.as_mut(),
-        TaskField::Outcome => record.outcome.as_mut(),
-        TaskField::Checkpoint => record.takeover.as_mut()?.checkpoint.as_mut(),
-        TaskField::Request(key) => record
-            .outstanding
-            .iter_mut()
-            .find(|(k, _)| k == key)
-            .map(|(_, request)| request),
-        TaskField::Response(key) => {
-            let at = record.answered.iter().position(|k| k == key)?;
-            stored.responses.get_mut(at)
-        }
-        // A field of a later release: nothing this one keeps.
-        _ => None,
-    }
 }

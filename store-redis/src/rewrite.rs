@@ -225,9 +225,8 @@ impl RewriteBackend for RedisStore {
                     ("c", context, new.to_vec())
                 }
                 _ => {
-                    let mut stored = codec::decode(&value)?;
-                    check_round_trip(&stored, &value)?;
-                    match value_mut(&mut stored, field) {
+                    let mut stored = codec::decode_to_rewrite(&value)?;
+                    match stored.value_mut(field) {
                         Some(bytes) if bytes[..] == *expected => {
                             *bytes = Bytes::copy_from_slice(new);
                         }
@@ -270,75 +269,15 @@ impl RedisStore {
     }
 }
 
-/// Every value a task holds: its context (the field `c`, else one inside
-/// `v`), outcome, checkpoint, outstanding requests and the responses the
-/// worker has not taken (a spent input keeps no value).
+/// Every value a task holds ([`StoredTask::values`]), its context read
+/// from the field `c` where the task keeps it there rather than in `v`.
 fn values_of(stored: &StoredTask, context: Option<Vec<u8>>) -> Vec<TaskValue> {
-    let record = &stored.record;
-    let mut values = Vec::new();
-    match context {
-        Some(context) => values.push(TaskValue::new(TaskField::Context, context.into())),
-        None => values.extend(
-            record
-                .context
-                .clone()
-                .map(|bytes| TaskValue::new(TaskField::Context, bytes)),
-        ),
-    }
-    if let Some(outcome) = &record.outcome {
-        values.push(TaskValue::new(TaskField::Outcome, outcome.clone()));
-    }
-    if let Some(checkpoint) = record.takeover.as_ref().and_then(|t| t.checkpoint.as_ref()) {
-        values.push(TaskValue::new(TaskField::Checkpoint, checkpoint.clone()));
-    }
-    for (key, request) in &record.outstanding {
-        values.push(TaskValue::new(
-            TaskField::Request(key.clone()),
-            request.clone(),
-        ));
-    }
-    for (key, response) in record.answered.iter().zip(&stored.responses) {
-        values.push(TaskValue::new(
-            TaskField::Response(key.clone()),
-            response.clone(),
-        ));
+    let mut values = stored.values();
+    if let Some(context) = context {
+        values.retain(|value| value.field != TaskField::Context);
+        values.insert(0, TaskValue::new(TaskField::Context, context.into()));
     }
     values
-}
-
-/// Where `field` lives in a decoded task, if the task holds it.
-fn value_mut<'a>(stored: &'a mut StoredTask, field: &TaskField) -> Option<&'a mut Bytes> {
-    let record = &mut stored.record;
-    match field {
-        TaskField::Context => record.context.as_mut(),
-        TaskField::Outcome => record.outcome.as_mut(),
-        TaskField::Checkpoint => record.takeover.as_mut()?.checkpoint.as_mut(),
-        TaskField::Request(key) => record
-            .outstanding
-            .iter_mut()
-            .find(|(k, _)| k == key)
-            .map(|(_, request)| request),
-        TaskField::Response(key) => {
-            let at = record.answered.iter().position(|k| k == key)?;
-            stored.responses.get_mut(at)
-        }
-        // A value of a later release's core: none this task holds.
-        _ => None,
-    }
-}
-
-/// Refuses to rewrite a value that encoding again would not give back
-/// byte for byte (a later release's extension, which decoding skips):
-/// writing it back would lose what this release cannot read.
-fn check_round_trip(stored: &StoredTask, value: &[u8]) -> Result<()> {
-    if codec::encode(stored) == value {
-        return Ok(());
-    }
-    Err(Error::IncompatibleFormat(format!(
-        "a task holds parts mcp-event-store {} cannot read (written by a later release): \
-         its values cannot be rewritten in place without losing them",
-        env!("CARGO_PKG_VERSION")
-    )))
 }
 
 /// The `limit` smallest digests after a cursor among those offered, in a

@@ -27,12 +27,12 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use mcp_event_store_core::backend::RewriteBackend;
 use mcp_event_store_core::backend::dense;
-use mcp_event_store_core::backend::task::codec::{StoredTask, decode, encode};
+use mcp_event_store_core::backend::task::codec::{decode, decode_to_rewrite, encode};
 use mcp_event_store_core::backend::task::{TaskDigest, stored_digest};
 use mcp_event_store_core::rewrite::{
-    SessionValue, SessionValuePage, TaskField, TaskValue, TaskValuePage, TaskValues,
+    SessionValue, SessionValuePage, TaskField, TaskValuePage, TaskValues,
 };
-use mcp_event_store_core::{Error, EventId, Result, SessionDigest};
+use mcp_event_store_core::{EventId, Result, SessionDigest};
 
 use crate::SledStore;
 use crate::error::backend;
@@ -254,7 +254,7 @@ impl Shared {
         for entry in range.take(limit) {
             let (key, value) = entry.map_err(backend)?;
             let stored = decode(&value)?;
-            tasks.push(TaskValues::new(stored_digest(&key)?, values_of(&stored)));
+            tasks.push(TaskValues::new(stored_digest(&key)?, stored.values()));
         }
         Ok(TaskValuePage::new(tasks, limit))
     }
@@ -271,9 +271,8 @@ impl Shared {
             let Some(old) = self.tasks.get(digest.as_bytes()).map_err(backend)? else {
                 return Ok(false);
             };
-            let mut stored = decode(&old)?;
-            check_round_trip(&stored, &old)?;
-            match value_mut(&mut stored, field) {
+            let mut stored = decode_to_rewrite(&old)?;
+            match stored.value_mut(field) {
                 Some(bytes) if bytes[..] == *expected => *bytes = Bytes::copy_from_slice(new),
                 _ => return Ok(false),
             }
@@ -286,69 +285,4 @@ impl Shared {
             }
         }
     }
-}
-
-/// Every value a task holds: its context, outcome, checkpoint, outstanding
-/// requests and the responses the worker has not taken (a spent input
-/// keeps no value).
-fn values_of(stored: &StoredTask) -> Vec<TaskValue> {
-    let record = &stored.record;
-    let mut values = Vec::new();
-    if let Some(context) = &record.context {
-        values.push(TaskValue::new(TaskField::Context, context.clone()));
-    }
-    if let Some(outcome) = &record.outcome {
-        values.push(TaskValue::new(TaskField::Outcome, outcome.clone()));
-    }
-    if let Some(checkpoint) = record.takeover.as_ref().and_then(|t| t.checkpoint.as_ref()) {
-        values.push(TaskValue::new(TaskField::Checkpoint, checkpoint.clone()));
-    }
-    for (key, request) in &record.outstanding {
-        values.push(TaskValue::new(
-            TaskField::Request(key.clone()),
-            request.clone(),
-        ));
-    }
-    for (key, response) in record.answered.iter().zip(&stored.responses) {
-        values.push(TaskValue::new(
-            TaskField::Response(key.clone()),
-            response.clone(),
-        ));
-    }
-    values
-}
-
-/// Where `field` lives in a decoded task, if the task holds it.
-fn value_mut<'a>(stored: &'a mut StoredTask, field: &TaskField) -> Option<&'a mut Bytes> {
-    let record = &mut stored.record;
-    match field {
-        TaskField::Context => record.context.as_mut(),
-        TaskField::Outcome => record.outcome.as_mut(),
-        TaskField::Checkpoint => record.takeover.as_mut()?.checkpoint.as_mut(),
-        TaskField::Request(key) => record
-            .outstanding
-            .iter_mut()
-            .find(|(k, _)| k == key)
-            .map(|(_, request)| request),
-        TaskField::Response(key) => {
-            let at = record.answered.iter().position(|k| k == key)?;
-            stored.responses.get_mut(at)
-        }
-        // A value of a later release's core: none this task holds.
-        _ => None,
-    }
-}
-
-/// Refuses to rewrite a value that encoding again would not give back
-/// byte for byte (a later release's extension, which decoding skips):
-/// writing it back would lose what this release cannot read.
-fn check_round_trip(stored: &StoredTask, value: &[u8]) -> Result<()> {
-    if encode(stored) == value {
-        return Ok(());
-    }
-    Err(Error::IncompatibleFormat(format!(
-        "a task holds parts mcp-event-store {} cannot read (written by a later release): \
-         its values cannot be rewritten in place without losing them",
-        env!("CARGO_PKG_VERSION")
-    )))
 }

@@ -42,6 +42,7 @@ use bytes::Bytes;
 
 use super::{InputEffect, Step};
 use crate::error::{Error, Result};
+use crate::rewrite::{TaskField, TaskValue};
 use crate::task::{
     Applied, InstanceId, Owner, Takeover, TaskOptions, TaskRecord, TaskStatus, TaskView, Worker,
     WorkerChange,
@@ -76,6 +77,81 @@ pub struct StoredTask {
     pub responses: Vec<Bytes>,
     /// Every key taken or superseded, never usable again (T5).
     pub spent: Vec<String>,
+}
+
+impl StoredTask {
+    /// Every value the task holds (C22): its context, outcome and
+    /// checkpoint, the request of each outstanding input and the response
+    /// of each input answered and not yet taken (a spent input keeps
+    /// neither). What a backend that keeps a task as one value lists.
+    pub fn values(&self) -> Vec<TaskValue> {
+        let record = &self.record;
+        let fields = [
+            (TaskField::Context, record.context.as_ref()),
+            (TaskField::Outcome, record.outcome.as_ref()),
+            (
+                TaskField::Checkpoint,
+                record.takeover.as_ref().and_then(|t| t.checkpoint.as_ref()),
+            ),
+        ];
+        let mut values: Vec<TaskValue> = fields
+            .into_iter()
+            .filter_map(|(field, value)| Some(TaskValue::new(field, value?.clone())))
+            .collect();
+        values.extend(record.outstanding.iter().map(|(key, request)| {
+            TaskValue::new(TaskField::Request(key.clone()), request.clone())
+        }));
+        values.extend(
+            record
+                .answered
+                .iter()
+                .zip(&self.responses)
+                .map(|(key, response)| {
+                    TaskValue::new(TaskField::Response(key.clone()), response.clone())
+                }),
+        );
+        values
+    }
+
+    /// Where the task keeps `field`, to swap it in place (C22); `None` when
+    /// it holds no such value.
+    pub fn value_mut(&mut self, field: &TaskField) -> Option<&mut Bytes> {
+        let record = &mut self.record;
+        match field {
+            TaskField::Context => record.context.as_mut(),
+            TaskField::Outcome => record.outcome.as_mut(),
+            TaskField::Checkpoint => record.takeover.as_mut()?.checkpoint.as_mut(),
+            TaskField::Request(key) => record
+                .outstanding
+                .iter_mut()
+                .find(|(k, _)| k == key)
+                .map(|(_, request)| request),
+            TaskField::Response(key) => {
+                let at = record.answered.iter().position(|k| k == key)?;
+                self.responses.get_mut(at)
+            }
+        }
+    }
+}
+
+/// Decodes a stored task to swap one of its values in place (C22),
+/// refusing one that encoding again would not give back byte for byte (a
+/// later release's extension, which decoding skips): writing it back
+/// would lose what this release cannot read.
+///
+/// # Errors
+///
+/// As [`decode`]; [`Error::IncompatibleFormat`] for such a task.
+pub fn decode_to_rewrite(value: &[u8]) -> Result<StoredTask> {
+    let stored = decode(value)?;
+    if encode(&stored) == value {
+        return Ok(stored);
+    }
+    Err(Error::IncompatibleFormat(
+        "a task holds parts this release cannot read (written by a later release): its values \
+         cannot be rewritten in place without losing them"
+            .into(),
+    ))
 }
 
 impl StoredTask {
