@@ -128,7 +128,8 @@ pub struct RotateReport {
     /// only read and counted.
     pub events_in_place: bool,
     /// Events still sealed under an older key on a backend that cannot
-    /// rewrite them: they leave with retention.
+    /// rewrite them (counted from their headers, not opened): they leave
+    /// with retention.
     pub events_left: u64,
     /// Streams whose retention removed events while they were read.
     pub interrupted: u64,
@@ -306,13 +307,17 @@ impl Run<'_> {
                         }
                         Err(error) => return Err(error),
                     };
+                    if !report.events_in_place
+                        && matches!(shape(&event.data), Shape::Sealed(key) if key != self.keys.current())
+                    {
+                        // Left for retention: counted from the header, never
+                        // opened, since nothing could be written back.
+                        report.events.read += 1;
+                        report.events_left += 1;
+                        continue;
+                    }
                     let outcome = match self.reseal(&place, &event.data)? {
                         Resealed::Skip(outcome) => outcome,
-                        Resealed::Done(_) if !report.events_in_place => {
-                            report.events.read += 1;
-                            report.events_left += 1;
-                            continue;
-                        }
                         Resealed::Done(new) => swapped(
                             self.rewriter
                                 .swap_event(&info.stream_id, &event.id, &event.data, &new)
