@@ -218,6 +218,44 @@ impl Runtime {
         self.lease_remaining().is_some()
     }
 
+    /// Whether this instance is ready for traffic, for a readiness probe:
+    /// its lease is [current](Self::lease_current), and the store answers,
+    /// within `timeout`, that it counts this instance alive
+    /// ([`RuntimeStore::is_alive`], one read by key). Otherwise the checks
+    /// that failed, one short line each (`lease: ...`, `store: ...`); the
+    /// store's error itself goes to the log, not into the lines, which an
+    /// unauthenticated probe may read.
+    pub async fn readiness(&self, timeout: Duration) -> std::result::Result<(), Vec<String>> {
+        let mut failed = Vec::new();
+        if !self.lease_current() {
+            failed.push(format!(
+                "lease: not current (no renewal accepted by the store within the lease, {:?})",
+                self.lease()
+            ));
+        }
+        let instance = self.instance();
+        let alive = self.store().task_runtime().is_alive(instance);
+        match tokio::time::timeout(timeout, alive).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => failed.push(format!(
+                "lease: the store counts this instance ({instance}) lapsed"
+            )),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "readiness: the store failed");
+                failed.push("store: failed (the server's log says why)".to_owned());
+            }
+            Err(_) => {
+                tracing::warn!(?timeout, "readiness: the store did not answer");
+                failed.push(format!("store: no answer within {timeout:?}"));
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed)
+        }
+    }
+
     /// The longest a run waits on one watch of its task.
     pub fn watch_wait(&self) -> Duration {
         self.inner.settings.watch_wait

@@ -524,7 +524,7 @@ pub fn health_router(runtime: Runtime) -> axum::Router {
             axum::routing::get(move || {
                 let runtime = runtime.clone();
                 async move {
-                    match readiness(&runtime).await {
+                    match runtime.readiness(READY_TIMEOUT).await {
                         Ok(()) => (axum::http::StatusCode::OK, "ready\n".to_owned()),
                         Err(failed) => (
                             axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -534,44 +534,6 @@ pub fn health_router(runtime: Runtime) -> axum::Router {
                 }
             }),
         )
-}
-
-/// Whether this instance is ready for traffic: this runtime's lease is
-/// current ([`Runtime::lease_current`]: the store accepted a renewal within
-/// the last lease), and the store answers, within [`READY_TIMEOUT`], that
-/// it counts this instance alive (`RuntimeStore::is_alive`, one read by key).
-/// Otherwise the checks that failed, one short line each (`lease: ...`,
-/// `store: ...`); the store's error itself goes to the log, not to the
-/// unauthenticated caller.
-pub async fn readiness(runtime: &Runtime) -> Result<(), Vec<String>> {
-    let mut failed = Vec::new();
-    if !runtime.lease_current() {
-        failed.push(format!(
-            "lease: not current (no renewal accepted by the store within the lease, {:?})",
-            runtime.lease()
-        ));
-    }
-    let instance = runtime.instance();
-    let alive = runtime.store().task_runtime().is_alive(instance);
-    match tokio::time::timeout(READY_TIMEOUT, alive).await {
-        Ok(Ok(true)) => {}
-        Ok(Ok(false)) => failed.push(format!(
-            "lease: the store counts this instance ({instance}) lapsed"
-        )),
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "readiness: the store failed");
-            failed.push("store: failed (the server's log says why)".to_owned());
-        }
-        Err(_) => {
-            tracing::warn!(timeout = ?READY_TIMEOUT, "readiness: the store did not answer");
-            failed.push(format!("store: no answer within {READY_TIMEOUT:?}"));
-        }
-    }
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(failed)
-    }
 }
 
 /// Who a request comes from, as the example's stand-in for authentication
