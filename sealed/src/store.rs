@@ -10,8 +10,8 @@ use futures_util::StreamExt;
 use mcp_event_store_core::bus::StoreBus;
 use mcp_event_store_core::task::{
     Applied, CancelMode, Claimed, EXPIRED_ERROR, Finish, INSTANCE_LOST_ERROR, InstanceId,
-    InstanceLease, NewTask, Owner, Rev, RuntimeStore, TaskDigest, TaskId, TaskPurgeReport,
-    TaskRecord, TaskStatus, TaskStore, TaskView, Worker, WorkerChange,
+    InstanceLease, NewTask, Owner, Requeue, Rev, RuntimeStore, TaskDigest, TaskEntry, TaskId,
+    TaskPage, TaskPurgeReport, TaskRecord, TaskStatus, TaskStore, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, RedeemStore,
@@ -326,16 +326,16 @@ impl<S: ?Sized> Sealed<S> {
 
     /// Opens a runtime's view: the record and every answer.
     fn open_view(&self, task: &TaskDigest, view: TaskView) -> Result<TaskView> {
-        let record = self.open_record(task, view.record)?;
-        let answers = view
-            .answers
+        let mut view = view;
+        view.record = self.open_record(task, view.record)?;
+        view.answers = std::mem::take(&mut view.answers)
             .into_iter()
             .map(|(key, answer)| {
                 let opened = self.open(&Place::input(task, Field::Answer, &key), &answer)?;
                 Ok((key, opened))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(TaskView::new(view.owner, record, answers))
+        Ok(view)
     }
 }
 
@@ -564,6 +564,41 @@ impl<S: Store + ?Sized> RuntimeStore for Sealed<S> {
             Some(view) => self.open_view(task, view).map(Some),
             None => Ok(None),
         }
+    }
+
+    /// Lists as the store does, opening each task's view: a task whose
+    /// values do not open with this ring fails the page (an operator
+    /// lists through the ring the servers use, or through the store
+    /// itself to see values as stored).
+    async fn task_page(&self, after: Option<&TaskDigest>, limit: usize) -> Result<TaskPage> {
+        let mut page = self.inner.task_runtime().task_page(after, limit).await?;
+        page.tasks = std::mem::take(&mut page.tasks)
+            .into_iter()
+            .map(|entry| {
+                Ok(TaskEntry::new(
+                    entry.task,
+                    self.open_view(&entry.task, entry.view)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(page)
+    }
+
+    async fn cancel_task(
+        &self,
+        task: &TaskDigest,
+        reason: Option<&str>,
+    ) -> Result<Option<TaskRecord>> {
+        let record = self.inner.task_runtime().cancel_task(task, reason).await?;
+        self.open_record_opt(task, record)
+    }
+
+    async fn requeue_task(&self, task: &TaskDigest) -> Result<Requeue> {
+        Ok(match self.inner.task_runtime().requeue_task(task).await? {
+            Requeue::Requeued(record) => Requeue::Requeued(self.open_record(task, record)?),
+            Requeue::Refused(record, why) => Requeue::Refused(self.open_record(task, record)?, why),
+            other => other,
+        })
     }
 
     async fn watch_claimed(

@@ -111,7 +111,7 @@ impl StreamPage {
 pub fn check_list_limit(limit: usize) -> Result<usize> {
     if limit == 0 {
         return Err(Error::Config(
-            "a stream listing needs a limit of at least 1".into(),
+            "a listing needs a limit of at least 1".into(),
         ));
     }
     Ok(limit.min(MAX_LIST_PAGE))

@@ -25,8 +25,8 @@ use crate::session::SessionDigest;
 use crate::store::FollowOptions;
 use crate::store::{Page, Replay, paged_replay};
 use crate::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, MemoryTaskStore, NewTask, Rev,
-    TaskDigest, TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, MemoryTaskStore, NewTask, Requeue,
+    Rev, TaskDigest, TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
 };
 
 /// An [`EventStore`](crate::EventStore), [`SessionStore`](crate::SessionStore)
@@ -717,5 +717,17 @@ impl RuntimeBackend for MemoryStore {
 
     async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         self.inner.tasks.claim_tasks(by, limit).await
+    }
+
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        self.inner.tasks.task_keys(after, limit).await
+    }
+
+    async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {
+        self.inner.tasks.task_requeue(task).await
     }
 }

@@ -38,6 +38,9 @@
 //! | `mcp_event_store_task_inputs_requested_total` | counter | inputs | | input requests written by workers (T5; a replacement counts each request it writes) |
 //! | `mcp_event_store_task_inputs_taken_total` | counter | inputs | | answers taken by workers (each answer once) |
 //! | `mcp_event_store_tasks_finished_total` | counter | tasks | `status` (`completed`, `failed`, `cancelled`) | tasks a worker finished |
+//! | `mcp_event_store_tasks_exhausted_total` | counter | tasks | | tasks created to be taken over whose last run's instance lapsed, persisted `failed` by a purge (T16) |
+//! | `mcp_event_store_task_takeover_delay_seconds` | histogram | seconds | | from a task's instance lapsing to the claim that took it over (T16, the store's clock) |
+//! | `mcp_event_store_tasks_requeued_total` | counter | tasks | | failed tasks an operator requeued (T23) |
 
 /// The metric names, as the table above lists them.
 pub mod names {
@@ -85,4 +88,11 @@ pub mod names {
     pub const TASK_INPUTS_TAKEN_TOTAL: &str = "mcp_event_store_task_inputs_taken_total";
     /// Tasks a worker finished, by `status`.
     pub const TASKS_FINISHED_TOTAL: &str = "mcp_event_store_tasks_finished_total";
+    /// Tasks whose last run's instance lapsed, persisted by a purge (T16).
+    pub const TASKS_EXHAUSTED_TOTAL: &str = "mcp_event_store_tasks_exhausted_total";
+    /// From an instance's lapse to the claim that took its task over, in
+    /// seconds (T16).
+    pub const TASK_TAKEOVER_DELAY_SECONDS: &str = "mcp_event_store_task_takeover_delay_seconds";
+    /// Failed tasks an operator requeued (T23).
+    pub const TASKS_REQUEUED_TOTAL: &str = "mcp_event_store_tasks_requeued_total";
 }

@@ -190,6 +190,16 @@ impl TaskValuePage {
             .flatten();
         Self { tasks, next }
     }
+
+    /// The page's task keys and where the next page starts: what a backend
+    /// lists for [`RuntimeStore::task_page`](crate::task::RuntimeStore::task_page)
+    /// (T22) from its rewrite listing.
+    pub fn keys(self) -> (Vec<TaskDigest>, Option<TaskDigest>) {
+        (
+            self.tasks.into_iter().map(|t| t.digest).collect(),
+            self.next,
+        )
+    }
 }
 
 /// A store's values, listed and swapped in place (C22); see the

@@ -25,10 +25,10 @@ use mcp_event_store_core::backend::task::codec::{StoredTask, decode, encode};
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, count_ended, stored_digest, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, TaskPurgeReport,
-    TaskRecord, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev,
+    TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -576,15 +576,14 @@ impl RuntimeBackend for NatsStore {
                     stale = Stale::Ended;
                     return Ok((None, None));
                 }
-                let Some((new, worker)) = stored.claim_step(by, alive, now) else {
+                let Some((new, claim)) = stored.claim_step(digest, by, alive, mine, now)? else {
                     return Ok((None, None));
                 };
-                let view = new.view(mine, now)?;
-                Ok((Some(new), view.map(|view| (worker, view))))
+                Ok((Some(new), Some(claim)))
             })
             .await;
             match claim {
-                Ok(Some((worker, view))) => claimed.push(Claimed::new(digest, worker, view)),
+                Ok(Some(claim)) => claimed.push(claim),
                 Ok(None) => match stale {
                     Stale::Ended => index_takeover(self, &digest, false).await?,
                     Stale::Missing if abandoned(&self.inner.takeover, &key).await? => {
@@ -601,6 +600,27 @@ impl RuntimeBackend for NatsStore {
             }
         }
         Ok(claimed)
+    }
+
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
+    }
+
+    /// The index first, as at creation: a refused requeue leaves an entry
+    /// the next claim finds ended and drops.
+    async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {
+        let now = self.now();
+        index_takeover(self, task, true).await?;
+        step(self, task, now, |found| {
+            Ok(found.map_or((None, Requeue::Unknown), |(stored, seen, _)| {
+                stored.requeue_step(&seen, now)
+            }))
+        })
+        .await
     }
 }
 

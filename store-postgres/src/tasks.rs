@@ -30,9 +30,9 @@ use mcp_event_store_core::backend::task::rows::{self, TaskRow, TaskRows, stored_
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, owner_key, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, Takeover,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev, Takeover,
     TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
@@ -805,6 +805,22 @@ impl RuntimeBackend for PostgresStore {
         for claimed in &stepped.answer {
             self.follows().tasks().wake(&task_token(&claimed.task));
         }
+        Ok(stepped.answer)
+    }
+
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
+    }
+
+    async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {
+        let now = self.now();
+        let mut tx = begin(self).await?;
+        let stepped = rows::requeue(&mut statements(self, &mut tx), task, now).await?;
+        commit(self, tx, Some(task), stepped.changed, Announce::WithSave).await?;
         Ok(stepped.answer)
     }
 }

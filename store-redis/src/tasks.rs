@@ -21,9 +21,9 @@ use mcp_event_store_core::backend::task::codec::{self, StoredTask};
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, count_ended, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, TaskOptions,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev, TaskOptions,
     TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
@@ -454,7 +454,10 @@ async fn claim_one(
         index_takeover(store, "SREM", digest).await?;
         return Ok(None);
     }
-    let Some((new, worker)) = found.stored.claim_step(by, found.alive_until, now) else {
+    let Some((new, claim)) = found
+        .stored
+        .claim_step(*digest, by, found.alive_until, mine, now)?
+    else {
         return Ok(None);
     };
     // A lost race (another claim, or any change) leaves it: whoever
@@ -476,9 +479,7 @@ async fn claim_one(
             _ => return Err(error),
         },
     }
-    Ok(new
-        .view(mine, now)?
-        .map(|view| Claimed::new(*digest, worker, view)))
+    Ok(Some(claim))
 }
 
 /// Runs a task script, waiting for replicas as appends do.
@@ -794,6 +795,32 @@ impl RuntimeBackend for RedisStore {
             return Ok(None);
         };
         found.stored.view(found.alive_until, now)
+    }
+
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
+    }
+
+    /// The index first, as at creation: a refused requeue leaves an entry
+    /// the next claim finds stale and drops.
+    async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {
+        let now = self.now();
+        index_takeover(self, "SADD", task).await?;
+        task_step(self, task, None, now, |found| {
+            Ok(match found {
+                Some(Found {
+                    stored,
+                    seen: Some(seen),
+                    ..
+                }) => stored.requeue_step(seen, now),
+                _ => (None, Requeue::Unknown),
+            })
+        })
+        .await
     }
 }
 

@@ -26,10 +26,10 @@ use mcp_event_store_core::backend::task::codec::{StoredTask as Stored, decode, e
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, count_ended, owner_key, stored_digest, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, TaskPurgeReport,
-    TaskRecord, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev,
+    TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 
@@ -499,6 +499,26 @@ impl RuntimeBackend for SledStore {
         })
         .await
     }
+
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
+    }
+
+    async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {
+        let (digest, now) = (*task, self.now());
+        task_write(self, digest, move |shared| {
+            shared.task_step(&digest, now, |found| {
+                Ok(found.map_or((None, Requeue::Unknown), |(stored, seen, _)| {
+                    stored.requeue_step(&seen, now)
+                }))
+            })
+        })
+        .await
+    }
 }
 
 impl Shared {
@@ -525,15 +545,12 @@ impl Shared {
                 let Some((stored, _, alive)) = found else {
                     return Ok((None, None));
                 };
-                let Some((new, worker)) = stored.claim_step(by, alive, now) else {
+                let Some((new, claim)) = stored.claim_step(digest, by, alive, mine, now)? else {
                     return Ok((None, None));
                 };
-                let view = new.view(mine, now)?;
-                Ok((Some(new), view.map(|view| (worker, view))))
+                Ok((Some(new), Some(claim)))
             })?;
-            if let Some((worker, view)) = claim {
-                claimed.push(Claimed::new(digest, worker, view));
-            }
+            claimed.extend(claim);
         }
         Ok(claimed)
     }

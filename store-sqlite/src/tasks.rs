@@ -37,9 +37,9 @@ use mcp_event_store_core::backend::task::rows::{
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, owner_key, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Rev, Takeover,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev, Takeover,
     TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
@@ -283,6 +283,23 @@ impl RuntimeBackend for SqliteStore {
         let now = self.now();
         transaction(self, Woken::All, move |conn| {
             at_once(rows::claim(&mut SqliteRows { conn }, by, limit, now))
+                .map(|stepped| stepped.answer)
+        })
+        .await
+    }
+
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
+    }
+
+    async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {
+        let (digest, now) = (*task, self.now());
+        transaction(self, Woken::Task(digest), move |conn| {
+            at_once(rows::requeue(&mut SqliteRows { conn }, &digest, now))
                 .map(|stepped| stepped.answer)
         })
         .await

@@ -1,6 +1,6 @@
 //! The task conformance suite: every backend's task store
 //! ([`TaskStore`](mcp_event_store_core::task::TaskStore) and
-//! [`RuntimeStore`]) runs every case (contract T1 to T21), a file per
+//! [`RuntimeStore`]) runs every case (contract T1 to T23), a file per
 //! clause group; a persistent store
 //! also runs the reopen, SIGKILL and newer-format cases
 //! ([`PersistentTaskHarness`]).
@@ -29,6 +29,7 @@ mod input;
 mod instances;
 mod limits;
 mod metrics;
+mod operators;
 mod persistent;
 mod rewrite;
 mod runtime;
@@ -44,6 +45,7 @@ pub use input::*;
 pub use instances::*;
 pub use limits::*;
 pub use metrics::*;
+pub use operators::*;
 pub use persistent::*;
 pub use rewrite::*;
 pub use runtime::*;
@@ -242,6 +244,7 @@ macro_rules! task_suite {
         $crate::__task_cases_takeover!($harness);
         $crate::__task_cases_rewrite!($harness);
         $crate::__task_cases_metrics!($harness);
+        $crate::__task_cases_operators!($harness);
     };
     ($harness:expr, persistent) => {
         $crate::task_suite!($harness);
@@ -289,6 +292,7 @@ mod registration {
                 ("takeover", include_str!("takeover.rs")),
                 ("rewrite", include_str!("rewrite.rs")),
                 ("metrics", include_str!("metrics.rs")),
+                ("operators", include_str!("operators.rs")),
             ],
             dir: "tasks",
         }

@@ -38,6 +38,15 @@ enum Flaw {
     ExpiredReadsMissing,
     /// Retiring an instance leaves its lease running.
     RetireKeepsAlive,
+    /// Each page of the operators' listing after the first drops its
+    /// first task.
+    ListingSkipsAcrossPages,
+    /// The operators' listing does not say where a task runs.
+    ListingHidesInstances,
+    /// An operator's cancel only asks, as a cooperative cancel would.
+    OperatorCancelOnlyAsks,
+    /// A requeue leaves a task held, so no claim takes it.
+    RequeueLeavesItHeld,
 }
 
 struct Flawed {
@@ -202,6 +211,47 @@ impl RuntimeStore for Flawed {
             _ => view,
         }))
     }
+    async fn task_page(&self, after: Option<&TaskDigest>, limit: usize) -> Result<TaskPage> {
+        let mut page = self.inner.task_page(after, limit).await?;
+        match self.flaw {
+            Flaw::ListingSkipsAcrossPages if after.is_some() && !page.tasks.is_empty() => {
+                page.tasks.remove(0);
+            }
+            Flaw::ListingHidesInstances => {
+                for entry in &mut page.tasks {
+                    entry.view.instance = None;
+                }
+            }
+            _ => {}
+        }
+        Ok(page)
+    }
+    async fn cancel_task(
+        &self,
+        task: &TaskDigest,
+        reason: Option<&str>,
+    ) -> Result<Option<TaskRecord>> {
+        if self.flaw == Flaw::OperatorCancelOnlyAsks {
+            let Some(view) = self.inner.view_claimed(task).await? else {
+                return Ok(None);
+            };
+            // Reports the task as it is, ending nothing.
+            return Ok(Some(view.record));
+        }
+        self.inner.cancel_task(task, reason).await
+    }
+    async fn requeue_task(&self, task: &TaskDigest) -> Result<Requeue> {
+        let requeued = self.inner.requeue_task(task).await?;
+        if let (Flaw::RequeueLeavesItHeld, Requeue::Requeued(_)) = (self.flaw, &requeued) {
+            // A claim by an instance that then stops: held, never run.
+            let holder = InstanceId::generate()?;
+            self.inner
+                .heartbeat(holder, Duration::from_secs(86_400))
+                .await?;
+            self.inner.claim(holder, 1).await?;
+        }
+        Ok(requeued)
+    }
 }
 
 struct FlawedHarness {
@@ -347,6 +397,36 @@ async fn a_store_whose_expired_tasks_read_missing_fails_the_suite() {
 async fn a_retirement_that_keeps_the_lease_fails_the_suite() {
     assert_case_fails(Flaw::RetireKeepsAlive, |h| async move {
         tasks::leases_are_read_and_a_retired_instance_lapses_at_once(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_operators_listing_that_skips_or_hides_fails_the_suite() {
+    for flaw in [Flaw::ListingSkipsAcrossPages, Flaw::ListingHidesInstances] {
+        assert_case_fails(flaw, |h| async move {
+            tasks::operators_list_every_task_with_its_instance(&h).await
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn an_operator_cancel_that_only_asks_fails_the_suite() {
+    assert_case_fails(Flaw::OperatorCancelOnlyAsks, |h| async move {
+        tasks::an_operator_cancels_any_owners_task(&h).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_requeue_that_leaves_the_task_held_fails_the_suite() {
+    assert_case_fails(Flaw::RequeueLeavesItHeld, |h| async move {
+        tasks::a_requeue_gives_an_exhausted_task_another_run(&h).await
+    })
+    .await;
+    assert_case_fails(Flaw::RequeueLeavesItHeld, |h| async move {
+        tasks::a_requeue_is_seen_on_every_handle(&h).await
     })
     .await;
 }

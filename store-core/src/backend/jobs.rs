@@ -61,7 +61,9 @@ use bytes::Bytes;
 use crate::backend::observe;
 use crate::backend::redeem::RedeemBackend;
 use crate::backend::rewrite::RewriteBackend;
-use crate::backend::task::{OwnerKey, TaskDigest, check_message, check_responses, client_call};
+use crate::backend::task::{
+    OwnerKey, TaskDigest, check_message, check_responses, client_call, owner_key,
+};
 use crate::error::{Error, Result};
 use crate::event::NewEvent;
 use crate::id::EventId;
@@ -74,9 +76,11 @@ use crate::rewrite::RewriteStore;
 use crate::session::SessionDigest;
 use crate::store::{EventStore, FollowOptions, Replay, SessionStore};
 use crate::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
-    TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Requeue, Rev,
+    RuntimeStore, TaskEntry, TaskId, TaskPage, TaskPurgeReport, TaskRecord, TaskStore, TaskView,
+    Worker, WorkerChange,
 };
+use futures_util::{StreamExt, TryStreamExt};
 
 /// What every job of a backend shares: its name, its options and whether
 /// its handle was closed.
@@ -457,7 +461,9 @@ impl<B: TaskBackend> TaskStore for B {
 
     async fn purge_expired_tasks(&self) -> Result<TaskPurgeReport> {
         ensure_open(self)?;
-        self.task_purge().await
+        let report = self.task_purge().await?;
+        observe::tasks_purged(B::NAME, &report);
+        Ok(report)
     }
 
     async fn delete(&self, id: &str) -> Result<bool> {
@@ -496,7 +502,25 @@ pub trait RuntimeBackend: TaskBackend {
 
     /// Claims up to `limit` tasks waiting for a runtime (T17).
     async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>>;
+
+    /// Up to `limit` (checked) task keys after `after`, ascending, and
+    /// where the next page starts (T22). A backend may list them with its
+    /// rewrite listing ([`TaskValuePage::keys`](crate::rewrite::TaskValuePage::keys)).
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)>;
+
+    /// An operator's requeue (T23) in one atomic step:
+    /// [`rows::requeue`](crate::backend::task::rows::requeue) or
+    /// [`StoredTask::requeue_step`](crate::backend::task::codec::StoredTask::requeue_step)
+    /// on the task as stored.
+    async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue>;
 }
+
+/// How many task reads a [`RuntimeStore::task_page`] runs at once.
+const PAGE_READS: usize = 8;
 
 #[async_trait]
 impl<B: RuntimeBackend> RuntimeStore for B {
@@ -548,7 +572,47 @@ impl<B: RuntimeBackend> RuntimeStore for B {
     async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         ensure_open(self)?;
         let claimed = self.claim_tasks(by, limit).await?;
-        observe::tasks_claimed(B::NAME, claimed.len());
+        observe::tasks_claimed(B::NAME, &claimed);
         Ok(claimed)
+    }
+
+    async fn task_page(&self, after: Option<&TaskDigest>, limit: usize) -> Result<TaskPage> {
+        ensure_open(self)?;
+        let limit = check_list_limit(limit)?;
+        let (keys, next) = self.task_keys(after, limit).await?;
+        let tasks: Vec<Option<TaskEntry>> = futures_util::stream::iter(keys)
+            .map(|task| async move {
+                let view = self.claimed_view(&task).await?;
+                Ok::<_, Error>(view.map(|view| TaskEntry::new(task, view)))
+            })
+            .buffered(PAGE_READS)
+            .try_collect()
+            .await?;
+        Ok(TaskPage::new(tasks.into_iter().flatten().collect(), next))
+    }
+
+    async fn cancel_task(
+        &self,
+        task: &TaskDigest,
+        reason: Option<&str>,
+    ) -> Result<Option<TaskRecord>> {
+        check_message(reason)?;
+        ensure_open(self)?;
+        // The owner never changes, so the one read first names it.
+        let Some(view) = self.claimed_view(task).await? else {
+            return Ok(None);
+        };
+        let owner = owner_key(&view.owner);
+        self.task_cancel(*task, owner, CancelMode::Immediate, reason)
+            .await
+    }
+
+    async fn requeue_task(&self, task: &TaskDigest) -> Result<Requeue> {
+        ensure_open(self)?;
+        let requeued = self.task_requeue(task).await?;
+        if matches!(requeued, Requeue::Requeued(_)) {
+            observe::task_requeued(B::NAME);
+        }
+        Ok(requeued)
     }
 }

@@ -274,9 +274,28 @@ pub fn task_created(backend: &'static str, queued: bool) {
 }
 
 /// Counts the tasks a claim took (queued, released by their worker, or
-/// taken over after their instance lapsed).
-pub fn tasks_claimed(backend: &'static str, claimed: usize) {
-    metrics::counter!(names::TASK_CLAIMS_TOTAL, "backend" => backend).increment(claimed as u64);
+/// taken over after their instance lapsed), and how long each taken over
+/// had waited since its instance lapsed.
+pub fn tasks_claimed(backend: &'static str, claimed: &[crate::task::Claimed]) {
+    metrics::counter!(names::TASK_CLAIMS_TOTAL, "backend" => backend)
+        .increment(claimed.len() as u64);
+    for waited in claimed.iter().filter_map(|c| c.lapsed_for) {
+        metrics::histogram!(names::TASK_TAKEOVER_DELAY_SECONDS, "backend" => backend)
+            .record(waited.as_secs_f64());
+    }
+}
+
+/// Counts the tasks a purge persisted `failed` with no run left.
+pub fn tasks_purged(backend: &'static str, report: &crate::task::TaskPurgeReport) {
+    if report.exhausted > 0 {
+        metrics::counter!(names::TASKS_EXHAUSTED_TOTAL, "backend" => backend)
+            .increment(report.exhausted);
+    }
+}
+
+/// Counts an operator's requeue (T23).
+pub fn task_requeued(backend: &'static str) {
+    metrics::counter!(names::TASKS_REQUEUED_TOTAL, "backend" => backend).increment(1);
 }
 
 /// What a worker's change was, kept before the change is handed to the

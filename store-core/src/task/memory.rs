@@ -9,8 +9,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, TaskDigest,
-    TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange, millis,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Requeue, Rev,
+    TaskDigest, TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange, millis,
 };
 use crate::backend::task::{InputEffect, OwnerKey, Step, count_ended, replacement};
 use crate::backend::{BackendHandle, Reader, RuntimeBackend, TaskBackend};
@@ -115,7 +115,7 @@ impl Task {
             .into_iter()
             .map(|(_, key, response)| (key, response))
             .collect();
-        Some(TaskView::new(self.owner, seen, answers))
+        Some(TaskView::new(self.owner, seen, answers).on_instance(self.instance, alive_until))
     }
 
     /// Marks every outstanding input superseded.
@@ -567,7 +567,8 @@ impl RuntimeBackend for MemoryTaskStore {
                 continue;
             }
             let alive_until = instances.get(&task.instance).copied();
-            let mut record = task.stored();
+            let before = task.stored();
+            let mut record = before.clone();
             let Some(worker) = record.claim(by, alive_until, now) else {
                 continue;
             };
@@ -576,7 +577,7 @@ impl RuntimeBackend for MemoryTaskStore {
             let view = task
                 .view(instances.get(&by).copied(), now)
                 .ok_or_else(|| Error::Corrupt("a task claimed now reads as gone".into()))?;
-            claimed.push(Claimed::new(*digest, worker, view));
+            claimed.push(Claimed::new(*digest, worker, view).taken_from(&before, alive_until, now));
         }
         Ok(claimed)
     }
@@ -618,5 +619,28 @@ impl RuntimeBackend for MemoryTaskStore {
             return Ok(None);
         };
         Ok(task.view(state.instances.get(&task.instance).copied(), now))
+    }
+
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        Ok(self.value_page(after, limit).keys())
+    }
+
+    async fn task_requeue(&self, digest: &TaskDigest) -> Result<Requeue> {
+        let now = self.now_millis();
+        let mut state = self.state();
+        let Some((seen, task)) = state.seen(digest, None, now) else {
+            return Ok(Requeue::Unknown);
+        };
+        let mut record = task.stored();
+        if let Err(why) = record.requeue(&seen, now) {
+            return Ok(Requeue::Refused(seen, why));
+        }
+        task.supersede_inputs();
+        task.commit(record);
+        Ok(Requeue::Requeued(task.stored()))
     }
 }

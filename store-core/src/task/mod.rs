@@ -42,7 +42,8 @@
 //! * **T3 Owner binding.** A wrong owner is indistinguishable from an
 //!   unknown id, for every client-facing call.
 //! * **T4 State machine.** Each change is one atomic step that bumps
-//!   `rev`; terminal states never change.
+//!   `rev`; terminal states never change (but for an operator's requeue,
+//!   T23).
 //! * **T5 Input round trips.** Requests and answers are durable and seen
 //!   across instances; a key is spent once used.
 //! * **T6 Cancellation.** Cooperative by default, or immediate.
@@ -146,9 +147,33 @@
 //!   [`StoreOptions::tasks`](crate::StoreOptions::tasks)), however short
 //!   its ttl, zero included; from then on it reads as unknown and may be
 //!   deleted. A changed ttl ([`WorkerChange::SetTtl`]) moves both.
+//!
+//! # Clauses T22 and T23: what an operator sees and does
+//!
+//! * **T22 Operators see every task.** [`RuntimeStore::task_page`] lists
+//!   every task the store holds (but those past their grace), ascending by
+//!   digest, a page at a time, each as the runtime reads it now (T8, T11
+//!   decided) with its owner, its instance and that instance's lease
+//!   deadline as read ([`TaskView::instance`]). A page never repeats or
+//!   skips a task that was there throughout the listing.
+//!   [`RuntimeStore::cancel_task`] ends a task `cancelled` at once whoever
+//!   owns it, as its owner's immediate cancel would (T6, T20).
+//! * **T23 A requeue is the one way back from `failed`.** Only an
+//!   operator's [`RuntimeStore::requeue_task`] moves a terminal task: a
+//!   task created to be taken over (T16) that reads `failed` (its run
+//!   failed, or its last instance was lost), before its ttl ran out and
+//!   unless its client asked to cancel it, becomes `working` and released
+//!   (it waits for a claim, T17) in one atomic step: its outcome and
+//!   outstanding inputs are dropped, answers not yet taken and its
+//!   checkpoint kept, `rev` bumped past what any read showed, and, if no
+//!   run is left, one more run allowed (a lost run counts as one). Any
+//!   other task is refused, changing nothing ([`RequeueRefusal`]). A
+//!   client that saw the task `failed` sees it move again: operators
+//!   requeue a task when its client still waits for it.
 
 pub(crate) mod id;
 mod memory;
+mod operate;
 mod record;
 
 use std::time::Duration;
@@ -162,6 +187,7 @@ use crate::error::{Error, Result};
 pub use id::{InstanceId, Owner, TaskDigest, TaskId};
 
 pub use memory::MemoryTaskStore;
+pub use operate::{Requeue, RequeueRefusal, TaskEntry, TaskPage};
 pub use record::{Takeover, TaskRecord, TaskStatus};
 
 /// A task's revision: bumped by every change, never decreasing (T4).
@@ -568,12 +594,33 @@ pub struct Claimed {
     pub worker: Worker,
     /// The task after the claim.
     pub view: TaskView,
+    /// How long the task's instance had been lapsed when this claim took
+    /// it over (T16), by the store's clock; `None` for a task that was
+    /// released (queued, or given back), or whose lapsed instance the store
+    /// no longer knows.
+    pub lapsed_for: Option<Duration>,
 }
 
 impl Claimed {
     /// A claim (for backends).
     pub fn new(task: TaskDigest, worker: Worker, view: TaskView) -> Self {
-        Self { task, worker, view }
+        Self {
+            task,
+            worker,
+            view,
+            lapsed_for: None,
+        }
+    }
+
+    /// The claim of a task that was stored as `before` (its instance alive
+    /// until `alive_until`), made at `now`: [`lapsed_for`](Self::lapsed_for)
+    /// set from them (for backends).
+    pub fn taken_from(mut self, before: &TaskRecord, alive_until: Option<i64>, now: i64) -> Self {
+        let held = before.takeover.as_ref().is_some_and(|t| !t.released);
+        self.lapsed_for = alive_until
+            .filter(|until| held && *until <= now)
+            .map(|until| Duration::from_millis(u64::try_from(now - until).unwrap_or(0)));
+        self
     }
 }
 
@@ -592,6 +639,13 @@ pub struct TaskView {
     /// The response to each key of `record.answered`, `(key, response)`, in
     /// the same order: every answer given and not yet taken by the worker.
     pub answers: Vec<(String, Bytes)>,
+    /// The instance that runs the task, or ran it last (T11, T22); `None`
+    /// from a store that does not say.
+    pub instance: Option<InstanceId>,
+    /// When that instance's lease runs out (ms since the epoch, by the
+    /// store's clock), as the read saw it; `None` when the store knows the
+    /// instance no more (it lapsed and was forgotten) or does not say.
+    pub instance_alive_until: Option<i64>,
 }
 
 impl TaskView {
@@ -601,7 +655,17 @@ impl TaskView {
             owner,
             record,
             answers,
+            instance: None,
+            instance_alive_until: None,
         }
+    }
+
+    /// The view with the task's instance and that instance's lease
+    /// deadline as read (T22; for backends).
+    pub fn on_instance(mut self, instance: InstanceId, alive_until: Option<i64>) -> Self {
+        self.instance = Some(instance);
+        self.instance_alive_until = alive_until;
+        self
     }
 }
 
@@ -619,11 +683,15 @@ pub enum CancelMode {
 
 /// What [`TaskStore::purge_expired_tasks`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TaskPurgeReport {
     /// Tasks past their ttl persisted as `failed`.
     pub expired: u64,
     /// Tasks of lapsed instances persisted as `failed`.
     pub orphaned: u64,
+    /// Of the `orphaned`, those created to be taken over (T16): their
+    /// last run's instance lapsed, so no run was left.
+    pub exhausted: u64,
     /// Tasks deleted with their inputs, past their grace.
     pub deleted: u64,
     /// Lapsed instances forgotten.
@@ -635,6 +703,7 @@ impl std::ops::AddAssign for TaskPurgeReport {
     fn add_assign(&mut self, step: Self) {
         self.expired += step.expired;
         self.orphaned += step.orphaned;
+        self.exhausted += step.exhausted;
         self.deleted += step.deleted;
         self.instances += step.instances;
     }
@@ -903,6 +972,29 @@ pub trait RuntimeStore: TaskStore {
     /// `Err` would leave their tasks held by a live instance that runs
     /// none of them).
     async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>>;
+
+    /// Up to `limit` tasks after `after`, ascending by digest, each as
+    /// [`view_claimed`](Self::view_claimed) reads it, with its instance
+    /// (T22): what an operator lists. `limit` is 1 to
+    /// [`MAX_LIST_PAGE`](crate::MAX_LIST_PAGE) (larger is cut to it).
+    /// Costs one listing read and one task read per task.
+    async fn task_page(&self, after: Option<&TaskDigest>, limit: usize) -> Result<TaskPage>;
+
+    /// An operator's cancel (T22): the task under `task` ends `cancelled`
+    /// at once, whoever owns it, exactly as its owner's
+    /// [`CancelMode::Immediate`] request with `reason` would end it (T6,
+    /// T20). The task as then read; `None` for no such task.
+    async fn cancel_task(
+        &self,
+        task: &TaskDigest,
+        reason: Option<&str>,
+    ) -> Result<Option<TaskRecord>>;
+
+    /// An operator's requeue (T23): a task created to be taken over that
+    /// reads `failed`, before its ttl ran out and unless its client asked
+    /// to cancel it, waits for a claim again, with one more run if none is
+    /// left; see [`Requeue`].
+    async fn requeue_task(&self, task: &TaskDigest) -> Result<Requeue>;
 }
 
 #[cfg(test)]

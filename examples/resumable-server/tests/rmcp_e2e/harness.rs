@@ -10,8 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use mcp_event_store::rmcp::{Durable, DurableTasks, Runtime};
 use mcp_event_store::task::{
-    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Rev, RuntimeStore,
-    TaskDigest, TaskId, TaskPurgeReport, TaskRecord, TaskStore, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Owner, Requeue, Rev,
+    RuntimeStore, TaskDigest, TaskId, TaskPage, TaskPurgeReport, TaskRecord, TaskStore, TaskView,
+    Worker, WorkerChange,
 };
 use mcp_event_store::testing::UrlHarness;
 use mcp_event_store::{
@@ -467,5 +468,16 @@ impl RuntimeStore for CountingTasks {
     async fn claim(&self, by: InstanceId, limit: usize) -> R<Vec<Claimed>> {
         self.wrote();
         self.inner.task_runtime().claim(by, limit).await
+    }
+    async fn task_page(&self, after: Option<&TaskDigest>, limit: usize) -> R<TaskPage> {
+        self.inner.task_runtime().task_page(after, limit).await
+    }
+    async fn cancel_task(&self, task: &TaskDigest, reason: Option<&str>) -> R<Option<TaskRecord>> {
+        self.wrote();
+        self.inner.task_runtime().cancel_task(task, reason).await
+    }
+    async fn requeue_task(&self, task: &TaskDigest) -> R<Requeue> {
+        self.wrote();
+        self.inner.task_runtime().requeue_task(task).await
     }
 }

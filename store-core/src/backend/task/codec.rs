@@ -44,8 +44,8 @@ use super::{InputEffect, Step};
 use crate::error::{Error, Result};
 use crate::rewrite::{TaskField, TaskValue};
 use crate::task::{
-    Applied, InstanceId, Owner, Takeover, TaskOptions, TaskRecord, TaskStatus, TaskView, Worker,
-    WorkerChange,
+    Applied, Claimed, InstanceId, Owner, Requeue, Takeover, TaskDigest, TaskOptions, TaskRecord,
+    TaskStatus, TaskView, Worker, WorkerChange,
 };
 
 /// The newest format of an encoded task, its first byte: this release
@@ -334,19 +334,32 @@ impl StoredTask {
         Ok((Some(new), Applied::Changed { rev, answer }))
     }
 
-    /// A claim of this value by `by` at `now` (T17), given its instance's
-    /// heartbeat deadline: the value to write (with `by` as its instance)
-    /// and the claim, or `None` when the task does not wait for a runtime.
+    /// A claim of this value, the task under `task`, by `by` at `now`
+    /// (T17), given its instance's heartbeat deadline and `by`'s: the
+    /// value to write (with `by` as its instance) and the claim, or `None`
+    /// when the task does not wait for a runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for a stored owner that is not one.
     pub fn claim_step(
         &self,
+        task: TaskDigest,
         by: InstanceId,
         alive_until: Option<i64>,
+        by_alive_until: Option<i64>,
         now: i64,
-    ) -> Option<(StoredTask, Worker)> {
+    ) -> Result<Option<(StoredTask, Claimed)>> {
         let mut new = self.clone();
-        let worker = new.record.claim(by, alive_until, now)?;
+        let Some(worker) = new.record.claim(by, alive_until, now) else {
+            return Ok(None);
+        };
         new.instance = *by.as_bytes();
-        Some((new, worker))
+        let Some(view) = new.view(by_alive_until, now)? else {
+            return Ok(None);
+        };
+        let claimed = Claimed::new(task, worker, view).taken_from(&self.record, alive_until, now);
+        Ok(Some((new, claimed)))
     }
 
     /// The task as the runtime holding its claim reads it at `now` (T14,
@@ -359,11 +372,22 @@ impl StoredTask {
         let Some(seen) = self.record.clone().seen_at(now, alive_until) else {
             return Ok(None);
         };
-        Ok(Some(TaskView::new(
-            super::owner_of(&self.owner)?,
-            seen,
-            self.answers(),
-        )))
+        Ok(Some(
+            TaskView::new(super::owner_of(&self.owner)?, seen, self.answers())
+                .on_instance(InstanceId::from_bytes(self.instance), alive_until),
+        ))
+    }
+
+    /// An operator's requeue (T23) of this value, whose record reads as
+    /// `seen` at `now`: the value to write (`None`: nothing) and the answer.
+    pub fn requeue_step(&self, seen: &TaskRecord, now: i64) -> (Option<StoredTask>, Requeue) {
+        let mut new = self.clone();
+        if let Err(why) = new.record.requeue(seen, now) {
+            return (None, Requeue::Refused(seen.clone(), why));
+        }
+        new.settle_inputs(&self.record, &self.responses);
+        let after = new.record.clone();
+        (Some(new), Requeue::Requeued(after))
     }
 }
 

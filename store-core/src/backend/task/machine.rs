@@ -21,8 +21,9 @@ use bytes::Bytes;
 
 use crate::error::{Error, Result};
 use crate::task::{
-    Applied, CancelMode, InstanceId, MAX_OUTSTANDING_INPUTS, NewTask, Rev, Takeover, TaskOptions,
-    TaskRecord, TaskStatus, Worker, WorkerChange, millis,
+    Applied, CancelMode, EXPIRED_ERROR, INSTANCE_LOST_ERROR, InstanceId, MAX_OUTSTANDING_INPUTS,
+    NewTask, RequeueRefusal, Rev, Takeover, TaskOptions, TaskRecord, TaskStatus, Worker,
+    WorkerChange, millis,
 };
 
 /// What a backend stores for a task's inputs when [`TaskMachine::apply`](crate::backend::task::TaskMachine::apply)
@@ -244,6 +245,42 @@ impl TaskRecord {
         self.status = status;
         self.bump(now);
         true
+    }
+
+    /// An operator's requeue at `now` (T23) of this record as stored, which
+    /// a read shows as `seen`: `Ok` when it changed (bumped past `seen`;
+    /// the backend stores it and marks every outstanding input spent),
+    /// else why not, changing nothing.
+    pub(crate) fn requeue(
+        &mut self,
+        seen: &TaskRecord,
+        now: i64,
+    ) -> std::result::Result<(), RequeueRefusal> {
+        if seen.status != TaskStatus::Failed {
+            return Err(RequeueRefusal::NotFailed(seen.status));
+        }
+        let Some(takeover) = self.takeover.as_mut() else {
+            return Err(RequeueRefusal::NotTakenOver);
+        };
+        if now >= self.expires_at || seen.outcome.as_deref() == Some(EXPIRED_ERROR) {
+            return Err(RequeueRefusal::Expired);
+        }
+        if self.cancel_requested {
+            return Err(RequeueRefusal::CancelRequested);
+        }
+        // Lost on its last run (read so, or persisted so by a purge): that
+        // run counts, as a claim after a lapse would count it.
+        if seen.outcome.as_deref() == Some(INSTANCE_LOST_ERROR) && !takeover.released {
+            takeover.lapses += 1;
+        }
+        takeover.max_attempts = takeover.max_attempts.max(takeover.attempt());
+        takeover.released = true;
+        self.status = TaskStatus::Working;
+        self.outcome = None;
+        self.outstanding.clear();
+        self.rev = self.rev.max(seen.rev);
+        self.bump(now);
+        Ok(())
     }
 
     /// Applies a worker's change at `now` (T4, T5, T8, T13, T15); `key_used`

@@ -214,6 +214,7 @@ pub fn count_ended(report: &mut TaskPurgeReport, ended: &TaskRecord) {
         report.expired += 1;
     } else {
         report.orphaned += 1;
+        report.exhausted += u64::from(ended.takeover.is_some());
     }
 }
 

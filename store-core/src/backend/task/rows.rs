@@ -20,11 +20,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use super::stored_digest;
-use super::{InputEffect, OwnerKey, Step, count_ended, owner_of, replacement};
+use super::{InputEffect, OwnerKey, Step, count_ended, owner_of, replacement, stored_instance};
 use crate::error::{Error, Result};
 use crate::task::{
-    Applied, CancelMode, Claimed, InstanceId, Rev, TaskDigest, TaskOptions, TaskPurgeReport,
-    TaskRecord, TaskView, Worker, WorkerChange,
+    Applied, CancelMode, Claimed, InstanceId, Requeue, Rev, TaskDigest, TaskOptions,
+    TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
 };
 
 /// An input awaiting its answer.
@@ -133,11 +133,11 @@ impl TaskRow {
         let Some(seen) = self.seen(now) else {
             return Ok(None);
         };
-        Ok(Some(TaskView::new(
-            owner_of(&self.owner)?,
-            seen,
-            self.answers,
-        )))
+        let view = TaskView::new(owner_of(&self.owner)?, seen, self.answers);
+        Ok(Some(match stored_instance(&self.instance) {
+            Ok(instance) => view.on_instance(instance, self.alive_until),
+            Err(_) => view,
+        }))
     }
 
     fn key_used(&self, key: &str) -> bool {
@@ -382,6 +382,30 @@ pub async fn apply<R: TaskRows + ?Sized>(
     })
 }
 
+/// An operator's requeue (T23), decided on the task as stored and as read;
+/// [`RuntimeStore::requeue_task`](crate::task::RuntimeStore::requeue_task).
+pub async fn requeue<R: TaskRows + ?Sized>(
+    rows: &mut R,
+    digest: &TaskDigest,
+    now: i64,
+) -> Result<Stepped<Requeue>> {
+    let Some((row, seen)) = visible(rows, digest, None, now).await? else {
+        return Ok(Stepped::unchanged(Requeue::Unknown));
+    };
+    let mut record = row.record.clone();
+    if let Err(why) = record.requeue(&seen, now) {
+        return Ok(Stepped::unchanged(Requeue::Refused(seen, why)));
+    }
+    rows.supersede(digest, None).await?;
+    rows.save(digest, row.record.rev, &record, &row.instance, row.next_seq)
+        .await?;
+    let after = rows.reload(digest).await?.and_then(|row| row.seen(now));
+    Ok(Stepped {
+        answer: after.map_or(Requeue::Unknown, Requeue::Requeued),
+        changed: true,
+    })
+}
+
 /// Claims up to `limit` tasks that wait for a runtime for `by` (T17),
 /// each locked and decided again ([`TaskMachine::claim`](super::TaskMachine::claim));
 /// [`RuntimeStore::claim`](crate::task::RuntimeStore::claim). [`Stepped::changed`]
@@ -417,8 +441,12 @@ pub async fn claim<R: TaskRows + ?Sized>(
             row.next_seq,
         )
         .await?;
-        let view = TaskView::new(owner_of(&row.owner)?, record, row.answers);
-        claimed.push(Claimed::new(digest, worker, view));
+        let view = TaskView::new(owner_of(&row.owner)?, record, row.answers).on_instance(by, None);
+        claimed.push(Claimed::new(digest, worker, view).taken_from(
+            &row.record,
+            row.alive_until,
+            now,
+        ));
     }
     let changed = !claimed.is_empty();
     Ok(Stepped {
