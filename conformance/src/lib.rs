@@ -8,7 +8,7 @@
 //!   file, run by [`event_suite!`]; a backend whose data survives a reopen
 //!   adds `persistent` and implements [`events::PersistentHarness`] to run
 //!   the restart, SIGKILL and format cases (C10, C12) as well;
-//! * [`tasks`]: the task suite, contract T1 to T21, run by [`task_suite!`];
+//! * [`tasks`]: the task suite, contract T1 to T23, run by [`task_suite!`];
 //!   a persistent backend adds `persistent` and implements
 //!   [`tasks::PersistentTaskHarness`] for the reopen, SIGKILL and
 //!   newer-task-format cases;

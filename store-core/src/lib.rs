@@ -41,7 +41,7 @@
 //!
 //! Numbered so that tests and notes can cite them; every backend meets all
 //! of them, and the conformance suite has cases for each. The task clauses
-//! (T1 to T21) are in the [`task`] module docs.
+//! (T1 to T23) are in the [`task`] module docs.
 //!
 //! * **C1 Durable before return.** `store_event` returns only once the
 //!   event is durable under the store's documented durability setting.

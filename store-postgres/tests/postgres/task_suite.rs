@@ -1,4 +1,4 @@
-//! The shared task conformance suite (T1 to T21) on PostgreSQL: each case
+//! The shared task conformance suite (T1 to T23) on PostgreSQL: each case
 //! gets its own schema (found as `mcp_event_store_postgres::testing` says),
 //! dropped afterwards.
 

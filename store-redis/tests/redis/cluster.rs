@@ -337,7 +337,7 @@ async fn check_and_listings_reach_every_master() {
     mcp_event_store_conformance::events::Harness::teardown(harness).await;
 }
 
-/// The shared task suite (T1 to T21) on the cluster: each task's key in its
+/// The shared task suite (T1 to T23) on the cluster: each task's key in its
 /// digest's slot, the instance keys in theirs, change messages published
 /// on one node and heard on another.
 mod tasks {

@@ -1,4 +1,4 @@
-//! The shared task conformance suite (T1 to T21) on a standalone Redis.
+//! The shared task conformance suite (T1 to T23) on a standalone Redis.
 
 use mcp_event_store_redis::testing::RedisHarness;
 

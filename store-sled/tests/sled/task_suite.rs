@@ -1,4 +1,4 @@
-//! The shared task conformance suite (T1 to T21) on sled: each case gets
+//! The shared task conformance suite (T1 to T23) on sled: each case gets
 //! its own temporary database directory.
 
 use mcp_event_store_sled::testing::SledHarness;

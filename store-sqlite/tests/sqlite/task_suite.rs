@@ -1,4 +1,4 @@
-//! The shared task conformance suite (T1 to T21) on SQLite: each case gets
+//! The shared task conformance suite (T1 to T23) on SQLite: each case gets
 //! its own temporary database file.
 
 use mcp_event_store_sqlite::testing::SqliteHarness;
