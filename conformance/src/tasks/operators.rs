@@ -58,10 +58,10 @@ pub async fn operators_list_every_task_with_its_instance<H: TaskHarness>(h: &H) 
     for n in 0..5 {
         let owner = [&f.owner, &bob, &Owner::Anonymous][n % 3];
         let (id, _) = f.create_with(NewTask::new(owner, f.me)).await;
-        made.push((id, owner.clone(), f.me));
+        made.push((id, *owner, f.me));
     }
     let (lost, _) = f.create_with(NewTask::new(&bob, gone)).await;
-    made.push((lost, bob.clone(), gone));
+    made.push((lost, bob, gone));
     let (moved, _) = f
         .create_with(NewTask::new(&f.owner, gone).takeover(3))
         .await;
@@ -74,7 +74,7 @@ pub async fn operators_list_every_task_with_its_instance<H: TaskHarness>(h: &H) 
         claimed[0].lapsed_for.is_some(),
         "a takeover after a lapse says how long the lapse lasted"
     );
-    made.push((moved, f.owner.clone(), claimant));
+    made.push((moved, f.owner, claimant));
 
     for limit in [1, 3, 100] {
         let listed = list_all(&f.store, limit).await;

@@ -119,6 +119,27 @@ impl TaskDigest {
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }
+
+    /// The digest `text` spells ([`Display`](fmt::Display): 32 lowercase
+    /// hex digits), or `None` for anything else: how an operator names a
+    /// task (T22), whose id no store keeps.
+    pub fn parse(text: &str) -> Option<Self> {
+        if text.len() != 32 || text.bytes().any(|b| b.is_ascii_uppercase()) {
+            return None;
+        }
+        HEXLOWER
+            .decode(text.as_bytes())
+            .ok()?
+            .try_into()
+            .ok()
+            .map(Self)
+    }
+}
+
+impl fmt::Display for TaskDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&HEXLOWER.encode(&self.0))
+    }
 }
 
 /// Who may see a task (T3): nobody in particular, or one principal.
@@ -265,5 +286,16 @@ mod tests {
         hasher.update(b"mcp-event-store/task\0t1.00000000000000000000000000");
         assert_eq!(id.digest().0[..], hasher.finalize()[..16]);
         assert!(!format!("{id:?}").contains(&text[7..]));
+    }
+
+    #[test]
+    fn a_digest_round_trips_through_its_hex_and_nothing_else_parses() {
+        let digest = TaskId::generate().unwrap().digest();
+        let text = digest.to_string();
+        assert_eq!(text.len(), 32);
+        assert_eq!(TaskDigest::parse(&text), Some(digest));
+        for bad in [&text.to_uppercase()[..], &text[..31], "t1.0000", ""] {
+            assert_eq!(TaskDigest::parse(bad), None, "{bad:?}");
+        }
     }
 }
