@@ -57,6 +57,9 @@
 //! | `all-backends` | every backend |
 //! | `tower-mcp` | the module `tower_mcp` (the crate `mcp-event-store-tower-mcp`): adapters for tower-mcp 0.25; needs Rust 1.90 |
 //! | `full` | every backend, `rmcp` and `tower-mcp` |
+//! | `otel` | OpenTelemetry: a durable task keeps the W3C trace context of the request that created it, and a run that claims it continues that trace (`runtime::otel`) |
+//! | `otel-export` | `otel`, and `runtime::otel::Tracing`: spans exported to stdout |
+//! | `otlp` | `otel-export`, and OTLP/HTTP export |
 //! | `testing` | test support: `testing::storage(name)` and `testing::storages()`, private storage on each compiled-in backend that `connect` opens by URL (a temporary file, or a schema or key prefix of its own on the test server); `testing::visit_kit(name, ..)`, a backend's bench baselines and harnesses (its crate's `bench` module); [`for_each_backend!`], a module of tests per compiled-in backend |
 //!
 //! Which one? SQLite for a single server (or several processes on one host);
@@ -413,7 +416,10 @@
 //! The command line `mcp-event-store` (crate `mcp-event-store-cli`, see its
 //! README) runs `check`, `stats`, `streams`, `replay`, `tail`, `purge` and
 //! `delete-stream` on any store URL, the same one the server is configured
-//! with. What `check` reports, per backend: SQLite `journal_mode`,
+//! with; `keys` for sealed stores; and, for durable tasks, `tasks` (by
+//! status, owner, tool or instance), `task`, `cancel`, `requeue`, `stuck`
+//! and `instances`, over the store's operator listing (T22, T23). What
+//! `check` reports, per backend: SQLite `journal_mode`,
 //! `synchronous`, the store's `durability`, `wal_autocheckpoint`; PostgreSQL
 //! `synchronous_commit`, `fsync`, `full_page_writes`, `autovacuum`,
 //! `track_counts`, the tables' `autovacuum_enabled`, the `vacuum` option and
@@ -446,6 +452,12 @@
 //! | `mcp_event_store_purge_duration_seconds` | histogram | | `purge_expired` duration |
 //! | `mcp_event_store_purged_events_total`, `mcp_event_store_purged_streams_total` | counter | | what purges removed |
 //! | `mcp_event_store_errors_total` | counter | `operation` (`append`, `replay`, `purge`), `kind` (`Error::kind()`) | failures by kind |
+//!
+//! Tasks and instances have their own: tasks created, claimed, fenced
+//! writes, inputs requested and taken, tasks finished by status, tasks
+//! with no run left, the time from an instance's lapse to the takeover,
+//! requeues, and, from the runtime, each run's duration and the tasks by
+//! status; core's `observe` module lists them all with their labels.
 //!
 //! The server (`cargo run -p resumable-server`) serves them in the Prometheus
 //! text format with `--metrics ADDR`:

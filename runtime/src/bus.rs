@@ -233,7 +233,10 @@ impl Runtime {
     pub async fn replies(&self) -> Result<Listener<Reply>> {
         self.ensure_open()?;
         let mut instance = self.inner.instance.subscribe();
-        let first = self.replies_to(*instance.borrow_and_update()).await?;
+        // The id read out first: a `watch::Ref` held across the `.await`
+        // would make this future (and the servers that await it) not `Send`.
+        let me = *instance.borrow_and_update();
+        let first = self.replies_to(me).await?;
         let runtime = Arc::downgrade(&self.inner);
         let heard =
             futures_util::stream::unfold((first, instance), move |(mut listener, mut instance)| {

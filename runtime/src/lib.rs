@@ -51,6 +51,24 @@
 //! answers, its writes, and [`TaskRun::drive`], which runs an operation and
 //! stores its [`Outcome`].
 //!
+//! A [`TaskCall`] is what a task runs, kept with it as its context (T13):
+//! the tool's name, its arguments, the W3C trace context of the request
+//! that created it, and the integration's own fields, in one JSON encoding
+//! for every framework ([`Runtime::create_call`] creates a task with one,
+//! [`TaskRun::call`] reads it back, [`TaskCall::tool_of`] gives the tool's
+//! name to operators' tooling).
+//!
+//! # Traces
+//!
+//! Every run of a claimed task (a takeover, a worker's run) runs in a
+//! `task.run` span ([`TaskRun::span`]) naming the task's digest, the
+//! attempt and the tool. With the feature `otel`, a task keeps the trace
+//! context of the span it was created in, and that span becomes the parent
+//! of its claimed runs: the trace follows the work from instance to
+//! instance (module `otel`). The feature `otel-export` adds
+//! `otel::Tracing`, the export the example servers' `--trace` sets up (to
+//! stdout, or with the feature `otlp` over OTLP).
+//!
 //! ```no_run
 //! # async fn demo() -> mcp_event_store_core::Result<()> {
 //! use std::sync::Arc;
@@ -75,7 +93,12 @@
 #![forbid(unsafe_code)]
 
 mod bus;
+mod call;
 mod callers;
+mod card;
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub mod otel;
 mod run;
 mod runtime;
 mod streams;
@@ -83,10 +106,12 @@ mod takeover;
 mod time;
 
 pub use bus::{Audience, Heard, Listener, Notification, Reply, Route};
+pub use call::{CallError, TaskCall};
 pub use callers::{Callers, owner_of};
+pub use card::{CARD_EVERY, CARDS_STREAM, InstanceCard};
 pub use run::{Outcome, Stop, TaskRun};
 pub use runtime::{
-    DEFAULT_CLAIM_EVERY, DEFAULT_LEASE, DEFAULT_MAX_RUNNING, DEFAULT_PURGE_EVERY,
+    DEFAULT_CLAIM_EVERY, DEFAULT_LEASE, DEFAULT_MAX_RUNNING, DEFAULT_PURGE_EVERY, DEFAULT_VERSION,
     DEFAULT_WATCH_WAIT, MAX_RUNNING, Runtime, RuntimeBuilder,
 };
 pub use streams::DEFAULT_PRODUCER_TTL;

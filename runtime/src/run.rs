@@ -5,14 +5,16 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use mcp_event_store_core::observe::names;
 use mcp_event_store_core::task::{
     Applied, Claimed, Finish, Owner, Rev, TaskDigest, TaskId, TaskRecord, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
 use tokio::sync::watch;
+use tracing::Instrument;
 
-use crate::Runtime;
 use crate::runtime::{failed_with, store_finish};
+use crate::{CallError, Runtime, TaskCall};
 
 /// A task's operation, aborted when its handle is dropped.
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
@@ -221,6 +223,39 @@ impl TaskRun {
     /// claimed.
     pub fn context(&self) -> Option<&[u8]> {
         self.inner.context.as_deref()
+    }
+
+    /// The call the task's context holds ([`TaskCall`]), for a task
+    /// created with one ([`Runtime::create_call`]).
+    pub fn call(&self) -> std::result::Result<TaskCall, CallError> {
+        TaskCall::decode(self.context().ok_or_else(CallError::missing)?)
+    }
+
+    /// The span this run runs in: `task.run`, with the task's digest (in
+    /// hex), the attempt and, when its context is a [`TaskCall`], the
+    /// tool. [`drive`](Self::drive) runs the operation in the span it is
+    /// driven in.
+    ///
+    /// A claimed run's span (a takeover, a worker's run) starts no trace
+    /// of the current span's: with the feature `otel`, its parent is the
+    /// trace context the task keeps, that of the request that created it,
+    /// so the run continues that trace on whichever instance; without it
+    /// (or when the task keeps none), it is a root. The runtime runs every
+    /// claimed task it starts in this span; the creator's run is a child
+    /// of the current span.
+    pub fn span(&self) -> tracing::Span {
+        let call = self.call().ok();
+        let tool = call.as_ref().map(|call| call.tool.as_str());
+        let (task, attempt) = (self.inner.digest, self.inner.attempt);
+        if self.inner.id.is_some() {
+            return tracing::info_span!("task.run", %task, attempt, tool);
+        }
+        let span = tracing::info_span!(parent: None, "task.run", %task, attempt, tool);
+        #[cfg(feature = "otel")]
+        if let Some(call) = &call {
+            crate::otel::continue_trace(&span, call);
+        }
+        span
     }
 
     /// Whether the client had asked to cancel when this run claimed the
@@ -468,7 +503,10 @@ impl TaskRun {
     pub async fn drive(self, operation: impl Future<Output = Outcome> + Send + 'static) {
         // Aborted however this ends: stopped, or this future dropped (the
         // runner that claimed it stopped).
-        let mut operation = AbortOnDrop(tokio::spawn(operation));
+        // In the current span (the run's, `span`): the operation's own
+        // spans and events belong to the run.
+        let started = std::time::Instant::now();
+        let mut operation = AbortOnDrop(tokio::spawn(operation.in_current_span()));
         let ended = tokio::select! {
             biased;
             why = self.until_stopped() => {
@@ -481,12 +519,23 @@ impl TaskRun {
             }
             ended = &mut operation.0 => Some(ended),
         };
-        if let Some(ended) = ended {
-            let outcome = ended.unwrap_or_else(|join| {
+        let outcome = ended.map(|ended| {
+            ended.unwrap_or_else(|join| {
                 Outcome::Failed(failed_with(&format!(
                     "task operation ended abnormally: {join}"
                 )))
-            });
+            })
+        });
+        let label = match &outcome {
+            None => "stopped",
+            Some(Outcome::Completed(_)) => "completed",
+            Some(Outcome::Failed(_)) => "failed",
+            Some(Outcome::Cancelled) => "cancelled",
+            Some(Outcome::InputRequired { .. }) => "input_required",
+        };
+        metrics::histogram!(names::TASK_RUN_DURATION_SECONDS, "outcome" => label)
+            .record(started.elapsed().as_secs_f64());
+        if let Some(outcome) = outcome {
             self.store(outcome).await;
         }
     }

@@ -6,15 +6,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use mcp_event_store_core::observe::names;
 use mcp_event_store_core::task::{
     Applied, DEFAULT_MAX_ATTEMPTS, Finish, InstanceId, NewTask, RuntimeStore, TaskDigest, TaskId,
-    TaskRecord, Worker, WorkerChange,
+    TaskRecord, TaskStatus, Worker, WorkerChange,
 };
-use mcp_event_store_core::{Error, Result, Store};
+use mcp_event_store_core::{Error, MAX_LIST_PAGE, Result, Store};
 use tokio::sync::Semaphore;
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 
+use crate::TaskCall;
+use crate::card::{CARD_EVERY, InstanceCard};
 use crate::run::TaskRun;
 use crate::takeover::Executor;
 
@@ -40,6 +43,10 @@ pub const MAX_RUNNING: usize = 4096;
 /// source never draws.
 const REGISTRATION_TRIES: usize = 8;
 
+/// The version an instance's card gives unless the server names its own
+/// ([`RuntimeBuilder::version`]).
+pub const DEFAULT_VERSION: &str = concat!("mcp-event-store-runtime ", env!("CARGO_PKG_VERSION"));
+
 /// One server instance over a shared store: its lease, its maintenance
 /// loop and its task runs; see the [crate docs](crate).
 ///
@@ -57,6 +64,7 @@ pub struct Runtime {
 pub struct RuntimeBuilder {
     store: Arc<dyn Store>,
     settings: Settings,
+    version: String,
 }
 
 /// What a builder sets.
@@ -70,6 +78,7 @@ pub(crate) struct Settings {
     pub(crate) hand_off: bool,
     pub(crate) watch_wait: Duration,
     pub(crate) producer_ttl: Duration,
+    pub(crate) count_tasks_every: Option<Duration>,
 }
 
 pub(crate) struct Inner {
@@ -115,6 +124,11 @@ pub(crate) struct Inner {
     /// accepted registration or renewal was sent (`None` once the store
     /// answered that it lapsed): what [`Runtime::lease_remaining`] reads.
     renewed: Mutex<(InstanceId, Option<Instant>)>,
+    /// What this instance's card says ([`InstanceCard`]).
+    version: String,
+    started_millis: i64,
+    /// The instance whose card was last appended, and when.
+    carded: Mutex<Option<(InstanceId, Instant)>>,
 }
 
 impl Inner {
@@ -165,7 +179,9 @@ impl Runtime {
                 hand_off: false,
                 watch_wait: DEFAULT_WATCH_WAIT,
                 producer_ttl,
+                count_tasks_every: None,
             },
+            version: DEFAULT_VERSION.to_owned(),
         }
     }
 
@@ -307,6 +323,20 @@ impl Runtime {
             (record.takeover.is_some() && !task.queued).then(|| Worker::first(task.instance));
         let run = TaskRun::created(self.clone(), &id, *task.owner, claim, task.context);
         Ok((id, record, run))
+    }
+
+    /// [`create`](Self::create)s `task` to run `call`: its context is the
+    /// call's encoding, with (feature `otel`) the W3C trace context of the
+    /// current span ([`TaskCall::with_current_trace`]), which the task's
+    /// claimed runs continue ([`TaskRun::span`]). What both integrations
+    /// create their tasks with.
+    pub async fn create_call(
+        &self,
+        task: NewTask<'_>,
+        call: &TaskCall,
+    ) -> Result<(TaskId, TaskRecord, TaskRun)> {
+        let context = call.clone().with_current_trace().encode();
+        self.create(task.context(&context)).await
     }
 
     /// Applies a change to the task under `task` (T4): under `claim`, the
@@ -453,6 +483,23 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The version this instance's card gives operators
+    /// ([`InstanceCard`], `mcp-event-store instances`); by default
+    /// [`DEFAULT_VERSION`]. A server gives its own name and version.
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
+        self
+    }
+
+    /// Counts the store's tasks by status every `every` into the gauge
+    /// `mcp_event_store_tasks` (label `status`); off (`None`) by default.
+    /// Each count reads every task the store holds (a listing read and a
+    /// task read per task, T22), so give it minutes, on one instance.
+    pub fn count_tasks_every(mut self, every: Option<Duration>) -> Self {
+        self.settings.count_tasks_every = every.filter(|every| !every.is_zero());
+        self
+    }
+
     /// Registers the instance (its first lease, retried under fresh ids)
     /// and starts the maintenance loop; needs a tokio runtime.
     ///
@@ -506,7 +553,11 @@ impl RuntimeBuilder {
             maintenance: Mutex::default(),
             closed: AtomicBool::new(false),
             renewed: Mutex::new((instance, Some(sent))),
+            version: self.version,
+            started_millis: wall_millis(),
+            carded: Mutex::default(),
         });
+        tokio::spawn(inner.clone().card());
         let maintenance = tokio::spawn(maintain(Arc::downgrade(&inner)));
         *lock(&inner.maintenance) = Some(maintenance);
         Ok(Runtime { inner })
@@ -560,6 +611,58 @@ impl Inner {
             }
             Err(error) => tracing::warn!(instance = %me, %error, "renewing the lease failed"),
         }
+        Arc::clone(&runtime.inner).card().await;
+    }
+
+    /// Appends this instance's card ([`InstanceCard`]) when the instance
+    /// has none yet (it started, or replaced a lapsed one) or its last is
+    /// older than [`CARD_EVERY`] (half the store's `max_age` when that is
+    /// shorter, so the newest card is always retained). Best effort: a
+    /// failure is tried again at the next renewal.
+    async fn card(self: Arc<Self>) {
+        let me = *self.instance.borrow();
+        let every = self
+            .store
+            .retention()
+            .max_age
+            .map_or(CARD_EVERY, |age| CARD_EVERY.min(age / 2));
+        if lock(&self.carded).is_some_and(|(id, at)| id == me && at.elapsed() < every) {
+            return;
+        }
+        let card = InstanceCard::new(me, self.version.clone(), self.started_millis);
+        match card.announce(&*self.store).await {
+            Ok(()) => *lock(&self.carded) = Some((me, Instant::now())),
+            Err(error) => tracing::debug!(%error, "appending the instance card failed"),
+        }
+    }
+
+    /// Counts the store's tasks by status into the `mcp_event_store_tasks`
+    /// gauge ([`RuntimeBuilder::count_tasks_every`]).
+    async fn count_tasks(self: Arc<Self>) {
+        let mut counts = [0u64; TaskStatus::ALL.len()];
+        let runtime = self.store.task_runtime();
+        let mut after = None;
+        loop {
+            match runtime.task_page(after.as_ref(), MAX_LIST_PAGE).await {
+                Ok(page) => {
+                    for entry in &page.tasks {
+                        counts[usize::from(entry.view.record.status.as_u8())] += 1;
+                    }
+                    match page.next {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "counting tasks failed");
+                    return;
+                }
+            }
+        }
+        for status in TaskStatus::ALL {
+            metrics::gauge!(names::TASKS, "status" => status.as_str())
+                .set(counts[usize::from(status.as_u8())] as f64);
+        }
     }
 
     /// Purges expired events and sessions, then expired and orphaned
@@ -594,6 +697,7 @@ async fn maintain(inner: Weak<Inner>) {
     let mut beats = interval(settings.lease / 3);
     let mut purges = interval(settings.purge_every.unwrap_or(Duration::MAX / 4));
     let mut claims = interval(settings.claim_every);
+    let mut counts = interval(settings.count_tasks_every.unwrap_or(Duration::MAX / 4));
     // The first ticks are at once: the instance was just registered, and
     // an executor registers after the start (`run_takeovers`), so the
     // first claim round is one `claim_every` after the start, not
@@ -603,6 +707,7 @@ async fn maintain(inner: Weak<Inner>) {
     claims.tick().await;
     let mut purging: Option<JoinHandle<()>> = None;
     let mut claiming: Option<JoinHandle<()>> = None;
+    let mut counting: Option<JoinHandle<()>> = None;
     let busy = |job: &Option<JoinHandle<()>>| job.as_ref().is_some_and(|job| !job.is_finished());
     loop {
         tokio::select! {
@@ -622,8 +727,21 @@ async fn maintain(inner: Weak<Inner>) {
                     claiming = Some(tokio::spawn(crate::takeover::claim_round(inner)));
                 }
             }
+            _ = counts.tick(), if settings.count_tasks_every.is_some() => {
+                let Some(inner) = inner.upgrade() else { return };
+                if !busy(&counting) {
+                    counting = Some(tokio::spawn(inner.count_tasks()));
+                }
+            }
         }
     }
+}
+
+/// Now by the wall clock, in ms since the epoch.
+fn wall_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// `Finish::Failed` with the JSON-RPC internal error for `message`.

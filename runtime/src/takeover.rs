@@ -11,6 +11,7 @@ use futures_util::future::BoxFuture;
 use mcp_event_store_core::task::{Claimed, Finish, TaskDigest};
 use mcp_event_store_core::{Error, Result};
 use tokio::sync::OwnedSemaphorePermit;
+use tracing::Instrument;
 
 use crate::Runtime;
 use crate::run::{Outcome, TaskRun};
@@ -25,12 +26,13 @@ const RESUME_BATCHES: usize = 4;
 /// What runs the tasks a runtime claims: the framework's part of the
 /// takeover runner.
 ///
-/// Given a claimed run ([`TaskRun::context`] says what to run: the
-/// framework's own encoding of the call, T13), it returns the operation to
-/// drive. What cannot run (an unreadable context, an unknown tool) is an
-/// [`Outcome::Failed`] at once. A task whose client asked to cancel while
-/// nobody ran it never reaches the executor: the runner ends it
-/// `cancelled`.
+/// Given a claimed run ([`TaskRun::context`] says what to run, T13: for
+/// both integrations a [`TaskCall`](crate::TaskCall), [`TaskRun::call`]),
+/// it returns the operation to drive, which runs in the run's
+/// [span](TaskRun::span). What cannot run (an unreadable context, an
+/// unknown tool) is an [`Outcome::Failed`] at once. A task whose client
+/// asked to cancel while nobody ran it never reaches the executor: the
+/// runner ends it `cancelled`.
 ///
 /// ```
 /// use futures_util::future::BoxFuture;
@@ -280,6 +282,8 @@ impl Runtime {
         let inner = Arc::downgrade(&self.inner);
         // The executor read under the runs' lock: a runner stopping now
         // either sees this run among the runs, or this run sees no executor.
+        // The run's span: a child of the task's creator's (feature `otel`).
+        let span = run.span();
         let mut runs = lock(&self.inner.runs);
         let executor = executor(&self.inner);
         let running = run.clone();
@@ -309,7 +313,7 @@ impl Runtime {
                     runs.remove(&digest);
                 }
             }
-        });
+        }.instrument(span));
         if let Some((old, _)) = runs.insert(digest, (handle.abort_handle(), running)) {
             old.abort();
         }

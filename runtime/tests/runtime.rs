@@ -682,3 +682,40 @@ async fn a_replaced_runner_handle_stops_nothing() {
     assert!(!runtime.runs_takeovers());
     runtime.shutdown().await;
 }
+
+/// A claimed run's duration is recorded by its outcome, and a runtime
+/// asked to count the store's tasks sets the gauge of each status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_and_tasks_by_status_are_measured() {
+    use mcp_event_store_conformance::events::{install_test_recorder, recorded_metric};
+    use mcp_event_store_core::observe::names::{TASK_RUN_DURATION_SECONDS, TASKS};
+    install_test_recorder();
+    let runs_before = recorded_metric(TASK_RUN_DURATION_SECONDS, &[("outcome", "completed")]);
+    let store = Arc::new(MemoryStore::new());
+    let front = front(&store, 3).await;
+    let id = queue(&front, b"count").await;
+    let worker = Runtime::builder(store.clone())
+        .lease(LEASE)
+        .claim_every(Duration::from_millis(20))
+        .count_tasks_every(Some(Duration::from_millis(20)))
+        .start()
+        .await
+        .unwrap();
+    let (executor, mut runs) = script("worker");
+    let _takeovers = worker.run_takeovers(executor);
+    next(&mut runs).await;
+    eventually("the task completes", async || {
+        read(&store, &id).await.status == mcp_event_store_core::task::TaskStatus::Completed
+    })
+    .await;
+    eventually("the run is measured", async || {
+        recorded_metric(TASK_RUN_DURATION_SECONDS, &[("outcome", "completed")]) > runs_before
+    })
+    .await;
+    eventually("the completed task is counted", async || {
+        recorded_metric(TASKS, &[("status", "completed")]) >= 1.0
+    })
+    .await;
+    worker.shutdown().await;
+    front.shutdown().await;
+}

@@ -625,9 +625,14 @@ impl<S: Store + ?Sized> RuntimeStore for Sealed<S> {
     async fn claim(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let runtime = self.inner.task_runtime();
         let mut opened = Vec::new();
-        for claimed in runtime.claim(by, limit).await? {
-            match self.open_view(&claimed.task, claimed.view) {
-                Ok(view) => opened.push(Claimed::new(claimed.task, claimed.worker, view)),
+        for mut claimed in runtime.claim(by, limit).await? {
+            // A clone of refcounted bytes: the claim keeps the rest
+            // (`lapsed_for`) as the store gave it.
+            match self.open_view(&claimed.task, claimed.view.clone()) {
+                Ok(view) => {
+                    claimed.view = view;
+                    opened.push(claimed);
+                }
                 Err(error) => {
                     tracing::warn!(
                         %error,

@@ -41,6 +41,8 @@
 //! | `mcp_event_store_tasks_exhausted_total` | counter | tasks | | tasks created to be taken over whose last run's instance lapsed, persisted `failed` by a purge (T16) |
 //! | `mcp_event_store_task_takeover_delay_seconds` | histogram | seconds | | from a task's instance lapsing to the claim that took it over (T16, the store's clock) |
 //! | `mcp_event_store_tasks_requeued_total` | counter | tasks | | failed tasks an operator requeued (T23) |
+//! | `mcp_event_store_task_run_duration_seconds` | histogram | seconds | `outcome` (`completed`, `failed`, `cancelled`, `input_required`, `stopped`) | one run of a task driven by the runtime (`TaskRun::drive`), from its start to its end; `stopped`: it lost its claim or its instance stopped it (no `backend` label: the runtime's) |
+//! | `mcp_event_store_tasks` | gauge | tasks | `status` | the store's tasks by status as read, counted by the runtime when asked (`RuntimeBuilder::count_tasks_every`, off by default: each count reads every task; no `backend` label) |
 
 /// The metric names, as the table above lists them.
 pub mod names {
@@ -95,4 +97,8 @@ pub mod names {
     pub const TASK_TAKEOVER_DELAY_SECONDS: &str = "mcp_event_store_task_takeover_delay_seconds";
     /// Failed tasks an operator requeued (T23).
     pub const TASKS_REQUEUED_TOTAL: &str = "mcp_event_store_tasks_requeued_total";
+    /// One run of a task, in seconds, by `outcome` (the runtime's).
+    pub const TASK_RUN_DURATION_SECONDS: &str = "mcp_event_store_task_run_duration_seconds";
+    /// The store's tasks by `status`, as the runtime last counted them.
+    pub const TASKS: &str = "mcp_event_store_tasks";
 }

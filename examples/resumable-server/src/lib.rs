@@ -4,8 +4,9 @@
 //! This package is the server of the workspace's README. Its command runs
 //! it; this library is the server itself (options, handler, router,
 //! `serve`), which the end-to-end tests in `tests/rmcp_e2e` drive over
-//! loopback. It depends on what the server uses and nothing else, so
-//! running it builds only that:
+//! loopback, and which `examples/actix-server` serves on actix-web. It
+//! depends on what the server uses and nothing else, so running it builds
+//! only that:
 //!
 //! ```text
 //! cargo run -p resumable-server
@@ -43,9 +44,11 @@
 //!   following off, so a resume ends with what is stored (a poll);
 //! * `--allow-host HOST`: accept this `Host` header (repeatable; default:
 //!   loopback names only, rmcp's DNS-rebinding protection);
-//! * `--metrics ADDR`: serve the store's metrics (and any other `metrics`
-//!   the process records) in the Prometheus text format at
-//!   `http://ADDR/metrics` (off by default);
+//! * `--metrics ADDR`: serve the store's and the runtime's metrics (and any
+//!   other `metrics` the process records) in the Prometheus text format at
+//!   `http://ADDR/metrics` (off by default); with it, the runtime counts
+//!   the store's tasks by status every minute (`mcp_event_store_tasks`, a
+//!   read of every task);
 //! * `--task-lease-ms MS`: how long one renewal of this instance's lease
 //!   keeps it alive (default 30000); it renews every third of that. Once a killed
 //!   instance's lease lapses, its unfinished tasks read `failed` ("server
@@ -62,7 +65,9 @@
 //! * `--claim-every-ms MS`: how often an instance or worker looks for
 //!   tasks to claim (default 1000);
 //! * `--max-attempts N`: the most runs a `slow_count` task gets when the
-//!   instances running it die (default 3).
+//!   instances running it die (default 3);
+//! * `--trace EXPORT`: export spans as OpenTelemetry traces, `stdout` or
+//!   `otlp` (see [Traces](#traces)); off by default.
 //!
 //! It has one tool, `slow_count`, which counts to `count` (default 10),
 //! waiting `interval_ms` (default 500) between steps and sending a progress
@@ -178,6 +183,28 @@
 //!
 //! (with `--bind 0.0.0.0:8000`, so that the kubelet reaches the pod's
 //! address). `--metrics ADDR` stays a listener of its own.
+//!
+//! # Traces
+//!
+//! `--trace stdout` exports the server's (or worker's) spans as
+//! OpenTelemetry traces to stdout (the logs stay on stderr); `--trace
+//! otlp` sends them over OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! (default `http://localhost:4318`), with the package's `otlp` feature:
+//!
+//! ```text
+//! cargo run -p resumable-server -- --hand-off --trace stdout
+//! cargo run -p resumable-server -- --worker --trace stdout
+//! OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 \
+//!   cargo run -p resumable-server --features otlp -- --trace otlp
+//! ```
+//!
+//! Each task is then created in a `tools/call` span (`tool`), whose W3C
+//! trace context the task keeps. Its runs are `task.run` spans (the task's
+//! digest, the attempt, the tool) in that trace, wherever they run: the
+//! first one here, a child of `tools/call`; one taken over by another
+//! server, or run by a worker, a child of `tools/call` too, in its own
+//! process. Without `--trace` nothing is exported and no `tools/call` span
+//! is made. `docs/operations.md` has more.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -195,6 +222,7 @@ use mcp_event_store::rmcp::{
     RuntimeBuilder, TakeoverCall,
 };
 use mcp_event_store::runtime::Audience;
+use mcp_event_store::runtime::otel::Export;
 use mcp_event_store::task::Owner;
 use mcp_event_store::{DynStore, Retention, StoreOptions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -209,6 +237,7 @@ use rmcp::task_manager::TaskOptions;
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// The largest `count` the tool accepts.
 const MAX_COUNT: u64 = 100_000;
@@ -254,6 +283,9 @@ pub struct Options {
     pub claim_every: Duration,
     /// The most runs a task taken over gets.
     pub max_attempts: u32,
+    /// Where to export spans (`--trace`), if anywhere: each task is then
+    /// created in a `tools/call` span, and its runs continue that trace.
+    pub trace: Option<Export>,
 }
 
 impl Default for Options {
@@ -275,6 +307,7 @@ impl Default for Options {
             no_takeover: false,
             claim_every: mcp_event_store::runtime::DEFAULT_CLAIM_EVERY,
             max_attempts: mcp_event_store::task::DEFAULT_MAX_ATTEMPTS,
+            trace: None,
         }
     }
 }
@@ -369,6 +402,12 @@ struct Args {
     /// [default: 3]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_attempts: Option<u32>,
+    /// Export spans as OpenTelemetry traces: to stdout, or over OTLP/HTTP
+    /// to OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318; needs
+    /// the `otlp` feature). A durable task's runs, on any server or worker,
+    /// continue the trace of the request that created it
+    #[arg(long, value_name = "EXPORT", value_parser = ["stdout", "otlp"])]
+    trace: Option<String>,
 }
 
 impl From<Args> for Options {
@@ -408,6 +447,8 @@ impl From<Args> for Options {
                 .claim_every_ms
                 .map_or(defaults.claim_every, Duration::from_millis),
             max_attempts: args.max_attempts.unwrap_or(defaults.max_attempts),
+            // One of the names clap allows, each an export.
+            trace: args.trace.and_then(|name| name.parse().ok()),
         }
     }
 }
@@ -417,9 +458,24 @@ impl Options {
     /// error to [`exit`](clap::Error::exit) with (`--help` and `--version`
     /// among them).
     pub fn try_parse(args: impl IntoIterator<Item = String>) -> Result<Self, clap::Error> {
-        use clap::Parser;
-        let argv = std::iter::once("resumable-server".to_owned()).chain(args);
-        Args::try_parse_from(argv).map(Self::from)
+        Self::try_parse_with(args, |command| command)
+    }
+
+    /// [`try_parse`](Self::try_parse) for another command serving this
+    /// server (the actix-web example): `configure` adjusts the command line
+    /// before it parses `args` (its name, help texts, defaults; an option
+    /// it hides still parses).
+    pub fn try_parse_with(
+        args: impl IntoIterator<Item = String>,
+        configure: impl FnOnce(clap::Command) -> clap::Command,
+    ) -> Result<Self, clap::Error> {
+        use clap::{CommandFactory, FromArgMatches};
+        let mut command = configure(Args::command());
+        let argv = std::iter::once(command.get_name().to_owned()).chain(args);
+        let matches = command.try_get_matches_from_mut(argv)?;
+        Args::from_arg_matches(&matches)
+            .map(Self::from)
+            .map_err(|e| e.format(&mut command))
     }
 
     /// [`try_parse`](Self::try_parse), with the error (or the help) as the
@@ -446,16 +502,30 @@ pub struct SlowCounter {
     /// Raises the notifications of `announce` and `tools_changed` on every
     /// instance, and serves `subscriptions/listen` across instances.
     durable: Option<Durable>,
+    /// Each task is created in a `tools/call` span (`--trace`).
+    traced: bool,
 }
 
 impl SlowCounter {
     /// The handler, running its tasks on `tasks`; a task lives as long as
-    /// the store keeps events (`options.retention.max_age`).
+    /// the store keeps events (`options.retention.max_age`). With
+    /// `options.trace`, each task is created in a `tools/call` span, whose
+    /// trace its runs continue.
     pub fn new(tasks: DurableTasks, options: &Options) -> Self {
         Self {
             tasks,
             task_ttl: options.retention.max_age,
             durable: None,
+            traced: options.trace.is_some(),
+        }
+    }
+
+    /// The span a task of `tool` is created in: `tools/call`, when traced.
+    fn creating(&self, tool: &str) -> tracing::Span {
+        if self.traced {
+            tracing::info_span!("tools/call", tool)
+        } else {
+            tracing::Span::none()
         }
     }
 
@@ -538,16 +608,35 @@ pub fn authenticate(mut request: axum::extract::Request) -> axum::extract::Reque
     let caller = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
-        .map(|value| value.as_bytes())
-        .filter(|bytes| !bytes.is_empty())
-        .map(|bytes| match std::str::from_utf8(bytes) {
-            Ok(text) => format!("u:{text}"),
-            Err(_) => format!("b:{}", hex(bytes)),
-        });
+        .and_then(|value| Caller::from_authorization(value.as_bytes()));
     if let Some(caller) = caller {
-        request.extensions_mut().insert(Caller(caller));
+        request.extensions_mut().insert(caller);
     }
     request
+}
+
+impl Caller {
+    /// The caller an `Authorization` header value stands for, as
+    /// [`authenticate`] reads it (for a framework whose requests are not
+    /// axum's); `None` for an empty value (no credential).
+    pub fn from_authorization(value: &[u8]) -> Option<Self> {
+        if value.is_empty() {
+            return None;
+        }
+        Some(Self(match std::str::from_utf8(value) {
+            Ok(text) => format!("u:{text}"),
+            Err(_) => format!("b:{}", hex(value)),
+        }))
+    }
+
+    /// The [`Caller`] in a request's extensions: where [`authenticate`]
+    /// inserts it, or inside the `rmcp::model::Extensions` there, where
+    /// rmcp-actix-web nests what its `on_request` hook inserts.
+    pub fn of(extensions: &axum::http::Extensions) -> Option<&Self> {
+        extensions
+            .get::<Self>()
+            .or_else(|| extensions.get::<rmcp::model::Extensions>()?.get::<Self>())
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -557,7 +646,7 @@ fn hex(bytes: &[u8]) -> String {
 /// Who is calling, for [`Durable`]: the [`Caller`] of each request. Each
 /// session, its streams and the tasks it creates are bound to it.
 pub fn callers() -> Callers {
-    Callers::from_extension(|caller: &Caller| caller.0.clone())
+    Callers::from_fn(|extensions| Caller::of(extensions).map(|caller| caller.0.clone()))
 }
 
 /// The owner of the tasks a request creates or may see, as [`callers`]
@@ -591,13 +680,26 @@ pub async fn durable(store: DynStore, options: &Options) -> mcp_event_store::Res
         .await
 }
 
+/// How often a server with `--metrics` counts the store's tasks by status.
+pub const TASK_COUNT_EVERY: Duration = Duration::from_secs(60);
+
 /// The runtime of a server or worker: `options`' lease, claim interval,
-/// attempts and hand-off.
+/// attempts and hand-off, this package's version on the instance card, and
+/// with `--metrics` a count of the tasks by status every
+/// [`TASK_COUNT_EVERY`].
 pub fn runtime_options(runtime: RuntimeBuilder, options: &Options) -> RuntimeBuilder {
     let runtime = runtime
+        .version(concat!(
+            env!("CARGO_PKG_NAME"),
+            " ",
+            env!("CARGO_PKG_VERSION")
+        ))
         .lease(options.task_lease)
         .claim_every(options.claim_every)
-        .max_attempts(options.max_attempts);
+        .max_attempts(options.max_attempts)
+        // With `--metrics`, the tasks by status too (a read of every task
+        // a minute).
+        .count_tasks_every(options.metrics.map(|_| TASK_COUNT_EVERY));
     if options.hand_off {
         runtime.hand_off_to_workers()
     } else {
@@ -1015,6 +1117,7 @@ impl ServerHandler for SlowCounter {
                 .spawn(&context, options, move |task| {
                     Box::pin(confirm_then_count(task, count, interval))
                 })
+                .instrument(self.creating(&request.name))
                 .await?;
             tracing::info!(task = %created.task.task_id, count, "confirm_count task created");
             return Ok(CallToolResponse::Task(created));
@@ -1024,6 +1127,7 @@ impl ServerHandler for SlowCounter {
             let created = self
                 .tasks
                 .spawn_takeover(&context, options, TakeoverCall::from(&request))
+                .instrument(self.creating(&request.name))
                 .await?;
             tracing::info!(
                 count,
@@ -1039,6 +1143,7 @@ impl ServerHandler for SlowCounter {
                 .spawn(&context, options, move |task| {
                     Box::pin(async move { count_in_task(&task, count, interval).await })
                 })
+                .instrument(self.creating(&request.name))
                 .await?;
             tracing::info!(task = %created.task.task_id, count, "slow_count task created");
             return Ok(CallToolResponse::Task(created));
@@ -1110,9 +1215,7 @@ pub fn router(
         durable.config()
     };
     config = config.with_cancellation_token(shutdown.child_token());
-    if !options.allowed_hosts.is_empty() {
-        let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
-        hosts.extend(options.allowed_hosts.iter().cloned());
+    if let Some(hosts) = allowed_hosts(options) {
         config = config.with_allowed_hosts(hosts);
     }
     let make = move || Ok(handler.clone());
@@ -1138,6 +1241,18 @@ pub fn router(
     // After the MCP layers: the probes need no session, no caller and no
     // allowed `Host` (rmcp checks those inside `/mcp`).
     router.merge(health_router(durable.runtime().clone()))
+}
+
+/// The `Host` headers `/mcp` accepts: `None` (rmcp's default, loopback
+/// names only) without `--allow-host`, or the loopback names and
+/// `options.allowed_hosts`.
+pub fn allowed_hosts(options: &Options) -> Option<Vec<String>> {
+    if options.allowed_hosts.is_empty() {
+        return None;
+    }
+    let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
+    hosts.extend(options.allowed_hosts.iter().cloned());
+    Some(hosts)
 }
 
 /// How long `/readyz` waits for the store before it answers 503: shorter
@@ -1281,6 +1396,32 @@ pub async fn serve(
     Ok(())
 }
 
+/// Resolves on Ctrl-C, or SIGTERM on Unix: the command's `shutdown` for
+/// [`serve`] and [`work`] (and the actix-web example's).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
 /// Installs a Prometheus recorder as the process's `metrics` recorder and
 /// returns its handle; fails if the process already has a recorder.
 pub fn install_metrics() -> Result<PrometheusHandle, Box<dyn std::error::Error + Send + Sync>> {
@@ -1309,7 +1450,7 @@ pub fn metrics_router(handle: PrometheusHandle) -> axum::Router {
 }
 
 /// A store URL without its password, for the log.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.find('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];
@@ -1325,6 +1466,19 @@ fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--trace` names an export; without it, nothing is exported.
+    #[test]
+    fn trace_names_an_export() {
+        let parse = |args: &[&str]| Options::parse(args.iter().map(|a| a.to_string()));
+        assert_eq!(parse(&[]).unwrap().trace, None);
+        assert_eq!(
+            parse(&["--trace", "stdout"]).unwrap().trace,
+            Some(Export::Stdout)
+        );
+        assert_eq!(parse(&["--trace=otlp"]).unwrap().trace, Some(Export::Otlp));
+        assert!(parse(&["--trace", "jaeger"]).is_err());
+    }
 
     /// Any `Authorization` value is a caller of its own: equal values the
     /// same, other values (long ones, and ones that are not UTF-8, too)
@@ -1350,5 +1504,23 @@ mod tests {
         assert_eq!(caller(&long), caller(&long.clone()));
         assert_ne!(caller(&long), caller(&other));
         assert_ne!(caller(b"\xff\xfe"), caller(b"\xff\xfd"));
+    }
+
+    /// A caller nested in rmcp's `Extensions` (where rmcp-actix-web's
+    /// `on_request` hook puts it) is the same caller as one `authenticate`
+    /// inserts.
+    #[test]
+    fn a_caller_nested_in_rmcps_extensions_is_the_same_caller() {
+        let caller = Caller::from_authorization(b"Bearer alice").unwrap();
+        let mut direct = axum::http::Extensions::new();
+        direct.insert(caller.clone());
+        let mut hooked = rmcp::model::Extensions::new();
+        hooked.insert(caller);
+        let mut nested = axum::http::Extensions::new();
+        nested.insert(hooked);
+        let owner = callers().owner(&direct);
+        assert_ne!(owner, Owner::Anonymous);
+        assert_eq!(callers().owner(&nested), owner);
+        assert_eq!(Caller::from_authorization(b""), None);
     }
 }

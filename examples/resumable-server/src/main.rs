@@ -3,60 +3,58 @@
 //! tasks from the store until then). The server itself is the
 //! library (`resumable_server`), which the end-to-end tests drive.
 
-use resumable_server::{Options, serve};
-
-/// Resolves on Ctrl-C, or SIGTERM on Unix.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
-    }
-}
+use mcp_event_store::runtime::otel::Tracing;
+use resumable_server::{Options, serve, shutdown_signal};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
+    let options = Options::try_parse(std::env::args().skip(1)).unwrap_or_else(|e| e.exit());
+    // `--trace`: spans exported as OpenTelemetry traces, beside the logs.
+    let trace = options
+        .trace
+        .map(|export| Tracing::start(export, "resumable-server"))
+        .transpose()
+        .unwrap_or_else(|error| {
+            eprintln!("error: --trace: {error}");
+            std::process::exit(1);
+        });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .with(trace.as_ref().map(|trace| trace.layer()))
+        .with(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,rmcp=warn".into()),
         )
         .init();
-    let options = Options::try_parse(std::env::args().skip(1)).unwrap_or_else(|e| e.exit());
-    if options.worker {
-        if let Err(error) = resumable_server::work(options, shutdown_signal()).await {
-            eprintln!("error: {error}");
-            std::process::exit(1);
-        }
-        return;
+    let ran = run(options).await;
+    if let Some(trace) = trace {
+        // Exports what is batched still; blocks until the exporter is done.
+        let _ = tokio::task::spawn_blocking(move || trace.shutdown()).await;
     }
-    let listener = match tokio::net::TcpListener::bind(options.bind).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            eprintln!("cannot listen on {}: {error}", options.bind);
-            std::process::exit(1);
-        }
-    };
-    if let Err(error) = serve(options, listener, shutdown_signal()).await {
-        eprintln!("error: {error}");
+    if let Err(error) = ran {
+        eprintln!("{error}");
         std::process::exit(1);
     }
+}
+
+/// Serves (or, with `--worker`, works) until Ctrl-C or SIGTERM; what went
+/// wrong, as the command prints it.
+async fn run(options: Options) -> Result<(), String> {
+    if options.worker {
+        return resumable_server::work(options, shutdown_signal())
+            .await
+            .map_err(|error| format!("error: {error}"));
+    }
+    let listener = tokio::net::TcpListener::bind(options.bind)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", options.bind))?;
+    serve(options, listener, shutdown_signal())
+        .await
+        .map_err(|error| format!("error: {error}"))
 }

@@ -40,8 +40,9 @@
 //! `sqlite://mcp-tower-mcp-server.db`), `--bind ADDR` (default
 //! `127.0.0.1:8001`), `--task-lease-ms MS` (default 30000),
 //! `--session-ttl-secs SECS` (default 1800), `--allow-host HOST`,
-//! `--takeover N` (off by default). It builds
-//! 183 crates (`cargo tree -e normal`), against 188 for `resumable-server`.
+//! `--takeover N` (off by default), `--trace EXPORT` (off by default; see
+//! [Traces](#traces)). It builds 188 crates (`cargo tree -e normal`),
+//! against 192 for `resumable-server`.
 //! The requests of the durable-tasks curl walk-through
 //! (`docs/tasks-walkthrough.md`) work against two instances of it too; it
 //! wants `Mcp-Name` on `tasks/*` as well.
@@ -82,6 +83,26 @@
 //!
 //! (with `--bind 0.0.0.0:8001`, so that the kubelet reaches the pod's
 //! address).
+//!
+//! # Traces
+//!
+//! `--trace stdout` exports the server's spans as OpenTelemetry traces to
+//! stdout (the logs stay on stderr); `--trace otlp` sends them over
+//! OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT` (default
+//! `http://localhost:4318`), with the package's `otlp` feature:
+//!
+//! ```text
+//! cargo run -p tower-mcp-server -- --takeover 3 --trace stdout
+//! OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318 \
+//!   cargo run -p tower-mcp-server --features otlp -- --takeover 3 --trace otlp
+//! ```
+//!
+//! Each `tools/call` then runs in a `tools/call` span (`tool`), and the
+//! task it creates keeps that span's W3C trace context. When another
+//! server takes the task over (`--takeover`), its run is a `task.run` span
+//! (the task's digest, the attempt, the tool) in the same trace, a child
+//! of the creating request's span. Without `--trace` nothing is exported
+//! and no `tools/call` span is made. `docs/operations.md` has more.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -91,7 +112,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use clap::builder::TypedValueParser;
 use mcp_event_store::DynStore;
+use mcp_event_store::runtime::otel::Export;
 use mcp_event_store::tower_mcp::{
     Across, BindCallers, Broadcast, Callers, CallersLayer, Runtime, TowerEventStore,
     TowerSessionStore, TowerTaskStore,
@@ -101,13 +124,14 @@ use serde::Deserialize;
 use tower_mcp::extract::{Context, Json, State};
 use tower_mcp::protocol::{
     ElicitAction, ElicitFieldValue, ElicitFormParams, ElicitFormSchema, ElicitRequestParams,
-    InputRequest, InputRequiredResult, InputResponse, RequestOutcome,
+    InputRequest, InputRequiredResult, InputResponse, McpRequest, RequestOutcome,
 };
 use tower_mcp::transport::http::SessionConfig;
 use tower_mcp::{
     BoxError, CallToolResult, CreateMessageParams, HttpTransport, McpRouter, RequestContext,
-    SamplingMessage, TaskSupportMode, Tool, ToolBuilder,
+    RouterRequest, SamplingMessage, TaskSupportMode, Tool, ToolBuilder,
 };
+use tracing::Instrument;
 
 /// The highest count the tools accept.
 pub const MAX_COUNT: u32 = 100_000;
@@ -136,7 +160,7 @@ pub const CONFIRM_KEY: &str = "confirm";
                   the client must answer the instance running the call).\n\n\
                   Two instances on one PostgreSQL, Redis or SQLite file serve the same \
                   sessions and tasks. Stop it with Ctrl-C or SIGTERM. Logs go to stderr \
-                  (RUST_LOG, default `info,tower_mcp=warn`).\n\n\
+                  (RUST_LOG, default `info,tower_mcp=warn,tower_mcp_server=info`).\n\n\
                   Exit status: 0 after a clean shutdown, 1 when it cannot listen or the store \
                   fails, 2 on bad arguments.",
     after_help = "Examples:\n  \
@@ -182,6 +206,15 @@ pub struct Options {
     /// the tasks of a server that dies read `failed`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub takeover: Option<u32>,
+    /// Export spans as OpenTelemetry traces: `stdout`, or `otlp` (over
+    /// OTLP/HTTP to `OTEL_EXPORTER_OTLP_ENDPOINT`, default
+    /// `http://localhost:4318`; needs the `otlp` feature). Each
+    /// `tools/call` then runs in a span, and a task's runs taken over by
+    /// another server continue the trace of the request that created it.
+    #[arg(long, value_name = "EXPORT",
+          value_parser = clap::builder::PossibleValuesParser::new(["stdout", "otlp"])
+              .try_map(|name| name.parse::<Export>()))]
+    pub trace: Option<Export>,
 }
 
 impl Options {
@@ -435,6 +468,11 @@ fn ask_client() -> Tool {
 pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
     let lease = options.lease();
     let mut runtime = Runtime::builder(store.clone())
+        .version(concat!(
+            env!("CARGO_PKG_NAME"),
+            " ",
+            env!("CARGO_PKG_VERSION")
+        ))
         .lease(lease)
         .claim_every(lease / 3);
     if let Some(runs) = options.takeover {
@@ -483,6 +521,9 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
         )
         .external_notifications(across.notifications().await?)
         .with_sampling();
+    if options.trace.is_some() {
+        transport = transport.layer(tower_layer::layer_fn(Traced));
+    }
     if !options.allowed_hosts.is_empty() {
         transport = transport.allowed_hosts(options.allowed_hosts.clone());
     }
@@ -506,6 +547,35 @@ pub async fn app(store: DynStore, options: &Options) -> Result<App, BoxError> {
         takeovers,
         runtime,
     })
+}
+
+/// The router with each `tools/call` in a `tools/call` span (`--trace`): a
+/// task it creates keeps that span's trace, which the task's runs continue
+/// on whichever server takes it over.
+#[derive(Clone)]
+struct Traced(McpRouter);
+
+impl tower_service::Service<RouterRequest> for Traced {
+    type Response = <McpRouter as tower_service::Service<RouterRequest>>::Response;
+    type Error = <McpRouter as tower_service::Service<RouterRequest>>::Error;
+    type Future = tracing::instrument::Instrumented<
+        <McpRouter as tower_service::Service<RouterRequest>>::Future,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: RouterRequest) -> Self::Future {
+        let span = match &request.inner {
+            McpRequest::CallTool(call) => tracing::info_span!("tools/call", tool = %call.name),
+            _ => tracing::Span::none(),
+        };
+        self.0.call(request).instrument(span)
+    }
 }
 
 /// How long `/readyz` waits for the store before it answers 503: shorter
@@ -642,8 +712,18 @@ mod tests {
             ("memory://", 3_000)
         );
         assert_eq!(set.allowed_hosts, ["a.example"]);
+        assert_eq!(defaults.trace, None);
+        assert_eq!(
+            parse(&["--trace", "stdout"]).unwrap().trace,
+            Some(Export::Stdout)
+        );
+        assert_eq!(
+            parse(&["--trace", "otlp"]).unwrap().trace,
+            Some(Export::Otlp)
+        );
         for bad in [
-            &["--task-lease-ms", "10"][..],
+            &["--trace", "jaeger"][..],
+            &["--task-lease-ms", "10"],
             &["--bind", "nowhere"],
             &["--session-ttl-secs", "0"],
             &["--unknown"],

@@ -2,7 +2,10 @@
 //! listens, and serves until Ctrl-C or SIGTERM. The server itself is the
 //! library (`tower_mcp_server`), which the end-to-end tests drive.
 
+use mcp_event_store::runtime::otel::Tracing;
 use tower_mcp_server::{Options, serve};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// Resolves on Ctrl-C, or SIGTERM on Unix.
 async fn shutdown_signal() {
@@ -31,24 +34,48 @@ async fn shutdown_signal() {
 
 #[tokio::main]
 async fn main() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
+    let options = Options::parse(std::env::args().skip(1)).unwrap_or_else(|e| e.exit());
+    // `--trace`: spans exported as OpenTelemetry traces, beside the logs.
+    let trace = options
+        .trace
+        .map(|export| Tracing::start(export, "tower-mcp-server"))
+        .transpose()
+        .unwrap_or_else(|error| {
+            eprintln!("error: --trace: {error}");
+            std::process::exit(1);
+        });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
+        .with(trace.as_ref().map(|trace| trace.layer()))
+        .with(
+            // `tower_mcp=warn` alone would match `tower_mcp_server` too
+            // (directives match target prefixes): this server's own info.
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tower_mcp=warn".into()),
+                .unwrap_or_else(|_| "info,tower_mcp=warn,tower_mcp_server=info".into()),
         )
         .init();
-    let options = Options::parse(std::env::args().skip(1)).unwrap_or_else(|e| e.exit());
-    let listener = match tokio::net::TcpListener::bind(options.bind).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            eprintln!("cannot listen on {}: {error}", options.bind);
-            std::process::exit(1);
-        }
-    };
-    if let Err(error) = serve(options, listener, shutdown_signal()).await {
-        eprintln!("error: {error}");
+    let ran = run(options).await;
+    if let Some(trace) = trace {
+        // Exports what is batched still; blocks until the exporter is done.
+        let _ = tokio::task::spawn_blocking(move || trace.shutdown()).await;
+    }
+    if let Err(error) = ran {
+        eprintln!("{error}");
         std::process::exit(1);
     }
+}
+
+/// Serves until Ctrl-C or SIGTERM; what went wrong, as the command prints
+/// it.
+async fn run(options: Options) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind(options.bind)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", options.bind))?;
+    serve(options, listener, shutdown_signal())
+        .await
+        .map_err(|error| format!("error: {error}"))
 }

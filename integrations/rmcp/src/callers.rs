@@ -44,6 +44,15 @@ pub(crate) fn scoped_caller() -> Option<Owner> {
     CALLER.try_with(|owner| *owner).ok()
 }
 
+/// `future`, run as a request of `owner`: what [`CallerScoped`] does for
+/// each request of a tower service, for any future (`Send` or not).
+pub(crate) fn serve_as<F: Future>(
+    owner: Owner,
+    future: F,
+) -> impl Future<Output = F::Output> + use<F> {
+    CALLER.scope(owner, future)
+}
+
 /// An HTTP service (rmcp's `StreamableHttpService`) that serves each
 /// request as its caller, so that the session store and the session
 /// manager know who asks: a session restored, resumed or deleted by anyone
@@ -93,6 +102,6 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let owner = self.callers.owner(request.extensions());
-        Box::pin(CALLER.scope(owner, self.inner.call(request)))
+        Box::pin(serve_as(owner, self.inner.call(request)))
     }
 }

@@ -184,6 +184,22 @@ impl Durable {
         CallerScoped::new(service, self.inner.callers.clone())
     }
 
+    /// `future`, the handling of one request, run as the caller `callers`
+    /// (the builder's [`callers`](DurableBuilder::callers)) reads from
+    /// `extensions`: what [`scoped`](Self::scoped) does for each request of
+    /// a tower service, for a framework that calls rmcp's service inside a
+    /// handler of its own, where no tower service can wrap it (actix-web,
+    /// through rmcp-actix-web: wrap the handler's future, from the request
+    /// to its response's head, in a middleware). The future need not be
+    /// `Send`.
+    pub fn as_caller<F: Future>(
+        &self,
+        extensions: &http::Extensions,
+        future: F,
+    ) -> impl Future<Output = F::Output> + use<F> {
+        crate::callers::serve_as(self.inner.callers.owner(extensions), future)
+    }
+
     /// The stateless-mode service (no MCP sessions; streams still stored
     /// and resumable with `GET` + `Last-Event-ID`).
     pub fn stateless_service<H, F>(

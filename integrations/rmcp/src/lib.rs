@@ -56,10 +56,12 @@
 //! What [`Durable`] wires is in its docs; for a server of your own shape,
 //! `durable.session_manager()`, `durable.config()`,
 //! `durable.stateless_session_manager()` and `durable.stateless_config()`
-//! are the parts; `IntoRmcp` (`store.into_rmcp()`,
-//! `store.into_rmcp_sessions()`) and `SessionScoped` are the adapters
-//! underneath, for wiring by hand. The facade's `rmcp` feature re-exports
-//! this crate as `mcp_event_store::rmcp`.
+//! are the parts (and `durable.as_caller(..)` serves a request as its
+//! caller where no tower service can wrap rmcp's, as in actix-web);
+//! `IntoRmcp` (`store.into_rmcp()`, `store.into_rmcp_sessions()`) and
+//! `SessionScoped` are the adapters underneath, for wiring by hand. The
+//! facade's `rmcp` feature re-exports this crate as
+//! `mcp_event_store::rmcp`.
 //!
 //! * `store.into_rmcp_sessions()` is rmcp's `SessionStore`: the `initialize`
 //!   parameters as JSON, with a time to live (24 hours by default, counted

@@ -111,6 +111,11 @@
 //! * **Ids.** A runtime that claims a task knows only its digest (task ids
 //!   are bearer credentials and never stored), so
 //!   [`task_id`](DurableTaskContext::task_id) is `None` in a claimed run.
+//! * **Traces.** Every run is a `task.run` span (the runtime's
+//!   `TaskRun::span`): the first one a child of the span `spawn` or
+//!   `spawn_takeover` was called in. With the feature `otel`, the task
+//!   keeps that span's W3C trace context with its call, and a run claimed
+//!   anywhere else continues that trace.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -124,7 +129,8 @@ use mcp_event_store_core::task::{
     WorkerChange,
 };
 use mcp_event_store_runtime::{
-    Executor, Outcome, Runtime, Takeovers, TaskRun, internal_error, iso8601, status_message,
+    Executor, Outcome, Runtime, Takeovers, TaskCall, TaskRun, internal_error, iso8601,
+    status_message,
 };
 use rmcp::ErrorData;
 use rmcp::model::{
@@ -136,6 +142,7 @@ use rmcp::service::{RequestContext, RoleServer};
 use rmcp::task_manager::TaskOptions;
 pub use rmcp::task_manager::{TaskExit, TaskFuture};
 use serde_json::Value;
+use tracing::Instrument;
 
 type OwnerFn = dyn Fn(&RequestContext<RoleServer>) -> Owner + Send + Sync;
 
@@ -147,6 +154,10 @@ pub type TakeoverHandler = dyn Fn(DurableTaskContext, TakeoverCall) -> TaskFutur
 /// The request a task that may be taken over runs: the tool's name and its
 /// arguments, kept with the task (its context, T13) so that whichever
 /// runtime claims the task can run it again.
+///
+/// It is kept as the runtime's [`TaskCall`], the one encoding of every
+/// framework (with the W3C trace context of the request that created the
+/// task, feature `otel`); a handler gets it back as this type.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct TakeoverCall {
@@ -164,11 +175,33 @@ impl TakeoverCall {
             arguments,
         }
     }
+}
 
-    /// The call a task's context holds.
-    fn decode(context: Option<&[u8]>) -> Result<Self, String> {
-        let context = context.ok_or("the task has no context to run it from")?;
-        serde_json::from_slice(context).map_err(|e| format!("the task's context is no call: {e}"))
+impl From<TakeoverCall> for TaskCall {
+    /// The call as the runtime keeps it: arguments `None` are `null`.
+    fn from(call: TakeoverCall) -> Self {
+        let arguments = call.arguments.map_or(Value::Null, Value::Object);
+        TaskCall::new(call.tool, arguments)
+    }
+}
+
+impl TryFrom<TaskCall> for TakeoverCall {
+    type Error = String;
+
+    /// The call a task keeps, as rmcp's: its arguments must be an object
+    /// (or `null`, for none).
+    fn try_from(call: TaskCall) -> Result<Self, String> {
+        let arguments = match call.arguments {
+            Value::Null => None,
+            Value::Object(arguments) => Some(arguments),
+            other => {
+                return Err(format!(
+                    "the task's call to {:?} has arguments that are no object: {other}",
+                    call.tool
+                ));
+            }
+        };
+        Ok(Self::new(call.tool, arguments))
     }
 }
 
@@ -304,8 +337,11 @@ impl Executor for Handlers {
                 &message,
             ))))
         };
-        let call = match TakeoverCall::decode(run.context()) {
-            Ok(call) => call,
+        let call = match run.call().map_err(|e| e.to_string()) {
+            Ok(call) => match TakeoverCall::try_from(call) {
+                Ok(call) => call,
+                Err(message) => return fail(message),
+            },
             Err(message) => return fail(message),
         };
         let Some(handler) = self.0.get(&call.tool).cloned() else {
@@ -395,7 +431,11 @@ impl DurableTasks {
             .map_err(|e| store_error("create", e))?;
         let task = to_task(&id.to_string(), &record);
         let context = DurableTaskContext::new(run.clone());
-        tokio::spawn(run.drive(async move { outcome(operation(context).await) }));
+        let span = run.span();
+        tokio::spawn(
+            run.drive(async move { outcome(operation(context).await) })
+                .instrument(span),
+        );
         Ok(CreateTaskResult::new(task))
     }
 
@@ -425,12 +465,10 @@ impl DurableTasks {
                 None,
             ));
         }
-        let context = serde_json::to_vec(&call)
-            .map_err(|e| ErrorData::internal_error(format!("the call: {e}"), None))?;
         let owner = (self.inner.owner)(ctx);
-        let new = runtime.for_takeover(NewTask::new(&owner, self.instance()).context(&context));
+        let new = runtime.for_takeover(NewTask::new(&owner, self.instance()));
         let (id, record, run) = runtime
-            .create(with_options(new, &options))
+            .create_call(with_options(new, &options), &TaskCall::from(call.clone()))
             .await
             .map_err(|e| match e {
                 Error::PayloadTooLarge { size, max } => ErrorData::invalid_params(
@@ -441,7 +479,11 @@ impl DurableTasks {
             })?;
         if let (Some(handler), false) = (handler, runtime.hands_off()) {
             let operation = handler(DurableTaskContext::new(run.clone()), call);
-            tokio::spawn(run.drive(async move { outcome(operation.await) }));
+            let span = run.span();
+            tokio::spawn(
+                run.drive(async move { outcome(operation.await) })
+                    .instrument(span),
+            );
         }
         Ok(CreateTaskResult::new(to_task(&id.to_string(), &record)))
     }

@@ -304,6 +304,11 @@
 //!   tower-mcp re-runs the handler under that claim; if another instance
 //!   claimed it first, the resume there runs nothing (its token comes
 //!   raised) and that instance runs it.
+//! * **Traces** (feature `otel`). A task keeps, with its tool and
+//!   arguments (the runtime's `TaskCall`), the W3C trace context of the
+//!   span its `tools/call` was created in; a run through the router after a
+//!   takeover runs in a `task.run` span continuing that trace. tower-mcp
+//!   runs a resumed task itself, in the request that resumed it.
 //!
 //! Guaranteed: each such task's handler runs **at least once** to an
 //! outcome, and **at most `max_attempts` times** over instance lapses (a

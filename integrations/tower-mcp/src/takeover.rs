@@ -76,8 +76,8 @@ fn request(run: &TaskRun) -> Result<RouterRequest, &'static str> {
             run.claim().map_or(1, |claim| claim.epoch)
         )),
         inner: McpRequest::CallTool(CallToolParams {
-            name: context.tool,
-            arguments: context.arguments,
+            name: context.call.tool,
+            arguments: context.call.arguments,
             input_responses: (!responses.is_empty()).then_some(responses),
             request_state: None,
             meta: None,

@@ -12,7 +12,7 @@ use mcp_event_store_core::task::{
     Applied, CancelMode, Finish, MAX_MESSAGE_BYTES, NewTask, Owner, TaskId, TaskRecord,
     TaskStatus as CoreStatus, TaskView, Worker, WorkerChange,
 };
-use mcp_event_store_runtime::{Runtime, iso8601, status_message};
+use mcp_event_store_runtime::{Runtime, TaskCall, iso8601, status_message};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::task::AbortHandle;
@@ -33,52 +33,75 @@ pub const DEFAULT_TASK_TTL: Duration = Duration::from_secs(60 * 60);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a token's guard waits after a failed read.
 const RETRY: Duration = Duration::from_secs(1);
-/// The version of the context this adapter keeps with each task.
-const CONTEXT_VERSION: u32 = 1;
+/// The version of the fields this adapter keeps in each task's call.
+const CONTEXT_VERSION: u64 = 1;
 /// The first byte of a stored answer: its envelope's version.
 const ANSWER_VERSION: u8 = 1;
 /// Bytes of the nonce that marks which `tasks/update` stored an answer.
 const NONCE_LEN: usize = 16;
 
-/// What the adapter keeps with each task, as its context (T13): what
-/// tower-mcp asks back and the store does not otherwise keep.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// What the adapter keeps with each task, as its context (T13): the
+/// runtime's [`TaskCall`] (the tool, its arguments, the creating request's
+/// trace), with what tower-mcp asks back and the store does not otherwise
+/// keep as the call's extra fields: `v` (their version, 1), `owner`, and
+/// `meta`. Contexts written before the call was the runtime's (`{"v",
+/// "tool", "arguments", "owner", "meta"}`) read the same.
+#[derive(Clone, Debug)]
 pub(crate) struct Context {
-    #[serde(rename = "v")]
-    version: u32,
-    /// The tool the task runs.
-    pub(crate) tool: String,
-    /// The arguments it was called with, as given.
-    pub(crate) arguments: Value,
+    /// The call; its extras are the fields this release does not know,
+    /// written back as they were.
+    pub(crate) call: TaskCall,
     /// The owner exactly as tower-mcp gave it.
-    owner: TaskOwner,
+    pub(crate) owner: TaskOwner,
     /// The task's protocol `_meta`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     meta: Option<Value>,
 }
 
 impl Context {
+    fn new(tool: &str, arguments: Value, owner: TaskOwner) -> Self {
+        Self {
+            call: TaskCall::new(tool, arguments),
+            owner,
+            meta: None,
+        }
+    }
+
+    /// The call to keep, this adapter's fields among its extras.
+    fn to_call(&self) -> Result<TaskCall> {
+        let mut call = self.call.clone();
+        let owner = serde_json::to_value(&self.owner)
+            .map_err(|e| TaskStoreError::Encode(format!("a task's owner: {e}")))?;
+        call.extra.insert("v".into(), CONTEXT_VERSION.into());
+        call.extra.insert("owner".into(), owner);
+        match &self.meta {
+            Some(meta) => call.extra.insert("meta".into(), meta.clone()),
+            None => call.extra.remove("meta"),
+        };
+        Ok(call)
+    }
+
     fn encode(&self) -> Result<Vec<u8>> {
-        serde_json::to_vec(self).map_err(|e| TaskStoreError::Encode(e.to_string()))
+        Ok(self.to_call()?.encode())
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self> {
-        #[derive(Deserialize)]
-        struct Version {
-            #[serde(rename = "v")]
-            version: u32,
+        let decode =
+            |e: &dyn fmt::Display| TaskStoreError::Decode(format!("a task's context: {e}"));
+        let mut call = TaskCall::decode(bytes).map_err(|e| decode(&e))?;
+        match call.extra.remove("v") {
+            Some(version) if version == CONTEXT_VERSION => {}
+            Some(version) => {
+                return Err(TaskStoreError::Decode(format!(
+                    "a task's context is version {version}; this release reads version \
+                     {CONTEXT_VERSION} only"
+                )));
+            }
+            None => return Err(decode(&"it has no version (`v`)")),
         }
-        let version: Version = serde_json::from_slice(bytes)
-            .map_err(|e| TaskStoreError::Decode(format!("a task's context: {e}")))?;
-        if version.version != CONTEXT_VERSION {
-            return Err(TaskStoreError::Decode(format!(
-                "a task's context is version {}; this release reads version {CONTEXT_VERSION} \
-                 only",
-                version.version
-            )));
-        }
-        serde_json::from_slice(bytes)
-            .map_err(|e| TaskStoreError::Decode(format!("a task's context: {e}")))
+        let owner = call.extra.remove("owner").unwrap_or(Value::Null);
+        let owner = serde_json::from_value(owner).map_err(|e| decode(&e))?;
+        let meta = call.extra.remove("meta").filter(|meta| !meta.is_null());
+        Ok(Self { call, owner, meta })
     }
 }
 
@@ -648,19 +671,10 @@ impl tower_mcp::async_task::TaskStore for TowerTaskStore {
     ) -> Result<(String, CancellationToken)> {
         let shared = self.shared();
         let bound = core_owner(&owner)?;
-        let context = Context {
-            version: CONTEXT_VERSION,
-            tool: tool_name.to_owned(),
-            arguments,
-            owner,
-            meta: None,
-        }
-        .encode()?;
+        let call = Context::new(tool_name, arguments, owner).to_call()?;
         let ttl = ttl.map_or(shared.default_ttl, Duration::from_millis);
         let runtime = &shared.runtime;
-        let mut task = NewTask::new(&bound, runtime.instance())
-            .ttl(ttl)
-            .context(&context);
+        let mut task = NewTask::new(&bound, runtime.instance()).ttl(ttl);
         if let Some(interval) = shared.poll_interval {
             task = task.poll_interval(interval);
         }
@@ -668,7 +682,7 @@ impl tower_mcp::async_task::TaskStore for TowerTaskStore {
             // tower-mcp runs the handler here at once: never queued.
             task = task.takeover(runtime.max_attempts());
         }
-        let (id, _, run) = runtime.create(task).await.map_err(task_error)?;
+        let (id, _, run) = runtime.create_call(task, &call).await.map_err(task_error)?;
         let id = id.to_string();
         let token = token_for(shared, &id, run.claim());
         Ok((id, token))
@@ -974,9 +988,9 @@ impl tower_mcp::async_task::TaskStore for TowerTaskStore {
         if live.stops_work() {
             token.cancel();
         }
-        let context = live.context;
+        let call = live.context.call;
         Ok(Some(
-            TaskResumeContext::new(context.tool, context.arguments, responses)
+            TaskResumeContext::new(call.tool, call.arguments, responses)
                 .with_cancellation_token(token),
         ))
     }
@@ -1072,16 +1086,10 @@ mod tests {
         for bad in [&b""[..], b"\x01short", b"{\"action\":\"accept\"}"] {
             assert!(matches!(decode_answer(bad), Err(TaskStoreError::Decode(_))));
         }
-        let context = Context {
-            version: CONTEXT_VERSION,
-            tool: "t".into(),
-            arguments: serde_json::json!({"a": [1, 2]}),
-            owner: Some(String::new()),
-            meta: None,
-        };
+        let context = Context::new("t", serde_json::json!({"a": [1, 2]}), Some(String::new()));
         let back = Context::decode(&context.encode().unwrap()).unwrap();
         assert_eq!(back.owner, Some(String::new()));
-        assert_eq!(back.arguments, serde_json::json!({"a": [1, 2]}));
+        assert_eq!(back.call.arguments, serde_json::json!({"a": [1, 2]}));
         let newer = br#"{"v":2,"tool":"t","arguments":null,"owner":null}"#;
         assert!(
             matches!(Context::decode(newer), Err(TaskStoreError::Decode(m)) if m.contains("version 2"))
@@ -1090,5 +1098,46 @@ mod tests {
             Context::decode(b"not json"),
             Err(TaskStoreError::Decode(_))
         ));
+        // rmcp's calls carry no version: not this adapter's.
+        assert!(matches!(
+            Context::decode(br#"{"tool":"t","arguments":null}"#),
+            Err(TaskStoreError::Decode(_))
+        ));
+    }
+
+    /// The contexts this adapter wrote before its call was the runtime's
+    /// `TaskCall` (stored tasks survive an upgrade), and what it writes
+    /// now: the same fields, and the trace when there is one.
+    #[test]
+    fn contexts_written_before_read_the_same() {
+        let old = br#"{"v":1,"tool":"slow_count","arguments":{"count":2},"owner":"u:alice","meta":{"k":"x"}}"#;
+        let context = Context::decode(old).unwrap();
+        assert_eq!(context.call.tool, "slow_count");
+        assert_eq!(context.call.arguments, serde_json::json!({"count": 2}));
+        assert_eq!(context.owner.as_deref(), Some("u:alice"));
+        assert_eq!(context.meta, Some(serde_json::json!({"k": "x"})));
+        assert!(context.call.extra.is_empty());
+        let again: Value = serde_json::from_slice(&context.encode().unwrap()).unwrap();
+        assert_eq!(again, serde_json::from_slice::<Value>(old).unwrap());
+
+        let anonymous = br#"{"v":1,"tool":"t","arguments":null,"owner":null}"#;
+        let context = Context::decode(anonymous).unwrap();
+        assert_eq!((context.owner, context.meta), (None, None));
+
+        let mut traced = Context::decode(anonymous).unwrap();
+        traced.call.traceparent =
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        traced
+            .call
+            .extra
+            .insert("later".into(), serde_json::json!(true));
+        let bytes = traced.encode().unwrap();
+        let raw: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(raw["v"], 1);
+        assert_eq!(raw["owner"], Value::Null);
+        assert_eq!(raw["later"], true, "fields of a later release are kept");
+        let back = Context::decode(&bytes).unwrap();
+        assert_eq!(back.call.traceparent, traced.call.traceparent);
+        assert_eq!(TaskCall::tool_of(&bytes).unwrap(), "t");
     }
 }

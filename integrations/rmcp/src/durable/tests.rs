@@ -61,3 +61,40 @@ async fn one_instance_holds_one_lease_while_it_serves() {
     .await
     .expect("nothing serves any more: the lease lapses");
 }
+
+/// `as_caller` serves a future (one that is not `Send` too) as the caller
+/// the builder's callers read from the extensions given, as `scoped` serves
+/// each request of a tower service; outside it, nobody.
+#[tokio::test]
+async fn as_caller_serves_a_future_as_the_callers_principal() {
+    let store = Arc::new(MemoryStore::new());
+    let durable = Durable::builder(store)
+        .callers(crate::Callers::from_extension(|principal: &String| {
+            principal.clone()
+        }))
+        .start()
+        .await
+        .unwrap();
+    let mut alice = http::Extensions::new();
+    alice.insert("alice".to_owned());
+    let not_send = std::rc::Rc::new(());
+    let seen = durable
+        .as_caller(&alice, async move {
+            tokio::task::yield_now().await;
+            let _still_here = &not_send;
+            crate::callers::caller(true)
+        })
+        .await;
+    assert_eq!(seen, Some(mcp_event_store_runtime::owner_of(Some("alice"))));
+    let anonymous = durable
+        .as_caller(&http::Extensions::new(), async {
+            crate::callers::caller(true)
+        })
+        .await;
+    assert_eq!(
+        anonymous,
+        Some(mcp_event_store_core::task::Owner::Anonymous)
+    );
+    assert_eq!(crate::callers::caller(true), None, "outside: nobody");
+    durable.shutdown().await;
+}

@@ -11,7 +11,7 @@
 
 use std::sync::Mutex as StdMutex;
 
-use mcp_event_store_runtime::RuntimeBuilder;
+use mcp_event_store_runtime::{RuntimeBuilder, TaskCall};
 use tokio::sync::{Semaphore, mpsc};
 
 use super::*;
@@ -457,19 +457,27 @@ async fn a_front_end_hands_off_to_a_worker() {
     client.cancel().await.unwrap();
 }
 
-/// The call stored with a task reads back as it was given.
+/// The call stored with a task reads back as it was given, from the
+/// runtime's `TaskCall` encoding and from the one written before it (this
+/// type's own serde form), which stored tasks still hold.
 #[test]
 fn a_call_round_trips_through_the_task_context() {
     let mut arguments = JsonObject::new();
     arguments.insert("to".into(), json!(3));
+    let read = |bytes: &[u8]| {
+        TaskCall::decode(bytes)
+            .map_err(|e| e.to_string())
+            .and_then(TakeoverCall::try_from)
+    };
     for call in [
         TakeoverCall::new("steps", Some(arguments)),
         TakeoverCall::new("bare", None),
     ] {
-        let bytes = serde_json::to_vec(&call).unwrap();
-        assert_eq!(TakeoverCall::decode(Some(&bytes)).unwrap(), call);
+        let bytes = TaskCall::from(call.clone()).encode();
+        assert_eq!(read(&bytes).unwrap(), call);
+        let before = serde_json::to_vec(&call).unwrap();
+        assert_eq!(read(&before).unwrap(), call);
     }
-    assert!(TakeoverCall::decode(None).is_err());
-    assert!(TakeoverCall::decode(Some(b"[]")).is_err());
-    assert!(TakeoverCall::decode(Some(br#"{"tool":"x","arguments":3}"#)).is_err());
+    assert!(read(b"[]").is_err());
+    assert!(read(br#"{"tool":"x","arguments":3}"#).is_err());
 }
