@@ -11,10 +11,21 @@
 //! mcp-event-store delete-stream sqlite://events.db STREAM_ID [--yes]
 //! mcp-event-store keys    sqlite://events.db [--verify]  # values per key id of a sealed store
 //! mcp-event-store keys    sqlite://events.db --rewrite   # re-seal them under the current key
+//! mcp-event-store tasks   sqlite://events.db --status working --tool deploy
+//! mcp-event-store task    sqlite://events.db TASK        # one task whole
+//! mcp-event-store cancel  sqlite://events.db TASK --reason "maintenance" [--yes]
+//! mcp-event-store requeue sqlite://events.db TASK        # a failed task runs again
+//! mcp-event-store stuck   sqlite://events.db             # tasks to look at, exit 1 if any
+//! mcp-event-store instances sqlite://events.db           # leases, tasks, versions
 //! ```
 //!
 //! `--json` gives machine-readable output where it is tabular: one object
-//! for `check`, `stats` and `keys`, JSON lines for `streams`, `replay` and `tail`.
+//! for `check`, `stats`, `keys` and `task`, JSON lines for `streams`,
+//! `replay`, `tail`, `tasks`, `stuck` and `instances`.
+//!
+//! The task commands read the store's operator listing (task clauses T22
+//! and T23), a page at a time; a task is named by the 32 hex digits `tasks`
+//! lists (its digest: no store keeps a task's id) or by its id.
 //!
 //! URLs are those of `mcp_event_store::connect`: `memory://`,
 //! `sqlite://path`, `postgres://…[?schema=]`, `redis://…[?prefix=]`,
@@ -35,13 +46,16 @@
 //! counted, not rewritten, and leave with retention.
 //!
 //! Exit status: 0 on success; 1 when `check` found a risky setting,
-//! `delete-stream` was not confirmed, or `keys` found a value that is not
+//! `delete-stream` or `cancel` was not confirmed, `cancel` found the task
+//! ended already, `requeue` was refused, `stuck` reported a task, or `keys`
+//! found a value that is not
 //! sealed, not of this release's format, or (with `--verify` or
 //! `--rewrite`) does not open; 2 on any error, reported as one
 //! `error: …` line on stderr. Output cut short by a closed pipe
 //! (`| head`) ends the command quietly.
 
 mod format;
+mod tasks;
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -154,6 +168,86 @@ enum Command {
         #[arg(long, short = 'y')]
         yes: bool,
     },
+    /// List tasks, a page at a time: status, tool, owner, instance (`!`
+    /// when lapsed), run and last change. Filters combine.
+    Tasks {
+        /// The store URL.
+        url: String,
+        /// Only tasks in this status (repeatable).
+        #[arg(long, value_enum)]
+        status: Vec<StatusArg>,
+        /// Only tasks of this owner: the principal as the server binds it,
+        /// or `anonymous`.
+        #[arg(long, value_name = "PRINCIPAL")]
+        owner: Option<String>,
+        /// Only tasks running this tool.
+        #[arg(long, value_name = "NAME")]
+        tool: Option<String>,
+        /// Only tasks on this instance (32 hex digits, as `instances` lists).
+        #[arg(long, value_name = "ID", value_parser = parse_instance)]
+        instance: Option<mcp_event_store::task::InstanceId>,
+        /// Show at most N tasks.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        limit: Option<u64>,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one task: status, tool, owner, instance and its lease, runs,
+    /// claims and checkpoint size, pending inputs, times, outcome.
+    Task {
+        /// The store URL.
+        url: String,
+        /// The task: the 32 hex digits `tasks` lists, or its id.
+        task: String,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a task `cancelled` at once, whoever owns it, after
+    /// confirmation. Exit 1 when it had ended already.
+    Cancel {
+        /// The store URL.
+        url: String,
+        /// The task: the 32 hex digits `tasks` lists, or its id.
+        task: String,
+        /// The reason its client is told.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Do not ask.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Give a failed task that may be taken over another run: it waits for
+    /// a claim again. Exit 1, saying why, when it may not be requeued.
+    Requeue {
+        /// The store URL.
+        url: String,
+        /// The task: the 32 hex digits `tasks` lists, or its id.
+        task: String,
+    },
+    /// Report tasks to look at: waiting for a claim (and whether any
+    /// instance is alive to take them), on their last run, or waiting for
+    /// input for longer than --input-after. Exit 1 when any is reported.
+    Stuck {
+        /// The store URL.
+        url: String,
+        /// Report input unanswered for this many seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+        input_after: u64,
+        /// JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the instances the store holds a lease of: alive or lapsed,
+    /// lease, tasks running on each, version.
+    Instances {
+        /// The store URL.
+        url: String,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Count a sealed store's events, sessions and task values by the key
     /// id that sealed them, and say when the events of each key age out;
     /// with --rewrite, first re-seal every value under the current key
@@ -187,6 +281,39 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A task status, as `tasks --status` takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum StatusArg {
+    /// Running.
+    Working,
+    /// Waiting for the client's input.
+    InputRequired,
+    /// Ended with a result.
+    Completed,
+    /// Ended with an error.
+    Failed,
+    /// Ended on a cancel.
+    Cancelled,
+}
+
+impl From<StatusArg> for mcp_event_store::task::TaskStatus {
+    fn from(status: StatusArg) -> Self {
+        use mcp_event_store::task::TaskStatus;
+        match status {
+            StatusArg::Working => TaskStatus::Working,
+            StatusArg::InputRequired => TaskStatus::InputRequired,
+            StatusArg::Completed => TaskStatus::Completed,
+            StatusArg::Failed => TaskStatus::Failed,
+            StatusArg::Cancelled => TaskStatus::Cancelled,
+        }
+    }
+}
+
+fn parse_instance(text: &str) -> Result<mcp_event_store::task::InstanceId, String> {
+    mcp_event_store::task::InstanceId::parse(text)
+        .ok_or_else(|| "an instance id is 32 lowercase hex digits".to_owned())
 }
 
 /// The order of `streams --sort`.
@@ -289,6 +416,60 @@ async fn run(cli: Cli) -> Outcome {
             stream_id,
             yes,
         } => delete_stream(&connect(&url, timeout).await?, &stream_id, yes, &mut out).await,
+        Command::Tasks {
+            url,
+            status,
+            owner,
+            tool,
+            instance,
+            limit,
+            json,
+        } => {
+            let filter = tasks::Filter {
+                statuses: status.into_iter().map(Into::into).collect(),
+                owner: owner.as_deref().map(tasks::owner_named).transpose()?,
+                tool,
+                instance,
+            };
+            let limit = limit.map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+            tasks::list(
+                &connect(&url, timeout).await?,
+                &filter,
+                limit,
+                json,
+                &mut out,
+            )
+            .await
+        }
+        Command::Task { url, task, json } => {
+            let task = tasks::task_named(&task)?;
+            tasks::show(&connect(&url, timeout).await?, task, json, &mut out).await
+        }
+        Command::Cancel {
+            url,
+            task,
+            reason,
+            yes,
+        } => {
+            let task = tasks::task_named(&task)?;
+            let store = connect(&url, timeout).await?;
+            tasks::cancel(&store, task, reason.as_deref(), yes, &mut out).await
+        }
+        Command::Requeue { url, task } => {
+            let task = tasks::task_named(&task)?;
+            tasks::requeue(&connect(&url, timeout).await?, task, &mut out).await
+        }
+        Command::Stuck {
+            url,
+            input_after,
+            json,
+        } => {
+            let store = connect(&url, timeout).await?;
+            tasks::stuck(&store, Duration::from_secs(input_after), json, &mut out).await
+        }
+        Command::Instances { url, json } => {
+            tasks::instances(&connect(&url, timeout).await?, json, &mut out).await
+        }
         Command::Keys {
             url,
             verify,
@@ -611,9 +792,10 @@ async fn purge(store: &DynStore, out: &mut impl Write) -> Outcome {
     )?;
     writeln!(
         out,
-        "tasks: {} expired and {} orphaned marked failed, {} deleted, {} lapsed {} forgotten",
+        "tasks: {} expired and {} orphaned ({} with no run left) marked failed, {} deleted, {} lapsed {} forgotten",
         tasks.expired,
         tasks.orphaned,
+        tasks.exhausted,
         tasks.deleted,
         tasks.instances,
         plural(tasks.instances, "instance", "instances"),
@@ -623,6 +805,25 @@ async fn purge(store: &DynStore, out: &mut impl Write) -> Outcome {
 
 fn plural(n: u64, one: &'static str, many: &'static str) -> &'static str {
     if n == 1 { one } else { many }
+}
+
+/// Asks `prompt` on stderr; only `y` or `yes` goes ahead, else it says
+/// `refused`.
+fn confirm(prompt: &str, refused: &str) -> Result<bool, Failure> {
+    let mut stderr = io::stderr();
+    write!(stderr, "{prompt} [y/N] ")?;
+    stderr.flush()?;
+    let mut answer = String::new();
+    io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Failure::Error(format!("reading the answer: {e}")))?;
+    let answer = answer.trim().to_ascii_lowercase();
+    let yes = answer == "y" || answer == "yes";
+    if !yes {
+        writeln!(stderr, "{refused}")?;
+    }
+    Ok(yes)
 }
 
 /// Deletes a stream. Without `--yes` it first finds the stream's event count
@@ -636,21 +837,11 @@ async fn delete_stream(
 ) -> Outcome {
     if !yes {
         let events = count_events(store, stream_id).await?;
-        let mut stderr = io::stderr();
-        write!(
-            stderr,
-            "delete stream {stream_id:?} and its {events} {}? [y/N] ",
+        let prompt = format!(
+            "delete stream {stream_id:?} and its {events} {}?",
             plural(events, "event", "events")
-        )?;
-        stderr.flush()?;
-        let mut answer = String::new();
-        io::stdin()
-            .lock()
-            .read_line(&mut answer)
-            .map_err(|e| Failure::Error(format!("reading the answer: {e}")))?;
-        let answer = answer.trim().to_ascii_lowercase();
-        if answer != "y" && answer != "yes" {
-            writeln!(stderr, "not deleted")?;
+        );
+        if !confirm(&prompt, "not deleted")? {
             return Ok(ExitCode::from(1));
         }
     }

@@ -530,6 +530,235 @@ fn keys_scenario(url: &str) {
 /// The whole scenario on a persistent store at `url`. `backend` is the name
 /// `check` reports; `shared` says whether other processes may write while
 /// `tail` holds the store open (not sled, which locks its directory).
+/// The digests of the tasks `tasks_scenario` seeds, by name.
+#[allow(dead_code)]
+struct SeededTasks {
+    /// Alice's `deploy`, on the live instance, two runs.
+    deploy: String,
+    /// Bob's `report`, waiting for input `ok`.
+    asking: String,
+    /// An anonymous `deploy` on the lapsed instance, its one run lost.
+    lost: String,
+    /// Alice's `sync` on the lapsed instance, waiting for a claim.
+    waiting: String,
+    /// A completed `report`.
+    done: String,
+    /// `deploy`'s id, which a command takes too.
+    deploy_id: String,
+    live: String,
+    gone: String,
+}
+
+/// Seeds tasks on two instances, one retired (lapsed at once), and the
+/// live one's card, through the facade; closes the store.
+#[allow(dead_code)]
+fn seed_tasks(url: &str) -> SeededTasks {
+    use mcp_event_store::runtime::{InstanceCard, TaskCall};
+    use mcp_event_store::task::{Finish, InstanceId, NewTask, Owner, WorkerChange};
+
+    block_on(async {
+        let store = mcp_event_store::connect(url).await.unwrap();
+        let runtime = store.task_runtime();
+        let (live, gone) = (
+            InstanceId::generate().unwrap(),
+            InstanceId::generate().unwrap(),
+        );
+        runtime
+            .heartbeat(live, Duration::from_secs(86_400))
+            .await
+            .unwrap();
+        runtime
+            .heartbeat(gone, Duration::from_secs(600))
+            .await
+            .unwrap();
+        InstanceCard::new(live, "test-server 9.9", 1_000)
+            .announce(&*store)
+            .await
+            .unwrap();
+        let alice = Owner::principal(b"alice").unwrap();
+        let bob = Owner::principal(b"bob").unwrap();
+        let call = |tool: &str| TaskCall::new(tool, serde_json::json!({})).encode();
+        let (deploy, report, sync) = (call("deploy"), call("report"), call("sync"));
+        let deploy_task = store
+            .create(NewTask::new(&alice, live).context(&deploy).takeover(2))
+            .await
+            .unwrap()
+            .0;
+        let asking = store
+            .create(NewTask::new(&bob, live).context(&report))
+            .await
+            .unwrap()
+            .0;
+        runtime
+            .apply(
+                &asking,
+                live,
+                WorkerChange::RequestInput {
+                    key: "ok",
+                    request: b"{}",
+                },
+            )
+            .await
+            .unwrap();
+        let lost = store
+            .create(
+                NewTask::new(&Owner::Anonymous, gone)
+                    .context(&deploy)
+                    .takeover(1),
+            )
+            .await
+            .unwrap()
+            .0;
+        let waiting = store
+            .create(NewTask::new(&alice, gone).context(&sync).takeover(3))
+            .await
+            .unwrap()
+            .0;
+        let done = store
+            .create(NewTask::new(&bob, live).context(&report))
+            .await
+            .unwrap()
+            .0;
+        runtime
+            .apply(&done, live, WorkerChange::Finish(Finish::Completed(b"{}")))
+            .await
+            .unwrap();
+        assert!(runtime.retire(gone).await.unwrap());
+        drop(store);
+        SeededTasks {
+            deploy: deploy_task.digest().to_string(),
+            asking: asking.digest().to_string(),
+            lost: lost.digest().to_string(),
+            waiting: waiting.digest().to_string(),
+            done: done.digest().to_string(),
+            deploy_id: deploy_task.to_string(),
+            live: live.to_string(),
+            gone: gone.to_string(),
+        }
+    })
+}
+
+/// The `task` field of each JSON line, sorted.
+#[allow(dead_code)]
+fn tasks_in(text: &str) -> Vec<String> {
+    let mut tasks: Vec<String> = json_lines(text)
+        .iter()
+        .map(|line| line["task"].as_str().unwrap().to_owned())
+        .collect();
+    tasks.sort();
+    tasks
+}
+
+#[allow(dead_code)]
+fn sorted(mut names: Vec<&String>) -> Vec<String> {
+    names.sort();
+    names.into_iter().cloned().collect()
+}
+
+/// What an operator asks of tasks and instances, through the binary:
+/// listing by status, tool, owner and instance, one task whole, the stuck
+/// report, a requeue and its refusal, a cancel and its confirmation, and
+/// the instances with their tasks and version.
+#[allow(dead_code)]
+fn tasks_scenario(url: &str) {
+    let t = seed_tasks(url);
+    let all = ok(&["tasks", url, "--json"]);
+    assert_eq!(
+        tasks_in(&all),
+        sorted(vec![&t.deploy, &t.asking, &t.lost, &t.waiting, &t.done])
+    );
+    let line = |text: &str, task: &str| {
+        json_lines(text)
+            .into_iter()
+            .find(|line| line["task"] == task)
+            .unwrap_or_else(|| panic!("{task} in {text}"))
+    };
+    let lost = line(&all, &t.lost);
+    assert_eq!(lost["status"], "failed");
+    assert_eq!(lost["owner"], "anonymous");
+    assert_eq!(lost["tool"], "deploy");
+    assert_eq!(lost["instance"], t.gone.as_str());
+    assert_eq!(lost["instance_alive"], false);
+    assert_eq!(line(&all, &t.asking)["outstanding"][0], "ok");
+
+    let working = ok(&["tasks", url, "--status", "working", "--json"]);
+    assert_eq!(tasks_in(&working), sorted(vec![&t.deploy, &t.waiting]));
+    let deploys = ok(&["tasks", url, "--tool", "deploy", "--json"]);
+    assert_eq!(tasks_in(&deploys), sorted(vec![&t.deploy, &t.lost]));
+    let alice = ok(&["tasks", url, "--owner", "alice", "--json"]);
+    assert_eq!(tasks_in(&alice), sorted(vec![&t.deploy, &t.waiting]));
+    let on_gone = ok(&["tasks", url, "--instance", &t.gone, "--json"]);
+    assert_eq!(tasks_in(&on_gone), sorted(vec![&t.lost, &t.waiting]));
+    let table = ok(&["tasks", url, "--status", "input-required"]);
+    assert!(table.starts_with("TASK"), "{table}");
+    assert!(
+        table.contains(&t.asking) && table.contains("report"),
+        "{table}"
+    );
+    assert_eq!(table.lines().count(), 2, "{table}");
+
+    let shown: Value = serde_json::from_str(&ok(&["task", url, &t.waiting, "--json"])).unwrap();
+    assert_eq!(shown["takeover"]["attempt"], 1);
+    assert_eq!(shown["takeover"]["max_attempts"], 3);
+    assert_eq!(shown["instance_alive"], false);
+    let text = ok(&["task", url, &t.deploy_id]);
+    assert!(text.contains(&format!("task:      {}", t.deploy)), "{text}");
+    assert!(text.contains("attempt 1 of 2"), "{text}");
+
+    let stuck = run(&["stuck", url, "--input-after", "0", "--json"]);
+    assert_eq!(stuck.code, Some(1), "{stuck:?}");
+    assert_eq!(tasks_in(&stuck.stdout), sorted(vec![&t.asking, &t.waiting]));
+    let waiting = line(&stuck.stdout, &t.waiting);
+    assert!(
+        waiting["stuck"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("waiting for a claim"),
+        "{waiting}"
+    );
+
+    let refused = run(&["requeue", url, &t.done]);
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(
+        refused.stdout.contains("the task is completed, not failed"),
+        "{refused:?}"
+    );
+    let requeued = ok(&["requeue", url, &t.lost]);
+    assert!(requeued.contains("requeued"), "{requeued}");
+    let back: Value = serde_json::from_str(&ok(&["task", url, &t.lost, "--json"])).unwrap();
+    assert_eq!(back["status"], "working");
+    assert_eq!(back["takeover"]["released"], true);
+
+    let asked = run_with_stdin(&["cancel", url, &t.asking], "n\n");
+    assert_eq!(asked.code, Some(1), "{asked:?}");
+    assert!(asked.stderr.ends_with("not cancelled\n"), "{asked:?}");
+    let cancelled = ok(&["cancel", url, &t.asking, "--reason", "maintenance", "--yes"]);
+    assert!(cancelled.contains("cancelled"), "{cancelled}");
+    let ended: Value = serde_json::from_str(&ok(&["task", url, &t.asking, "--json"])).unwrap();
+    assert_eq!(ended["status"], "cancelled");
+    assert_eq!(ended["cancel_reason"], "maintenance");
+
+    let instances = json_lines(&ok(&["instances", url, "--json"]));
+    let of = |id: &str| {
+        instances
+            .iter()
+            .find(|line| line["instance"] == id)
+            .unwrap_or_else(|| panic!("{id} in {instances:?}"))
+    };
+    assert_eq!(of(&t.live)["alive"], true);
+    assert_eq!(of(&t.live)["version"], "test-server 9.9");
+    assert_eq!(of(&t.live)["tasks"], 1, "deploy runs there");
+    assert_eq!(of(&t.gone)["alive"], false);
+    assert_eq!(
+        of(&t.gone)["tasks"],
+        2,
+        "the requeued task and the waiting one"
+    );
+    assert!(of(&t.gone)["version"].is_null());
+
+    assert_error_line(&run(&["task", url, "t1.nonsense"]), "names no task");
+}
+
 #[allow(dead_code)]
 fn scenario(url: &str, backend: &str, shared: bool) {
     let seeded = seed(url);
@@ -699,6 +928,13 @@ macro_rules! backend_tests {
                 let output = child.wait_with_output().unwrap();
                 assert_eq!(output.status.code(), Some(0), "{output:?}");
                 assert!(output.stderr.is_empty(), "{output:?}");
+                block_on(storage.remove());
+            }
+
+            #[test]
+            fn tasks_and_instances_answer_an_operator() {
+                let storage = storage();
+                tasks_scenario(&storage.url());
                 block_on(storage.remove());
             }
 
