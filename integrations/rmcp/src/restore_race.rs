@@ -19,6 +19,11 @@
 //!   true, R2's request reaches the session's worker before the
 //!   `initialize`, and the worker dies (both answer 500).
 //!
+//! With sessions bound to their callers (`callers_racing`), the owner's
+//! request and another caller's racing on that instance must not share
+//! rmcp's restore attempt: each ordering is forced with a gate in the
+//! manager or in rmcp's load of the session's state (`GatedStore`).
+//!
 //! Time is tokio's, paused: a sleep returns once every other task has
 //! run as far as it can, which is how the tests let rmcp finish what it
 //! spawned; no outcome depends on how long anything takes.
@@ -38,6 +43,7 @@ use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::{
     EventStore as RmcpEventStoreTrait, RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
+    SessionState, SessionStore as RmcpSessionStoreTrait, SessionStoreError,
 };
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -181,6 +187,32 @@ impl<M: SessionManager> SessionManager for Gated<M> {
     }
 }
 
+/// The session store rmcp is given: the adapter's, with a gate on `load`
+/// (rmcp loads a session's state right after it took the restore of the
+/// session on: its other requests that found the session absent wait for
+/// this one's outcome).
+struct GatedStore {
+    inner: Arc<RmcpSessionStore<MemoryStore>>,
+    /// Holds a load, before the store is read.
+    loading: Arc<Gate>,
+}
+
+#[async_trait::async_trait]
+impl RmcpSessionStoreTrait for GatedStore {
+    async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        self.loading.pass().await;
+        self.inner.load(session_id).await
+    }
+
+    async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        self.inner.store(session_id, state).await
+    }
+
+    async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
+        self.inner.delete(session_id).await
+    }
+}
+
 /// A server whose `tools/list` counts the requests that reached it.
 #[derive(Clone, Default)]
 struct Counted {
@@ -214,6 +246,8 @@ type Manager = Gated<SessionScoped<LocalSessionManager, MemoryStore>>;
 struct Instance {
     manager: Arc<Manager>,
     service: CallerScoped<StreamableHttpService<Counted, Manager>>,
+    /// Holds rmcp's next load of a session's state.
+    loading: Arc<Gate>,
 }
 
 /// Who a request is from (what an authentication layer would insert).
@@ -233,13 +267,18 @@ fn instance(store: &Arc<MemoryStore>, handler: &Counted, callers: &Callers) -> I
         missed: Gate::default(),
         replaying: Gate::default(),
     });
+    let loading = Arc::new(Gate::default());
     let mut config = StreamableHttpServerConfig::default();
-    config.session_store = Some(sessions);
+    config.session_store = Some(Arc::new(GatedStore {
+        inner: sessions,
+        loading: loading.clone(),
+    }));
     let handler = handler.clone();
     let service = StreamableHttpService::new(move || Ok(handler.clone()), manager.clone(), config);
     Instance {
         manager,
         service: CallerScoped::new(service, callers.clone()),
+        loading,
     }
 }
 
@@ -431,51 +470,172 @@ async fn a_request_arriving_while_its_session_is_restored_waits_for_the_handshak
     assert_eq!(within(b.list(&session, None, 4)).await, 200);
 }
 
-/// With sessions bound to their callers, neither ordering lets another
-/// caller's request reach the session: the late one is 404 (the session
-/// store does not give it the state), and the one arriving mid-restore is
-/// answered as for an unknown session (404, or 500 "session not found"
-/// when it waited on the owner's restore in rmcp: see `ScopedError::SessionNotFound`).
-/// The owner's requests are served.
-#[tokio::test(start_paused = true)]
-async fn another_callers_request_racing_a_restore_never_reaches_the_session() {
-    let store = Arc::new(MemoryStore::new());
-    let handler = Counted::default();
-    let callers = callers();
-    let a = instance(&store, &handler, &callers);
-    let b = instance(&store, &handler, &callers);
+/// With sessions bound to their callers (C20), another caller's request
+/// racing the owner's restore of the session is answered exactly as for an
+/// unknown session, 404, and never reaches the session; the owner's
+/// requests are served. Each ordering of the two on the instance that
+/// restores is forced below; rmcp serializes the requests that found the
+/// session absent behind the first one's restore and hands them its
+/// outcome, so without the adapter's care the other caller got the
+/// owner's (500 once its request reached the session), or the owner got
+/// the other caller's (404).
+mod callers_racing {
+    use super::*;
 
-    // The late one.
-    let session = a.open(Some("alice")).await;
-    let mut missed = b.manager.missed.arm();
-    let late = tokio::spawn(b.list(&session, Some("mallory"), 2));
-    missed.reached().await;
-    assert_eq!(within(b.list(&session, Some("alice"), 3)).await, 200);
-    settle().await;
-    missed.release();
-    assert_eq!(within(late).await.unwrap(), 404, "mallory, late");
+    /// Two instances on one store, sessions bound to their callers, a
+    /// session of alice's opened on A, and when the race begins.
+    async fn setup() -> (Instance, Instance, Counted, String, tokio::time::Instant) {
+        let store = Arc::new(MemoryStore::new());
+        let handler = Counted::default();
+        let callers = callers();
+        let a = instance(&store, &handler, &callers);
+        let b = instance(&store, &handler, &callers);
+        let session = a.open(Some("alice")).await;
+        (a, b, handler, session, tokio::time::Instant::now())
+    }
 
-    // Mid-restore.
-    let session = a.open(Some("alice")).await;
-    let mut replaying = b.manager.replaying.arm();
-    let first = tokio::spawn(b.list(&session, Some("alice"), 4));
-    replaying.reached().await;
-    let theirs = tokio::spawn(b.list(&session, Some("mallory"), 5));
-    let mine = tokio::spawn(b.list(&session, Some("alice"), 6));
-    settle().await;
-    replaying.release();
-    assert_eq!(within(first).await.unwrap(), 200, "alice's restore");
-    assert_eq!(within(mine).await.unwrap(), 200, "alice, mid-restore");
-    let theirs = within(theirs).await.unwrap();
-    assert!(
-        theirs == 404 || theirs == 500,
-        "mallory, mid-restore: {theirs}"
-    );
-    until("alice's requests reach the handler", || {
-        handler.listed() >= 3
-    })
-    .await;
-    settle().await;
-    assert_eq!(handler.listed(), 3, "only alice's requests were served");
-    assert_eq!(b.scoped().restores_pending(), (0, 0));
+    /// Whether `task` is still waiting, once everything else ran as far as
+    /// it can.
+    async fn waiting<T>(task: &tokio::task::JoinHandle<T>) -> bool {
+        settle().await;
+        !task.is_finished()
+    }
+
+    /// After a race: only alice's requests reached the handler, B serves
+    /// her and still not mallory, nothing is left in flight, and no wait
+    /// ran out (each ended when what it waited for was over; tokio's clock
+    /// is paused, so this is no timing).
+    async fn afterwards(
+        b: &Instance,
+        handler: &Counted,
+        session: &str,
+        alice_served: usize,
+        started: tokio::time::Instant,
+    ) {
+        until("alice's requests reach the handler", || {
+            handler.listed() >= alice_served
+        })
+        .await;
+        assert_eq!(within(b.list(session, Some("mallory"), 90)).await, 404);
+        assert_eq!(within(b.list(session, Some("alice"), 91)).await, 200);
+        until("alice's last request reaches the handler", || {
+            handler.listed() > alice_served
+        })
+        .await;
+        settle().await;
+        assert_eq!(
+            handler.listed(),
+            alice_served + 1,
+            "only alice's requests were served"
+        );
+        assert_eq!(b.scoped().restores_pending(), (0, 0));
+        assert_eq!(b.scoped().misses_pending(), 0);
+        assert!(
+            started.elapsed() < crate::restores::RESTORE_WAIT,
+            "a wait ran out"
+        );
+    }
+
+    /// Mallory's request arrives while alice's restore loads the session's
+    /// state (rmcp has taken the restore on; mallory's request would wait
+    /// for it and be handed its outcome). It waits for alice's restore to
+    /// be over, then finds the session unknown: 404.
+    #[tokio::test(start_paused = true)]
+    async fn while_the_owners_restore_loads_the_other_callers_request_is_404() {
+        let (_a, b, handler, session, started) = setup().await;
+        let mut loading = b.loading.arm();
+        let first = tokio::spawn(b.list(&session, Some("alice"), 2));
+        loading.reached().await;
+        let theirs = tokio::spawn(b.list(&session, Some("mallory"), 3));
+        settle().await;
+        loading.release();
+        assert_eq!(within(first).await.unwrap(), 200, "alice's restore");
+        assert_eq!(
+            within(theirs).await.unwrap(),
+            404,
+            "mallory (rmcp alone: 500)"
+        );
+        afterwards(&b, &handler, &session, 1, started).await;
+    }
+
+    /// Mallory's request arrives when alice's restore holds the session
+    /// but has not replayed `initialize` yet; with it, another request of
+    /// alice's. Alice's is served once the handshake is replayed,
+    /// mallory's is 404.
+    #[tokio::test(start_paused = true)]
+    async fn mid_restore_the_other_callers_request_is_404() {
+        let (_a, b, handler, session, started) = setup().await;
+        let mut replaying = b.manager.replaying.arm();
+        let first = tokio::spawn(b.list(&session, Some("alice"), 2));
+        replaying.reached().await;
+        let theirs = tokio::spawn(b.list(&session, Some("mallory"), 3));
+        let mine = tokio::spawn(b.list(&session, Some("alice"), 4));
+        assert!(waiting(&theirs).await, "mallory waits for the restore");
+        assert!(waiting(&mine).await, "alice waits for the restore");
+        replaying.release();
+        assert_eq!(within(first).await.unwrap(), 200, "alice's restore");
+        assert_eq!(within(mine).await.unwrap(), 200, "alice, mid-restore");
+        assert_eq!(
+            within(theirs).await.unwrap(),
+            404,
+            "mallory (rmcp alone: 500)"
+        );
+        afterwards(&b, &handler, &session, 2, started).await;
+    }
+
+    /// Mallory's request came first: rmcp is loading the session's state
+    /// for it (and will find none for mallory) when alice's arrives. Alice's
+    /// waits for that to be over, then restores the session: 200 (rmcp
+    /// alone: alice's request is handed mallory's outcome, 404).
+    #[tokio::test(start_paused = true)]
+    async fn the_owners_request_arriving_while_the_other_callers_loads_is_served() {
+        let (_a, b, handler, session, started) = setup().await;
+        let mut loading = b.loading.arm();
+        let theirs = tokio::spawn(b.list(&session, Some("mallory"), 2));
+        loading.reached().await;
+        let mine = tokio::spawn(b.list(&session, Some("alice"), 3));
+        settle().await;
+        loading.release();
+        assert_eq!(within(theirs).await.unwrap(), 404, "mallory");
+        assert_eq!(within(mine).await.unwrap(), 200, "alice (rmcp alone: 404)");
+        afterwards(&b, &handler, &session, 1, started).await;
+    }
+
+    /// Mallory's request found the session absent and is on its way to
+    /// rmcp's restore when alice's arrives: alice's waits for mallory's to
+    /// be answered (404), then restores the session (200).
+    #[tokio::test(start_paused = true)]
+    async fn the_owners_request_waits_for_the_other_callers_that_found_the_session_absent() {
+        let (_a, b, handler, session, started) = setup().await;
+        let mut missed = b.manager.missed.arm();
+        let theirs = tokio::spawn(b.list(&session, Some("mallory"), 2));
+        missed.reached().await;
+        let mine = tokio::spawn(b.list(&session, Some("alice"), 3));
+        assert!(waiting(&mine).await, "alice waits for mallory's request");
+        missed.release();
+        assert_eq!(within(theirs).await.unwrap(), 404, "mallory");
+        assert_eq!(within(mine).await.unwrap(), 200, "alice");
+        afterwards(&b, &handler, &session, 1, started).await;
+    }
+
+    /// Alice's request found the session absent and is on its way to
+    /// restore it when mallory's arrives: mallory's waits for alice's
+    /// restore, then is 404 (rmcp alone: handed alice's outcome, 500).
+    #[tokio::test(start_paused = true)]
+    async fn the_other_callers_request_waits_for_the_owners_that_found_the_session_absent() {
+        let (_a, b, handler, session, started) = setup().await;
+        let mut missed = b.manager.missed.arm();
+        let first = tokio::spawn(b.list(&session, Some("alice"), 2));
+        missed.reached().await;
+        let theirs = tokio::spawn(b.list(&session, Some("mallory"), 3));
+        assert!(waiting(&theirs).await, "mallory waits for alice's request");
+        missed.release();
+        assert_eq!(within(first).await.unwrap(), 200, "alice");
+        assert_eq!(
+            within(theirs).await.unwrap(),
+            404,
+            "mallory (rmcp alone: 500)"
+        );
+        afterwards(&b, &handler, &session, 1, started).await;
+    }
 }

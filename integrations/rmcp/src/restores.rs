@@ -11,6 +11,10 @@
 //! for the session are serialized by rmcp only once they are past
 //! `has_session`, and only while the first restore runs.
 //!
+//! It also keeps apart, per session, the requests rmcp will hand the
+//! outcome of one restore attempt (see [`Restores::miss`]): the owner's
+//! and another caller's must not share one.
+//!
 //! Everything here is behind one `std` mutex held for a few map operations
 //! at a time, never across an `.await`.
 
@@ -31,12 +35,23 @@ use tokio::time::Instant;
 /// taken as abandoned (its request was cancelled) and the request goes on.
 pub(super) const RESTORE_WAIT: Duration = Duration::from_secs(10);
 
+/// How long after a restore attempt of a session is over here a request
+/// of the other kind (see [`Restores::miss`]) still keeps away from rmcp's
+/// restore: rmcp forgets an attempt in a task it spawns as the attempt
+/// ends, and hands its outcome to every request that comes to it before
+/// that task ran, which nothing tells. That task runs at once unless its
+/// thread is preempted; this leaves it several scheduler time slices.
+pub(super) const FORGET_WAIT: Duration = Duration::from_millis(50);
+
 /// The restores of one manager.
 #[derive(Default)]
 pub(super) struct Restores {
     /// How many restores are in flight: `has_session` reads it without
     /// the lock, and takes the lock only when one is.
     in_flight: AtomicUsize,
+    /// How many sessions have [misses](Self::miss) in flight: read without
+    /// the lock by the calls that may end them.
+    missing: AtomicUsize,
     serial: AtomicU64,
     state: Mutex<State>,
 }
@@ -55,6 +70,61 @@ struct State {
     /// replay ended (a close that never came is forgotten after
     /// [`RESTORE_WAIT`]).
     replay_closes: HashMap<SessionId, (usize, Instant)>,
+    /// Requests answered "not held here" on their way to rmcp's restore of
+    /// the session, all of one kind per session at a time.
+    misses: HashMap<SessionId, Misses>,
+    /// When the latest misses of a session ended, and whether they were
+    /// the owner's (kept for [`FORGET_WAIT`]).
+    missed: HashMap<SessionId, (bool, Instant)>,
+    /// Prune both maps once they hold this many (a miss whose end never
+    /// came, after [`RESTORE_WAIT`]: its request was dropped, or the server
+    /// never restores sessions).
+    prune_at: usize,
+}
+
+impl State {
+    /// The misses of `id` are over.
+    fn end_misses(&mut self, id: &SessionId, now: Instant) {
+        if let Some(misses) = self.misses.remove(id) {
+            self.missed.insert(id.clone(), (misses.owner, now));
+        }
+    }
+
+    fn prune(&mut self, now: Instant) {
+        if self.misses.len() + self.missed.len() < self.prune_at {
+            return;
+        }
+        self.misses
+            .retain(|_, misses| now.duration_since(misses.since) < RESTORE_WAIT);
+        self.missed
+            .retain(|_, (_, at)| now.duration_since(*at) < FORGET_WAIT);
+        self.prune_at = (2 * (self.misses.len() + self.missed.len())).max(64);
+    }
+}
+
+/// What a request about to miss a session does.
+enum Missing {
+    /// Goes on to rmcp.
+    Go,
+    /// Waits for the misses of the other kind (this serial) to be over.
+    Waiting(u64, watch::Receiver<()>),
+    /// Waits until rmcp has forgotten their attempt.
+    Forgetting(Instant),
+}
+
+/// Requests of one kind answered "not held here" for one session, whose
+/// restore attempt in rmcp is not over.
+struct Misses {
+    /// The owner's (the session store gives them the session's state, so
+    /// rmcp restores the session for them), or not (it finds none).
+    owner: bool,
+    /// The requests' tasks (the owner's leave when served).
+    tasks: Vec<Option<tokio::task::Id>>,
+    serial: u64,
+    /// When the latest request joined.
+    since: Instant,
+    /// Dropped when they are over: wakes the requests of the other kind.
+    over: watch::Sender<()>,
 }
 
 /// The manager's side of a replayed handshake.
@@ -95,6 +165,7 @@ impl Restores {
             restores: self.clone(),
             id: id.clone(),
             serial,
+            failed: true,
         }
     }
 
@@ -105,9 +176,10 @@ impl Restores {
         self.finish_if(id, None);
     }
 
-    fn finish_if(&self, id: &SessionId, serial: Option<u64>) {
+    /// Whether it ended a restore in flight.
+    fn finish_if(&self, id: &SessionId, serial: Option<u64>) -> bool {
         if self.in_flight.load(Ordering::SeqCst) == 0 {
-            return;
+            return false;
         }
         let mut state = self.lock();
         if state
@@ -117,7 +189,9 @@ impl Restores {
         {
             state.restoring.remove(id);
             self.count(&state);
+            return true;
         }
+        false
     }
 
     /// Waits while a restore of `id` is in flight here, at most
@@ -266,6 +340,137 @@ impl Restores {
         }
     }
 
+    /// A request of session `id` is about to be answered "not held here",
+    /// the session's `owner`'s (the session store gives it the session's
+    /// state) or not: rmcp then restores the session, or tries to. `true`:
+    /// answer it so. `false`, after a wait: decide again.
+    ///
+    /// rmcp hands every request that finds the session absent while a
+    /// restore attempt of it is under way (or just over: see
+    /// [`FORGET_WAIT`]) that attempt's outcome. Another caller's request
+    /// then went on as if the owner's session were its own, to be refused
+    /// with 500, or the owner's was handed the other caller's "no such
+    /// session", 404. So a request waits here while requests of the other
+    /// kind are on their way, until their attempt is over (the other
+    /// caller's once rmcp's load found nothing: [`nothing_loaded`](Self::nothing_loaded);
+    /// the owner's once each was served after the restore, [`served`](Self::served),
+    /// or the restore failed, [`abandon`](Self::abandon); at most
+    /// [`RESTORE_WAIT`]), and [`FORGET_WAIT`] after. Requests of one kind
+    /// share an attempt harmlessly.
+    pub(super) async fn miss(&self, id: &SessionId, owner: bool) -> bool {
+        match self.try_miss(id, owner) {
+            Missing::Go => true,
+            Missing::Forgetting(until) => {
+                tokio::time::sleep_until(until).await;
+                false
+            }
+            Missing::Waiting(serial, mut over) => {
+                if tokio::time::timeout(RESTORE_WAIT, over.changed())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(session_id = %id, "requests of the session on their way to its restore were not answered within {RESTORE_WAIT:?}; going on");
+                    self.end_misses(id, Some(serial));
+                }
+                false
+            }
+        }
+    }
+
+    fn try_miss(&self, id: &SessionId, owner: bool) -> Missing {
+        let task = tokio::task::try_id();
+        let now = Instant::now();
+        let mut state = self.lock();
+        match state.misses.get_mut(id) {
+            // (Older ones are taken as abandoned.)
+            Some(misses) if now.duration_since(misses.since) < RESTORE_WAIT => {
+                if misses.owner != owner {
+                    return Missing::Waiting(misses.serial, misses.over.subscribe());
+                }
+                misses.tasks.push(task);
+                misses.since = now;
+                return Missing::Go;
+            }
+            _ => {}
+        }
+        if let Some(&(kind, at)) = state.missed.get(id)
+            && kind != owner
+            && now.duration_since(at) < FORGET_WAIT
+        {
+            return Missing::Forgetting(at + FORGET_WAIT);
+        }
+        state.prune(now);
+        state.missed.remove(id);
+        let misses = Misses {
+            owner,
+            tasks: vec![task],
+            serial: self.serial.fetch_add(1, Ordering::Relaxed),
+            since: now,
+            over: watch::channel(()).0,
+        };
+        state.misses.insert(id.clone(), misses);
+        self.missing.store(state.misses.len(), Ordering::SeqCst);
+        Missing::Go
+    }
+
+    /// rmcp's load of session `id`'s state found nothing (or failed): the
+    /// attempt the requests missing it are on is over.
+    pub(super) fn nothing_loaded(&self, id: &str) {
+        if self.missing.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.end_misses(&id.into(), None);
+    }
+
+    /// A request of session `id` is served (its message goes to the
+    /// session): if it missed the session (the owner's do), rmcp's restore
+    /// of it is over for this one.
+    pub(super) fn served(&self, id: &SessionId) {
+        if self.missing.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let task = tokio::task::try_id();
+        let mut state = self.lock();
+        let Some(misses) = state.misses.get_mut(id) else {
+            return;
+        };
+        let Some(at) = misses.tasks.iter().position(|t| *t == task) else {
+            return;
+        };
+        misses.tasks.swap_remove(at);
+        if misses.tasks.is_empty() {
+            state.end_misses(id, Instant::now());
+            self.missing.store(state.misses.len(), Ordering::SeqCst);
+        }
+    }
+
+    /// A restore of session `id` failed, or the session closed: the
+    /// requests missing it are answered without it.
+    pub(super) fn abandon(&self, id: &SessionId) {
+        if self.missing.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.end_misses(id, None);
+    }
+
+    fn end_misses(&self, id: &SessionId, serial: Option<u64>) {
+        let mut state = self.lock();
+        if state
+            .misses
+            .get(id)
+            .is_some_and(|misses| serial.is_none_or(|serial| serial == misses.serial))
+        {
+            state.end_misses(id, Instant::now());
+            self.missing.store(state.misses.len(), Ordering::SeqCst);
+        }
+    }
+
+    /// How many sessions have requests on their way to a restore (tests).
+    #[cfg(test)]
+    pub(super) fn misses(&self) -> usize {
+        self.lock().misses.len()
+    }
+
     /// How many restores are in flight and replays pending (for tests).
     #[cfg(test)]
     pub(super) fn pending(&self) -> (usize, usize) {
@@ -275,7 +480,7 @@ impl Restores {
 }
 
 /// Whether rmcp replays this message to restore a session.
-fn replayed(message: &ClientJsonRpcMessage) -> bool {
+pub(super) fn replayed(message: &ClientJsonRpcMessage) -> bool {
     match message {
         ClientJsonRpcMessage::Request(request) => request.request.extensions(),
         ClientJsonRpcMessage::Notification(notification) => notification.notification.extensions(),
@@ -286,16 +491,30 @@ fn replayed(message: &ClientJsonRpcMessage) -> bool {
 }
 
 /// A restore in flight; dropped before it finished (rmcp gave up on it
-/// before replaying the handshake), it is over.
+/// before replaying the handshake, or there was nothing to restore), it is
+/// over, and failed.
 pub(crate) struct Restoring {
     restores: Arc<Restores>,
     id: SessionId,
     serial: u64,
+    /// Whether ending unfinished fails the requests that
+    /// [missed](Restores::miss) the session.
+    failed: bool,
+}
+
+impl Restoring {
+    /// Over: the session was held here already, and the requests that
+    /// missed it are served by it.
+    pub(crate) fn already_held(mut self) {
+        self.failed = false;
+    }
 }
 
 impl Drop for Restoring {
     fn drop(&mut self) {
-        self.restores.finish_if(&self.id, Some(self.serial));
+        if self.restores.finish_if(&self.id, Some(self.serial)) && self.failed {
+            self.restores.abandon(&self.id);
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::callers::{caller, scoped_caller};
 use super::events::is_standalone_of;
 use super::listeners::Listeners;
-use super::restores::Restores;
+use super::restores::{Restores, replayed};
 use super::routed::Routed;
 use super::sessions::{DEFAULT_SESSION_KEY_PREFIX, DEFAULT_SESSION_TTL};
 use super::tracker::{Absent, Cleanup, Stored, Tracker, spawn};
@@ -205,10 +205,25 @@ const CLEANUP_CONCURRENCY: usize = 8;
 ///   request's caller, so the session is theirs; should the held session
 ///   be another caller's, the request is answered 404.
 ///
-/// A request of another caller (with [`with_callers`](Self::with_callers))
-/// is never served either way: it waits like the others, then finds the
-/// session unknown, and rmcp answers 404 or, when it then waited on the
-/// owner's restore in rmcp, 500 ([`ScopedError::SessionNotFound`]).
+/// With sessions bound to their callers ([`with_callers`](Self::with_callers))
+/// and the session store linked ([`with_session_store`](Self::with_session_store)),
+/// a request of another caller racing the owner's on such an instance is
+/// answered exactly as for an unknown session, 404, and the owner's is
+/// served, whatever their order. rmcp hands every request that finds the
+/// session absent while a restore attempt of it is under way (or just
+/// over) that attempt's outcome: the other caller's request then went on
+/// as if the session were its own, to be refused with 500
+/// ([`ScopedError::SessionNotFound`]), or the owner's was handed the other
+/// caller's "no such session", 404. So a request about to be answered
+/// "not held here" asks the session store whether the session is its
+/// caller's (one read) and waits, while requests of the other kind are on
+/// their way to rmcp's restore, until their attempt is over (the other
+/// caller's once rmcp's load found nothing; the owner's once each was
+/// served after the restore, or the restore failed; at most 10 s) and
+/// 50 ms after, as rmcp forgets an attempt in a task of its own, which
+/// nothing tells. Only requests racing a request of the other kind wait.
+/// Unlinked, the other caller's request is never served either, but may be
+/// answered 500, and the owner's may be answered 404.
 ///
 /// Everything else is passed to the inner manager.
 ///
@@ -251,6 +266,9 @@ pub struct SessionScoped<M, S: ?Sized> {
     listeners: Arc<Listeners>,
     /// Whether sessions are bound to their callers ([`with_callers`](Self::with_callers)).
     callers_bound: bool,
+    /// Whether the session store rmcp uses is linked ([`with_session_store`](Self::with_session_store)):
+    /// it tells when a restore attempt found nothing.
+    linked: bool,
     /// The restores in flight here, and the handshakes replayed for a
     /// second restore of a session held here.
     restores: Arc<Restores>,
@@ -304,6 +322,7 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
             runtime: None,
             listeners: Arc::default(),
             callers_bound: false,
+            linked: false,
             restores: Arc::default(),
         }
     }
@@ -376,11 +395,15 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
     /// sessions whose state is missing from it are deleted or expired and
     /// end here too. Its store and key prefix are the ones checked, and it
     /// tells this manager which sessions it stored, so each of them is
-    /// checked from its first request on. Without this, `rmcp/<session id>`
+    /// checked from its first request on, and when rmcp's attempt to
+    /// restore a session found nothing (so that, with callers bound,
+    /// another caller's request never shares the owner's restore: see
+    /// *Restores racing requests*). Without this, `rmcp/<session id>`
     /// in this manager's store is checked, as
     /// [`IntoRmcp::into_rmcp_sessions`](super::IntoRmcp) keeps it.
     pub fn with_session_store(mut self, sessions: &Arc<RmcpSessionStore<S>>) -> Self {
-        sessions.link(&self.tracker);
+        sessions.link(&self.tracker, &self.restores);
+        self.linked = true;
         self.sessions = sessions.inner().clone();
         self.session_prefix = sessions.key_prefix().to_owned();
         self
@@ -415,6 +438,12 @@ impl<M, S: ?Sized> SessionScoped<M, S> {
     #[cfg(test)]
     pub(super) fn restores_pending(&self) -> (usize, usize) {
         self.restores.pending()
+    }
+
+    /// Sessions with requests on their way to a restore (tests).
+    #[cfg(test)]
+    pub(super) fn misses_pending(&self) -> usize {
+        self.restores.misses()
     }
 
     fn binding_key(&self, token: &StreamToken) -> String {
@@ -456,8 +485,10 @@ pub enum ScopedError<E> {
     },
     /// The session is not one of the caller's (C20): what a request of
     /// another caller gets that reached the session anyway (it waited on
-    /// the restore its owner's request made; rmcp then answers 500 rather
-    /// than 404). Says nothing more than an unknown session would.
+    /// the restore its owner's request made, which only an unlinked
+    /// session store lets happen: see *Restores racing requests* on
+    /// [`SessionScoped`]; rmcp then answers 500 rather than 404). Says
+    /// nothing more than an unknown session would.
     #[error("session not found")]
     SessionNotFound,
     /// A request found its session absent and came to restore it after
@@ -602,6 +633,18 @@ where
                 true
             }
         }
+    }
+
+    /// Whether the session store gives session `id`'s state to the
+    /// request's caller: whether rmcp, restoring it, restores it for them.
+    async fn may_restore(&self, id: &SessionId) -> bool {
+        let (Some(key), Some(caller)) = (self.session_key(id), caller(self.callers_bound)) else {
+            return false;
+        };
+        matches!(
+            self.sessions.get_session_as(&caller, &key).await,
+            Ok(Some(_))
+        )
     }
 
     /// Wraps a request stream of session `id` so that its stream is bound to
@@ -869,34 +912,48 @@ where
             .map_err(ScopedError::Manager);
         // A restored session now serves requests: those that waited go on.
         self.restores.finish(id);
+        if answer.is_err() {
+            self.restores.abandon(id);
+        }
         answer
     }
 
     async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
-        let mut held = self
-            .inner
-            .has_session(id)
-            .await
-            .map_err(ScopedError::Manager)?;
-        // Asked after the inner manager: a restore is marked before the
-        // session is held, so one seen held mid-restore is seen restoring.
-        if self.restores.settle(id).await {
-            held = self
+        loop {
+            let mut held = self
                 .inner
                 .has_session(id)
                 .await
                 .map_err(ScopedError::Manager)?;
+            // Asked after the inner manager: a restore is marked before the
+            // session is held, so one seen held mid-restore is seen restoring.
+            if self.restores.settle(id).await {
+                held = self
+                    .inner
+                    .has_session(id)
+                    .await
+                    .map_err(ScopedError::Manager)?;
+            }
+            if held && self.caller_owns(id) {
+                // Checked last: a session ended elsewhere while this ran is
+                // closed here, and possibly untracked, by now; it is unknown
+                // all the same.
+                return Ok(self.still_stored(id).await && !self.ended_anywhere(id));
+            }
+            // Not held here, or another caller's (unknown to this one, C20):
+            // rmcp goes on to restore it, handing this request the outcome
+            // of any restore attempt of the session under way. The owner's
+            // and another caller's must not share one (see
+            // `Restores::miss`): which this request is, the session store
+            // says (it gives the state to the owner only).
+            if !self.callers_bound || !self.linked {
+                return Ok(false);
+            }
+            let owner = !held && self.may_restore(id).await;
+            if self.restores.miss(id, owner).await {
+                return Ok(false);
+            }
         }
-        if !held {
-            return Ok(false);
-        }
-        if !self.caller_owns(id) {
-            // Another caller's: unknown to this one (C20).
-            return Ok(false);
-        }
-        // Checked last: a session ended elsewhere while this ran is closed
-        // here, and possibly untracked, by now; it is unknown all the same.
-        Ok(self.still_stored(id).await && !self.ended_anywhere(id))
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
@@ -915,6 +972,7 @@ where
             return Ok(());
         }
         self.restores.finish(id);
+        self.restores.abandon(id);
         let closed = self
             .inner
             .close_session(id)
@@ -971,6 +1029,7 @@ where
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.restores.served(id);
         self.ensure_caller(id)?;
         let stream = self
             .inner
@@ -989,6 +1048,9 @@ where
             // The end of a handshake replayed for a session held here.
             return Ok(());
         };
+        if !replayed(&message) {
+            self.restores.served(id);
+        }
         self.ensure_caller(id)?;
         if let Some(runtime) = &self.runtime
             && let Some(request_id) = answered(&message)
@@ -1019,6 +1081,7 @@ where
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.restores.served(id);
         self.ensure_caller(id)?;
         let stream = self
             .inner
@@ -1033,6 +1096,7 @@ where
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.restores.served(id);
         if !self.caller_owns(id) {
             return Err(ScopedError::foreign(&last_event_id));
         }
@@ -1060,10 +1124,13 @@ where
     ) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
         if self.ended_anywhere(&id) {
             // Whatever state another instance wrote back before it heard.
+            self.restores.abandon(&id);
             return Ok(RestoreOutcome::NotSupported);
         }
         // Marked before the inner manager holds the session: a request
-        // that sees it held waits until its handshake is replayed.
+        // that sees it held waits until its handshake is replayed. (Dropped
+        // unfinished, on an error or an outcome without a transport, it
+        // abandons the restore.)
         let restoring = self.restores.begin(&id);
         let outcome = self
             .inner
@@ -1079,7 +1146,7 @@ where
                 )
             }
             RestoreOutcome::AlreadyPresent => {
-                drop(restoring);
+                restoring.already_held();
                 // Restored (or created) here since this request found it
                 // absent. rmcp 3.11 answers `AlreadyPresent` with 500: a
                 // handshake replayed to a handler of its own lets the

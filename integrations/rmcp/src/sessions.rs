@@ -11,6 +11,7 @@ use rmcp::transport::streamable_http_server::session::{
 
 use super::AdapterError;
 use super::callers::caller;
+use super::restores::Restores;
 use super::tracker::Tracker;
 use mcp_event_store_core::Error;
 use mcp_event_store_core::SessionStore;
@@ -54,8 +55,9 @@ pub struct RmcpSessionStore<S: ?Sized> {
     ttl: Duration,
     prefix: String,
     refresh_on_load: bool,
-    /// Managers to tell when a session's state is written.
-    linked: RwLock<Vec<Weak<Tracker>>>,
+    /// Managers to tell when a session's state is written, or a load
+    /// finds none.
+    linked: RwLock<Vec<(Weak<Tracker>, Weak<Restores>)>>,
     /// Tells every instance when a client deleted a session.
     runtime: Option<Runtime>,
     /// Whether sessions are bound to their callers ([`with_callers`](Self::with_callers)).
@@ -132,17 +134,28 @@ impl<S: ?Sized> RmcpSessionStore<S> {
         &self.prefix
     }
 
-    /// Tells `tracker` about every session stored from now on; managers
+    /// Tells a manager (its `tracker` and `restores`) about every session
+    /// stored from now on, and every load that finds nothing; managers
     /// that are gone are forgotten on the way.
-    pub(super) fn link(&self, tracker: &Arc<Tracker>) {
+    pub(super) fn link(&self, tracker: &Arc<Tracker>, restores: &Arc<Restores>) {
         let mut linked = self.linked.write().unwrap_or_else(PoisonError::into_inner);
-        linked.retain(|t| t.strong_count() > 0);
-        linked.push(Arc::downgrade(tracker));
+        linked.retain(|(t, _)| t.strong_count() > 0);
+        linked.push((Arc::downgrade(tracker), Arc::downgrade(restores)));
     }
 
     fn linked(&self) -> Vec<Arc<Tracker>> {
         let linked = self.linked.read().unwrap_or_else(PoisonError::into_inner);
-        linked.iter().filter_map(Weak::upgrade).collect()
+        linked.iter().filter_map(|(t, _)| t.upgrade()).collect()
+    }
+
+    /// rmcp's attempt to restore `session_id` found no state for its
+    /// request's caller (or failed): the requests of the session that wait
+    /// for it to be over go on (`Restores::miss`).
+    fn nothing_loaded(&self, session_id: &str) {
+        let linked = self.linked.read().unwrap_or_else(PoisonError::into_inner);
+        for restores in linked.iter().filter_map(|(_, r)| r.upgrade()) {
+            restores.nothing_loaded(session_id);
+        }
     }
 
     fn stored(&self, session_id: &str) {
@@ -182,9 +195,9 @@ impl<S: ?Sized> fmt::Debug for RmcpSessionStore<S> {
     }
 }
 
-#[async_trait]
-impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
-    async fn load(
+impl<S: SessionStore + ?Sized> RmcpSessionStore<S> {
+    /// The state of `session_id`, for the request's caller.
+    async fn load_state(
         &self,
         session_id: &str,
     ) -> std::result::Result<Option<SessionState>, SessionStoreError> {
@@ -213,6 +226,20 @@ impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
             tracing::warn!(%error, "could not refresh the time to live of a restored session");
         }
         Ok(Some(state))
+    }
+}
+
+#[async_trait]
+impl<S: SessionStore + ?Sized> RmcpSessionStoreTrait for RmcpSessionStore<S> {
+    async fn load(
+        &self,
+        session_id: &str,
+    ) -> std::result::Result<Option<SessionState>, SessionStoreError> {
+        let loaded = self.load_state(session_id).await;
+        if !matches!(loaded, Ok(Some(_))) {
+            self.nothing_loaded(session_id);
+        }
+        loaded
     }
 
     async fn store(

@@ -17,6 +17,14 @@
 //! deterministically, by the adapter's unit tests
 //! (`integrations/rmcp/src/restore_race.rs`). Only backends whose storage
 //! two processes share.
+//!
+//! With callers (C20), a request of the session's owner and one of another
+//! caller sent to B at once: the owner's is served, the other's gets what
+//! an unknown session gets (404). rmcp 3.11 hands a request that finds the
+//! session absent the outcome of the restore attempt under way, so without
+//! the adapter's care one of the two got the other's: the other caller
+//! 500, or the owner 404. These pairs land in that window most of the
+//! time (both look the session up at once).
 
 use std::time::Duration;
 
@@ -41,6 +49,13 @@ macro_rules! restore_race_tests {
             async fn requests_arriving_together_on_the_restoring_instance_are_served() {
                 let fixture = crate::harness::Fixture::on(stringify!($backend)).await;
                 super::requests_arriving_together_are_served(&fixture).await;
+                fixture.teardown().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn another_callers_request_arriving_with_the_owners_on_the_restoring_instance_is_404() {
+                let fixture = crate::harness::Fixture::on(stringify!($backend)).await;
+                super::another_callers_request_arriving_with_the_owners_is_404(&fixture).await;
                 fixture.teardown().await;
             }
         }
@@ -137,5 +152,81 @@ pub async fn requests_arriving_together_are_served(fixture: &Fixture) {
         // Both instances go on serving the session.
         assert_eq!(listed(&on_b, 12).await, (200, true), "pair {pair}: B after");
         assert_eq!(listed(&on_a, 13).await, (200, true), "pair {pair}: A after");
+    }
+}
+
+/// What rmcp answers a `POST` for a session nobody has: its status and
+/// body.
+async fn unknown_session(client: &Client, id: u64) -> (u16, String) {
+    let unknown = client.in_session("00000000-0000-4000-8000-000000000000");
+    let response = unknown.post(list(id)).await;
+    (
+        response.status().as_u16(),
+        response.text().await.expect("a body"),
+    )
+}
+
+/// A session is its caller's (C20) even while it is being restored: each
+/// session opened on A by alice, then a `tools/list` of alice and one of
+/// another caller (mallory, or no caller at all) with its id sent to B at
+/// once, B holding nothing yet. Whichever reaches B's restore first,
+/// alice's is served and the other gets exactly what a request for an
+/// unknown session gets (404), never 500; afterwards B serves alice and
+/// still not the other. The pairs leave in both orders; the deadline only
+/// turns a hang into a failure.
+pub async fn another_callers_request_arriving_with_the_owners_is_404(fixture: &Fixture) {
+    let args = [
+        "--store".to_owned(),
+        fixture.url().to_owned(),
+        "--retry-ms".to_owned(),
+        RETRY.as_millis().to_string(),
+    ];
+    let [a, b] = [ChildServer::spawn(&args), ChildServer::spawn(&args)];
+    let alice = Client::new(&a.url).as_caller(Some("Bearer alice"));
+    let unknown = unknown_session(&alice.on(&b.url), 1).await;
+    assert_eq!(unknown.0, 404, "an unknown session");
+    for pair in 0..PAIRS {
+        let mut on_a = alice.clone();
+        on_a.initialize().await;
+        let owner = on_a.on(&b.url);
+        let other = owner.as_caller([Some("Bearer mallory"), None][(pair % 2) as usize]);
+        let theirs = async {
+            let response = other.post(list(11)).await;
+            (
+                response.status().as_u16(),
+                response.text().await.expect("a body"),
+            )
+        };
+        let mine = listed(&owner, 10);
+        let (mine, theirs) = tokio::time::timeout(Duration::from_secs(60), async {
+            if pair % 4 < 2 {
+                futures_util::future::join(mine, theirs).await
+            } else {
+                let (theirs, mine) = futures_util::future::join(theirs, mine).await;
+                (mine, theirs)
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("pair {pair}: no answer within a minute"));
+        assert_eq!(
+            mine,
+            (200, true),
+            "pair {pair}: the owner's request is served"
+        );
+        assert_eq!(
+            theirs, unknown,
+            "pair {pair}: the other caller's request is answered as for an unknown session"
+        );
+        assert_eq!(
+            listed(&owner, 12).await,
+            (200, true),
+            "pair {pair}: B after"
+        );
+        assert_eq!(
+            other.post(list(13)).await.status().as_u16(),
+            404,
+            "pair {pair}: the other caller after"
+        );
+        assert_eq!(listed(&on_a, 14).await, (200, true), "pair {pair}: A after");
     }
 }
