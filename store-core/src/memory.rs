@@ -719,14 +719,6 @@ impl RuntimeBackend for MemoryStore {
         self.inner.tasks.claim_tasks(by, limit).await
     }
 
-    async fn task_keys(
-        &self,
-        after: Option<&TaskDigest>,
-        limit: usize,
-    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
-        self.inner.tasks.task_keys(after, limit).await
-    }
-
     async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {
         self.inner.tasks.task_requeue(task).await
     }

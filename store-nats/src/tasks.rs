@@ -25,7 +25,7 @@ use mcp_event_store_core::backend::task::codec::{StoredTask, decode, encode};
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, count_ended, stored_digest, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
     Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev,
     TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
@@ -600,14 +600,6 @@ impl RuntimeBackend for NatsStore {
             }
         }
         Ok(claimed)
-    }
-
-    async fn task_keys(
-        &self,
-        after: Option<&TaskDigest>,
-        limit: usize,
-    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
-        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
     }
 
     /// The index first, as at creation: a refused requeue leaves an entry

@@ -30,7 +30,7 @@ use mcp_event_store_core::backend::task::rows::{self, TaskRow, TaskRows, stored_
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, owner_key, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
     Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev, Takeover,
     TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
@@ -806,14 +806,6 @@ impl RuntimeBackend for PostgresStore {
             self.follows().tasks().wake(&task_token(&claimed.task));
         }
         Ok(stepped.answer)
-    }
-
-    async fn task_keys(
-        &self,
-        after: Option<&TaskDigest>,
-        limit: usize,
-    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
-        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
     }
 
     async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {

@@ -21,7 +21,7 @@ use mcp_event_store_core::backend::task::codec::{self, StoredTask};
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, count_ended, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
     Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev, TaskOptions,
     TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
@@ -795,14 +795,6 @@ impl RuntimeBackend for RedisStore {
             return Ok(None);
         };
         found.stored.view(found.alive_until, now)
-    }
-
-    async fn task_keys(
-        &self,
-        after: Option<&TaskDigest>,
-        limit: usize,
-    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
-        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
     }
 
     /// The index first, as at creation: a refused requeue leaves an entry

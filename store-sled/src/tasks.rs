@@ -26,7 +26,7 @@ use mcp_event_store_core::backend::task::codec::{StoredTask as Stored, decode, e
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, count_ended, owner_key, stored_digest, stored_instance,
 };
-use mcp_event_store_core::backend::{Reader, RewriteBackend, RuntimeBackend, TaskBackend};
+use mcp_event_store_core::backend::{Reader, RuntimeBackend, TaskBackend};
 use mcp_event_store_core::task::{
     Applied, CancelMode, Claimed, InstanceId, InstanceLease, NewTask, Requeue, Rev,
     TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
@@ -498,14 +498,6 @@ impl RuntimeBackend for SledStore {
             stored.view(alive, now)
         })
         .await
-    }
-
-    async fn task_keys(
-        &self,
-        after: Option<&TaskDigest>,
-        limit: usize,
-    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
-        Ok(RewriteBackend::task_page(self, after, limit).await?.keys())
     }
 
     async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {

@@ -60,7 +60,7 @@ use bytes::Bytes;
 
 use crate::backend::observe;
 use crate::backend::redeem::RedeemBackend;
-use crate::backend::rewrite::RewriteBackend;
+use crate::backend::rewrite::{RewriteBackend, TaskKeys};
 use crate::backend::task::{
     OwnerKey, TaskDigest, check_message, check_responses, client_call, owner_key,
 };
@@ -478,7 +478,7 @@ impl<B: TaskBackend> TaskStore for B {
 /// The runtime side of a backend: instances, leases and claims, what
 /// [`RuntimeStore`] needs from the database (T11, T14, T17, T18).
 #[async_trait]
-pub trait RuntimeBackend: TaskBackend {
+pub trait RuntimeBackend: TaskBackend + TaskKeys {
     /// Registers or renews `me` for `lease` (T11); `false` when it lapsed.
     async fn lease_renew(&self, me: InstanceId, lease: Duration) -> Result<bool>;
 
@@ -502,15 +502,6 @@ pub trait RuntimeBackend: TaskBackend {
 
     /// Claims up to `limit` tasks waiting for a runtime (T17).
     async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>>;
-
-    /// Up to `limit` (checked) task keys after `after`, ascending, and
-    /// where the next page starts (T22). A backend may list them with its
-    /// rewrite listing ([`TaskValuePage::keys`](crate::rewrite::TaskValuePage::keys)).
-    async fn task_keys(
-        &self,
-        after: Option<&TaskDigest>,
-        limit: usize,
-    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)>;
 
     /// An operator's requeue (T23) in one atomic step:
     /// [`rows::requeue`](crate::backend::task::rows::requeue) or

@@ -140,7 +140,7 @@ pub mod task;
 
 pub use jobs::{BackendHandle, EventBackend, Reader, RuntimeBackend, SessionBackend, TaskBackend};
 pub use redeem::{RedeemBackend, RedeemKey};
-pub use rewrite::RewriteBackend;
+pub use rewrite::{RewriteBackend, TaskKeys};
 
 pub use crate::event::{retry_from_millis, retry_to_millis};
 pub use crate::id::{STREAM_KEY_LEN, STREAM_TOKEN_LEN, StreamKey, StreamToken};

@@ -74,6 +74,31 @@ pub trait RewriteBackend: BackendHandle {
     ) -> Result<bool>;
 }
 
+/// The task keys an operator's listing pages through (T22): up to `limit`
+/// (checked) after `after`, ascending, and where the next page starts.
+/// Every [`RewriteBackend`] has them from its task listing; a store of
+/// tasks alone lists its own.
+#[async_trait]
+pub trait TaskKeys: Send + Sync {
+    /// See the [trait docs](TaskKeys).
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)>;
+}
+
+#[async_trait]
+impl<B: RewriteBackend> TaskKeys for B {
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        Ok(self.task_page(after, limit).await?.keys())
+    }
+}
+
 /// The length rule every swap checks.
 fn same_length(expected: &[u8], new: &[u8]) -> Result<()> {
     if expected.len() == new.len() {

@@ -13,7 +13,7 @@ use super::{
     TaskDigest, TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange, millis,
 };
 use crate::backend::task::{InputEffect, OwnerKey, Step, count_ended, replacement};
-use crate::backend::{BackendHandle, Reader, RuntimeBackend, TaskBackend};
+use crate::backend::{BackendHandle, Reader, RuntimeBackend, TaskBackend, TaskKeys};
 use crate::error::{Error, Result};
 use crate::options::StoreOptions;
 use crate::rewrite::{TaskField, TaskValue, TaskValuePage, TaskValues};
@@ -465,6 +465,19 @@ impl TaskBackend for MemoryTaskStore {
     }
 }
 
+/// A store of tasks alone: its own listing (a [`MemoryStore`](crate::MemoryStore)
+/// lists its tasks through its rewrite listing).
+#[async_trait]
+impl TaskKeys for MemoryTaskStore {
+    async fn task_keys(
+        &self,
+        after: Option<&TaskDigest>,
+        limit: usize,
+    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
+        Ok(self.value_page(after, limit).keys())
+    }
+}
+
 #[async_trait]
 impl RuntimeBackend for MemoryTaskStore {
     async fn claimed_apply(
@@ -619,14 +632,6 @@ impl RuntimeBackend for MemoryTaskStore {
             return Ok(None);
         };
         Ok(task.view(state.instances.get(&task.instance).copied(), now))
-    }
-
-    async fn task_keys(
-        &self,
-        after: Option<&TaskDigest>,
-        limit: usize,
-    ) -> Result<(Vec<TaskDigest>, Option<TaskDigest>)> {
-        Ok(self.value_page(after, limit).keys())
     }
 
     async fn task_requeue(&self, digest: &TaskDigest) -> Result<Requeue> {
