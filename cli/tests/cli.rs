@@ -153,7 +153,7 @@ fn purge_on_an_empty_store() {
     assert_eq!(
         ok(&["purge", "memory://"]),
         "purged 0 events, 0 streams and 0 sessions\n\
-         tasks: 0 expired and 0 orphaned marked failed, 0 deleted, 0 lapsed instances forgotten\n"
+         tasks: 0 expired and 0 orphaned (0 with no run left) marked failed, 0 deleted, 0 lapsed instances forgotten\n"
     );
 }
 

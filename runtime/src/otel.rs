@@ -198,6 +198,44 @@ mod export {
                 eprintln!("trace export: shutting down: {error}");
             }
         }
+
+        /// Installs the process's `tracing` subscriber as a server wants
+        /// it: logs to stderr (in colour on a terminal), filtered by
+        /// `RUST_LOG` or else `default_filter`, and, with `export`, the
+        /// spans exported as traces too ([`start`](Self::start)). Returns
+        /// that export, to [`shutdown`](Self::shutdown) at the end.
+        ///
+        /// # Errors
+        ///
+        /// As [`start`](Self::start), or when the process has a subscriber
+        /// already.
+        pub fn install(
+            export: Option<Export>,
+            service_name: &str,
+            default_filter: &str,
+        ) -> Result<Option<Self>, TracingError> {
+            use tracing_subscriber::layer::SubscriberExt;
+            use tracing_subscriber::util::SubscriberInitExt;
+
+            let tracing = export
+                .map(|export| Self::start(export, service_name))
+                .transpose()?;
+            let stderr = std::io::stderr();
+            tracing_subscriber::registry()
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_writer(std::io::stderr)
+                        .with_ansi(std::io::IsTerminal::is_terminal(&stderr)),
+                )
+                .with(tracing.as_ref().map(|tracing| tracing.layer()))
+                .with(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| default_filter.into()),
+                )
+                .try_init()
+                .map_err(|e| TracingError(format!("installing the subscriber: {e}")))?;
+            Ok(tracing)
+        }
     }
 
     #[cfg(feature = "otlp")]

@@ -5,33 +5,16 @@
 
 use mcp_event_store::runtime::otel::Tracing;
 use resumable_server::{Options, serve, shutdown_signal};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
 
 #[tokio::main]
 async fn main() {
     let options = Options::try_parse(std::env::args().skip(1)).unwrap_or_else(|e| e.exit());
-    // `--trace`: spans exported as OpenTelemetry traces, beside the logs.
-    let trace = options
-        .trace
-        .map(|export| Tracing::start(export, "resumable-server"))
-        .transpose()
+    // Logs to stderr; with `--trace`, spans exported as traces beside them.
+    let trace = Tracing::install(options.trace, "resumable-server", "info,rmcp=warn")
         .unwrap_or_else(|error| {
             eprintln!("error: --trace: {error}");
             std::process::exit(1);
         });
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
-        )
-        .with(trace.as_ref().map(|trace| trace.layer()))
-        .with(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,rmcp=warn".into()),
-        )
-        .init();
     let ran = run(options).await;
     if let Some(trace) = trace {
         // Exports what is batched still; blocks until the exporter is done.

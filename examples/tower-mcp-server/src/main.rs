@@ -4,8 +4,6 @@
 
 use mcp_event_store::runtime::otel::Tracing;
 use tower_mcp_server::{Options, serve};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
 
 /// Resolves on Ctrl-C, or SIGTERM on Unix.
 async fn shutdown_signal() {
@@ -35,29 +33,18 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() {
     let options = Options::parse(std::env::args().skip(1)).unwrap_or_else(|e| e.exit());
-    // `--trace`: spans exported as OpenTelemetry traces, beside the logs.
-    let trace = options
-        .trace
-        .map(|export| Tracing::start(export, "tower-mcp-server"))
-        .transpose()
-        .unwrap_or_else(|error| {
-            eprintln!("error: --trace: {error}");
-            std::process::exit(1);
-        });
-    tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
-        )
-        .with(trace.as_ref().map(|trace| trace.layer()))
-        .with(
-            // `tower_mcp=warn` alone would match `tower_mcp_server` too
-            // (directives match target prefixes): this server's own info.
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,tower_mcp=warn,tower_mcp_server=info".into()),
-        )
-        .init();
+    // Logs to stderr; with `--trace`, spans exported as traces beside them.
+    // (`tower_mcp=warn` alone would match `tower_mcp_server` too:
+    // directives match target prefixes.)
+    let trace = Tracing::install(
+        options.trace,
+        "tower-mcp-server",
+        "info,tower_mcp=warn,tower_mcp_server=info",
+    )
+    .unwrap_or_else(|error| {
+        eprintln!("error: --trace: {error}");
+        std::process::exit(1);
+    });
     let ran = run(options).await;
     if let Some(trace) = trace {
         // Exports what is batched still; blocks until the exporter is done.

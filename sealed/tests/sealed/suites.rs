@@ -116,6 +116,7 @@ macro_rules! task_cases {
         mcp_event_store_conformance::__task_cases_instances!($harness);
         mcp_event_store_conformance::__task_cases_rewrite!($harness);
         mcp_event_store_conformance::__task_cases_metrics!($harness);
+        mcp_event_store_conformance::__task_cases_operators!($harness);
         mcp_event_store_conformance::__task_conformance_cases!($harness;
             // limits.rs
             hostile_payloads_and_keys_round_trip,
