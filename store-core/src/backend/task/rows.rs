@@ -441,7 +441,17 @@ pub async fn claim<R: TaskRows + ?Sized>(
             row.next_seq,
         )
         .await?;
-        let view = TaskView::new(owner_of(&row.owner)?, record, row.answers).on_instance(by, None);
+        // Read back in the step: the view names its new instance's lease,
+        // as every later read of it does.
+        let Some(view) = rows
+            .reload(&digest)
+            .await?
+            .map(|after| after.view(now))
+            .transpose()?
+            .flatten()
+        else {
+            return Err(Error::Corrupt("a task claimed now reads as gone".into()));
+        };
         claimed.push(Claimed::new(digest, worker, view).taken_from(
             &row.record,
             row.alive_until,
