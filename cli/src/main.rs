@@ -226,12 +226,16 @@ enum Command {
         /// The task: the 32 hex digits `tasks` lists, or its id.
         task: String,
     },
-    /// Report tasks to look at: waiting for a claim (and whether any
-    /// instance is alive to take them), on their last run, or waiting for
-    /// input for longer than --input-after. Exit 1 when any is reported.
+    /// Report tasks to look at: waiting for a claim for longer than
+    /// --claim-after (at once when no instance is alive to take them), on
+    /// their last run after a run was lost, or waiting for input for longer
+    /// than --input-after. Exit 1 when any is reported.
     Stuck {
         /// The store URL.
         url: String,
+        /// Report a task waiting for a claim for this many seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+        claim_after: u64,
         /// Report input unanswered for this many seconds.
         #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
         input_after: u64,
@@ -461,11 +465,16 @@ async fn run(cli: Cli) -> Outcome {
         }
         Command::Stuck {
             url,
+            claim_after,
             input_after,
             json,
         } => {
+            let patience = tasks::Patience {
+                claim: Duration::from_secs(claim_after),
+                input: Duration::from_secs(input_after),
+            };
             let store = connect(&url, timeout).await?;
-            tasks::stuck(&store, Duration::from_secs(input_after), json, &mut out).await
+            tasks::stuck(&store, &patience, json, &mut out).await
         }
         Command::Instances { url, json } => {
             tasks::instances(&connect(&url, timeout).await?, json, &mut out).await

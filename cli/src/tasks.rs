@@ -96,6 +96,16 @@ fn tool_of(entry: &TaskEntry) -> Option<String> {
     mcp_event_store::runtime::TaskCall::tool_of(context).ok()
 }
 
+/// An owner for a table cell: the first 8 hex digits of its digest, or
+/// `anonymous`.
+fn short_owner(owner: &Owner) -> String {
+    let mut text = owner_text(owner);
+    if owner.digest().is_some() {
+        text.truncate(8);
+    }
+    text
+}
+
 fn owner_text(owner: &Owner) -> String {
     match owner.digest() {
         Some(digest) => data_encoding::HEXLOWER.encode(digest),
@@ -171,7 +181,7 @@ pub(crate) async fn list(
     if !json {
         writeln!(
             out,
-            "{:<32}  {:<14}  {:<16}  {:<8}  {:<8}  {:<7}  UPDATED",
+            "{:<32}  {:<14}  {:<16}  {:<9}  {:<9}  {:<7}  UPDATED",
             "TASK", "STATUS", "TOOL", "OWNER", "INSTANCE", "ATTEMPT"
         )?;
     }
@@ -200,11 +210,11 @@ pub(crate) async fn list(
             );
             writeln!(
                 out,
-                "{:<32}  {:<14}  {:<16}  {:<8}  {:<8}  {:<7}  {}",
+                "{:<32}  {:<14}  {:<16}  {:<9}  {:<9}  {:<7}  {}",
                 entry.task,
                 record.status.as_str(),
                 tool_of(&entry).unwrap_or_else(|| "-".to_owned()),
-                &owner_text(&entry.view.owner)[..8.min(owner_text(&entry.view.owner).len())],
+                short_owner(&entry.view.owner),
                 instance,
                 attempt,
                 rfc3339(record.updated_at),
@@ -376,27 +386,49 @@ pub(crate) async fn requeue(store: &DynStore, task: TaskDigest, out: &mut impl W
 }
 
 /// What `stuck` reports of one task.
-fn stuck_reasons(entry: &TaskEntry, now: i64, live: usize, input_after: Duration) -> Vec<String> {
+/// How long `stuck` lets a task wait: for a claim, for input.
+pub(crate) struct Patience {
+    /// A task waiting for a claim this long (or with no live instance to
+    /// claim it) is reported.
+    pub(crate) claim: Duration,
+    /// A task waiting for input this long is reported.
+    pub(crate) input: Duration,
+}
+
+fn at_least(millis: i64, patience: Duration) -> bool {
+    u128::try_from(millis.max(0)).unwrap_or(0) >= patience.as_millis()
+}
+
+fn stuck_reasons(entry: &TaskEntry, now: i64, live: usize, patience: &Patience) -> Vec<String> {
     let record = &entry.view.record;
     let mut reasons = Vec::new();
     if record.status.is_terminal() {
         return reasons;
     }
     if let Some(t) = &record.takeover {
+        // Only a `working` task waits for a claim; one given back for input
+        // waits for its client.
         let lapsed = !instance_alive(entry, now);
-        if t.released || lapsed {
+        if record.status == TaskStatus::Working && (t.released || lapsed) {
             let since = if t.released {
                 record.updated_at
             } else {
                 entry.view.instance_alive_until.unwrap_or(record.updated_at)
             };
-            let mut reason = format!("waiting for a claim for {} s", (now - since).max(0) / 1000);
             if live == 0 {
-                reason.push_str(", and no instance is alive to claim it");
+                reasons.push(format!(
+                    "waiting for a claim for {} s, and no instance is alive to claim it",
+                    (now - since).max(0) / 1000
+                ));
+            } else if at_least(now - since, patience.claim) {
+                reasons.push(format!(
+                    "waiting for a claim for {} s",
+                    (now - since).max(0) / 1000
+                ));
             }
-            reasons.push(reason);
         }
-        if t.attempt() >= t.max_attempts {
+        // A run lost before, and none left after this one.
+        if t.lapses > 0 && t.attempt() >= t.max_attempts {
             reasons.push(format!(
                 "on its last run ({} of {})",
                 t.attempt(),
@@ -405,9 +437,7 @@ fn stuck_reasons(entry: &TaskEntry, now: i64, live: usize, input_after: Duration
         }
     }
     let waited = now - record.updated_at;
-    if record.status == TaskStatus::InputRequired
-        && u128::try_from(waited.max(0)).unwrap_or(0) >= input_after.as_millis()
-    {
+    if record.status == TaskStatus::InputRequired && at_least(waited, patience.input) {
         reasons.push(format!(
             "input unanswered for {} s ({})",
             waited / 1000,
@@ -422,12 +452,12 @@ fn stuck_reasons(entry: &TaskEntry, now: i64, live: usize, input_after: Duration
     reasons
 }
 
-/// `stuck`: tasks waiting for a claim (and whether any instance is alive
-/// to claim them), on their last run, or waiting for input past
-/// `input_after`. Exit 1 when any is reported.
+/// `stuck`: tasks waiting for a claim past `patience` (or with no instance
+/// alive to claim them), on their last run after a lost one, or waiting
+/// for input past `patience`. Exit 1 when any is reported.
 pub(crate) async fn stuck(
     store: &DynStore,
-    input_after: Duration,
+    patience: &Patience,
     json: bool,
     out: &mut impl Write,
 ) -> Outcome {
@@ -441,7 +471,7 @@ pub(crate) async fn stuck(
         .count();
     let mut found = 0u64;
     each_task(store, |entry| {
-        let reasons = stuck_reasons(&entry, now, live, input_after);
+        let reasons = stuck_reasons(&entry, now, live, patience);
         if reasons.is_empty() {
             return Ok(true);
         }

@@ -705,7 +705,17 @@ fn tasks_scenario(url: &str) {
     assert!(text.contains(&format!("task:      {}", t.deploy)), "{text}");
     assert!(text.contains("attempt 1 of 2"), "{text}");
 
-    let stuck = run(&["stuck", url, "--input-after", "0", "--json"]);
+    let quiet = run(&["stuck", url, "--json"]);
+    assert_eq!(quiet.code, Some(0), "nothing waits long yet: {quiet:?}");
+    let stuck = run(&[
+        "stuck",
+        url,
+        "--claim-after",
+        "0",
+        "--input-after",
+        "0",
+        "--json",
+    ]);
     assert_eq!(stuck.code, Some(1), "{stuck:?}");
     assert_eq!(tasks_in(&stuck.stdout), sorted(vec![&t.asking, &t.waiting]));
     let waiting = line(&stuck.stdout, &t.waiting);
