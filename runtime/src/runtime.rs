@@ -500,8 +500,9 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Registers the instance (its first lease, retried under fresh ids)
-    /// and starts the maintenance loop; needs a tokio runtime.
+    /// Registers the instance (its first lease, retried under fresh ids),
+    /// appends its card ([`InstanceCard`]) and starts the maintenance loop;
+    /// needs a tokio runtime.
     ///
     /// # Errors
     ///
@@ -557,7 +558,9 @@ impl RuntimeBuilder {
             started_millis: wall_millis(),
             carded: Mutex::default(),
         });
-        tokio::spawn(inner.clone().card());
+        // Before the start returns, so that it never races what its caller
+        // does with the store next (it is one append; a failure is logged).
+        inner.clone().card().await;
         let maintenance = tokio::spawn(maintain(Arc::downgrade(&inner)));
         *lock(&inner.maintenance) = Some(maintenance);
         Ok(Runtime { inner })

@@ -84,15 +84,30 @@ pub fn namespace(url: &str) -> Namespace {
 }
 
 /// Drops a schema and everything in it.
+///
+/// A server under test may still write to it (a runtime's last renewal or
+/// purge): the drop locks table after table, so the server can pick it as
+/// a deadlock's victim. It is tried again then, a few times.
 pub async fn drop_schema(url: &str, schema: &str) -> std::result::Result<(), sqlx::Error> {
     validate_schema_name(schema).map_err(|e| sqlx::Error::Configuration(e.into()))?;
     let mut conn = PgConnection::connect(url).await?;
-    sqlx::query(AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-    )))
-    .execute(&mut conn)
-    .await?;
-    conn.close().await
+    let drop = format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE");
+    let mut tries = 0;
+    loop {
+        match sqlx::query(AssertSqlSafe(drop.clone()))
+            .execute(&mut conn)
+            .await
+        {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("40P01") && tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            done => {
+                done?;
+                return conn.close().await;
+            }
+        }
+    }
 }
 
 /// Ends every server connection whose `application_name` is `name`, as a
