@@ -124,16 +124,17 @@ impl TaskDigest {
     /// hex digits), or `None` for anything else: how an operator names a
     /// task (T22), whose id no store keeps.
     pub fn parse(text: &str) -> Option<Self> {
-        if text.len() != 32 || text.bytes().any(|b| b.is_ascii_uppercase()) {
-            return None;
-        }
-        HEXLOWER
-            .decode(text.as_bytes())
-            .ok()?
-            .try_into()
-            .ok()
-            .map(Self)
+        hex16(text).map(Self)
     }
+}
+
+/// The 16 bytes 32 lowercase hex digits spell, or `None` for anything
+/// else: how digests and instance ids are written out.
+fn hex16(text: &str) -> Option<[u8; 16]> {
+    if text.len() != 32 || text.bytes().any(|b| b.is_ascii_uppercase()) {
+        return None;
+    }
+    HEXLOWER.decode(text.as_bytes()).ok()?.try_into().ok()
 }
 
 impl fmt::Display for TaskDigest {
@@ -222,15 +223,7 @@ impl InstanceId {
     /// The instance `text` spells ([`Display`](fmt::Display): 32
     /// lowercase hex digits), or `None` for anything else.
     pub fn parse(text: &str) -> Option<Self> {
-        if text.len() != 32 || text.bytes().any(|b| b.is_ascii_uppercase()) {
-            return None;
-        }
-        HEXLOWER
-            .decode(text.as_bytes())
-            .ok()?
-            .try_into()
-            .ok()
-            .map(Self)
+        hex16(text).map(Self)
     }
 
     /// The raw bytes, as backends store them.
