@@ -15,8 +15,8 @@ use mcp_event_store_core::task::{
 };
 use mcp_event_store_core::{
     Error, EventId, EventStore, FollowOptions, HealthReport, NewEvent, PurgeReport, RedeemStore,
-    Replay, Result, Retention, SessionDigest, SessionStore, Setting, Store, StoreOptions,
-    StoreStats, StreamCursor, StreamPage,
+    Replay, ReplayEvents, Result, Retention, SessionDigest, SessionStore, Setting, Store,
+    StoreOptions, StoreStats, StreamCursor, StreamPage,
 };
 
 use crate::envelope::{Field, OVERHEAD, Place, open, seal};
@@ -151,11 +151,10 @@ fn open_replay(keys: Arc<KeyRing>, replay: Replay) -> Replay {
                 *ended = item.is_err();
                 item
             }))
-        })
-        .boxed();
+        });
     Replay {
         stream_id: replay.stream_id,
-        events,
+        events: ReplayEvents::new(events),
     }
 }
 

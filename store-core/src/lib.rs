@@ -162,4 +162,4 @@ pub use options::{
 };
 pub use redeem::{MAX_NONCE_BYTES, MAX_REDEEM_HORIZON, REDEEM_GRACE, RedeemStore, Redemption};
 pub use session::SessionDigest;
-pub use store::{EventStore, FollowOptions, Replay, SessionStore, Store};
+pub use store::{EventStore, FollowOptions, Replay, ReplayEvents, SessionStore, Store};

@@ -23,7 +23,7 @@ use crate::options::{PurgeReport, StoreOptions};
 use crate::rewrite::{SessionValue, SessionValuePage, TaskField, TaskValuePage};
 use crate::session::SessionDigest;
 use crate::store::FollowOptions;
-use crate::store::{Page, Replay, paged_replay};
+use crate::store::{Page, Replay, paged_replay, paged_replay_with};
 use crate::task::{
     Applied, CancelMode, Claimed, InstanceId, InstanceLease, MemoryTaskStore, NewTask, Requeue,
     Rev, TaskDigest, TaskPurgeReport, TaskRecord, TaskView, Worker, WorkerChange,
@@ -244,7 +244,6 @@ impl MemoryStore {
     }
 
     fn page(&self, raw: &str, token: StreamToken, incarnation: u64, after: u64) -> Result<Page> {
-        let limit = self.inner.options.page_size;
         let state = self.state();
         let Some(stream) = state
             .streams
@@ -254,6 +253,19 @@ impl MemoryStore {
             // Deleted or expired under the replay (perhaps started again).
             return Err(Error::events_purged(raw));
         };
+        self.page_of(stream, raw, token, incarnation, after)
+    }
+
+    /// The page of `stream` (of life `incarnation`) after `after`.
+    fn page_of(
+        &self,
+        stream: &Stream,
+        raw: &str,
+        token: StreamToken,
+        incarnation: u64,
+        after: u64,
+    ) -> Result<Page> {
+        let limit = self.inner.options.page_size;
         let first_retained = stream.events.front().map(|e| e.seq);
         let skip = first_retained.map_or(0, |first| (after + 1).saturating_sub(first));
         let events: Vec<StoredEvent> = stream
@@ -305,21 +317,24 @@ impl EventBackend for MemoryStore {
     }
 
     async fn replay_after(&self, raw: &str, cursor: EventId) -> Result<Replay> {
-        let (stream_id, after) = {
+        let token = cursor.token;
+        let incarnation = cursor.position.major;
+        // The cursor check and the first page under one lock: most
+        // replays are one page, and then need nothing more.
+        let (stream_id, after, first) = {
             let state = self.state();
             let stream = state
                 .streams
                 .get(&cursor.token)
                 .ok_or_else(|| Error::unknown_event_id(raw))?;
             let after = dense::check_cursor(raw, &cursor, stream.dense())?;
-            (stream.stream_id.clone(), after)
+            let first = self.page_of(stream, raw, token, incarnation, after)?;
+            (stream.stream_id.clone(), after, first)
         };
         let store = self.clone();
         let raw = raw.to_owned();
-        let token = cursor.token;
-        let incarnation = cursor.position.major;
         let start = dense::position(incarnation, after);
-        let events = paged_replay(start, move |after| {
+        let events = paged_replay_with(start, first, move |after| {
             let page = store.page(&raw, token, incarnation, after.minor);
             async move { page }
         });

@@ -430,7 +430,7 @@ pub struct Replay {
     /// The stream the cursor belongs to.
     pub stream_id: String,
     /// The events, read lazily from the backend a page at a time.
-    pub events: BoxStream<'static, Result<StoredEvent>>,
+    pub events: ReplayEvents,
 }
 
 impl Replay {
@@ -439,7 +439,7 @@ impl Replay {
     pub fn empty(stream_id: &str) -> Self {
         Self {
             stream_id: stream_id.to_owned(),
-            events: futures_util::stream::empty().boxed(),
+            events: ReplayEvents::empty(),
         }
     }
 }
@@ -452,6 +452,148 @@ impl fmt::Debug for Replay {
     }
 }
 
+/// The events of a [`Replay`]: a `Stream` of `Result<StoredEvent>`, `Send`,
+/// `Unpin` and `'static`, used as any stream is (`next`, `try_collect`,
+/// `boxed`).
+///
+/// A replay read in pages ([`paged_replay`]) hands each event straight out
+/// of the page it read, with no boxed stream or per-event bookkeeping in
+/// between: a replay's cost is its pages. Any other stream (a follow, a
+/// decorator's mapped events) is wrapped with [`ReplayEvents::new`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> mcp_event_store_core::Result<()> {
+/// use futures_util::{StreamExt, TryStreamExt};
+/// use mcp_event_store_core::{EventStore, MemoryStore, NewEvent, ReplayEvents};
+///
+/// let store = MemoryStore::new();
+/// let first = store.store_event("s", NewEvent::new(b"one")).await?;
+/// store.store_event("s", NewEvent::new(b"two")).await?;
+/// let replay = store.replay_events_after(&first.to_string()).await?;
+/// // A decorator maps the events and hands them on as a replay's events.
+/// let upper: ReplayEvents = ReplayEvents::new(replay.events.map_ok(|mut event| {
+///     event.data = event.data.to_ascii_uppercase().into();
+///     event
+/// }));
+/// let events: Vec<_> = upper.try_collect().await?;
+/// assert_eq!(&events[0].data[..], b"TWO");
+/// # Ok(()) }
+/// ```
+pub struct ReplayEvents {
+    source: Source,
+    /// What the replay's span and metrics report when it ends; set by
+    /// core's observation of a backend's replay.
+    tally: Option<crate::backend::observe::Tally>,
+}
+
+enum Source {
+    Paged(Paged),
+    Stream(BoxStream<'static, Result<StoredEvent>>),
+}
+
+impl ReplayEvents {
+    /// Events that any stream yields.
+    pub fn new(
+        events: impl futures_core::Stream<Item = Result<StoredEvent>> + Send + 'static,
+    ) -> Self {
+        Self::from(events.boxed())
+    }
+
+    /// No events.
+    pub fn empty() -> Self {
+        Self::from_source(Source::Paged(Paged::done()))
+    }
+
+    fn from_source(source: Source) -> Self {
+        Self {
+            source,
+            tally: None,
+        }
+    }
+
+    /// Has the replay's span and metrics report what it handed out when
+    /// it is dropped: counted a page at a time, never per event.
+    pub(crate) fn observed(mut self, tally: crate::backend::observe::Tally) -> Self {
+        self.tally = Some(tally);
+        self
+    }
+}
+
+impl From<BoxStream<'static, Result<StoredEvent>>> for ReplayEvents {
+    fn from(events: BoxStream<'static, Result<StoredEvent>>) -> Self {
+        Self::from_source(Source::Stream(events))
+    }
+}
+
+impl fmt::Debug for ReplayEvents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let source = match &self.source {
+            Source::Paged(paged) => format!("paged, {} buffered", paged.page.len()),
+            Source::Stream(_) => "stream".to_owned(),
+        };
+        f.debug_struct("ReplayEvents")
+            .field("source", &source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl futures_core::Stream for ReplayEvents {
+    type Item = Result<StoredEvent>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match &mut this.source {
+            Source::Paged(paged) => paged.poll_next(cx),
+            Source::Stream(events) => {
+                let next = events.as_mut().poll_next(cx);
+                if let (Some(tally), std::task::Poll::Ready(Some(Ok(event)))) =
+                    (&mut this.tally, &next)
+                {
+                    tally.add(1, event.data.len() as u64);
+                }
+                next
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match &self.source {
+            Source::Paged(paged) => paged.size_hint(),
+            Source::Stream(events) => events.size_hint(),
+        }
+    }
+}
+
+impl ReplayEvents {
+    /// The events and payload bytes a paged replay handed out so far:
+    /// everything its pages read, less what is still buffered.
+    fn paged_out(&self) -> Option<(u64, u64)> {
+        let Source::Paged(paged) = &self.source else {
+            return None;
+        };
+        let buffered = paged.page.as_slice();
+        let unread: u64 = buffered.iter().map(|e| e.data.len() as u64).sum();
+        Some((
+            paged.read_events - buffered.len() as u64,
+            paged.read_bytes - unread,
+        ))
+    }
+}
+
+impl Drop for ReplayEvents {
+    fn drop(&mut self) {
+        if let Some((events, bytes)) = self.paged_out()
+            && let Some(tally) = &mut self.tally
+        {
+            tally.add(events, bytes);
+        }
+    }
+}
+
 /// One page read from a backend during replay.
 #[derive(Debug, Default)]
 pub struct Page {
@@ -461,104 +603,110 @@ pub struct Page {
     pub last: bool,
 }
 
-/// Builds a replay stream from a function that reads one page after a
+/// Builds a replay's events from a function that reads one page after a
 /// position. The function is called again after each page until it reports
 /// the last one, so at most one page is held in memory at a time (C3).
 ///
 /// Backends put their gap checks inside `fetch_page`.
-pub fn paged_replay<F, Fut>(
-    after: Position,
-    fetch_page: F,
-) -> BoxStream<'static, Result<StoredEvent>>
+pub fn paged_replay<F, Fut>(after: Position, fetch_page: F) -> ReplayEvents
 where
     F: FnMut(Position) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Page>> + Send + 'static,
 {
-    Box::pin(Paged {
-        after,
-        fetch_page: Box::new(fetch_page),
-        page: Vec::new().into_iter(),
-        reading: None,
-        done: false,
-    })
+    ReplayEvents::from_source(Source::Paged(Paged::new(after, fetch_page)))
 }
 
 /// [`paged_replay`] whose first page was read already (with the cursor
 /// check, in the same round trip, say): `first`'s events, then the pages
 /// `fetch_page` reads after its newest event, or after `after` when it is
 /// empty. Like any page, an empty or last `first` ends the replay.
-pub fn paged_replay_with<F, Fut>(
-    after: Position,
-    first: Page,
-    fetch_page: F,
-) -> BoxStream<'static, Result<StoredEvent>>
+pub fn paged_replay_with<F, Fut>(after: Position, first: Page, fetch_page: F) -> ReplayEvents
 where
     F: FnMut(Position) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Page>> + Send + 'static,
 {
-    Box::pin(Paged {
-        after: first.events.last().map_or(after, |last| last.id.position),
-        fetch_page: Box::new(fetch_page),
-        done: first.last || first.events.is_empty(),
-        page: first.events.into_iter(),
-        reading: None,
-    })
+    let mut paged = Paged::new(after, fetch_page);
+    paged.take(first);
+    ReplayEvents::from_source(Source::Paged(paged))
 }
 
-/// The stream [`paged_replay`] returns: each event straight from the page
-/// being read out, and the next page asked for only once that one is used
-/// up. (A hand-written stream rather than a flattened unfold: the events
-/// pass through no layer per event but this one.)
-struct Paged<F, Fut> {
+/// A replay's pages: each event straight from the page being read out, and
+/// the next page asked for only once that one is used up. Concrete, so
+/// that handing out an event is a call the compiler sees through; only the
+/// page read behind it is boxed.
+struct Paged {
     /// Where the next page starts: the newest event of the last page.
     after: Position,
-    // Boxed, so that the stream is `Unpin` whatever the function.
-    fetch_page: Box<F>,
+    fetch_page: Box<dyn FnMut(Position) -> BoxFuture<'static, Result<Page>> + Send>,
     /// The page being read out.
     page: std::vec::IntoIter<StoredEvent>,
     /// The read of the next page, once asked for.
-    reading: Option<std::pin::Pin<Box<Fut>>>,
+    reading: Option<BoxFuture<'static, Result<Page>>>,
     /// Set by the last page, or an error: nothing more after `page`.
     done: bool,
+    /// Events and payload bytes of every page read so far.
+    read_events: u64,
+    read_bytes: u64,
 }
 
-impl<F, Fut> futures_core::Stream for Paged<F, Fut>
-where
-    F: FnMut(Position) -> Fut,
-    Fut: Future<Output = Result<Page>>,
-{
-    type Item = Result<StoredEvent>;
+impl Paged {
+    fn new<F, Fut>(after: Position, mut fetch_page: F) -> Self
+    where
+        F: FnMut(Position) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Page>> + Send + 'static,
+    {
+        Self {
+            after,
+            fetch_page: Box::new(move |after| Box::pin(fetch_page(after))),
+            page: Vec::new().into_iter(),
+            reading: None,
+            done: false,
+            read_events: 0,
+            read_bytes: 0,
+        }
+    }
 
+    fn done() -> Self {
+        let mut paged = Self::new(Position::seq(0), |_| {
+            std::future::ready(Ok(Page::default()))
+        });
+        paged.done = true;
+        paged
+    }
+
+    /// Starts reading out `page`; an empty or last one ends the replay.
+    fn take(&mut self, page: Page) {
+        self.done = page.last || page.events.is_empty();
+        if let Some(last) = page.events.last() {
+            self.after = last.id.position;
+        }
+        self.read_events += page.events.len() as u64;
+        self.read_bytes += page.events.iter().map(|e| e.data.len() as u64).sum::<u64>();
+        self.page = page.events.into_iter();
+    }
+
+    #[inline]
     fn poll_next(
-        self: std::pin::Pin<&mut Self>,
+        &mut self,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
+    ) -> std::task::Poll<Option<Result<StoredEvent>>> {
         use std::task::Poll;
-        let this = self.get_mut();
         loop {
-            if let Some(event) = this.page.next() {
+            if let Some(event) = self.page.next() {
                 return Poll::Ready(Some(Ok(event)));
             }
-            if this.done {
+            if self.done {
                 return Poll::Ready(None);
             }
-            let after = this.after;
-            let fetch_page = &mut this.fetch_page;
-            let reading = this
-                .reading
-                .get_or_insert_with(|| Box::pin(fetch_page(after)));
+            let after = self.after;
+            let fetch_page = &mut self.fetch_page;
+            let reading = self.reading.get_or_insert_with(|| fetch_page(after));
             let result = std::task::ready!(reading.as_mut().poll(cx));
-            this.reading = None;
+            self.reading = None;
             match result {
-                Ok(page) => {
-                    this.done = page.last || page.events.is_empty();
-                    if let Some(last) = page.events.last() {
-                        this.after = last.id.position;
-                    }
-                    this.page = page.events.into_iter();
-                }
+                Ok(page) => self.take(page),
                 Err(e) => {
-                    this.done = true;
+                    self.done = true;
                     return Poll::Ready(Some(Err(e)));
                 }
             }
@@ -655,6 +803,39 @@ mod tests {
             Err::<Page, _>(crate::Error::events_purged("x"))
         });
         assert_eq!(events.collect::<Vec<_>>().await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_paged_replay_counts_what_it_handed_out_not_what_it_read() {
+        let token = StreamKey::generate().unwrap().token("s");
+        let mut events = paged_replay(Position::seq(0), move |after| {
+            let events: Vec<_> = (after.major + 1..=(after.major + 3).min(7))
+                .map(|seq| StoredEvent {
+                    id: EventId::new(token, Position::seq(seq)),
+                    data: Bytes::from(vec![0u8; seq as usize]),
+                    retry: None,
+                })
+                .collect();
+            async move {
+                Ok(Page {
+                    last: events.len() < 3,
+                    events,
+                })
+            }
+        });
+        assert_eq!(events.paged_out(), Some((0, 0)));
+        for _ in 0..4 {
+            events.next().await.unwrap().unwrap();
+        }
+        // Two pages read (1 to 3, 4 to 6), events 1 to 4 handed out.
+        assert_eq!(events.paged_out(), Some((4, 1 + 2 + 3 + 4)));
+        let rest: Vec<_> = (&mut events).collect().await;
+        assert_eq!(rest.len(), 3);
+        assert_eq!(events.paged_out(), Some((7, 28)));
+        assert_eq!(
+            ReplayEvents::new(futures_util::stream::empty()).paged_out(),
+            None
+        );
     }
 
     #[tokio::test]

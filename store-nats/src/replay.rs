@@ -3,9 +3,8 @@
 
 use async_nats::jetstream::message::StreamMessage;
 use bytes::Bytes;
-use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::{Page, StreamToken, paged_replay, paged_replay_with};
-use mcp_event_store_core::{Error, EventId, Position, Replay, Result, StoredEvent};
+use mcp_event_store_core::{Error, EventId, Position, Replay, ReplayEvents, Result, StoredEvent};
 
 use crate::NatsStore;
 use crate::get::{At, get};
@@ -124,7 +123,7 @@ fn pages(
     base: u64,
     after: Position,
     first: Option<StoredEvent>,
-) -> BoxStream<'static, Result<StoredEvent>> {
+) -> ReplayEvents {
     let store = store.clone();
     let fetch = move |position| {
         let (store, raw, subject) = (store.clone(), raw.clone(), subject.clone());

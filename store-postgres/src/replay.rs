@@ -7,12 +7,11 @@ use bytes::Bytes;
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
 use mcp_event_store_core::backend::{
     Page, StreamToken, paged_replay, paged_replay_with, retry_from_millis,
 };
-use mcp_event_store_core::{Error, EventId, Position, Replay, Result, StoredEvent};
+use mcp_event_store_core::{Error, EventId, Position, Replay, ReplayEvents, Result, StoredEvent};
 
 use crate::PostgresStore;
 use crate::error::backend;
@@ -93,12 +92,7 @@ pub(crate) async fn replay_whole(store: &PostgresStore, stream_id: &str) -> Resu
 
 /// The events from `at` on, page by page, starting with `first` if it was
 /// read already; `raw` names the replay in errors.
-fn pages(
-    store: &PostgresStore,
-    raw: String,
-    at: PageAt,
-    first: Option<Page>,
-) -> BoxStream<'static, Result<StoredEvent>> {
+fn pages(store: &PostgresStore, raw: String, at: PageAt, first: Option<Page>) -> ReplayEvents {
     let pool = store.pool().clone();
     let sql = store.sql().page.clone();
     let limit = store.page_size();

@@ -2,9 +2,8 @@
 //! inclusively from the cursor with the metadata in one `MULTI`, later
 //! pages exclusively, each checked against the metadata read with it.
 
-use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::{Page, StreamToken, paged_replay_with};
-use mcp_event_store_core::{Error, EventId, Position, Replay, Result, StoredEvent};
+use mcp_event_store_core::{Error, EventId, Position, Replay, ReplayEvents, Result};
 use redis::Value;
 
 use crate::RedisStore;
@@ -153,7 +152,7 @@ fn pages(
     base: Position,
     start: Position,
     first: Page,
-) -> BoxStream<'static, Result<StoredEvent>> {
+) -> ReplayEvents {
     let store = store.clone();
     paged_replay_with(start, first, move |position| {
         let (store, raw, keys) = (store.clone(), raw.clone(), keys.clone());

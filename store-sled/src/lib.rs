@@ -79,7 +79,11 @@
 //! A stream's events live in one tree under the key `token ++ seq`, both
 //! big-endian (the 15-byte stream token from the contract's id scheme, and
 //! the sequence number), so a replay is one ordered range scan, read a page
-//! at a time, however many other streams the database holds. Each stream's
+//! at a time, however many other streams the database holds: the cursor
+//! check and the first page (at most 128 events, what most resumes miss) on
+//! the calling task, where a short scan of sled's cache costs less than a
+//! hop to the blocking pool; each later page on the blocking pool, read
+//! ahead while the caller takes the one before. Each stream's
 //! record (its incarnation, age and stream id), an age index, sessions and
 //! a session expiry index are separate trees; the metadata tree keeps the
 //! format version ([`FORMAT_VERSION`], checked on open) and the secret

@@ -1,7 +1,7 @@
 //! Replay (C3, C5) and lookup (C4): a cursor checked against the stream's
-//! durable state, then pages read by one range scan each, the next page
-//! read ahead on the blocking pool while the caller consumes the current
-//! one. Readers never look past a stream's durable watermark (see the crate
+//! durable state, then pages read by one range scan each: the first, short,
+//! on the calling task, each after it on the blocking pool, read ahead
+//! while the caller consumes the current one. Readers never look past a stream's durable watermark (see the crate
 //! docs on never reissuing an id after a crash).
 
 use std::sync::Arc;
@@ -19,6 +19,11 @@ use crate::slot::{Slot, StreamMeta};
 
 /// Payloads at least this long are handed out without copying.
 const ZERO_COPY_MIN: usize = 1024;
+
+/// The most events of a replay's first page, read on the calling task:
+/// a short range scan of sled's cache costs less than the hop to the
+/// blocking pool and back, and most resumes miss a few events.
+const INLINE_EVENTS: usize = 128;
 
 /// The events after a cursor: [`EventStore::replay_events_after`](mcp_event_store_core::EventStore::replay_events_after).
 pub(crate) async fn replay_after(store: &SledStore, raw: &str, cursor: EventId) -> Result<Replay> {
@@ -77,10 +82,11 @@ pub(crate) async fn stream_of(store: &SledStore, id: EventId) -> Result<Option<S
     blocking(move || shared.lookup(&id)).await
 }
 
-/// Checks a replay's cursor and reads its first page, in one blocking
-/// call (most resumes miss only a few events). Returns the stream id,
-/// the reader for the rest, the sequence number read after, and the
-/// first page.
+/// Checks a replay's cursor and reads its first page (at most
+/// [`INLINE_EVENTS`]) on the calling task: no hop for the few events most
+/// resumes miss; the pages after it are read on the blocking pool. Returns
+/// the stream id, the reader for the rest, the sequence number read after,
+/// and the first page.
 pub(crate) async fn start_replay(
     store: &SledStore,
     last_event_id: &str,
@@ -89,15 +95,15 @@ pub(crate) async fn start_replay(
     let limit = store.handle.store.page_size;
     let shared = store.shared()?;
     let raw: Arc<str> = last_event_id.into();
-    let (stream_id, incarnation, after, slot, first) = blocking({
-        let (raw, shared) = (raw.clone(), shared.clone());
-        move || {
-            let (stream_id, incarnation, after, slot) = shared.replay_start(&raw, &cursor)?;
-            let first = shared.read_page(&raw, &cursor.token, &slot, incarnation, after, limit)?;
-            Ok((stream_id, incarnation, after, slot, first))
-        }
-    })
-    .await?;
+    let (stream_id, incarnation, after, slot) = shared.replay_start(&raw, &cursor)?;
+    let first = shared.read_page(
+        &raw,
+        &cursor.token,
+        &slot,
+        incarnation,
+        after,
+        limit.min(INLINE_EVENTS),
+    )?;
     let reader = Arc::new(PageReader {
         shared,
         slot,
@@ -146,7 +152,7 @@ impl PageReader {
         self: Arc<Self>,
         after: u64,
         first: Option<Page>,
-    ) -> futures_core::stream::BoxStream<'static, Result<mcp_event_store_core::StoredEvent>> {
+    ) -> mcp_event_store_core::ReplayEvents {
         let mut first = first.map(|page| (after, page));
         let ahead: Ahead = Arc::default();
         paged_replay(

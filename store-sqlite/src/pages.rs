@@ -15,6 +15,15 @@
 //! each with one connection to the file, which is already in WAL mode
 //! (setup saw to that): readers never wait for the writer. A connection is
 //! `query_only`: this path cannot write.
+//!
+//! A short read (a replay's first page, at most [`INLINE_EVENTS`] events:
+//! what most resumes need) is cheaper than the hop itself: about 30 us
+//! from SQLite's cache against as much again for the two thread switches.
+//! So [`PageReaders::run_short`] runs it on the calling task, on a
+//! connection of the handle's own taken from a small stack (as many as
+//! page threads at most), never waiting: when none is free, or SQLite
+//! would have to wait for a lock (its busy timeout is zero there), the read
+//! goes to a page thread as any other.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,7 +50,16 @@ pub(crate) struct PageReaders {
     /// Threads waiting for a job.
     idle: Arc<AtomicUsize>,
     state: Mutex<State>,
+    /// The connections of short reads on the calling task, free ones
+    /// stacked; `None` once closed.
+    inline: Mutex<Option<Vec<Connection>>>,
+    /// Connections opened for short reads, free or in use.
+    inline_opened: AtomicUsize,
 }
+
+/// The most events a read run on the calling task asks for
+/// ([`PageReaders::run_short`]).
+pub(crate) const INLINE_EVENTS: usize = 128;
 
 #[derive(Debug)]
 struct State {
@@ -66,6 +84,8 @@ impl PageReaders {
                 jobs: Arc::new(Mutex::new(jobs)),
                 threads: Vec::new(),
             }),
+            inline: Mutex::new(Some(Vec::new())),
+            inline_opened: AtomicUsize::new(0),
         }
     }
 
@@ -91,6 +111,61 @@ impl PageReaders {
         })?
     }
 
+    /// Runs a short `read` (see [`INLINE_EVENTS`]) on the calling task when
+    /// a connection of its own is free and SQLite need not wait for a
+    /// lock; otherwise, or when it fails, on a page thread as
+    /// [`run`](Self::run) does. `read` must only read: it may run twice.
+    pub(crate) async fn run_short<T: Send + 'static>(
+        &self,
+        read: impl Fn(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        if let Some(conn) = self.take_inline() {
+            let answer = read(&conn);
+            self.give_back(conn);
+            if let Ok(value) = answer {
+                return Ok(value);
+            }
+            // Busy (its timeout is zero), or a real failure: the page
+            // thread, which waits as every read does, answers.
+        }
+        self.run(read).await
+    }
+
+    /// A free connection for a read on the calling task: one from the
+    /// stack, or a new one while fewer than the page threads are open.
+    fn take_inline(&self) -> Option<Connection> {
+        {
+            let mut inline = self.inline.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(conn) = inline.as_mut()?.pop() {
+                return Some(conn);
+            }
+        }
+        let opened = self.inline_opened.fetch_add(1, Ordering::AcqRel);
+        if opened >= self.max_threads {
+            self.inline_opened.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        match open(&self.path, Duration::ZERO) {
+            Ok(conn) => Some(conn),
+            Err(_) => {
+                // The page thread's open will report it.
+                self.inline_opened.fetch_sub(1, Ordering::AcqRel);
+                None
+            }
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        let mut inline = self.inline.lock().unwrap_or_else(|p| p.into_inner());
+        match inline.as_mut() {
+            Some(free) if conn.is_autocommit() => free.push(conn),
+            // Closed, or a failed read left a transaction open: let it go.
+            _ => {
+                self.inline_opened.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
     fn submit(&self, job: Job) -> Result<()> {
         let mut state = self.state();
         let queue = state.queue.clone().ok_or(Error::Closed)?;
@@ -112,6 +187,8 @@ impl PageReaders {
     /// Stops taking reads; waits for the threads to finish the reads queued
     /// before and close their connections.
     pub(crate) async fn close(&self) {
+        let inline = self.inline.lock().unwrap_or_else(|p| p.into_inner()).take();
+        drop(inline);
         let threads = {
             let mut state = self.state();
             state.queue = None;
@@ -206,6 +283,45 @@ mod tests {
         readers.close().await;
         assert!(readers.state().threads.is_empty());
         assert!(matches!(readers.run(read_n).await, Err(Error::Closed)));
+    }
+
+    #[tokio::test]
+    async fn a_short_read_runs_on_the_calling_task_unless_no_connection_is_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let readers = readers(&dir, 1);
+        assert_eq!(readers.run_short(read_n).await.unwrap(), 7);
+        assert!(readers.state().threads.is_empty(), "no page thread started");
+        // The one connection allowed is in use: the read takes the hop.
+        let held = readers.take_inline().unwrap();
+        assert!(readers.take_inline().is_none());
+        assert_eq!(readers.run_short(read_n).await.unwrap(), 7);
+        assert_eq!(readers.state().threads.len(), 1);
+        readers.give_back(held);
+        assert!(readers.take_inline().is_some());
+        readers.close().await;
+        assert!(matches!(
+            readers.run_short(read_n).await,
+            Err(Error::Closed)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_short_read_that_fails_on_the_calling_task_is_read_again_on_a_page_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let readers = readers(&dir, 1);
+        let on_thread = || std::thread::current().name() == Some("mcp-event-store-sqlite-pages");
+        // Fails unless on a page thread, as a read SQLite would have made
+        // wait for a lock does on the calling task.
+        let read = move |conn: &Connection| {
+            if on_thread() {
+                read_n(conn)
+            } else {
+                Err(Error::backend(NAME, "busy"))
+            }
+        };
+        assert_eq!(readers.run_short(read).await.unwrap(), 7);
+        assert_eq!(readers.state().threads.len(), 1);
+        readers.close().await;
     }
 
     #[tokio::test]

@@ -2,19 +2,21 @@
 //! page on the `(token, seq)` index, each page read in one read
 //! transaction with the stream's row, so a replay whose stream is deleted
 //! and started again under it ends in [`Error::EventsPurged`], never in
-//! events of the new life. Both run on the page threads ([`crate::pages`]).
+//! events of the new life. A replay's first page, short, is read on the
+//! calling task; the pages after it, and lookups, on the page threads
+//! ([`crate::pages`]).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::stream::BoxStream;
 use mcp_event_store_core::backend::dense::{self, DenseStream};
 use mcp_event_store_core::backend::{Page, StreamToken, paged_replay_with, retry_from_millis};
-use mcp_event_store_core::{Error, EventId, Replay, Result, StoredEvent};
+use mcp_event_store_core::{Error, EventId, Replay, ReplayEvents, Result, StoredEvent};
 use rusqlite::OptionalExtension;
 
 use crate::SqliteStore;
 use crate::error::sqlite_error;
+use crate::pages::INLINE_EVENTS;
 
 /// The replay after `cursor` (`raw` as the client sent it): the stream's
 /// row and first page in one read, the cursor checked against the row,
@@ -27,15 +29,14 @@ pub(crate) async fn replay_after(
     let (incarnation, after) = dense::cursor_parts(raw, cursor.position)?;
     // SQLite integers stop at i64::MAX: beyond it, never issued.
     let after_sql = i64::try_from(after).map_err(|_| Error::unknown_event_id(raw))?;
-    let (stream, first_page) =
-        page_with_stream(store, cursor.token, incarnation, after_sql).await?;
+    let (stream, first_page) = first_page(store, cursor.token, incarnation, after_sql).await?;
     let (stream_id, state) = stream.ok_or_else(|| Error::unknown_event_id(raw))?;
     // Another incarnation (an earlier life of the stream), a zero part or
     // a sequence number beyond the newest: never issued.
     dense::check_cursor(raw, &cursor, state)?;
     let first = first_page.first().map(|e| e.id.position.minor);
     dense::check_page(raw, after, first, Some(state.last_seq))?;
-    let first_page = page(store, first_page, Some(state.last_seq));
+    let first_page = page(first_page, Some(state.last_seq), first_limit(store));
     let events = pages(
         store,
         raw.into(),
@@ -53,7 +54,7 @@ pub(crate) async fn replay_after(
 pub(crate) async fn replay_whole(store: &SqliteStore, stream_id: &str) -> Result<Replay> {
     let token = store.inner.key.token(stream_id);
     // Named under incarnation 0 until the row says which it is.
-    let (stream, first_page) = page_with_stream(store, token, 0, 0).await?;
+    let (stream, first_page) = first_page(store, token, 0, 0).await?;
     let Some((_, state)) = stream else {
         return Ok(Replay::empty(stream_id));
     };
@@ -78,7 +79,7 @@ pub(crate) async fn replay_whole(store: &SqliteStore, stream_id: &str) -> Result
         first_page.first().map(|e| e.id.position.minor),
         Some(state.last_seq),
     )?;
-    let first_page = page(store, first_page, Some(state.last_seq));
+    let first_page = page(first_page, Some(state.last_seq), first_limit(store));
     Ok(Replay {
         stream_id: stream_id.to_owned(),
         events: pages(store, raw, token, incarnation, after, first_page),
@@ -94,7 +95,7 @@ fn pages(
     incarnation: u64,
     after: u64,
     first: Page,
-) -> BoxStream<'static, Result<StoredEvent>> {
+) -> ReplayEvents {
     let store = store.clone();
     paged_replay_with(dense::position(incarnation, after), first, move |after| {
         let (store, raw) = (store.clone(), raw.clone());
@@ -159,6 +160,28 @@ async fn page_with_stream(
         .await
 }
 
+/// A replay's first page, as [`page_with_stream`] reads it but short
+/// ([`first_limit`]), so that it is read on the calling task: most resumes
+/// miss a few events and then cost no thread hop.
+async fn first_page(
+    store: &SqliteStore,
+    token: StreamToken,
+    incarnation: u64,
+    after: i64,
+) -> Result<PageWithStream> {
+    let limit = i64::try_from(first_limit(store)).unwrap_or(i64::MAX);
+    store
+        .inner
+        .pages
+        .run_short(move |conn| read_page(conn, token, incarnation, after, limit))
+        .await
+}
+
+/// The most events a replay's first page holds.
+fn first_limit(store: &SqliteStore) -> usize {
+    store.inner.options.page_size.min(INLINE_EVENTS)
+}
+
 /// A replay page after the first, checked for gaps (C5) against the
 /// stream's row as of the same snapshot. A stream that is gone, or that
 /// was deleted and started again under a new incarnation, lost the events
@@ -179,18 +202,23 @@ async fn checked_page(
     };
     let first = events.first().map(|e| e.id.position.minor);
     dense::check_page(raw, after, first, Some(state.last_seq))?;
-    Ok(page(store, events, Some(state.last_seq)))
+    Ok(page(
+        events,
+        Some(state.last_seq),
+        store.inner.options.page_size,
+    ))
 }
 
-/// A checked page; the last when it is short or reaches the stream's
-/// newest event as of its snapshot (later events reach a client live).
-fn page(store: &SqliteStore, events: Vec<StoredEvent>, last_seq: Option<u64>) -> Page {
+/// A checked page read with `limit`; the last when it is short or reaches
+/// the stream's newest event as of its snapshot (later events reach a
+/// client live).
+fn page(events: Vec<StoredEvent>, last_seq: Option<u64>, limit: usize) -> Page {
     let reached_end = events
         .last()
         .zip(last_seq)
         .is_some_and(|(event, last_seq)| event.id.position.minor >= last_seq);
     Page {
-        last: reached_end || events.len() < store.inner.options.page_size,
+        last: reached_end || events.len() < limit,
         events,
     }
 }

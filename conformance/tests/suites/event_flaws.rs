@@ -13,7 +13,7 @@ use mcp_event_store_core::rewrite::{RewriteStore, SessionValuePage, Swap};
 use mcp_event_store_core::task::Owner;
 use mcp_event_store_core::{
     EventId, EventStore, FollowOptions, MemoryStore, NewEvent, PurgeReport, RedeemStore,
-    Redemption, Replay, Result, SessionDigest, SessionStore, StoreOptions,
+    Redemption, Replay, ReplayEvents, Result, SessionDigest, SessionStore, StoreOptions,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -67,7 +67,7 @@ impl EventStore for Flawed {
         match self.flaw {
             Flaw::DropsFirstEvent => Ok(Replay {
                 stream_id: replay.stream_id,
-                events: replay.events.skip(1).boxed(),
+                events: ReplayEvents::new(replay.events.skip(1)),
             }),
             _ => Ok(replay),
         }
@@ -78,7 +78,7 @@ impl EventStore for Flawed {
         match self.flaw {
             Flaw::StreamReplaySkipsTheOldest => Ok(Replay {
                 stream_id: replay.stream_id,
-                events: replay.events.skip(1).boxed(),
+                events: ReplayEvents::new(replay.events.skip(1)),
             }),
             Flaw::StreamReplayMixesStreams => {
                 let mut events = Vec::new();
@@ -96,7 +96,7 @@ impl EventStore for Flawed {
                 }
                 Ok(Replay {
                     stream_id: replay.stream_id,
-                    events: futures_util::stream::iter(events).boxed(),
+                    events: ReplayEvents::new(futures_util::stream::iter(events)),
                 })
             }
             _ => Ok(replay),

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_core::Stream;
-use futures_core::stream::BoxStream;
 use rmcp::model::ServerJsonRpcMessage;
 use rmcp::transport::streamable_http_server::session::{
     EventStore as RmcpEventStoreTrait, EventStoreError, EventStream, ServerSseMessage,
@@ -20,9 +19,8 @@ use super::codec::{decode, encode};
 use mcp_event_store_core::EventId;
 use mcp_event_store_core::EventStore;
 use mcp_event_store_core::FollowOptions;
-use mcp_event_store_core::Result;
+use mcp_event_store_core::NewEvent;
 use mcp_event_store_core::SessionDigest;
-use mcp_event_store_core::{NewEvent, StoredEvent};
 use mcp_event_store_runtime::Runtime;
 
 /// Any of our [`EventStore`]s as rmcp's
@@ -248,7 +246,7 @@ pub(crate) fn is_standalone_of(stored: &str, session: &str) -> bool {
 /// only reached through `&mut self` (`Mutex::get_mut`), so it is never
 /// actually locked. On the first error the stream logs it and ends.
 struct ReplayStream {
-    events: Mutex<BoxStream<'static, Result<StoredEvent>>>,
+    events: Mutex<mcp_event_store_core::ReplayEvents>,
     stream_id: String,
     /// The newest id handed out so far (initially the client's cursor), for
     /// the log line if the replay breaks off.
@@ -271,7 +269,7 @@ impl Stream for ReplayStream {
             .events
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
-        let failure = match events.as_mut().poll_next(cx) {
+        let failure = match Pin::new(events).poll_next(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(None) => {
                 this.done = true;

@@ -533,7 +533,7 @@ impl EventStore for BreaksMidReplay {
             data: bytes::Bytes::new(),
             retry: None,
         }));
-        replay.events = futures_util::stream::iter(broken).boxed();
+        replay.events = mcp_event_store_core::ReplayEvents::new(futures_util::stream::iter(broken));
         Ok(replay)
     }
     async fn get_stream_id_for_event_id(

@@ -25,7 +25,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_core::future::BoxFuture;
-use futures_core::stream::BoxStream;
 use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -33,9 +32,8 @@ use tokio::time::Instant;
 use crate::backend::jobs::{EventBackend, ensure_open};
 use crate::backend::observe::{self, FollowGauge};
 use crate::error::Result;
-use crate::event::StoredEvent;
 use crate::id::{EventId, STREAM_TOKEN_LEN, StreamToken};
-use crate::store::{FollowOptions, Replay};
+use crate::store::{FollowOptions, Replay, ReplayEvents};
 use crate::task::{Rev, TaskDigest, TaskRecord};
 
 /// Per-stream wake-up counters shared by one store handle's followers.
@@ -291,7 +289,7 @@ where
         /// delivered.
         woke_at: Option<Instant>,
         cursor: String,
-        events: Option<BoxStream<'static, Result<StoredEvent>>>,
+        events: Option<ReplayEvents>,
         subscription: Subscription,
         reread: F,
         recheck: Duration,
@@ -381,6 +379,6 @@ where
     });
     Replay {
         stream_id: first.stream_id,
-        events: events.boxed(),
+        events: ReplayEvents::new(events),
     }
 }

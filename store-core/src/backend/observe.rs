@@ -13,7 +13,6 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use tracing::{Instrument, Span};
 
 use crate::error::Result;
@@ -144,50 +143,50 @@ where
     }
 }
 
+/// What a replay handed out, reported when its events are dropped: the
+/// `replayed_events_total` counter and the span's closing event. Fed a
+/// page at a time by [`ReplayEvents`](crate::ReplayEvents), never per event.
+pub(crate) struct Tally {
+    backend: &'static str,
+    span: Span,
+    start: Instant,
+    events: u64,
+    bytes: u64,
+}
+
+impl Tally {
+    pub(crate) fn add(&mut self, events: u64, bytes: u64) {
+        self.events += events;
+        self.bytes += bytes;
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        metrics::counter!(names::REPLAYED_EVENTS_TOTAL, "backend" => self.backend)
+            .increment(self.events);
+        self.span.in_scope(|| {
+            tracing::debug!(
+                events = self.events,
+                bytes = self.bytes,
+                elapsed_us = elapsed_us(self.start),
+                "replay finished"
+            );
+        });
+    }
+}
+
 fn count_replay(backend: &'static str, replay: Replay, span: Span, start: Instant) -> Replay {
-    struct Tally {
-        backend: &'static str,
-        span: Span,
-        start: Instant,
-        events: u64,
-        bytes: u64,
-    }
-    impl Drop for Tally {
-        fn drop(&mut self) {
-            metrics::counter!(names::REPLAYED_EVENTS_TOTAL, "backend" => self.backend)
-                .increment(self.events);
-            self.span.in_scope(|| {
-                tracing::debug!(
-                    events = self.events,
-                    bytes = self.bytes,
-                    elapsed_us = elapsed_us(self.start),
-                    "replay finished"
-                );
-            });
-        }
-    }
-    let mut tally = Tally {
+    let tally = Tally {
         backend,
         span,
         start,
         events: 0,
         bytes: 0,
     };
-    let events = replay
-        .events
-        .inspect(move |event| {
-            // Borrow the whole tally so the closure owns it (and its Drop),
-            // rather than copies of its counters.
-            let tally = &mut tally;
-            if let Ok(event) = event {
-                tally.events += 1;
-                tally.bytes += event.data.len() as u64;
-            }
-        })
-        .boxed();
     Replay {
         stream_id: replay.stream_id,
-        events,
+        events: replay.events.observed(tally),
     }
 }
 
