@@ -8,7 +8,7 @@ use redis::{FromRedisValue, Value};
 use crate::RedisStore;
 use crate::keys::StreamKeys;
 use crate::options::{APPEND_TRIM_BUDGET, SECRET_ATTEMPTS};
-use crate::scripts::{SCRIPTS, optional, ttl_arg};
+use crate::scripts::{Call, OrEmpty, SCRIPTS, ttl_ms, ttl_with_slack_ms};
 use crate::setup::secret_kept_changing;
 use crate::wire::{entry_id, parse_entry_id};
 
@@ -95,6 +95,32 @@ async fn discard(store: &RedisStore, keys: &StreamKeys, stream_id: &str) -> Resu
     Ok(())
 }
 
+/// The append script's call for `event` on the stream whose keys are
+/// `keys` (see the script for its arguments).
+pub(crate) fn append_call<'a>(
+    store: &RedisStore,
+    stream_id: &str,
+    event: NewEvent<'_>,
+    keys: &StreamKeys,
+) -> Call<'a> {
+    let retention = store.inner.options.store.retention;
+    SCRIPTS
+        .append
+        .call()
+        .key(&keys.events)
+        .key(&keys.meta)
+        .key(&keys.gone)
+        .arg(stream_id)
+        .arg(event.data)
+        .arg(OrEmpty(retry_to_millis(event.retry)))
+        .arg(store.now())
+        .arg(OrEmpty(retention.max_events_per_stream))
+        .arg(OrEmpty(retention.max_bytes_per_stream))
+        .arg(OrEmpty(ttl_ms(retention.max_age)))
+        .arg(APPEND_TRIM_BUDGET)
+        .arg(OrEmpty(ttl_with_slack_ms(retention.max_age)))
+}
+
 /// One run of the append script (and `WAIT`): the id, and the state
 /// (`new`, `restarted`, `pending`) when the secret must be checked
 /// before the id may be returned.
@@ -105,25 +131,7 @@ async fn append_once(
     token: StreamToken,
     keys: &StreamKeys,
 ) -> Result<(EventId, Option<&'static str>)> {
-    let retention = store.inner.options.store.retention;
-    let call = SCRIPTS
-        .append
-        .call()
-        .key(&keys.events)
-        .key(&keys.meta)
-        .key(&keys.gone)
-        .arg(stream_id)
-        .arg(event.data)
-        .arg(
-            retry_to_millis(event.retry)
-                .map(|ms| ms.to_string())
-                .unwrap_or_default(),
-        )
-        .arg(store.now())
-        .arg(optional(retention.max_events_per_stream))
-        .arg(optional(retention.max_bytes_per_stream))
-        .arg(ttl_arg(retention.max_age))
-        .arg(APPEND_TRIM_BUDGET);
+    let call = append_call(store, stream_id, event, keys);
     let (reply, acked) = store.run(&call, true).await?;
     let (id, check) = match reply {
         Value::BulkString(id) => (parse_entry_id(&id)?, None),

@@ -216,17 +216,57 @@ async fn xadd(conn: &MultiplexedConnection, key: &str, maxlen: Option<u64>, data
         .expect("raw XADD");
 }
 
+/// The CPU time the server's main thread has used so far, in
+/// microseconds (`used_cpu_user_main_thread` and `used_cpu_sys_main_thread`
+/// of `INFO cpu`, Redis 6.2 and newer; 0 where absent). Unlike the
+/// commandstats' times, which are wall time in the command, it does not
+/// grow while the server waits for a CPU on a busy machine; it covers all
+/// the server does, reading requests and writing replies too, and every
+/// client's requests (so it tells one kind's cost only on a server nobody
+/// else uses).
+async fn server_cpu_us(conn: &MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn.clone())
+        .await
+        .expect("INFO cpu");
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(':')?;
+            matches!(
+                name,
+                "used_cpu_user_main_thread" | "used_cpu_sys_main_thread"
+            )
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+        })
+        .sum::<f64>()
+        * 1e6
+}
+
+/// What [`one_kind`] measured, per append, in microseconds.
+struct KindCost {
+    /// This process's CPU (`None` off Linux).
+    cpu: Option<f64>,
+    /// The server's time in `command` (`INFO commandstats`).
+    server: f64,
+    /// The server's main thread's CPU (`INFO cpu`).
+    server_cpu: f64,
+}
+
 /// Makes `rounds` appends of one kind, `append(round)` each, and returns
-/// the process's own CPU per append in microseconds (`None` off Linux) and
+/// the process's own CPU per append in microseconds (`None` off Linux),
 /// the server's time per append in microseconds, from its count for
-/// `command` (the one each append calls) in `INFO commandstats`.
+/// `command` (the one each append calls) in `INFO commandstats`, and the
+/// server's CPU per append ([`server_cpu_us`]).
 async fn one_kind(
     conn: &MultiplexedConnection,
     command: &str,
     rounds: usize,
     mut append: impl AsyncFnMut(usize),
-) -> (Option<f64>, f64) {
+) -> KindCost {
     let server_before = command_time(conn, command).await;
+    let server_cpu_before = server_cpu_us(conn).await;
     let cpu_before = process_cpu_ns();
     for round in 0..rounds {
         append(round).await;
@@ -234,12 +274,125 @@ async fn one_kind(
     let cpu = process_cpu_ns()
         .zip(cpu_before)
         .map(|(after, before)| (after - before) as f64 / rounds as f64 / 1e3);
+    let server_cpu_after = server_cpu_us(conn).await;
     let server_after = command_time(conn, command).await;
     let calls = (server_after.0 - server_before.0).max(1);
-    (
+    KindCost {
         cpu,
-        (server_after.1 - server_before.1) as f64 / calls as f64,
-    )
+        server: (server_after.1 - server_before.1) as f64 / calls as f64,
+        server_cpu: (server_cpu_after - server_cpu_before) / rounds as f64,
+    }
+}
+
+/// Appends each writer makes per block of [`many_writer_pairs`].
+const BLOCK_PER_WRITER: usize = 10;
+
+/// [`WRITERS`] writers at once, each on a key (or stream) of its own,
+/// making [`BLOCK_PER_WRITER`] appends each per block: raw `XADD`, the
+/// `XADD`-only script and the store below the count limit, one block of
+/// each kind after the other, `rounds / 100` blocks (at least 10) of each,
+/// so every kind sees the same machine, as the one-writer rounds do.
+/// Prints each kind's median appends per second over its blocks, the
+/// ratios, and the server's time per append of each kind (`INFO
+/// commandstats`, read around each block, outside its timing).
+async fn many_writer_pairs(
+    store: &RedisStore,
+    conn: &MultiplexedConnection,
+    prefix: &str,
+    rounds: usize,
+) {
+    let data: Arc<[u8]> = payload().into();
+    let keys: Arc<Vec<String>> = Arc::new(
+        (0..WRITERS)
+            .map(|w| format!("{prefix}:raw:many:{w}"))
+            .collect(),
+    );
+    let (raw_conn, raw_keys, raw_data) = (conn.clone(), keys.clone(), data.clone());
+    let raw: AppendFn = Arc::new(move |writer| {
+        let (conn, keys, data) = (raw_conn.clone(), raw_keys.clone(), raw_data.clone());
+        Box::pin(async move { xadd(&conn, &keys[writer], None, &data).await })
+    });
+    let script = Arc::new(redis::Script::new(XADD_SCRIPT));
+    let script_keys: Arc<Vec<String>> = Arc::new(
+        (0..WRITERS)
+            .map(|w| format!("{prefix}:raw:many-script:{w}"))
+            .collect(),
+    );
+    let (lua_conn, lua_data) = (conn.clone(), data.clone());
+    let lua: AppendFn = Arc::new(move |writer| {
+        let (mut conn, keys, data, script) = (
+            lua_conn.clone(),
+            script_keys.clone(),
+            lua_data.clone(),
+            script.clone(),
+        );
+        Box::pin(async move {
+            let _: String = script
+                .key(&keys[writer])
+                .arg(&data[..])
+                .invoke_async(&mut conn)
+                .await
+                .expect("EVALSHA XADD");
+        })
+    });
+    let appends = store_append_below_limit(Arc::new(store.clone()));
+    let kinds: [(&AppendFn, &str); 3] = [(&raw, "xadd"), (&lua, "evalsha"), (&appends, "evalsha")];
+    let blocks = (rounds / 100).max(10);
+    let per_block = (WRITERS * BLOCK_PER_WRITER) as f64;
+    let mut rates: Vec<Vec<f64>> = (0..3).map(|_| Vec::with_capacity(blocks)).collect();
+    let mut server = [(0u64, 0u64); 3];
+    let mut server_cpu = [0f64; 3];
+    let mut client_cpu = [0f64; 3];
+    for _ in 0..blocks {
+        for (kind, (append, command)) in kinds.iter().enumerate() {
+            let before = command_time(conn, command).await;
+            let cpu_before = server_cpu_us(conn).await;
+            let client_before = process_cpu_ns();
+            let start = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for writer in 0..WRITERS {
+                let append = (*append).clone();
+                tasks.spawn(async move {
+                    for _ in 0..BLOCK_PER_WRITER {
+                        append(writer).await;
+                    }
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.expect("writer task");
+            }
+            rates[kind].push(per_block / start.elapsed().as_secs_f64());
+            if let (Some(after), Some(before)) = (process_cpu_ns(), client_before) {
+                client_cpu[kind] += (after - before) as f64 / 1e3;
+            }
+            server_cpu[kind] += server_cpu_us(conn).await - cpu_before;
+            let after = command_time(conn, command).await;
+            server[kind].0 += after.0 - before.0;
+            server[kind].1 += after.1 - before.1;
+        }
+    }
+    let [raw, floor, below] = [0, 1, 2].map(|i| {
+        rates[i].sort_by(f64::total_cmp);
+        rates[i][rates[i].len() / 2]
+    });
+    let [raw_server, floor_server, store_server] =
+        server.map(|(calls, usec)| usec as f64 / calls.max(1) as f64);
+    let [raw_cpu, floor_cpu, store_cpu] = server_cpu.map(|us| us / (blocks as f64 * per_block));
+    let [raw_client, floor_client, store_client] =
+        client_cpu.map(|us| us / (blocks as f64 * per_block));
+    println!(
+        "{WRITERS} writers, {blocks} blocks of {per_block} appends of each kind, medians: raw XADD \
+         {raw:.0}/s; XADD-only script {floor:.0}/s ({:.2}x of raw); store below the limit \
+         {below:.0}/s ({:.2}x of raw, {:.2}x of the XADD-only script); the server's time per \
+         append: raw XADD {raw_server:.1} us; XADD-only script {floor_server:.1} us; store \
+         {store_server:.1} us; its CPU per append (INFO cpu): raw XADD {raw_cpu:.1} us; \
+         XADD-only script {floor_cpu:.1} us; store {store_cpu:.1} us; this process's CPU per \
+         append: raw XADD {raw_client:.1} us; XADD-only script {floor_client:.1} us; store \
+         {store_client:.1} us",
+        floor / raw,
+        below / raw,
+        below / floor,
+    );
 }
 
 /// Creates a task hash if absent, as the store's script does.
@@ -747,18 +900,25 @@ impl Kit for RedisKit {
     /// after another, each see whatever state the machine was in during
     /// theirs.
     ///
-    /// Prints the median of each kind and three ratios: the store, on
-    /// streams below the count limit, against raw `XADD`; `EVALSHA` of a
-    /// script that only does the `XADD` (the floor of any script-based
-    /// append) against raw `XADD`; and the store on a stream at the default
-    /// count limit (10,000), where each append also removes the oldest
-    /// event, against raw `XADD MAXLEN = 10000` on a stream at that length.
-    /// Then, over one run of each of raw `XADD`, the `XADD`-only script and
-    /// the store below the limit, the process's own CPU per append (user
-    /// and system time, from `/proc/self/stat`; Linux only), what the
-    /// client side costs, and the server's own time per append (`INFO
+    /// Prints the median of each kind and four ratios: the store, on
+    /// streams below the count limit, against raw `XADD` and against
+    /// `EVALSHA` of a script that only does the `XADD` (the floor of any
+    /// script-based append); that script against raw `XADD`; and the store
+    /// on a stream at the default count limit (10,000), where each append
+    /// also removes the oldest event, against raw `XADD MAXLEN = 10000` on
+    /// a stream at that length. Each round also sends the store's own
+    /// append script by hand, its call built before the clock starts, on
+    /// the raw connection, which splits the store's append into what the
+    /// server and the round trip cost and what the store's client path
+    /// adds. Then raw `XADD`, the `XADD`-only script and
+    /// the store below the limit from [`WRITERS`] writers at once, block by
+    /// block (see `many_writer_pairs`). Then, over one run of each of
+    /// those three kinds from one writer, the process's own CPU per append
+    /// (user and system time, from `/proc/self/stat`; Linux only), what the
+    /// client side costs, the server's own time per append (`INFO
     /// commandstats`, read before and after the run), what the server side
-    /// costs.
+    /// costs, and the server's CPU per append (`server_cpu_us`: meaningful
+    /// on a server nobody else uses, `MCP_EVENT_STORE_REDIS_URL`).
     async fn append_pairs(rounds: usize) -> bool {
         let (store, conn, prefix) = store_and_raw().await;
         let data = payload();
@@ -784,7 +944,35 @@ impl Kit for RedisKit {
                 .expect("EVALSHA XADD");
         };
         let below_limit = STREAM_EVENTS as usize;
-        let mut times: Vec<Vec<Duration>> = (0..5).map(|_| Vec::with_capacity(rounds)).collect();
+        // The store's own script on a stream of its own, its call built
+        // (token, keys, arguments) before the clock starts and sent on the
+        // raw connection: the server's side of a store append and the
+        // round trip, without the store's client path.
+        let by_hand = async |round: usize| -> Duration {
+            let stream = format!("by-hand-{}", round / below_limit);
+            if round.is_multiple_of(below_limit) {
+                // Created (and its secret checked) by the store.
+                store
+                    .store_event(&stream, NewEvent::new(&data))
+                    .await
+                    .expect("create the stream");
+            }
+            let keys = store.inner.keys.stream(&store.key().token(&stream));
+            let cmd =
+                crate::append::append_call(&store, &stream, NewEvent::new(&data), &keys).cmd(false);
+            let start = Instant::now();
+            let id: redis::Value = cmd
+                .query_async(&mut conn.clone())
+                .await
+                .expect("the append script by hand");
+            let elapsed = start.elapsed();
+            assert!(
+                matches!(id, redis::Value::BulkString(_)),
+                "an entry id: {id:?}"
+            );
+            elapsed
+        };
+        let mut times: Vec<Vec<Duration>> = (0..6).map(|_| Vec::with_capacity(rounds)).collect();
         for round in 0..rounds {
             let start = Instant::now();
             xadd(&conn, &raw_key, None, &data).await;
@@ -808,27 +996,37 @@ impl Kit for RedisKit {
             let start = Instant::now();
             xadd(&conn, &maxlen_key, Some(limit), &data).await;
             times[3].push(start.elapsed());
+            times[5].push(by_hand(round).await);
         }
-        let [raw, below, at_limit, raw_maxlen, floor] =
-            [0, 1, 2, 3, 4].map(|i| median_us(&mut times[i]));
+        let [raw, below, at_limit, raw_maxlen, floor, hand] =
+            [0, 1, 2, 3, 4, 5].map(|i| median_us(&mut times[i]));
         println!(
             "{rounds} rounds, medians: raw XADD {raw:.1} us; store below the limit {below:.1} us \
-             ({:.2}x of raw); XADD-only script {floor:.1} us ({:.2}x of raw); store at the limit \
-             {at_limit:.1} us; raw XADD MAXLEN at the limit {raw_maxlen:.1} us ({:.2}x)",
+             ({:.2}x of raw, {:.2}x of the XADD-only script); XADD-only script {floor:.1} us \
+             ({:.2}x of raw); store at the limit {at_limit:.1} us; raw XADD MAXLEN at the limit \
+             {raw_maxlen:.1} us ({:.2}x)",
             raw / below,
+            floor / below,
             raw / floor,
             raw_maxlen / at_limit
         );
+        println!(
+            "the store's append script sent by hand (its call built beforehand, on the raw \
+             connection): {hand:.1} us ({:.2}x of the XADD-only script); the store's client path \
+             adds {:.1} us to it",
+            floor / hand,
+            below - hand
+        );
+        many_writer_pairs(&store, &conn, &prefix, rounds).await;
         // Then one kind at a time, each run read twice: the process's own
         // CPU per append (the client side) and the server's own time per
         // append (apart from the network and the client).
-        let (raw_cpu, raw_server) = one_kind(&conn, "xadd", rounds, async |_| {
+        let raw = one_kind(&conn, "xadd", rounds, async |_| {
             xadd(&conn, &raw_key, None, &data).await;
         })
         .await;
-        let (floor_cpu, floor_server) =
-            one_kind(&conn, "evalsha", rounds, async |_| xadd_script().await).await;
-        let (store_cpu, store_server) = one_kind(&conn, "evalsha", rounds, async |round| {
+        let floor = one_kind(&conn, "evalsha", rounds, async |_| xadd_script().await).await;
+        let below = one_kind(&conn, "evalsha", rounds, async |round| {
             let stream = format!("one-kind-{}", round / below_limit);
             store
                 .store_event(&stream, NewEvent::new(&data))
@@ -836,15 +1034,21 @@ impl Kit for RedisKit {
                 .expect("append");
         })
         .await;
-        if let (Some(raw_cpu), Some(floor_cpu), Some(store_cpu)) = (raw_cpu, floor_cpu, store_cpu) {
+        if let (Some(raw_cpu), Some(floor_cpu), Some(store_cpu)) = (raw.cpu, floor.cpu, below.cpu) {
             println!(
                 "this process's CPU per append: raw XADD {raw_cpu:.1} us; XADD-only script \
                  {floor_cpu:.1} us; store below the limit {store_cpu:.1} us"
             );
         }
         println!(
-            "the server's time per append: raw XADD {raw_server:.1} us; XADD-only script \
-             {floor_server:.1} us; store below the limit {store_server:.1} us"
+            "the server's time per append: raw XADD {:.1} us; XADD-only script {:.1} us; store \
+             below the limit {:.1} us",
+            raw.server, floor.server, below.server
+        );
+        println!(
+            "the server's CPU per append (INFO cpu, every client's): raw XADD {:.1} us; XADD-only \
+             script {:.1} us; store below the limit {:.1} us",
+            raw.server_cpu, floor.server_cpu, below.server_cpu
         );
         store.destroy().await.expect("remove the key prefix");
         true

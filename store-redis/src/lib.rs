@@ -83,7 +83,8 @@
 //! that does not know it, after a restart or a failover, gets it by `EVAL`
 //! on that one call, on that node only) checks the stream id against the
 //! token, appends, updates the metadata hash, trims by count and bytes, and
-//! sets the stream's TTL. Scripts are atomic, so ids are assigned in
+//! keeps the stream's TTL (see [Retention](#retention)). Scripts are
+//! atomic, so ids are assigned in
 //! visibility order and a reader can never see an event appear behind its
 //! cursor (C6). The append that *creates* a stream takes two more round
 //! trips, to check that the handle's cached stream secret is still the
@@ -274,9 +275,22 @@
 //! records the clock's time) and applied by
 //! [`purge_expired`](EventStore::purge_expired), which `SCAN`s this prefix's
 //! metadata and session hashes in batches on every master. As a backstop in
-//! real time, every append sets `PEXPIRE <max_age>` on the stream's keys, so
-//! an idle stream disappears by itself even if nobody purges. Sessions
-//! expire by their TTL the same two ways.
+//! real time, the stream's keys carry a TTL, so an idle stream disappears by
+//! itself even if nobody purges: never earlier than `max_age` after its
+//! last append, and at most a slack later, 1/16 of `max_age` and at most
+//! one second (for the default hour, between 60:00 and 60:01 minutes
+//! after). Each append reads the events key's `PTTL` and, only when less
+//! than `max_age` is left, sets both keys' TTL to `max_age` plus the slack,
+//! so a stream's TTL is set at most once per slack rather than by two
+//! `PEXPIRE`s on every append (which is what releases before this one did;
+//! they and this one share a prefix without harm: an append of either
+//! leaves at least `max_age`). After `max_age` is lowered, keys that got a
+//! TTL under the longer one keep it until it comes within the new
+//! `max_age` (purges apply the new age at once). Without an age limit the
+//! keys get no TTL, and an append removes one an earlier configuration
+//! left. Sessions
+//! expire by their TTL the same two ways (a session's TTL is exactly its
+//! own, set on each put).
 //!
 //! [`delete_stream`](EventStore::delete_stream) removes a stream's keys at
 //! once and leaves its newest id in the `gone` key for an hour (see
@@ -518,6 +532,11 @@
 //! Redemption keys are a family of their own (`r1`), like the tasks':
 //! releases from before them never touch them, and the format marker is
 //! unchanged.
+//!
+//! The append script's cheaper hot path (fewer fields read, the TTL set
+//! only when it ran low, see [Retention](#retention)) changed no key, field
+//! or value: streams written before it open and append as they are, and
+//! releases before it read what it writes, so the format is still `1`.
 //!
 //! # Limits
 //!

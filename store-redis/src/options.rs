@@ -62,6 +62,11 @@ pub(crate) const PURGE_TRIM_BUDGET: u32 = 1_000;
 pub(crate) const SCAN_BATCH: u32 = 500;
 /// Streams purged at once during `purge_expired`.
 pub(crate) const PURGE_CONCURRENCY: usize = 16;
+/// The most an idle stream's keys outlive `max_age` in real time: the
+/// append script gives them the TTL plus up to this much (1/16 of the TTL
+/// when that is less), and sets it again only once less than the TTL is
+/// left, rather than on every append.
+pub(crate) const TTL_SLACK_MAX: Duration = Duration::from_secs(1);
 /// TTLs beyond this (about 30 years) are not set: nothing would expire anyway.
 pub(crate) const MAX_PEXPIRE_MS: u64 = 1 << 40;
 /// How many times one call writes again after finding that the stream

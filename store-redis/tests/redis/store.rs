@@ -84,15 +84,403 @@ async fn keys_follow_the_documented_layout() {
         id.position.major.abs_diff(server_ms) < 60_000,
         "ms part is server time"
     );
-    // The real-time backstop: both keys expire after max_age.
+    // The real-time backstop: both keys expire max_age after the append at
+    // the earliest (less the time this test took since), and at most the
+    // slack (1 s at this age) later.
     for key in [&events, &meta] {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(key)
+        let ttl = pttl(&mut conn, key).await;
+        assert!((590_000..=601_000).contains(&ttl), "{key}: {ttl}");
+    }
+    h.teardown().await;
+}
+
+async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+async fn pexpire(conn: &mut redis::aio::MultiplexedConnection, key: &str, ms: i64) {
+    let set: i64 = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(ms)
+        .query_async(conn)
+        .await
+        .unwrap();
+    assert_eq!(set, 1, "{key}");
+}
+
+/// The append script sets a stream's TTL only when less than `max_age` is
+/// left (to `max_age` plus a slack), not on every append; and every append
+/// leaves both keys at least `max_age` to live, whatever TTL it found: the
+/// exact `max_age` a release before this one set on every append, none
+/// (a store opened without an age limit), or one of a longer `max_age`.
+/// Without an age limit, an append removes a TTL it finds.
+#[tokio::test]
+async fn the_ttl_backstop_is_never_short_and_set_only_when_it_runs_low() {
+    const AGE: i64 = 600_000;
+    const SLACK: i64 = 1_000;
+    let h = RedisHarness::new().await;
+    let clock = test_clock();
+    let aged = test_options(&clock)
+        .retention(Retention::default().max_age(Duration::from_millis(AGE.try_into().unwrap())));
+    let store = open(&h, aged.clone()).await;
+    let id = store
+        .store_event("s", NewEvent::new(b"first"))
+        .await
+        .unwrap();
+    let mut conn = raw(h.url()).await;
+    let p = h.prefix();
+    let token = id.token.to_text();
+    let keys = [
+        format!("{p}:v1:{{{token}}}:events"),
+        format!("{p}:v1:{{{token}}}:meta"),
+    ];
+    let at_least_age = async |conn: &mut redis::aio::MultiplexedConnection, what: &str| {
+        for key in &keys {
+            let ttl = pttl(conn, key).await;
+            assert!(
+                (AGE - 5_000..=AGE + SLACK).contains(&ttl),
+                "{what}: {key}: {ttl}"
+            );
+        }
+    };
+    at_least_age(&mut conn, "created").await;
+
+    // Left with more than max_age: not set again.
+    for key in &keys {
+        pexpire(&mut conn, key, AGE + 500_000).await;
+    }
+    store
+        .store_event("s", NewEvent::new(b"more"))
+        .await
+        .unwrap();
+    for key in &keys {
+        let ttl = pttl(&mut conn, key).await;
+        assert!(ttl > AGE + SLACK && ttl <= AGE + 500_000, "{key}: {ttl}");
+    }
+
+    // Below max_age (as an older release's exact TTL is a moment later, or
+    // any TTL once the slack has run out): set to max_age plus the slack.
+    for key in &keys {
+        pexpire(&mut conn, key, AGE - 1).await;
+    }
+    store.store_event("s", NewEvent::new(b"low")).await.unwrap();
+    for key in &keys {
+        let ttl = pttl(&mut conn, key).await;
+        assert!((AGE..=AGE + SLACK).contains(&ttl), "{key}: {ttl}");
+    }
+
+    // Without an age limit, an append removes the TTL; with one again, the
+    // next append sets it.
+    let unaged = open(&h, test_options(&clock).retention(Retention::unbounded())).await;
+    unaged
+        .store_event("s", NewEvent::new(b"no age"))
+        .await
+        .unwrap();
+    for key in &keys {
+        assert_eq!(pttl(&mut conn, key).await, -1, "{key}");
+    }
+    store
+        .store_event("s", NewEvent::new(b"aged"))
+        .await
+        .unwrap();
+    at_least_age(&mut conn, "aged again").await;
+
+    // Nothing else moved: every event replays, and the byte counter and
+    // the count limit still hold.
+    let got: Vec<Vec<u8>> = store
+        .replay_stream("s")
+        .await
+        .unwrap()
+        .events
+        .map_ok(|e| e.data.to_vec())
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        [&b"first"[..], b"more", b"low", b"no age", b"aged"].map(<[u8]>::to_vec)
+    );
+    let bytes: String = redis::cmd("HGET")
+        .arg(&keys[1])
+        .arg("bytes")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(bytes, "22");
+    unaged.close().await;
+    store.close().await;
+    h.teardown().await;
+}
+
+/// The previous release's append script (its `TRIM` and `APPEND`, copied
+/// verbatim), which set both keys' TTL to exactly `max_age` on every append
+/// and read `head_t` and `last` on every append.
+const PREVIOUS_APPEND: &str = r#"
+local function entry_info(e)
+  local f = e[2]
+  local t, size = nil, 0
+  for i = 1, #f, 2 do
+    local name = f[i]
+    if name == 't' then t = f[i + 1] elseif name == 'd' then size = #f[i + 1] end
+  end
+  return t, size
+end
+
+local function trim(ev, len, bytes, head_t, cutoff, max_n, max_b, budget)
+  local updates = {'bytes', string.format('%d', bytes)}
+  local function over(t)
+    if len == 0 then return false end
+    if cutoff ~= nil and t < cutoff then return true end
+    if len < 2 then return false end
+    return (max_n ~= nil and len > max_n) or (max_b ~= nil and bytes > max_b)
+  end
+  if budget == nil or budget < 1 or not over(head_t) then return 0, false, updates end
+  local removed, last_id, next_t, done = 0, nil, nil, false
+  local want = 1
+  if max_n ~= nil and len > max_n then want = len - max_n end
+  while not done and removed < budget do
+    local n = math.min(want, 8, budget - removed)
+    local batch = redis.call('XRANGE', ev, '-', '+', 'COUNT', n + 1)
+    if #batch == 0 then done = true; break end
+    local ids = {}
+    for i, e in ipairs(batch) do
+      local t, size = entry_info(e)
+      if not over(tonumber(t) or 0) then next_t = t; done = true; break end
+      if i > n then break end
+      ids[#ids + 1] = e[1]
+      last_id = e[1]
+      len = len - 1
+      bytes = bytes - size
+      removed = removed + 1
+    end
+    if #ids > 0 then redis.call('XDEL', ev, unpack(ids)) end
+    want = want * 2
+  end
+  updates[2] = string.format('%d', bytes)
+  if last_id ~= nil then
+    updates[#updates + 1] = 'purged'
+    updates[#updates + 1] = last_id
+  end
+  if next_t ~= nil then
+    updates[#updates + 1] = 'head_t'
+    updates[#updates + 1] = next_t
+  end
+  return removed, (not done) and removed >= budget, updates
+end
+
+
+local ev, meta = KEYS[1], KEYS[2]
+local state = redis.call('HMGET', meta, 'sid', 'bytes', 'head_t', 'last', 'pending')
+local sid = state[1]
+if sid ~= false and sid ~= ARGV[1] then return -1 end
+local size = #ARGV[2]
+local fields = {'t', ARGV[4], 'd', ARGV[2]}
+if ARGV[3] ~= '' then
+  fields[5] = 'r'
+  fields[6] = ARGV[3]
+end
+local id = false
+local restarted = false
+local floor = false
+if sid ~= false then
+  id = redis.call('XADD', ev, 'NOMKSTREAM', '*', unpack(fields))
+  restarted = id == false
+  floor = state[4]
+elseif redis.call('EXISTS', ev) == 1 then
+  local newest = redis.call('XREVRANGE', ev, '+', '-', 'COUNT', 1)
+  if #newest > 0 then floor = newest[1][1] end
+  redis.call('DEL', ev)
+  restarted = true
+end
+if sid == false and not floor then
+  floor = redis.call('GET', KEYS[3])
+end
+local created = id == false
+if created then
+  if floor then
+    -- An empty stream whose last id is the old one, so the new ids sort
+    -- after every id the lost incarnation issued.
+    redis.call('XADD', ev, 'MAXLEN', '0', floor, 't', '0')
+  end
+  id = redis.call('XADD', ev, '*', unpack(fields))
+  redis.call('DEL', meta, KEYS[3])
+  redis.call('HSET', meta, 'sid', ARGV[1], 'base', id, 'last', id, 'bytes', size, 'head_t', ARGV[4],
+    'pending', '1')
+else
+  local max_n, max_b = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local bytes = (tonumber(state[2]) or 0) + size
+  local updates
+  if max_n == nil and max_b == nil then
+    updates = {'bytes', string.format('%d', bytes)}
+  else
+    local len = redis.call('XLEN', ev)
+    local _, _, u = trim(ev, len, bytes, tonumber(state[3]) or 0, nil, max_n, max_b, tonumber(ARGV[8]))
+    updates = u
+  end
+  redis.call('HSET', meta, 'last', id, unpack(updates))
+end
+if ARGV[7] == '' then
+  redis.call('PERSIST', ev)
+  redis.call('PERSIST', meta)
+else
+  redis.call('PEXPIRE', ev, ARGV[7])
+  redis.call('PEXPIRE', meta, ARGV[7])
+end
+if restarted then return {id, 'restarted'} end
+if created then return {id, 'new'} end
+if state[5] then return {id, 'pending'} end
+return id
+"#;
+
+/// A stream the previous release's append script wrote (no format change
+/// since: the same keys, fields and values) is read, appended to, trimmed,
+/// replayed and purged by this release as it is; and the previous script,
+/// run again after this release's appends, still reads what they wrote
+/// (handles of both releases may share a prefix).
+#[tokio::test]
+async fn a_stream_the_previous_append_script_wrote_works_as_it_is() {
+    const AGE: u64 = 600_000;
+    let h = RedisHarness::new().await;
+    let clock = test_clock();
+    let retention = Retention::unbounded()
+        .max_age(Duration::from_millis(AGE))
+        .max_events_per_stream(4);
+    let store = open(&h, test_options(&clock).retention(retention)).await;
+    let mut conn = raw(h.url()).await;
+    let p = h.prefix();
+    let secret: Vec<u8> = redis::cmd("GET")
+        .arg(format!("{p}:v1:stream-key"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let token = mcp_event_store_core::backend::StreamKey::from_bytes(&secret)
+        .unwrap()
+        .token("old")
+        .to_text();
+    let [events, meta, gone] =
+        ["events", "meta", "gone"].map(|k| format!("{p}:v1:{{{token}}}:{k}"));
+    let script = redis::Script::new(PREVIOUS_APPEND);
+    let previous_append = async |conn: &mut redis::aio::MultiplexedConnection, data: &str| {
+        let reply: redis::Value = script
+            .key(&events)
+            .key(&meta)
+            .key(&gone)
+            .arg("old")
+            .arg(data)
+            .arg("")
+            .arg(mcp_event_store_core::Clock::now_millis(&*clock))
+            .arg(4)
+            .arg("")
+            .arg(AGE)
+            .arg(256)
+            .invoke_async(conn)
+            .await
+            .unwrap();
+        reply
+    };
+    // Five appends by the previous script (the first creates the stream,
+    // whose secret check then clears `pending`, as its `CONFIRM` did): the
+    // count limit of 4 removed the first.
+    for data in ["p1", "p2", "p3", "p4", "p5"] {
+        previous_append(&mut conn, data).await;
+        let _: i64 = redis::cmd("HDEL")
+            .arg(&meta)
+            .arg("pending")
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!((1..=600_000).contains(&ttl), "{key}: {ttl}");
     }
+    let first: Vec<StreamEntry> = redis::cmd("XRANGE")
+        .arg(&events)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 4);
+    assert_eq!(pttl(&mut conn, &events).await, pttl(&mut conn, &meta).await);
+
+    // This release appends to it: same stream, trimmed to 4, the counter
+    // right, the TTL at least max_age.
+    let n1 = store
+        .store_event("old", NewEvent::new(b"n1"))
+        .await
+        .unwrap();
+    assert_eq!(n1.token.to_text(), token);
+    let n2 = store
+        .store_event("old", NewEvent::new(b"n2"))
+        .await
+        .unwrap();
+    let data = |events: Vec<mcp_event_store_core::StoredEvent>| {
+        events
+            .into_iter()
+            .map(|e| String::from_utf8(e.data.to_vec()).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let whole: Vec<_> = store
+        .replay_stream("old")
+        .await
+        .unwrap()
+        .events
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(data(whole), ["p4", "p5", "n1", "n2"]);
+    // A cursor the previous script issued, now trimmed away, is a gap; one
+    // still retained resumes.
+    let cursor = |entry: &StreamEntry| {
+        let (ms, seq) = entry.0.split_once('-').unwrap();
+        mcp_event_store_core::EventId::new(
+            n1.token,
+            mcp_event_store_core::Position::new(ms.parse().unwrap(), seq.parse().unwrap()),
+        )
+        .to_string()
+    };
+    let err = replay_all(&store, &cursor(&first[0])).await.unwrap_err();
+    assert!(matches!(err, Error::EventsPurged { .. }), "{err}");
+    let (stream, after) = replay_all(&store, &cursor(&first[2])).await.unwrap();
+    assert_eq!(stream, "old");
+    assert_eq!(data(after), ["p5", "n1", "n2"]);
+    let bytes: String = redis::cmd("HGET")
+        .arg(&meta)
+        .arg("bytes")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(bytes, "8");
+    for key in [&events, &meta] {
+        let ttl = pttl(&mut conn, key).await;
+        assert!(ttl >= AGE as i64 - 5_000, "{key}: {ttl}");
+    }
+
+    // The previous script appends after this release's: it reads what
+    // this release wrote, and this release reads what it wrote.
+    previous_append(&mut conn, "p6").await;
+    let n3 = store
+        .store_event("old", NewEvent::new(b"n3"))
+        .await
+        .unwrap();
+    let (_, after) = replay_all(&store, &n2.to_string()).await.unwrap();
+    assert_eq!(data(after), ["p6", "n3"]);
+
+    // Past max_age by the store's clock, the purge removes it whole and
+    // leaves its newest id behind, so it starts again after it.
+    clock.advance(Duration::from_millis(AGE + 1));
+    let report = store.purge_expired().await.unwrap();
+    assert_eq!((report.events, report.streams), (4, 1), "{report:?}");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&events)
+        .arg(&meta)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0);
+    let again = store
+        .store_event("old", NewEvent::new(b"again"))
+        .await
+        .unwrap();
+    assert!(again.position > n3.position);
+    store.close().await;
     h.teardown().await;
 }
 
