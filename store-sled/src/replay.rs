@@ -36,32 +36,37 @@ pub(crate) async fn replay_after(store: &SledStore, raw: &str, cursor: EventId) 
 
 /// Every retained event of a stream from its oldest (C16): the stream's
 /// durable state, then pages as a replay after the event before the oldest,
-/// through the same reader and checks.
+/// through the same reader and checks. As in [`start_replay`], the state
+/// and the first page (at most [`INLINE_EVENTS`]) are read on the calling
+/// task.
 pub(crate) async fn replay_whole(store: &SledStore, stream_id: &str) -> Result<Replay> {
     let limit = store.handle.store.page_size;
     let shared = store.shared()?;
     let token = shared.key.token(stream_id);
-    let start = blocking({
-        let shared = shared.clone();
-        move || {
-            shared.with_stream(token, |slot, meta| {
-                let Some(m) = meta.as_ref() else {
-                    shared.kill(token, slot);
-                    return Ok(None);
-                };
-                Ok(durable_state(slot, m)
-                    .first_retained
-                    .map(|first| (m.incarnation, first, slot.clone())))
-            })
-        }
-    })
-    .await?;
+    let start = shared.with_stream(token, |slot, meta| {
+        let Some(m) = meta.as_ref() else {
+            shared.kill(token, slot);
+            return Ok(None);
+        };
+        Ok(durable_state(slot, m)
+            .first_retained
+            .map(|first| (m.incarnation, first, slot.clone())))
+    })?;
     let Some((incarnation, first, slot)) = start else {
         return Ok(Replay::empty(stream_id));
     };
     let raw: Arc<str> = EventId::new(token, dense::position(incarnation, first))
         .to_string()
         .into();
+    let after = first - 1;
+    let first_page = shared.read_page(
+        &raw,
+        &token,
+        &slot,
+        incarnation,
+        after,
+        limit.min(INLINE_EVENTS),
+    )?;
     let reader = Arc::new(PageReader {
         shared,
         slot,
@@ -72,7 +77,7 @@ pub(crate) async fn replay_whole(store: &SledStore, stream_id: &str) -> Result<R
     });
     Ok(Replay {
         stream_id: stream_id.to_owned(),
-        events: reader.stream(first - 1, None),
+        events: reader.stream(after, Some(first_page)),
     })
 }
 
