@@ -1,6 +1,7 @@
 //! Following (C13): a replay that stays open, woken by this handle's
-//! writer after its commits and by the watcher for other handles and
-//! processes, re-reading by cursor with the replay's own read.
+//! writer after its commits and by the watcher (prompted by file
+//! notifications, and by its poll) for other handles and processes,
+//! re-reading by cursor with the replay's own read.
 
 use mcp_event_store_core::backend::follow::{self, reread};
 use mcp_event_store_core::{Error, EventId, FollowOptions, Replay, Result};
@@ -18,7 +19,9 @@ pub(crate) async fn follow_after(
 ) -> Result<Replay> {
     // Subscribe before the first read, so no append falls in between;
     // the watcher, started after the read, wakes a stream it has not
-    // seen before at its first poll that finds anything written.
+    // seen before at its first check that finds anything written (a
+    // watcher that starts now checks at once, once its notifier is in
+    // place; a running one at the next commit's notification).
     let subscription = store.inner.wakeups.subscribe(cursor.token);
     let first = replay_after(store, raw, cursor).await?;
     store.inner.watcher.ensure();

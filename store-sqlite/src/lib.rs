@@ -108,7 +108,12 @@
 //! connection with the page statements prepared once, and the events come
 //! back built. Threads start as replays need them, up to
 //! [`SqliteOptions::read_connections`], and end when the handle is closed
-//! or dropped. sqlx's pool, worker thread and row decoding made a page
+//! or dropped. A replay's first page is short (at most 128 events, what
+//! most resumes miss) and read on the calling task instead: from SQLite's
+//! cache that costs less than the hop itself. It uses a `query_only`
+//! connection of the handle's own (as many as page threads at most) that
+//! never waits for a lock: when none is free, or SQLite answers busy, the
+//! page takes the hop as any other. sqlx's pool, worker thread and row decoding made a page
 //! cost four to seven times what SQLite takes to read it; this path stays
 //! within one thread hop of it (the replay bench's `direct_hop`). Both
 //! drivers link the one SQLite library.
@@ -234,12 +239,48 @@
 //!   read on a page thread).
 //! * **Appends by another handle or process** are found by this handle's
 //!   *watcher*: one task with one dedicated connection that reads
-//!   `PRAGMA data_version` every [`SqliteOptions::follow_poll_interval`]
-//!   (default 50 ms, URL `?follow_poll_ms=`). Its value changes when another
-//!   connection committed; then the watcher reads the rows of the streams
-//!   being followed and wakes those that moved. Expect the event within one
-//!   poll interval of its commit (about half of one on average), plus a
-//!   read. A shorter interval costs one cheap statement more per poll.
+//!   `PRAGMA data_version`, whose value changes when another connection
+//!   committed; then the watcher reads the rows of the streams being
+//!   followed and wakes those that moved. It checks as soon as the
+//!   operating system reports a change to the database file or its `-wal`
+//!   (a file notification on the database's directory, through the
+//!   `notify` crate: inotify on Linux, FSEvents on macOS,
+//!   ReadDirectoryChangesW on Windows), so a commit by any process on this
+//!   host wakes it at once: expect the event within a millisecond or so of
+//!   its commit. The notifications of commits made during a check prompt
+//!   one more check, and a stream of commits (this handle's own included)
+//!   keeps the watcher busy a quarter of the time at most; while commits
+//!   keep coming that wake none of this handle's followers (its own
+//!   appends to streams nobody here follows, say), notified checks back
+//!   off, up to the poll interval, so such commits cost a few checks, not
+//!   one each, and a follower of a stream among them may wait up to one
+//!   poll interval, as it would without notifications.
+//!
+//!   The notifier is on while others commit. A single process writing
+//!   through one handle would otherwise pay for hearing its own commits
+//!   (inotify reports every write of the `-wal`), whose followers its
+//!   writer wakes anyway. So the watcher tells its own handle's commits from
+//!   others' (its writer counts its commit groups, and reads
+//!   `data_version` on its own connection, where only others' commits move
+//!   it), and turns the notifier off once 64 checks in a row found only
+//!   its own commits. The next commit from elsewhere is then found by the
+//!   poll, or at once if this handle's writer commits meanwhile, and turns
+//!   the notifier back on: the first commit from another process after a
+//!   spell of this handle's own may take up to one poll interval to
+//!   arrive; the ones after it are notified. While nothing commits, the
+//!   notifier costs nothing and stays on.
+//! * **The poll**: the watcher also checks every
+//!   [`SqliteOptions::follow_poll_interval`] (default 50 ms, URL
+//!   `?follow_poll_ms=`) after its last check. It is the bound on the
+//!   follow latency wherever notifications fall short: a writer on another
+//!   host sharing a network file system (which raises no notification
+//!   here), a handle whose notifier could not be created (the inotify
+//!   instance or watch limit reached, say: one warning is logged, and the
+//!   handle polls), and a commit published only after the check its write
+//!   prompted and the re-checks that follow it (at once, and 1 ms later).
+//!   There, expect the event within one poll interval of its commit
+//!   (about half of one on average), plus a read. A shorter interval costs
+//!   one cheap statement more per poll.
 //! * **The safety net**: every follower also re-reads its stream every
 //!   [`SqliteOptions::follow_recheck`] (default 5 s, URL
 //!   `?follow_recheck_ms=`) whatever it was told, so a missed wake-up (the
@@ -251,10 +292,12 @@
 //! share the page threads (at most [`SqliteOptions::read_connections`])
 //! and one watcher. The watcher runs only while the handle has at least one
 //! follower or task watcher: the first follow (or task `watch`) starts it,
-//! and it ends (closing its connection) at its first poll after the last
-//! one is dropped, or at once when the handle is closed or dropped. An idle store pays nothing.
-//! A follow keeps its handle alive while it is open;
-//! [`SqliteStore::close`] ends every open follow with [`Error::Closed`].
+//! with its notifier (on Linux, one inotify instance and the thread that
+//! reads it), and it ends (closing its connection and its notifier) at its
+//! first check after the last one is dropped, or at once when the handle
+//! is closed or dropped. An idle store pays nothing. A follow keeps its
+//! handle alive while it is open; [`SqliteStore::close`] ends every open
+//! follow with [`Error::Closed`].
 //!
 //! # Inspecting
 //!

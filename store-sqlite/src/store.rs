@@ -20,7 +20,7 @@ use crate::error::NAME;
 use crate::options::{SqliteOptions, WRITER_QUEUE};
 use crate::pages::PageReaders;
 use crate::state::Inner;
-use crate::watcher::Watcher;
+use crate::watcher::{OwnCommits, Watcher};
 use crate::writer::Writer;
 use crate::{append, follow, inspect, purge, replay, setup};
 
@@ -80,11 +80,13 @@ impl SqliteStore {
         let opened = setup::open(&options).await?;
         let wakeups = Arc::new(Wakeups::default());
         let task_wakeups = Arc::new(Wakeups::default());
+        let own = Arc::new(OwnCommits::default());
         let writer = Writer::new(
             opened.writer,
             options.store.retention,
             options.max_batch,
             wakeups.clone(),
+            own.clone(),
         )
         .spawn(WRITER_QUEUE)?;
         Ok(Self {
@@ -101,6 +103,7 @@ impl SqliteStore {
                 watcher: Watcher::new(
                     opened.connect,
                     options.follow_poll_interval,
+                    own,
                     wakeups.clone(),
                     task_wakeups.clone(),
                 ),

@@ -285,6 +285,21 @@ pub fn watcher(store: &SqliteStore) -> WatcherProbe {
     WatcherProbe(store.inner.watcher.running())
 }
 
+/// How many of the follow watcher's checks on `store` have seen another
+/// connection's commit (another handle's or process's) so far: the
+/// handle's own commits never count, and only such checks keep its file
+/// notifier on.
+pub fn foreign_commits_seen(store: &SqliteStore) -> u64 {
+    store.inner.watcher.foreign_commits_seen()
+}
+
+/// Whether the follow watcher on `store` has its file notifier on: from
+/// its start, off once only this handle's own commits prompted its checks
+/// for a while, on again when another connection's commit is seen.
+pub fn file_notifier_on(store: &SqliteStore) -> bool {
+    store.inner.watcher.notifying()
+}
+
 /// Connections the read pool holds now (idle or in use); never more than
 /// [`SqliteOptions::read_connections`].
 pub fn read_connections(store: &SqliteStore) -> u32 {

@@ -48,6 +48,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{NAME, sqlite_error};
+use crate::watcher::OwnCommits;
 
 /// The name of the writer's thread.
 const THREAD_NAME: &str = "mcp-event-store-sqlite-writer";
@@ -319,6 +320,12 @@ pub(crate) struct Writer {
     /// The handle's followers, woken after each commit of an append to
     /// their stream.
     wakeups: Arc<Wakeups>,
+    /// Told of each commit group, and of other connections' commits, for
+    /// the watcher.
+    own: Arc<OwnCommits>,
+    /// `data_version` on this connection after the last group: it moves
+    /// only when another connection commits.
+    data_version: Option<i64>,
 }
 
 impl Writer {
@@ -327,6 +334,7 @@ impl Writer {
         retention: Retention,
         max_batch: usize,
         wakeups: Arc<Wakeups>,
+        own: Arc<OwnCommits>,
     ) -> Self {
         Self {
             conn,
@@ -334,6 +342,8 @@ impl Writer {
             max_batch,
             known: HashMap::new(),
             wakeups,
+            own,
+            data_version: None,
         }
     }
 
@@ -392,12 +402,15 @@ impl Writer {
         if group.is_empty() {
             return;
         }
+        self.own.starting();
         if catch_unwind(AssertUnwindSafe(|| self.run_group(&mut group))).is_err() {
             let e = Arc::new(self.recover_from_panic());
             for write in &mut group {
                 write.fail(&|| Error::backend(NAME, e.clone()));
             }
         }
+        self.own.finished();
+        self.look_for_foreign_commits();
         // After the commit and before the answers, so a woken follower's
         // re-read finds what its caller is told was stored. Outside the
         // panic guard: an answer settled is committed, whatever follows.
@@ -413,6 +426,28 @@ impl Writer {
         }
         for write in group {
             write.send();
+        }
+    }
+
+    /// Reads `data_version` on the writer's connection, which only another
+    /// connection's commit moves, and tells the watcher when it moved (see
+    /// [`OwnCommits`]). A failed read tells nothing; the watcher's poll
+    /// stays the safety net.
+    fn look_for_foreign_commits(&mut self) {
+        let version = self
+            .conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut statement| statement.query_row([], |row| row.get::<_, i64>(0)));
+        match version {
+            Ok(version) => {
+                if self.data_version.is_some_and(|seen| seen != version) {
+                    self.own.saw_foreign_commit();
+                }
+                self.data_version = Some(version);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "reading data_version in the sqlite writer failed")
+            }
         }
     }
 
@@ -682,7 +717,13 @@ mod tests {
         let path = dir.path().join("w.db");
         SqliteStore::open(&path).await.unwrap().close().await;
         let conn = open(&path, std::time::Duration::from_secs(1), "NORMAL").unwrap();
-        let mut writer = Writer::new(conn, Retention::unbounded(), 512, Arc::default());
+        let mut writer = Writer::new(
+            conn,
+            Retention::unbounded(),
+            512,
+            Arc::default(),
+            Arc::default(),
+        );
         let key = StreamKey::generate().unwrap();
         let (answers, panicked) = group(
             &mut writer,

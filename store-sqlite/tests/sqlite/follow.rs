@@ -1,11 +1,12 @@
 //! Following on SQLite beyond the conformance suite: which path delivers
 //! what (the writer's in-process wake-ups, the `data_version` watcher for
-//! other handles and processes), and that the watcher holds nothing once
-//! nobody follows.
+//! other handles and processes, prompted by file notifications and by its
+//! poll), and that the watcher holds nothing once nobody follows.
 //!
 //! Re-checks are set to an hour here, so an event that arrives was brought
-//! by the path under test, never by the safety net. The 30 s timeouts are
-//! only "must arrive eventually" guards.
+//! by the path under test, never by the safety net; so is the watcher's
+//! poll where only its file notifications may deliver. The 30 s timeouts
+//! are only "must arrive eventually" guards.
 
 use std::path::Path;
 use std::time::Duration;
@@ -13,7 +14,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use mcp_event_store_conformance::testkit::{ChildGuard, test_child, test_path};
 use mcp_event_store_core::{Error, EventId, EventStore, FollowOptions, NewEvent, Replay};
-use mcp_event_store_sqlite::testing::{read_connections, watcher};
+use mcp_event_store_sqlite::testing::{
+    file_notifier_on, foreign_commits_seen, read_connections, watcher,
+};
 use mcp_event_store_sqlite::{SqliteOptions, SqliteStore};
 
 const GUARD: Duration = Duration::from_secs(30);
@@ -107,10 +110,105 @@ async fn appends_through_another_handle_reach_a_follower() {
     writer.close().await;
 }
 
-/// Run as a child process by `appends_from_another_process_reach_a_follower`
-/// (which sets `CHILD_DB`); does nothing otherwise.
+/// Another handle's commits reach a follower with its watcher's poll (and
+/// its re-check) an hour away: the file notification on the database's
+/// `-wal` prompts the watcher's check. Each append after the first can only
+/// be delivered that way (the watcher's first check, at its start, may
+/// find the first).
 #[tokio::test]
-#[ignore = "the child process of appends_from_another_process_reach_a_follower"]
+async fn file_notifications_bring_another_handles_appends_without_a_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let reader = open(&path, HOUR).await;
+    let writer = open(&path, HOUR).await;
+    let start = append(&writer, "s", b"start").await;
+    let mut first = follow(&reader, &start).await;
+    assert!(watcher(&reader).is_running());
+    for i in 0..5u8 {
+        let id = append(&writer, "s", &[i]).await;
+        assert_eq!(next(&mut first).await, id);
+    }
+    // A follower that joins the running watcher, on another stream.
+    let other = append(&writer, "t", b"start").await;
+    let mut joined = follow(&reader, &other).await;
+    for i in 0..3u8 {
+        let id = append(&writer, "t", &[i]).await;
+        assert_eq!(next(&mut joined).await, id);
+    }
+    drop((first, joined));
+    reader.close().await;
+    writer.close().await;
+}
+
+/// The watcher tells this handle's own commits from another handle's: only
+/// the latter keep its file notifier on. A handle that follows and appends
+/// alone sees none, however many checks its commits prompt, and its
+/// notifier goes off; one commit through another handle is seen, whether
+/// this handle's writer is idle (the watcher's own test) or busy (the
+/// writer's `data_version`), and turns it back on.
+#[tokio::test]
+async fn only_another_handles_commits_count_as_foreign() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let store = open(&path, Duration::from_millis(2)).await;
+    let start = append(&store, "s", b"start").await;
+    let mut follow = follow(&store, &start).await;
+    for i in 0..40u8 {
+        let id = append(&store, "s", &[i]).await;
+        append(&store, "unfollowed", &[i]).await;
+        assert_eq!(next(&mut follow).await, id);
+        if i % 8 == 0 {
+            // Let polls and notified checks run between the commits.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let mut i = 0u32;
+    while file_notifier_on(&store) {
+        // Checks prompted by its own commits turn the notifier off.
+        i += 1;
+        assert!(i < 10_000, "the notifier stayed on for its own commits");
+        let id = append(&store, "s", &i.to_be_bytes()).await;
+        assert_eq!(next(&mut follow).await, id);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(watcher(&store).is_running());
+    assert_eq!(foreign_commits_seen(&store), 0);
+
+    // Another handle commits while this one's writer is idle.
+    let other = open(&path, HOUR).await;
+    let id = append(&other, "s", b"elsewhere").await;
+    assert_eq!(next(&mut follow).await, id);
+    eventually("the watcher sees another handle's commit", || {
+        foreign_commits_seen(&store) >= 1
+    })
+    .await;
+    assert!(file_notifier_on(&store));
+
+    // And while this handle's writer is busy: its own appends to another
+    // stream, each racing the other handle's.
+    let seen = foreign_commits_seen(&store);
+    for i in 0..20u8 {
+        let data = [i];
+        let (theirs, _) = tokio::join!(
+            append(&other, "s", &data),
+            append(&store, "unfollowed", &data)
+        );
+        assert_eq!(next(&mut follow).await, theirs);
+    }
+    eventually("the watcher sees the other handle's commits", || {
+        foreign_commits_seen(&store) > seen
+    })
+    .await;
+    drop(follow);
+    other.close().await;
+    store.close().await;
+}
+
+/// Run as a child process by `appends_from_another_process_reach_a_follower`
+/// and `file_notifications_bring_another_processes_appends_without_a_poll`
+/// (which set `CHILD_DB`); does nothing otherwise.
+#[tokio::test]
+#[ignore = "the child process of the cross-process follow tests"]
 async fn child_process_appends() {
     let Some(path) = std::env::var_os(CHILD_DB) else {
         return;
@@ -125,9 +223,22 @@ async fn child_process_appends() {
 
 #[tokio::test]
 async fn appends_from_another_process_reach_a_follower() {
+    from_another_process(Duration::from_millis(10)).await;
+}
+
+/// The same with the follower's poll (and re-check) an hour away: only the
+/// file notifications of the child's commits can deliver its appends.
+#[tokio::test]
+async fn file_notifications_bring_another_processes_appends_without_a_poll() {
+    from_another_process(HOUR).await;
+}
+
+/// A child process appends three events; a follower here, whose watcher
+/// polls every `poll`, gets each of them.
+async fn from_another_process(poll: Duration) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("e.db");
-    let store = open(&path, Duration::from_millis(10)).await;
+    let store = open(&path, poll).await;
     let start = append(&store, "s", b"start").await;
     let mut follow = follow(&store, &start).await;
 

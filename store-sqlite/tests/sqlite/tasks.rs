@@ -289,3 +289,58 @@ async fn task_watches_share_the_watcher_which_stops_without_them() {
     a.close().await;
     b.close().await;
 }
+
+/// Another handle's task change wakes a watch with the watching handle's
+/// poll, its re-check and the watch's `max_wait` all an hour away: only the
+/// file notification of the change's commit prompts the watcher's check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_notifications_wake_task_watches_without_a_poll() {
+    use mcp_event_store_sqlite::testing::watcher;
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const EVENTUALLY: Duration = Duration::from_secs(30);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.db");
+    let a = SqliteStore::open(&path).await.unwrap();
+    let b = SqliteStore::open_with(
+        SqliteOptions::new(&path)
+            .follow_poll_interval(HOUR)
+            .follow_recheck(HOUR),
+    )
+    .await
+    .unwrap();
+    let me = InstanceId::generate().unwrap();
+    a.heartbeat(me, Duration::from_secs(60)).await.unwrap();
+    let owner = Owner::Anonymous;
+    let (id, mut task) = a.create(NewTask::new(&owner, me)).await.unwrap();
+    let text = id.to_string();
+    for round in 0..3 {
+        let watching = {
+            let (b, text, rev) = (b.clone(), text.clone(), task.rev);
+            tokio::spawn(async move { b.watch(&text, &owner, rev, HOUR).await })
+        };
+        tokio::time::timeout(EVENTUALLY, async {
+            while !watcher(&b).is_running() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("no watcher started");
+        // Past the watcher's first check (at its start), which would find
+        // a change made before it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let message = format!("moved {round}");
+        a.apply(&id, me, WorkerChange::SetMessage(Some(&message)))
+            .await
+            .unwrap();
+        task = tokio::time::timeout(EVENTUALLY, watching)
+            .await
+            .expect("the change elsewhere never woke the watch")
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(task.message.as_deref(), Some(message.as_str()));
+    }
+    a.close().await;
+    b.close().await;
+}
