@@ -28,6 +28,8 @@
 //! | `raw_create` | SQLite, PostgreSQL: the store's `INSERT … ON CONFLICT (digest) DO NOTHING` of the same row into the same table (so the same index work: primary key, `purge_at`, the partial running-instance index), through a pool of its own (SQLite: one connection, `synchronous=NORMAL` as the store; PostgreSQL: 8 connections, as the harness gives the store); Redis: `EVALSHA` of a script like the store's (`EXISTS`, `HSET v rev`, `PEXPIRE`) on a multiplexed connection; sled: `get` (absent?), the purge-index `insert`, `compare_and_swap(None → value)`, then `flush()`, on the blocking pool; memory: a `HashMap` insert-if-absent behind a mutex |
 //! | `create_32_concurrent` | 32 `create` calls in flight at once |
 //! | `raw_create_32_concurrent` | 32 `raw_create` in flight at once |
+//! | `burst_1000` | 1,000 `create` calls started at once on one handle (a burst of task calls on one instance): the time until the last returned. Beside it each call's own time, from its start to its return, is printed as a median and 99th percentile over every call of the run (`tasks/<backend>/burst_1000/per_call`, written to `percentiles.json` in that case's criterion directory) |
+//! | `burst_1000_call` | the same burst, each call what a task call does to its task: `create`, `apply(Finish::Completed)` of a small result, then `get` of the result; per call as for `burst_1000` (`.../burst_1000_call/per_call`) |
 //! | `get` | `TaskStore::get` of one task by its id and owner |
 //! | `raw_get` | one read by key: SQLite, PostgreSQL: `SELECT` of the task row's columns by digest (the store also reads the task's inputs and its instance's deadline: in one read transaction on SQLite, one statement on PostgreSQL); Redis: `HGET` of the value (the store also `GET`s the instance's deadline, a second round trip); sled: `get` of the task and of its instance; memory: a clone of the value under the mutex |
 //! | `finish` | `apply(Finish::Completed)` of a small result on a working task (created untimed before) |
@@ -50,6 +52,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::sync::Mutex;
+
 use criterion::measurement::WallTime;
 use criterion::{
     BenchmarkGroup, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
@@ -61,6 +65,7 @@ use mcp_event_store_conformance::bench::tasks::{
 };
 use mcp_event_store_conformance::bench::{Kit, Visitor};
 use mcp_event_store_conformance::tasks::TaskHarness;
+use mcp_event_store_core::Backend;
 use mcp_event_store_core::task::{
     Applied, Finish, InstanceId, NewTask, Owner, RuntimeStore, TaskId, TaskStatus, TaskStore,
     WorkerChange,
@@ -70,11 +75,62 @@ use tokio::runtime::Runtime;
 /// Creates in flight at once in the concurrent variant.
 const CONCURRENT: usize = 32;
 
+/// Calls started at once in the burst cases.
+const BURST: usize = 1_000;
+
 /// The store's calls on one handle.
 struct StoreOps<S> {
     store: Arc<S>,
     owner: Owner,
     me: InstanceId,
+}
+
+impl<S> Clone for StoreOps<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            owner: self.owner,
+            me: self.me,
+        }
+    }
+}
+
+impl<S: RuntimeStore> StoreOps<S> {
+    /// One call of a burst, timed: `create`, and with `whole_call` then
+    /// `apply(Finish::Completed)` and `get` (the store's calls made here,
+    /// so that the future is `Send` and runs on its own tokio task).
+    async fn call(self, whole_call: bool) -> Duration {
+        let begun = Instant::now();
+        let (id, task) = self
+            .store
+            .create(NewTask::new(&self.owner, self.me).ttl(TTL).message(MESSAGE))
+            .await
+            .expect("create");
+        assert_eq!(task.status, TaskStatus::Working);
+        if whole_call {
+            let applied = self
+                .store
+                .apply(
+                    &id,
+                    self.me,
+                    WorkerChange::Finish(Finish::Completed(RESULT)),
+                )
+                .await
+                .expect("finish");
+            assert!(
+                matches!(applied, Applied::Changed { .. }),
+                "finish: {applied:?}"
+            );
+            let task = self
+                .store
+                .get(&id.to_string(), &self.owner)
+                .await
+                .expect("get")
+                .expect("the task is there");
+            assert_eq!(task.status, TaskStatus::Completed);
+        }
+        begun.elapsed()
+    }
 }
 
 impl<S: RuntimeStore> TaskOps for StoreOps<S> {
@@ -166,6 +222,58 @@ fn finish<O: TaskOps>(group: &mut BenchmarkGroup<'_, WallTime>, rt: &Runtime, na
             })
         })
     });
+}
+
+/// `burst_1000` and `burst_1000_call`: [`BURST`] calls started at once
+/// (each its own tokio task, as a server's requests are), timed until the
+/// last returned; every call's own time is kept, and their median and 99th
+/// percentile printed once the case ran.
+fn burst<S: RuntimeStore>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    rt: &Runtime,
+    backend: &Backend,
+    ops: &StoreOps<S>,
+) {
+    group.throughput(Throughput::Elements(BURST as u64));
+    group.sampling_mode(SamplingMode::Flat);
+    group.sample_size(10);
+    for (name, whole_call) in [("burst_1000", false), ("burst_1000_call", true)] {
+        let per_call = Arc::new(Mutex::new(Vec::new()));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let start = Instant::now();
+                        let calls: Vec<_> = (0..BURST)
+                            .map(|_| {
+                                let ops = ops.clone();
+                                tokio::spawn(async move { ops.call(whole_call).await })
+                            })
+                            .collect();
+                        let times: Vec<Duration> = join_all(calls)
+                            .await
+                            .into_iter()
+                            .map(|time| time.expect("a burst call"))
+                            .collect();
+                        total += start.elapsed();
+                        per_call.lock().expect("the call times").extend(times);
+                    }
+                    total
+                })
+            })
+        });
+        let mut times = std::mem::take(&mut *per_call.lock().expect("the call times"));
+        if !times.is_empty() {
+            common::report_percentiles(
+                backend,
+                &format!("tasks/{}/{name}/per_call", backend.name),
+                &mut times,
+            );
+        }
+    }
+    group.sampling_mode(SamplingMode::Auto);
+    group.sample_size(20);
 }
 
 /// `watch_wake`: a watch on `a`, a change on `b`; and `raw_wake`.
@@ -314,6 +422,7 @@ impl Visitor for Tasks<'_> {
         let mut raw = rt.block_on(K::task_raw(&harness, &subject));
         let mut group = group(c, K::BACKEND.name);
         crud(&mut group, rt, &ops, &raw.ops);
+        burst(&mut group, rt, K::BACKEND, &ops);
         takeover(&mut group, rt, &harness, &ops, raw.claim.as_ref());
         for (id, ops) in &raw.finishes {
             finish(&mut group, rt, id, ops);

@@ -3,13 +3,14 @@
 //! Once an append has committed, the handle announces its stream with
 //! `pg_notify(<channel>, <token in hex>)` ([`Notifier`], statement
 //! [`crate::sql::NOTIFY`]); PostgreSQL delivers it to every session
-//! listening on the channel, in any process. The notification goes in a
-//! short transaction of its own right after the append's, not in the
-//! append's: notifying commits are serialized cluster-wide until their WAL
-//! is flushed, which would cost concurrent durable appends their shared
-//! flushes (see [`crate::sql::NOTIFY`]). Announcements queued while one is
-//! in flight go together in the next, one per stream, and only while
-//! another handle listens ([`Listeners`]). The channel is derived from the
+//! listening on the channel, in any process. Task changes are announced
+//! the same way, with the payload [`task_payload`]. The notification goes
+//! in a short transaction of its own right after the change's, not in the
+//! change's: notifying commits are serialized cluster-wide until their WAL
+//! is flushed, which would cost concurrent durable appends and task steps
+//! their shared flushes (see [`crate::sql::NOTIFY`]). Announcements queued
+//! while one is in flight go together in the next, one per stream or task,
+//! and only while another handle listens ([`Listeners`]). The channel is derived from the
 //! store's schema ([`channel`]), so stores in two schemas never wake each
 //! other.
 //!
@@ -304,12 +305,35 @@ fn payload(token: &StreamToken) -> String {
         .collect()
 }
 
-/// Announces committed appends to the store's channel, from a task of its
-/// own, so that no append waits for it.
+/// What a [`Notifier`] announces: a stream appended to, or a task
+/// changed.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Note {
+    /// An append to the stream of this token (payload: the token in hex).
+    Stream(StreamToken),
+    /// A change to the task whose watchers wait under this token (payload
+    /// [`task_payload`]).
+    Task(StreamToken),
+    /// A change to any task (a purge): every task watcher re-reads.
+    AllTasks,
+}
+
+impl Note {
+    fn payload(&self) -> String {
+        match self {
+            Self::Stream(token) => payload(token),
+            Self::Task(token) => task_payload(Some(token)),
+            Self::AllTasks => task_payload(None),
+        }
+    }
+}
+
+/// Announces committed appends and task changes to the store's channel,
+/// from a task of its own, so that no append or task step waits for it.
 #[derive(Clone)]
 pub(crate) struct Notifier {
-    /// The streams appended to since the last announcement, once each.
-    pending: Arc<Mutex<HashSet<StreamToken>>>,
+    /// What changed since the last announcement, once each.
+    pending: Arc<Mutex<HashSet<Note>>>,
     /// Rung after adding to `pending`; one ring is enough however many
     /// appends come meanwhile. Dropping every clone (the handle's and its
     /// batcher's) ends the task.
@@ -331,11 +355,28 @@ impl Notifier {
     /// [`crate::append`]), so its commit costs one ring and, as a rule,
     /// one `NOTIFY`.
     pub(crate) fn announce(&self, tokens: impl IntoIterator<Item = StreamToken>) {
+        self.note(tokens.into_iter().map(Note::Stream));
+    }
+
+    /// Announces changes to the tasks whose watchers wait under `tokens`
+    /// (a prefix of each task's digest, [`task_token`](mcp_event_store_core::backend::follow::task_token));
+    /// call it once they have committed.
+    pub(crate) fn announce_tasks(&self, tokens: impl IntoIterator<Item = StreamToken>) {
+        self.note(tokens.into_iter().map(Note::Task));
+    }
+
+    /// Announces a change to any task (a purge): every watcher re-reads.
+    /// Call it once the change has committed.
+    pub(crate) fn announce_all_tasks(&self) {
+        self.note([Note::AllTasks]);
+    }
+
+    fn note(&self, notes: impl IntoIterator<Item = Note>) {
         self.pending
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .extend(tokens);
-        // Full: a ring is pending, and the task will take these tokens too.
+            .extend(notes);
+        // Full: a ring is pending, and the task will take these too.
         let _ = self.doorbell.try_send(());
     }
 }
@@ -344,31 +385,32 @@ async fn announce(
     pool: PgPool,
     statement: SqlStr,
     listeners: Listeners,
-    pending: Arc<Mutex<HashSet<StreamToken>>>,
+    pending: Arc<Mutex<HashSet<Note>>>,
     mut rings: mpsc::Receiver<()>,
 ) {
     let mut known = None;
     while rings.recv().await.is_some() {
-        let tokens: Vec<String> = {
+        let payloads: Vec<String> = {
             let mut pending = pending.lock().unwrap_or_else(PoisonError::into_inner);
-            pending.drain().map(|token| payload(&token)).collect()
+            pending.drain().map(|note| note.payload()).collect()
         };
-        // Every token here was committed before this check begins.
-        if tokens.is_empty() || !listeners.others_listen(&pool, &mut known).await {
+        // Everything here was committed before this check begins.
+        if payloads.is_empty() || !listeners.others_listen(&pool, &mut known).await {
             continue;
         }
         let sent = sqlx::query(statement.clone())
-            .bind(&tokens)
+            .bind(&payloads)
             .execute(&pool)
             .await;
-        // A lost announcement only delays followers elsewhere until their
-        // recheck; the append itself is committed and acknowledged.
+        // A lost announcement only delays followers and task watchers
+        // elsewhere until their recheck; the change itself is committed
+        // and acknowledged.
         if let Err(error) = sent
             && !pool.is_closed()
         {
-            tracing::warn!(%error, streams = tokens.len(),
-                "could not announce appends to other handles; their followers \
-                 find them on their next recheck");
+            tracing::warn!(%error, changes = payloads.len(),
+                "could not announce appends or task changes to other handles; \
+                 their followers and watchers find them on their next recheck");
         }
     }
 }
@@ -584,6 +626,7 @@ async fn run(
             Event::Rewake => {
                 rewake = None;
                 hub.wake_all();
+                tasks.wake_all();
             }
             Event::Received(Ok(Some(notification))) => {
                 let payload = notification.payload();

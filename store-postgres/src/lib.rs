@@ -609,6 +609,8 @@
 #![forbid(unsafe_code)]
 
 mod append;
+mod batches;
+mod creates;
 mod error;
 mod follow;
 mod inspect;
@@ -621,6 +623,7 @@ mod sessions;
 mod setup;
 mod sql;
 mod state;
+mod steps;
 mod store;
 mod tasks;
 

@@ -11,9 +11,13 @@ use sqlx::postgres::PgPool;
 
 use crate::PostgresStore;
 use crate::append::Batcher;
-use crate::follow::Follows;
+use crate::batches::Batched;
+use crate::creates::Creates;
+use crate::follow::{Follows, Notifier};
 use crate::options::{VACUUM_MIN_ROWS, Vacuum};
 use crate::sql::Sql;
+use crate::steps::Applies;
+use crate::tasks::Reads;
 
 /// What the clones of one handle share.
 pub(crate) struct Inner {
@@ -30,8 +34,17 @@ pub(crate) struct Inner {
     /// Runs appends alone or batched with concurrent ones, and announces
     /// them to other handles once committed.
     pub(crate) batcher: Batcher,
+    /// Runs task creates alone or batched with concurrent ones.
+    pub(crate) creates: Batched<Creates>,
+    /// Runs task reads alone or batched with concurrent ones.
+    pub(crate) reads: Batched<Reads>,
+    /// Runs worker steps alone or batched with concurrent ones.
+    pub(crate) applies: Batched<Applies>,
     /// The wake-up hub and the listener of this handle's follows.
     pub(crate) follows: Follows,
+    /// Announces committed appends (through the batcher) and task changes
+    /// to other handles.
+    pub(crate) notifier: Notifier,
     /// The task heartbeat's own connection (a pool of one, connecting on
     /// the first heartbeat): a renewal never waits behind the calls that
     /// fill the main pool, so a busy instance is not taken for a dead one
@@ -68,6 +81,26 @@ impl PostgresStore {
     /// This handle's wake-up hub and listener.
     pub(crate) fn follows(&self) -> &Follows {
         &self.inner.follows
+    }
+
+    /// Runs this handle's task creates.
+    pub(crate) fn creates(&self) -> &Batched<Creates> {
+        &self.inner.creates
+    }
+
+    /// Runs this handle's worker steps.
+    pub(crate) fn applies(&self) -> &Batched<Applies> {
+        &self.inner.applies
+    }
+
+    /// Runs this handle's task reads.
+    pub(crate) fn reads(&self) -> &Batched<Reads> {
+        &self.inner.reads
+    }
+
+    /// Announces committed changes to other handles.
+    pub(crate) fn notifier(&self) -> &Notifier {
+        &self.inner.notifier
     }
 
     /// How long this handle's tasks live.

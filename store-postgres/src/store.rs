@@ -18,11 +18,15 @@ use mcp_event_store_core::{
 };
 
 use crate::append::{Batcher, Limits, Writer};
+use crate::batches::Batched;
+use crate::creates::{self, Creates};
 use crate::error::NAME;
 use crate::follow::{Follows, Listeners, Notifier, channel};
 use crate::options::{MAX_PAGE_SIZE, PostgresOptions, Vacuum, quote_schema};
-use crate::sql::Sql;
+use crate::sql::{Sql, render};
 use crate::state::Inner;
+use crate::steps::Applies;
+use crate::tasks::Reads;
 use crate::{append, follow, inspect, purge, replay, setup};
 
 /// An [`EventStore`] and [`SessionStore`] on PostgreSQL.
@@ -118,12 +122,28 @@ impl PostgresStore {
             batch: sql.append.clone(),
             one: sql.append_one.clone(),
             limits: Limits::new(options.store.retention),
-            notifier,
+            notifier: notifier.clone(),
         });
+        let schema = quote_schema(&options.schema);
+        let creates = Batched::start(Creates {
+            pool: pool.clone(),
+            one: render(creates::CREATE, &schema),
+            batch: render(creates::CREATE_BATCH, &schema),
+        });
+        let reads = Batched::start(Reads::new(pool.clone(), &schema));
+        let applies = Batched::start(Applies::new(
+            pool.clone(),
+            &schema,
+            notifier.clone(),
+            follows.tasks().clone(),
+        ));
         Ok(Self {
             inner: Arc::new(Inner {
                 sql,
                 batcher,
+                creates,
+                reads,
+                applies,
                 pool,
                 key,
                 page_size,
@@ -132,6 +152,7 @@ impl PostgresStore {
                 vacuum: options.vacuum,
                 deleted_since_vacuum: AtomicU64::new(0),
                 follows,
+                notifier,
                 heartbeats,
             }),
         })

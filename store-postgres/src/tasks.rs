@@ -12,20 +12,34 @@
 //! processes (T4): a racing step waits for the commit, then reads the new
 //! `rev` and status. `create` and `heartbeat` are single statements.
 //!
-//! The same transaction runs `pg_notify(<channel>, 't' || <digest prefix in
-//! hex>)`, in the statement that writes the row back ([`SAVE_AND_NOTIFY`]:
-//! no round trip of its own), which PostgreSQL delivers at commit, so a notification never
-//! announces a change that rolled back. Every handle's one listening
-//! connection (the one its event follows use, [`crate::follow`]) wakes its
-//! task watchers of that task, which re-read it (T10); the handle itself
-//! wakes its own watchers right after the commit. A task watcher holds no
-//! connection while it waits: a registration in the handle's hub.
+//! Once a step that changed a task has committed, the handle announces it
+//! to other handles: `pg_notify(<channel>, 't' || <digest prefix in hex>)`
+//! through the handle's [`Notifier`](crate::follow::Notifier), the one its
+//! appends use, in a short transaction of its own, together with whatever
+//! else was queued meanwhile, and only while another handle listens. Not
+//! inside the step's transaction: PostgreSQL serializes notifying commits
+//! cluster-wide until their WAL is flushed, so steps that notified there
+//! could not share a flush (under a burst of 1,000 task calls the steps
+//! queued on that lock, `Lock:object` in `pg_stat_activity`, one flush
+//! each; see [`crate::sql::NOTIFY`]). A notification never announces a
+//! change that rolled back; one lost with the process between the commit
+//! and the announcement only delays watchers elsewhere until their
+//! recheck. Every handle's one listening connection (the one its event
+//! follows use, [`crate::follow`]) wakes its task watchers of that task,
+//! which re-read it (T10); the handle itself wakes its own watchers right
+//! after the commit. The commit and the announcement run in a task of
+//! their own (a batch's, for batched steps: [`crate::batches`]), which
+//! goes on if the caller gives up mid-commit, so a committed change is
+//! always announced. A task watcher holds no connection while it waits: a
+//! registration in the handle's hub.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use mcp_event_store_core::backend::follow::{task_token, watch_task};
+use mcp_event_store_core::backend::follow::{Wakeups, task_token, watch_task};
 use mcp_event_store_core::backend::task::rows::{self, TaskRow, TaskRows, stored_digest};
 use mcp_event_store_core::backend::task::{
     OwnerKey, TaskDigest, TaskMachine, owner_key, stored_instance,
@@ -36,26 +50,28 @@ use mcp_event_store_core::task::{
     TaskPurgeReport, TaskRecord, TaskStatus, TaskView, Worker, WorkerChange,
 };
 use mcp_event_store_core::{Error, Result};
-use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 use sqlx::{Postgres, Row, SqlStr, Transaction};
 
 use crate::PostgresStore;
+use crate::batches::Statement;
+use crate::creates::CreateRequest;
 use crate::error::backend;
-use crate::follow::task_payload;
+use crate::follow::Notifier;
 use crate::options::quote_schema;
 use crate::sql::render;
+use crate::steps::{self, ApplyRequest};
 
 /// Tasks a purge step ends or deletes at most, so one transaction never
 /// holds many row locks for long.
 const PURGE_BATCH: i64 = 500;
 
-/// The task, its inputs (in request order) and its instance's deadline, in
-/// one statement. Inside a mutation it runs after [`LOCK`]: not as `FOR
-/// UPDATE` itself, because a statement that waits for a row lock re-reads
-/// the locked row when it gets it, but its sub-selects keep the snapshot
-/// taken before the wait, and would miss the inputs the step it waited for
-/// wrote (a replacement racing another then lost its supersedes).
-const LOAD: &str = r#"
+/// The columns [`LOAD`] and [`LOCK_LOAD`] read: the task row, its
+/// instance's deadline and its inputs (in request order), as [`decode`]
+/// takes them.
+macro_rules! task_columns {
+    () => {
+        r#"
 SELECT t.owner, t.instance, t.status, t.rev, t.message, t.created_at, t.updated_at,
        t.ttl_ms, t.expires_at, t.purge_at, t.poll_ms, t.cancel, t.outcome, t.next_seq,
        (SELECT i.alive_until FROM {s}.instances i WHERE i.id = t.instance),
@@ -66,13 +82,48 @@ SELECT t.owner, t.instance, t.status, t.rev, t.message, t.created_at, t.updated_
        t.context,
        ARRAY(SELECT CASE WHEN k.state = 1 THEN k.response ELSE '\x'::bytea END
                FROM {s}.task_inputs k WHERE k.digest = t.digest ORDER BY k.seq),
-       t.max_attempts, t.lapses, t.epoch, t.released, t.checkpoint, t.cancel_reason
-  FROM {s}.tasks t WHERE t.digest = $1
-"#;
+       t.max_attempts, t.lapses, t.epoch, t.released, t.checkpoint, t.cancel_reason"#
+    };
+}
+pub(crate) use task_columns;
 
-/// Locks a task's row for a mutation's transaction; the [`LOAD`] after it
-/// reads what every step before committed.
-const LOCK: &str = "SELECT 1 FROM {s}.tasks WHERE digest = $1 FOR UPDATE";
+/// The task, its inputs (in request order) and its instance's deadline, in
+/// one statement (one snapshot): what `get` and `watch` read, and what a
+/// mutation reads after [`LOCK_LOAD`] found its snapshot stale.
+const LOAD: &str = concat!(
+    task_columns!(),
+    "\n  FROM {s}.tasks t WHERE t.digest = $1\n"
+);
+
+/// Locks a task's row for a mutation's transaction and reads it as
+/// [`LOAD`] does, plus whether that read is the row as locked (column
+/// 26).
+///
+/// A statement that waits for a row lock re-reads the locked row when it
+/// gets it, but its sub-selects keep the snapshot taken before the wait:
+/// after a wait for a step that changed the task, they would miss the
+/// inputs that step wrote (a replacement racing another then lost its
+/// supersedes). Every committed change to a task, its inputs included,
+/// writes a new version of its row, whose `xmin` is the writing
+/// transaction; so the statement compares the `xmin` of the row it locked
+/// with that of the row its snapshot shows (a sub-select, which keeps the
+/// snapshot). Equal: no step changed the task between the snapshot and
+/// the lock, and the whole read is of the task as locked. Otherwise
+/// [`PgRows::lock`] reads it again with [`LOAD`], a statement of its own,
+/// whose snapshot is taken under the lock. One round trip instead of two
+/// for every step that did not wait for another.
+const LOCK_LOAD: &str = concat!(
+    task_columns!(),
+    ",\n       t.xmin = (SELECT o.xmin FROM {s}.tasks o WHERE o.digest = t.digest)",
+    "\n  FROM {s}.tasks t WHERE t.digest = $1 FOR UPDATE OF t\n"
+);
+
+/// [`LOAD`] of many tasks in one statement, each row with its digest
+/// (column 26): what concurrent reads share ([`Reads`]).
+pub(crate) const LOAD_MANY: &str = concat!(
+    task_columns!(),
+    ",\n       t.digest\n  FROM {s}.tasks t WHERE t.digest = ANY($1)\n"
+);
 
 const SAVE: &str = r#"
 UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
@@ -82,33 +133,8 @@ UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_m
  WHERE digest = $13 AND rev = $14
 "#;
 
-/// [`SAVE`] that, when it writes the row, also queues the task's
-/// notification (`$22` the channel, `$23` the payload), which PostgreSQL
-/// delivers at commit: one round trip for both. It returns one row when
-/// the row was written, none otherwise.
-const SAVE_AND_NOTIFY: &str = r#"
-WITH saved AS (
-UPDATE {s}.tasks SET status = $1, rev = $2, message = $3, updated_at = $4, ttl_ms = $5,
-       expires_at = $6, purge_at = $7, poll_ms = $8, cancel = $9, outcome = $10,
-       instance = $11, next_seq = $12, context = $15, max_attempts = $16, lapses = $17,
-       epoch = $18, released = $19, checkpoint = $20, cancel_reason = $21
- WHERE digest = $13 AND rev = $14
-RETURNING 1
-)
-SELECT pg_notify($22, $23)::text FROM saved
-"#;
-
-/// Inserts a task, only under an instance alive at its birth (T11).
-const CREATE: &str = r#"
-INSERT INTO {s}.tasks (digest, owner, status, rev, message, created_at, updated_at,
-       expires_at, purge_at, ttl_ms, poll_ms, cancel, instance, outcome, next_seq, context,
-       max_attempts, released)
-SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, FALSE, $12, NULL, 0, $13, $14, $15
- WHERE EXISTS (SELECT 1 FROM {s}.instances WHERE id = $12 AND alive_until > $6)
-ON CONFLICT (digest) DO NOTHING
-"#;
-
-/// Whether an instance is alive at `$2`: why [`CREATE`] wrote nothing.
+/// Whether an instance is alive at `$2`: why a create
+/// ([`crate::creates::CREATE`]) wrote nothing.
 const ALIVE: &str = "SELECT 1 FROM {s}.instances WHERE id = $1 AND alive_until > $2";
 
 /// Every instance's lease.
@@ -143,8 +169,6 @@ RETURNING old.response
 "#;
 
 const DELETE: &str = "DELETE FROM {s}.tasks WHERE digest = $1";
-
-const NOTIFY: &str = "SELECT pg_notify($1, $2)";
 
 /// Running tasks that reads already show as ended (expired, or their
 /// instance lapsed), not yet past their grace; in digest order, so two
@@ -184,11 +208,16 @@ fn sql(store: &PostgresStore, template: &str) -> SqlStr {
     render(template, &quote_schema(store.schema()))
 }
 
+/// A task statement with `schema` (quoted) spliced in.
+fn sql_in(schema: &str, template: &str) -> SqlStr {
+    render(template, schema)
+}
+
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn to_i64(n: u64) -> i64 {
+pub(crate) fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
@@ -200,7 +229,7 @@ fn to_u32(n: i32) -> Result<u32> {
     u32::try_from(n).map_err(|_| Error::Corrupt(format!("a task counter is {n}")))
 }
 
-fn to_i32(n: u32) -> i32 {
+pub(crate) fn to_i32(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
@@ -210,7 +239,7 @@ fn utf8(bytes: Vec<u8>, what: &str) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| Error::Corrupt(format!("{what} is not UTF-8")))
 }
 
-fn decode(row: &PgRow) -> Result<TaskRow> {
+pub(crate) fn decode(row: &PgRow) -> Result<TaskRow> {
     let status: i16 = row.try_get(2).map_err(backend)?;
     let status = u8::try_from(status)
         .ok()
@@ -287,11 +316,11 @@ fn decode(row: &PgRow) -> Result<TaskRow> {
 
 /// Reads a task with its inputs, from one statement's snapshot.
 async fn load(
-    store: &PostgresStore,
+    schema: &str,
     conn: &mut PgConnection,
     digest: &TaskDigest,
 ) -> Result<Option<TaskRow>> {
-    sqlx::query(sql(store, LOAD))
+    sqlx::query(sql_in(schema, LOAD))
         .bind(&digest.as_bytes()[..])
         .fetch_optional(&mut *conn)
         .await
@@ -301,40 +330,57 @@ async fn load(
         .transpose()
 }
 
-/// Where a changed task's notification is queued.
-#[derive(Clone, Copy)]
-enum Announce {
-    /// In the statement that writes the row back ([`SAVE_AND_NOTIFY`]).
-    WithSave,
-    /// Once, by [`commit`] (a purge announces all its tasks at once).
-    AtCommit,
-}
-
 /// The task statements in one transaction: what [`rows`] runs a step
 /// through.
-struct PgRows<'a> {
-    store: &'a PostgresStore,
+pub(crate) struct PgRows<'a> {
+    /// The store's schema, quoted.
+    schema: &'a str,
     conn: &'a mut PgConnection,
-    announce: Announce,
+    /// A task this transaction read with no outstanding input and has
+    /// added none to since: superseding its outstanding inputs writes
+    /// nothing, and is skipped. Inputs are added only under the task's row
+    /// lock, which this transaction holds from its first read of the task.
+    none_outstanding: Option<TaskDigest>,
+}
+
+impl PgRows<'_> {
+    /// Notes what `row`, just read under the lock of `digest`, says of its
+    /// outstanding inputs.
+    fn seen(&mut self, digest: &TaskDigest, row: Option<&TaskRow>) {
+        self.none_outstanding = row
+            .is_some_and(|row| row.record.outstanding.is_empty())
+            .then_some(*digest);
+    }
 }
 
 #[async_trait]
 impl TaskRows for PgRows<'_> {
-    /// [`LOCK`], then [`LOAD`] (see why at [`LOAD`]).
+    /// [`LOCK_LOAD`], then [`LOAD`] if the row changed while the lock was
+    /// awaited (see why at [`LOCK_LOAD`]).
     async fn lock(&mut self, digest: &TaskDigest) -> Result<Option<TaskRow>> {
-        let locked = sqlx::query(sql(self.store, LOCK))
+        let locked = sqlx::query(sql_in(self.schema, LOCK_LOAD))
             .bind(&digest.as_bytes()[..])
             .fetch_optional(&mut *self.conn)
             .await
             .map_err(backend)?;
-        if locked.is_none() {
+        let Some(locked) = locked else {
+            self.seen(digest, None);
             return Ok(None);
-        }
-        load(self.store, self.conn, digest).await
+        };
+        let fresh: Option<bool> = locked.try_get(26).map_err(backend)?;
+        let row = if fresh == Some(true) {
+            Some(decode(&locked)?)
+        } else {
+            load(self.schema, self.conn, digest).await?
+        };
+        self.seen(digest, row.as_ref());
+        Ok(row)
     }
 
     async fn reload(&mut self, digest: &TaskDigest) -> Result<Option<TaskRow>> {
-        load(self.store, self.conn, digest).await
+        let row = load(self.schema, self.conn, digest).await?;
+        self.seen(digest, row.as_ref());
+        Ok(row)
     }
 
     async fn save(
@@ -345,11 +391,7 @@ impl TaskRows for PgRows<'_> {
         instance: &[u8],
         next_seq: i64,
     ) -> Result<()> {
-        let statement = match self.announce {
-            Announce::WithSave => SAVE_AND_NOTIFY,
-            Announce::AtCommit => SAVE,
-        };
-        let query = sqlx::query(sql(self.store, statement))
+        let saved = sqlx::query(sql_in(self.schema, SAVE))
             .bind(i16::from(record.status.as_u8()))
             .bind(to_i64(record.rev))
             .bind(record.message.as_deref().map(str::as_bytes))
@@ -375,24 +417,11 @@ impl TaskRows for PgRows<'_> {
                     .as_ref()
                     .and_then(|t| t.checkpoint.as_deref()),
             )
-            .bind(record.cancel_reason.as_deref().map(str::as_bytes));
-        let saved = match self.announce {
-            Announce::WithSave => query
-                .bind(self.store.notify_channel())
-                .bind(task_payload(Some(&task_token(digest))))
-                .fetch_all(&mut *self.conn)
-                .await
-                .map_err(backend)?
-                .len(),
-            Announce::AtCommit => usize::try_from(
-                query
-                    .execute(&mut *self.conn)
-                    .await
-                    .map_err(backend)?
-                    .rows_affected(),
-            )
-            .unwrap_or(usize::MAX),
-        };
+            .bind(record.cancel_reason.as_deref().map(str::as_bytes))
+            .execute(&mut *self.conn)
+            .await
+            .map_err(backend)?
+            .rows_affected();
         if saved != 1 {
             return Err(Error::Corrupt("a task changed under its row lock".into()));
         }
@@ -405,7 +434,7 @@ impl TaskRows for PgRows<'_> {
         key: &str,
         response: &[u8],
     ) -> Result<()> {
-        sqlx::query(sql(self.store, ANSWER_INPUT))
+        sqlx::query(sql_in(self.schema, ANSWER_INPUT))
             .bind(response)
             .bind(&digest.as_bytes()[..])
             .bind(key.as_bytes())
@@ -422,7 +451,10 @@ impl TaskRows for PgRows<'_> {
         seq: i64,
         request: &[u8],
     ) -> Result<()> {
-        sqlx::query(sql(self.store, REQUEST_INPUT))
+        if self.none_outstanding == Some(*digest) {
+            self.none_outstanding = None;
+        }
+        sqlx::query(sql_in(self.schema, REQUEST_INPUT))
             .bind(&digest.as_bytes()[..])
             .bind(key.as_bytes())
             .bind(seq)
@@ -434,7 +466,7 @@ impl TaskRows for PgRows<'_> {
     }
 
     async fn take_input(&mut self, digest: &TaskDigest, key: &str) -> Result<Bytes> {
-        let response: Option<Vec<u8>> = sqlx::query_scalar(sql(self.store, TAKE_INPUT))
+        let response: Option<Vec<u8>> = sqlx::query_scalar(sql_in(self.schema, TAKE_INPUT))
             .bind(&digest.as_bytes()[..])
             .bind(key.as_bytes())
             .fetch_optional(&mut *self.conn)
@@ -444,10 +476,16 @@ impl TaskRows for PgRows<'_> {
         Ok(response.unwrap_or_default().into())
     }
 
+    /// Skipped for a task read with no outstanding input under this
+    /// transaction's lock, which none was added to since: it would write
+    /// nothing (a finish, a cancel of a task that asked for nothing).
     async fn supersede(&mut self, digest: &TaskDigest, keys: Option<&[String]>) -> Result<()> {
+        if self.none_outstanding == Some(*digest) {
+            return Ok(());
+        }
         match keys {
-            None => sqlx::query(sql(self.store, SUPERSEDE)).bind(&digest.as_bytes()[..]),
-            Some(keys) => sqlx::query(sql(self.store, SUPERSEDE_KEYS))
+            None => sqlx::query(sql_in(self.schema, SUPERSEDE)).bind(&digest.as_bytes()[..]),
+            Some(keys) => sqlx::query(sql_in(self.schema, SUPERSEDE_KEYS))
                 .bind(&digest.as_bytes()[..])
                 .bind(keys.iter().map(String::as_bytes).collect::<Vec<_>>()),
         }
@@ -458,7 +496,7 @@ impl TaskRows for PgRows<'_> {
     }
 
     async fn ended(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>> {
-        let ended: Vec<Vec<u8>> = sqlx::query_scalar(sql(self.store, ENDED))
+        let ended: Vec<Vec<u8>> = sqlx::query_scalar(sql_in(self.schema, ENDED))
             .bind(now)
             .bind(limit)
             .fetch_all(&mut *self.conn)
@@ -468,7 +506,7 @@ impl TaskRows for PgRows<'_> {
     }
 
     async fn delete_past_grace(&mut self, now: i64, limit: i64) -> Result<u64> {
-        Ok(sqlx::query(sql(self.store, DELETE_PAST_GRACE))
+        Ok(sqlx::query(sql_in(self.schema, DELETE_PAST_GRACE))
             .bind(now)
             .bind(limit)
             .execute(&mut *self.conn)
@@ -478,7 +516,7 @@ impl TaskRows for PgRows<'_> {
     }
 
     async fn forget_instances(&mut self, now: i64) -> Result<u64> {
-        Ok(sqlx::query(sql(self.store, FORGET_INSTANCES))
+        Ok(sqlx::query(sql_in(self.schema, FORGET_INSTANCES))
             .bind(now)
             .execute(&mut *self.conn)
             .await
@@ -487,7 +525,7 @@ impl TaskRows for PgRows<'_> {
     }
 
     async fn waiting(&mut self, now: i64, limit: i64) -> Result<Vec<TaskDigest>> {
-        let waiting: Vec<Vec<u8>> = sqlx::query_scalar(sql(self.store, WAITING))
+        let waiting: Vec<Vec<u8>> = sqlx::query_scalar(sql_in(self.schema, WAITING))
             .bind(now)
             .bind(limit)
             .fetch_all(&mut *self.conn)
@@ -497,7 +535,7 @@ impl TaskRows for PgRows<'_> {
     }
 
     async fn alive(&mut self, id: &InstanceId, now: i64) -> Result<bool> {
-        let alive: Option<i32> = sqlx::query_scalar(sql(self.store, ALIVE))
+        let alive: Option<i32> = sqlx::query_scalar(sql_in(self.schema, ALIVE))
             .bind(&id.as_bytes()[..])
             .bind(now)
             .fetch_optional(&mut *self.conn)
@@ -507,48 +545,163 @@ impl TaskRows for PgRows<'_> {
     }
 }
 
-/// Queues the notification of a change to `digest` (every task, `None`),
-/// delivered by PostgreSQL when the transaction commits.
-async fn notify(
-    store: &PostgresStore,
-    conn: &mut PgConnection,
-    digest: Option<&TaskDigest>,
-) -> Result<()> {
-    sqlx::query(NOTIFY)
-        .bind(store.notify_channel())
-        .bind(task_payload(digest.map(task_token).as_ref()))
-        .execute(&mut *conn)
-        .await
-        .map_err(backend)?;
-    Ok(())
-}
-
-/// Commits a mutation's transaction, after queueing its notification if
-/// it changed something and `announce` says the notification is still to
-/// queue (PostgreSQL delivers it at the commit); then wakes this handle's
-/// own watchers of `digest` (every task, `None`).
+/// Commits a mutation's transaction; then, if it changed something,
+/// announces the change to the task `digest` (every task, `None`).
 async fn commit(
     store: &PostgresStore,
-    mut tx: Transaction<'static, Postgres>,
+    tx: Transaction<'static, Postgres>,
     digest: Option<&TaskDigest>,
     changed: bool,
-    announce: Announce,
 ) -> Result<()> {
-    if changed && matches!(announce, Announce::AtCommit) {
-        notify(store, &mut tx, digest).await?;
+    let announcer = announcer(store);
+    let digest = digest.copied();
+    commit_then(tx, move || match digest {
+        _ if !changed => {}
+        Some(digest) => announcer.announce([digest]),
+        None => announcer.announce_all(),
+    })
+    .await
+}
+
+/// Commits `tx`, then runs `then`, in a task of their own: a caller that
+/// gives up mid-commit cannot cut `then` (an announcement) off from a
+/// commit that happened.
+async fn commit_then(
+    tx: Transaction<'static, Postgres>,
+    then: impl FnOnce() + Send + 'static,
+) -> Result<()> {
+    let committed = tokio::spawn(async move {
+        tx.commit().await.map_err(backend)?;
+        then();
+        Ok(())
+    });
+    match committed.await {
+        Ok(committed) => committed,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(Error::Closed),
     }
-    tx.commit().await.map_err(backend)?;
-    if changed {
-        match digest {
-            Some(digest) => store.follows().tasks().wake(&task_token(digest)),
-            None => store.follows().tasks().wake_all(),
+}
+
+fn announcer(store: &PostgresStore) -> Announcer {
+    Announcer::new(store.notifier().clone(), store.follows().tasks().clone())
+}
+
+/// Announces a handle's committed task changes: to other handles through
+/// its [`Notifier`] (in a transaction of its own, only while another
+/// handle listens), and to its own task watchers.
+pub(crate) struct Announcer {
+    notifier: Notifier,
+    watchers: Arc<Wakeups>,
+}
+
+impl Announcer {
+    pub(crate) fn new(notifier: Notifier, watchers: Arc<Wakeups>) -> Self {
+        Self { notifier, watchers }
+    }
+
+    /// Once changes to the tasks `digests` have committed.
+    pub(crate) fn announce(&self, digests: impl IntoIterator<Item = TaskDigest>) {
+        let tokens: Vec<_> = digests.into_iter().map(|d| task_token(&d)).collect();
+        if tokens.is_empty() {
+            return;
+        }
+        self.notifier.announce_tasks(tokens.iter().copied());
+        for token in &tokens {
+            self.watchers.wake(token);
         }
     }
-    Ok(())
+
+    /// Once a change to any task (a purge) has committed: every watcher
+    /// re-reads.
+    pub(crate) fn announce_all(&self) {
+        self.notifier.announce_all_tasks();
+        self.watchers.wake_all();
+    }
 }
 
 async fn begin(store: &PostgresStore) -> Result<Transaction<'static, Postgres>> {
     store.pool().begin().await.map_err(backend)
+}
+
+/// Task reads, batched ([`crate::batches`]): a read alone is [`LOAD`];
+/// reads that arrive while others are in flight share one [`LOAD_MANY`]
+/// (those of one task share its row). Under a burst of task calls, reads
+/// are most of the store's statements (a `tools/call` as a task through
+/// tower-mcp reads its task five times: its owner, its presence, the
+/// result, the watch), and each read alone took a pooled connection, a
+/// round trip and a statement's fixed cost on the server. A read in a
+/// batch still sees every change committed before it was called: the
+/// batch's statement, and its snapshot, start after the read was queued.
+pub(crate) struct Reads {
+    pool: PgPool,
+    one: SqlStr,
+    many: SqlStr,
+}
+
+impl Reads {
+    /// The reads of the store in the schema `quoted_schema`, on `pool`.
+    pub(crate) fn new(pool: PgPool, quoted_schema: &str) -> Self {
+        Self {
+            pool,
+            one: render(LOAD, quoted_schema),
+            many: render(LOAD_MANY, quoted_schema),
+        }
+    }
+}
+
+impl Statement for Reads {
+    type Request = TaskDigest;
+    /// The task's row as read, for each caller to decode.
+    type Answer = Option<Arc<PgRow>>;
+    type Key = TaskDigest;
+
+    const MAX_REQUESTS: usize = 256;
+    const MAX_BYTES: usize = usize::MAX;
+    const IN_FLIGHT: usize = 4;
+    const STALL: Duration = Duration::from_millis(20);
+    const SHARE: bool = true;
+    const WHAT: &'static str = "batched task read";
+
+    fn key(digest: &TaskDigest) -> TaskDigest {
+        *digest
+    }
+
+    fn size(_: &TaskDigest) -> usize {
+        0
+    }
+
+    async fn one(&self, digest: &TaskDigest) -> sqlx::Result<Option<Arc<PgRow>>> {
+        Ok(sqlx::query(self.one.clone())
+            .bind(&digest.as_bytes()[..])
+            .fetch_optional(&self.pool)
+            .await?
+            .map(Arc::new))
+    }
+
+    async fn many(&self, digests: &[&TaskDigest]) -> sqlx::Result<Vec<Option<Arc<PgRow>>>> {
+        let keys: Vec<&[u8]> = digests.iter().map(|d| &d.as_bytes()[..]).collect();
+        let rows = sqlx::query(self.many.clone())
+            .bind(&keys)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut found = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let digest: Vec<u8> = row.try_get(26)?;
+            found.insert(digest, Arc::new(row));
+        }
+        Ok(keys.iter().map(|key| found.get(*key).cloned()).collect())
+    }
+}
+
+/// The task's row with its inputs, from one statement's snapshot taken
+/// after this call began (alone, or in a batch of reads).
+async fn fetch(store: &PostgresStore, digest: &TaskDigest) -> Result<Option<TaskRow>> {
+    store
+        .reads()
+        .call(*digest)
+        .await?
+        .map(|row| decode(&row))
+        .transpose()
 }
 
 /// The task as `reader` sees it now, from one statement's snapshot.
@@ -558,21 +711,19 @@ async fn read(
     reader: &Reader,
 ) -> Result<Option<TaskRecord>> {
     let now = store.now();
-    let mut conn = store.pool().acquire().await.map_err(backend)?;
-    let row = load(store, &mut conn, digest).await?;
+    let row = fetch(store, digest).await?;
     Ok(row.and_then(|row| match reader.owner() {
         Some(owner) => row.read_by(owner, now),
         None => row.seen(now),
     }))
 }
 
-/// A step's statements in `tx`, queueing the task's notification with the
-/// row it writes.
-fn statements<'a>(store: &'a PostgresStore, tx: &'a mut PgConnection) -> PgRows<'a> {
+/// A step's statements in `tx`, on the store in `schema` (quoted).
+pub(crate) fn statements<'a>(schema: &'a str, tx: &'a mut PgConnection) -> PgRows<'a> {
     PgRows {
-        store,
+        schema,
         conn: tx,
-        announce: Announce::WithSave,
+        none_outstanding: None,
     }
 }
 
@@ -588,27 +739,27 @@ impl TaskBackend for PostgresStore {
         task: &NewTask<'_>,
     ) -> Result<Option<TaskRecord>> {
         let record = TaskRecord::created(task, self.now(), self.task_options());
-        let inserted = sqlx::query(sql(self, CREATE))
-            .bind(&digest.as_bytes()[..])
-            .bind(owner_key(task.owner))
-            .bind(i16::from(record.status.as_u8()))
-            .bind(to_i64(record.rev))
-            .bind(record.message.as_deref().map(str::as_bytes))
-            .bind(record.created_at)
-            .bind(record.updated_at)
-            .bind(record.expires_at)
-            .bind(record.purge_at)
-            .bind(record.ttl_ms.map(to_i64))
-            .bind(record.poll_interval_ms.map(to_i64))
-            .bind(&task.instance.as_bytes()[..])
-            .bind(task.context)
-            .bind(task.takeover.map(to_i32))
-            .bind(task.queued)
-            .execute(self.pool())
-            .await
-            .map_err(backend)?
-            .rows_affected();
-        if inserted == 1 {
+        let inserted = self
+            .creates()
+            .call(CreateRequest {
+                digest,
+                owner: owner_key(task.owner),
+                status: i16::from(record.status.as_u8()),
+                rev: to_i64(record.rev),
+                message: record.message.as_deref().map(|m| m.as_bytes().to_vec()),
+                created_at: record.created_at,
+                updated_at: record.updated_at,
+                expires_at: record.expires_at,
+                purge_at: record.purge_at,
+                ttl_ms: record.ttl_ms.map(to_i64),
+                poll_ms: record.poll_interval_ms.map(to_i64),
+                instance: task.instance.as_bytes().to_vec(),
+                context: task.context.map(Bytes::copy_from_slice),
+                max_attempts: task.takeover.map(to_i32),
+                released: task.queued,
+            })
+            .await?;
+        if inserted {
             return Ok(Some(record));
         }
         // Nothing written: the id was taken, or the instance is not alive
@@ -638,14 +789,14 @@ impl TaskBackend for PostgresStore {
         let now = self.now();
         let mut tx = begin(self).await?;
         let stepped = rows::answer(
-            &mut statements(self, &mut tx),
+            &mut statements(&quote_schema(self.schema()), &mut tx),
             &digest,
             &owner,
             responses,
             now,
         )
         .await?;
-        commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
+        commit(self, tx, Some(&digest), stepped.changed).await?;
         Ok(stepped.answer)
     }
 
@@ -659,7 +810,7 @@ impl TaskBackend for PostgresStore {
         let now = self.now();
         let mut tx = begin(self).await?;
         let stepped = rows::cancel(
-            &mut statements(self, &mut tx),
+            &mut statements(&quote_schema(self.schema()), &mut tx),
             &digest,
             &owner,
             mode,
@@ -667,7 +818,7 @@ impl TaskBackend for PostgresStore {
             now,
         )
         .await?;
-        commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
+        commit(self, tx, Some(&digest), stepped.changed).await?;
         Ok(stepped.answer)
     }
 
@@ -698,13 +849,13 @@ impl TaskBackend for PostgresStore {
         let mut report = TaskPurgeReport::default();
         loop {
             let mut tx = begin(self).await?;
-            let mut rows = PgRows {
-                store: self,
-                conn: &mut tx,
-                announce: Announce::AtCommit,
-            };
-            let (step, more) = rows::purge(&mut rows, now, PURGE_BATCH).await?;
-            commit(self, tx, None, step.changed, Announce::AtCommit).await?;
+            let (step, more) = rows::purge(
+                &mut statements(&quote_schema(self.schema()), &mut tx),
+                now,
+                PURGE_BATCH,
+            )
+            .await?;
+            commit(self, tx, None, step.changed).await?;
             report += step.answer;
             if !more {
                 return Ok(report);
@@ -721,7 +872,7 @@ impl TaskBackend for PostgresStore {
             .map_err(backend)?
             .rows_affected()
             > 0;
-        commit(self, tx, Some(&digest), deleted, Announce::AtCommit).await?;
+        commit(self, tx, Some(&digest), deleted).await?;
         Ok(deleted)
     }
 }
@@ -737,9 +888,12 @@ impl RuntimeBackend for PostgresStore {
         let digest = *digest;
         let now = self.now();
         let options = *self.task_options();
+        if let Some(request) = ApplyRequest::new(digest, by, &change, options, now) {
+            return Ok(steps::apply(self, request).await?.answer);
+        }
         let mut tx = begin(self).await?;
         let stepped = rows::apply(
-            &mut statements(self, &mut tx),
+            &mut statements(&quote_schema(self.schema()), &mut tx),
             &digest,
             &by,
             change,
@@ -747,7 +901,7 @@ impl RuntimeBackend for PostgresStore {
             now,
         )
         .await?;
-        commit(self, tx, Some(&digest), stepped.changed, Announce::WithSave).await?;
+        commit(self, tx, Some(&digest), stepped.changed).await?;
         Ok(stepped.answer)
     }
 
@@ -789,30 +943,39 @@ impl RuntimeBackend for PostgresStore {
 
     async fn claimed_view(&self, digest: &TaskDigest) -> Result<Option<TaskView>> {
         let now = self.now();
-        let mut conn = self.pool().acquire().await.map_err(backend)?;
-        let row = load(self, &mut conn, digest).await?;
+        let row = fetch(self, digest).await?;
         row.map_or(Ok(None), |row| row.view(now))
     }
 
     /// Claims in one transaction: the waiting tasks are locked (`FOR
     /// UPDATE SKIP LOCKED`, so racing claimants take different tasks), each
-    /// is decided again and written back with its notification.
+    /// is decided again and written back; each is announced once committed.
     async fn claim_tasks(&self, by: InstanceId, limit: usize) -> Result<Vec<Claimed>> {
         let now = self.now();
         let mut tx = begin(self).await?;
-        let stepped = rows::claim(&mut statements(self, &mut tx), by, limit, now).await?;
-        tx.commit().await.map_err(backend)?;
-        for claimed in &stepped.answer {
-            self.follows().tasks().wake(&task_token(&claimed.task));
-        }
+        let stepped = rows::claim(
+            &mut statements(&quote_schema(self.schema()), &mut tx),
+            by,
+            limit,
+            now,
+        )
+        .await?;
+        let announcer = announcer(self);
+        let claimed: Vec<_> = stepped.answer.iter().map(|claimed| claimed.task).collect();
+        commit_then(tx, move || announcer.announce(claimed)).await?;
         Ok(stepped.answer)
     }
 
     async fn task_requeue(&self, task: &TaskDigest) -> Result<Requeue> {
         let now = self.now();
         let mut tx = begin(self).await?;
-        let stepped = rows::requeue(&mut statements(self, &mut tx), task, now).await?;
-        commit(self, tx, Some(task), stepped.changed, Announce::WithSave).await?;
+        let stepped = rows::requeue(
+            &mut statements(&quote_schema(self.schema()), &mut tx),
+            task,
+            now,
+        )
+        .await?;
+        commit(self, tx, Some(task), stepped.changed).await?;
         Ok(stepped.answer)
     }
 }
@@ -825,10 +988,11 @@ mod tests {
     fn statements_name_the_schema_everywhere() {
         for template in [
             LOAD,
-            LOCK,
+            LOCK_LOAD,
+            LOAD_MANY,
             SAVE,
-            SAVE_AND_NOTIFY,
-            CREATE,
+            crate::creates::CREATE,
+            crate::creates::CREATE_BATCH,
             ALIVE,
             HEARTBEAT,
             SUPERSEDE,

@@ -8,7 +8,8 @@
 //! migration is refused by a handle that may not migrate too, and a newer
 //! task context format is refused and changes nothing; a change through one
 //! handle wakes a watch on another through `NOTIFY`, and 1,000 idle watches
-//! hold no connections.
+//! hold no connections; a burst of task calls on one handle (creates,
+//! steps and reads, which then batch) each get their own answer.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -438,6 +439,51 @@ async fn heartbeat_never_waits_behind_a_full_pool() {
         let applied = change.await.unwrap().unwrap();
         assert!(matches!(applied, Applied::Changed { .. }), "{applied:?}");
     }
+    store.close().await;
+    Harness::teardown(harness).await;
+}
+
+/// 300 task calls at once on one handle, each creating its task, finishing
+/// it and reading it back: the calls queued behind others go in batches
+/// (one insert for many creates, one transaction for many steps, one
+/// statement for many reads), and each still gets its own task's answer.
+#[tokio::test]
+async fn a_burst_of_task_calls_on_one_handle_each_get_their_own_answer() {
+    let harness = PostgresHarness::new().await;
+    let store = open(&harness).await;
+    let me = InstanceId::generate().unwrap();
+    store.heartbeat(me, Duration::from_secs(60)).await.unwrap();
+    let owner = Owner::principal(b"alice").unwrap();
+    let calls = (0..300).map(|i| {
+        let (store, owner) = (&store, &owner);
+        async move {
+            let message = format!("task {i}");
+            let (id, task) = store
+                .create(NewTask::new(owner, me).message(&message))
+                .await
+                .unwrap();
+            assert_eq!(task.status, TaskStatus::Working);
+            assert_eq!(task.message.as_deref(), Some(&message[..]));
+            let result = message.as_bytes();
+            let applied = store
+                .apply(
+                    &id,
+                    me,
+                    WorkerChange::Finish(mcp_event_store_core::task::Finish::Completed(result)),
+                )
+                .await
+                .unwrap();
+            assert!(matches!(applied, Applied::Changed { .. }), "{applied:?}");
+            let task = store.get(&id.to_string(), owner).await.unwrap().unwrap();
+            assert_eq!(task.status, TaskStatus::Completed);
+            id
+        }
+    });
+    let ids = futures_util::future::join_all(calls).await;
+    assert_eq!(
+        ids.iter().collect::<std::collections::HashSet<_>>().len(),
+        300
+    );
     store.close().await;
     Harness::teardown(harness).await;
 }
