@@ -250,11 +250,13 @@
 //!   its commit. The notifications of commits made during a check prompt
 //!   one more check, and a stream of commits (this handle's own included)
 //!   keeps the watcher busy a quarter of the time at most; while commits
-//!   keep coming that wake none of this handle's followers (its own
-//!   appends to streams nobody here follows, say), notified checks back
-//!   off, up to the poll interval, so such commits cost a few checks, not
-//!   one each, and a follower of a stream among them may wait up to one
-//!   poll interval, as it would without notifications.
+//!   keep coming that wake none of this handle's followers (appends to
+//!   streams nobody here follows, while the handle has no task watch),
+//!   notified checks back off, up to the poll interval, so such commits
+//!   cost a few checks, not one each, and a follower of a stream among
+//!   them may wait up to one poll interval, as it would without
+//!   notifications. Task watches do not back off: any commit may be their
+//!   task's.
 //!
 //!   The notifier is on while others commit. A single process writing
 //!   through one handle would otherwise pay for hearing its own commits

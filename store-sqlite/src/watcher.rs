@@ -101,8 +101,11 @@ const BURST: Duration = Duration::from_millis(5);
 /// (up to the poll interval), and at once again after one that woke a
 /// follower: commits nobody here follows, such as this handle's own
 /// appends to streams nobody here follows, cost a few checks, not one
-/// each. Task watchers, woken by every commit, do not count, so a handle
-/// with task watchers only backs off under a stream of commits too.
+/// each. A check that woke task watchers (every check that found a
+/// commit, while there are any: each re-reads its own task) counts as
+/// waking a follower, so a watch is woken at once however often tasks
+/// change; this handle's own commits turn the notifier off instead (see
+/// [`OWN_CHECKS_BEFORE_OFF`]).
 const QUIET: Duration = Duration::from_millis(1);
 
 /// How many times a notified check that found nothing new is repeated at
@@ -504,10 +507,9 @@ async fn run(shared: Arc<Shared>, mut closed: watch::Receiver<bool>, token: Arc<
                 quiet = Duration::ZERO;
             }
             Ok(Some(false)) => {
-                // A commit no follower here waits for (this handle's own
-                // append to a stream nobody here follows, say; task
-                // watchers, woken by every commit, do not count): notified
-                // checks back off, up to the poll interval.
+                // A commit no follower here waits for (an append to a
+                // stream nobody here follows, with no task watcher here):
+                // notified checks back off, up to the poll interval.
                 poll.failing = false;
                 quiet = (quiet * 2).clamp(QUIET, shared.interval.max(QUIET));
             }
@@ -601,7 +603,8 @@ impl Poll {
     /// A stream not seen before (a new follower's) is woken too: it may
     /// have moved between its follower's first read and this check.
     /// Returns `None` if `data_version` had not changed (it always has, the
-    /// first time), else whether any followed stream was woken.
+    /// first time), else whether any followed stream or task watcher was
+    /// woken.
     async fn check(&mut self, shared: &Shared) -> Result<Option<bool>, sqlx::Error> {
         let conn = match &mut self.conn {
             Some(conn) => conn,
@@ -618,6 +621,7 @@ impl Poll {
         // Task watchers re-read their task and go back to waiting if its
         // `rev` did not move: one keyed read each, only when something
         // was committed elsewhere.
+        let mut woke = shared.task_wakeups.followers() > 0;
         shared.task_wakeups.wake_all();
         let followed = shared.wakeups.followed();
         let mut seen = HashMap::with_capacity(followed.len());
@@ -637,7 +641,6 @@ impl Poll {
                 seen.insert(*token, states.get(token).copied());
             }
         }
-        let mut woke = false;
         for (token, state) in &seen {
             if self.seen.get(token) != Some(state) {
                 shared.wakeups.wake(token);

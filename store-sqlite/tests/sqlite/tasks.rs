@@ -290,9 +290,12 @@ async fn task_watches_share_the_watcher_which_stops_without_them() {
     b.close().await;
 }
 
-/// Another handle's task change wakes a watch with the watching handle's
+/// Another handle's task changes wake a watch with the watching handle's
 /// poll, its re-check and the watch's `max_wait` all an hour away: only the
-/// file notification of the change's commit prompts the watcher's check.
+/// file notification of each change's commit prompts the watcher's check.
+/// A second watch, on a task nobody changes, keeps the watcher running
+/// through every round, so its checks must not back off however many
+/// changes come: every one of them may be a watched task's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_notifications_wake_task_watches_without_a_poll() {
     use mcp_event_store_sqlite::testing::watcher;
@@ -313,34 +316,42 @@ async fn file_notifications_wake_task_watches_without_a_poll() {
     a.heartbeat(me, Duration::from_secs(60)).await.unwrap();
     let owner = Owner::Anonymous;
     let (id, mut task) = a.create(NewTask::new(&owner, me)).await.unwrap();
+    let (quiet_id, quiet) = a.create(NewTask::new(&owner, me)).await.unwrap();
     let text = id.to_string();
-    for round in 0..3 {
+    let keeping = {
+        let (b, text, rev) = (b.clone(), quiet_id.to_string(), quiet.rev);
+        tokio::spawn(async move { b.watch(&text, &owner, rev, HOUR).await })
+    };
+    tokio::time::timeout(EVENTUALLY, async {
+        while !watcher(&b).is_running() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("no watcher started");
+    let running = watcher(&b);
+    for round in 0..20 {
         let watching = {
             let (b, text, rev) = (b.clone(), text.clone(), task.rev);
             tokio::spawn(async move { b.watch(&text, &owner, rev, HOUR).await })
         };
-        tokio::time::timeout(EVENTUALLY, async {
-            while !watcher(&b).is_running() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("no watcher started");
-        // Past the watcher's first check (at its start), which would find
-        // a change made before it.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Past the watch's first read (and, the first time, the watcher's
+        // first check, which would find a change made before it).
+        tokio::time::sleep(Duration::from_millis(20)).await;
         let message = format!("moved {round}");
         a.apply(&id, me, WorkerChange::SetMessage(Some(&message)))
             .await
             .unwrap();
         task = tokio::time::timeout(EVENTUALLY, watching)
             .await
-            .expect("the change elsewhere never woke the watch")
+            .unwrap_or_else(|_| panic!("round {round}: the change elsewhere never woke the watch"))
             .unwrap()
             .unwrap()
             .unwrap();
         assert_eq!(task.message.as_deref(), Some(message.as_str()));
     }
+    assert!(running.is_running(), "the watcher ran through every round");
+    keeping.abort();
     a.close().await;
     b.close().await;
 }
