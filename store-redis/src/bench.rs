@@ -216,6 +216,25 @@ async fn xadd(conn: &MultiplexedConnection, key: &str, maxlen: Option<u64>, data
         .expect("raw XADD");
 }
 
+/// `EVALSHA` of [`XADD_SCRIPT`], a script that only does the `XADD`,
+/// writer `w` on `keys[w]`: the floor of any script-based append.
+fn lua_xadd(conn: &MultiplexedConnection, keys: Arc<Vec<String>>, data: Arc<[u8]>) -> AppendFn {
+    let script = Arc::new(redis::Script::new(XADD_SCRIPT));
+    let conn = conn.clone();
+    Arc::new(move |writer| {
+        let (mut conn, keys, data, script) =
+            (conn.clone(), keys.clone(), data.clone(), script.clone());
+        Box::pin(async move {
+            let _: String = script
+                .key(&keys[writer])
+                .arg(&data[..])
+                .invoke_async(&mut conn)
+                .await
+                .expect("EVALSHA XADD");
+        })
+    })
+}
+
 /// The CPU time the server's main thread has used so far, in
 /// microseconds (`used_cpu_user_main_thread` and `used_cpu_sys_main_thread`
 /// of `INFO cpu`, Redis 6.2 and newer; 0 where absent). Unlike the
@@ -312,29 +331,12 @@ async fn many_writer_pairs(
         let (conn, keys, data) = (raw_conn.clone(), raw_keys.clone(), raw_data.clone());
         Box::pin(async move { xadd(&conn, &keys[writer], None, &data).await })
     });
-    let script = Arc::new(redis::Script::new(XADD_SCRIPT));
     let script_keys: Arc<Vec<String>> = Arc::new(
         (0..WRITERS)
             .map(|w| format!("{prefix}:raw:many-script:{w}"))
             .collect(),
     );
-    let (lua_conn, lua_data) = (conn.clone(), data.clone());
-    let lua: AppendFn = Arc::new(move |writer| {
-        let (mut conn, keys, data, script) = (
-            lua_conn.clone(),
-            script_keys.clone(),
-            lua_data.clone(),
-            script.clone(),
-        );
-        Box::pin(async move {
-            let _: String = script
-                .key(&keys[writer])
-                .arg(&data[..])
-                .invoke_async(&mut conn)
-                .await
-                .expect("EVALSHA XADD");
-        })
-    });
+    let lua = lua_xadd(conn, script_keys, data.clone());
     let appends = store_append_below_limit(Arc::new(store.clone()));
     let kinds: [(&AppendFn, &str); 3] = [(&raw, "xadd"), (&lua, "evalsha"), (&appends, "evalsha")];
     let blocks = (rounds / 100).max(10);
@@ -798,24 +800,7 @@ impl Kit for RedisKit {
         });
         // The floor of any script-based append: `EVALSHA` of a one-line
         // script that only does the `XADD`.
-        let script = Arc::new(redis::Script::new(XADD_SCRIPT));
-        let (lua_conn, lua_keys, lua_data) = (conn.clone(), keys.clone(), data.clone());
-        let lua: AppendFn = Arc::new(move |writer| {
-            let (mut conn, keys, data, script) = (
-                lua_conn.clone(),
-                lua_keys.clone(),
-                lua_data.clone(),
-                script.clone(),
-            );
-            Box::pin(async move {
-                let _: String = script
-                    .key(&keys[writer])
-                    .arg(&data[..])
-                    .invoke_async(&mut conn)
-                    .await
-                    .expect("EVALSHA XADD");
-            })
-        });
+        let lua = lua_xadd(&conn, keys.clone(), data.clone());
         // Both streams of the `_at_cap` cases start at the count limit.
         let limit = Retention::default()
             .max_events_per_stream
