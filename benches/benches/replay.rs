@@ -18,6 +18,7 @@
 //! | memory `raw_stream/<K>` | the raw range into a `Vec`, then handed out one event at a time through a boxed stream and collected, as the `Replay` stream every store returns is: the floor of that API over an in-memory read |
 //! | sled `raw_hop/<K>` | the raw read on tokio's blocking pool, as the store reads (it keeps every sled call off the executor's workers): what the thread hop alone costs |
 //! | sqlite `direct/<K>` | the raw read through SQLite itself (rusqlite, no async driver) on the store's file, on the calling thread: the ceiling |
+//! | sqlite `direct_checked/<K>` | as `direct`, each page read as the store must read it for its cursor and gap checks (C5): in one read transaction with the stream's row, the store's own statement: the ceiling of a store that checks |
 //! | sqlite `direct_hop/<K>` | as `direct`, on a thread of its own, the caller awaiting the answer: the ceiling of any async store, which must make one hop |
 
 use mcp_event_store_benches as common;

@@ -196,7 +196,45 @@ impl Direct {
     pub fn read_after(&self, after: Position) -> Vec<RawEvent> {
         direct_read_after(&self.conn, &self.token, after)
     }
+
+    /// As [`read_after`](Self::read_after), each page read as the store
+    /// must read it to check the cursor and the gaps (C5): in one read
+    /// transaction with the stream's row (its id, incarnation, newest
+    /// and oldest retained sequence numbers), the store's own statement.
+    pub fn read_checked_after(&self, after: Position) -> Vec<RawEvent> {
+        let incarnation = after.major;
+        let mut out = Vec::new();
+        let mut after = after.minor as i64;
+        let conn = &self.conn;
+        loop {
+            conn.prepare_cached("BEGIN")
+                .and_then(|mut begin| begin.execute([]))
+                .expect("begin a read");
+            let row: (String, i64, i64, Option<i64>) = conn
+                .prepare_cached(STREAM_ROW_SQL)
+                .and_then(|mut statement| {
+                    statement.query_row([&self.token[..]], |row| {
+                        Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                    })
+                })
+                .expect("the stream's row");
+            std::hint::black_box(row);
+            let n = direct_page(conn, &self.token, incarnation, &mut after, &mut out);
+            conn.prepare_cached("COMMIT")
+                .and_then(|mut commit| commit.execute([]))
+                .expect("end the read");
+            if n < RAW_PAGE {
+                return out;
+            }
+        }
+    }
 }
+
+/// The store's read of a stream's row (this crate's replay): its id,
+/// incarnation, newest and oldest retained sequence numbers.
+const STREAM_ROW_SQL: &str = "SELECT stream_id, incarnation, last_seq, \
+     (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
+     FROM mes_streams WHERE token = ?1";
 
 /// Every event of `token` after `after`, through `conn`, page by page.
 pub fn direct_read_after(
@@ -207,28 +245,37 @@ pub fn direct_read_after(
     let incarnation = after.major;
     let mut out = Vec::new();
     let mut after = after.minor as i64;
+    while direct_page(conn, token, incarnation, &mut after, &mut out) == RAW_PAGE {}
+    out
+}
+
+/// One page of [`RAW_PAGE`] events after `after` into `out`, moving
+/// `after` to its newest; how many it read.
+fn direct_page(
+    conn: &rusqlite::Connection,
+    token: &[u8],
+    incarnation: u64,
+    after: &mut i64,
+    out: &mut Vec<RawEvent>,
+) -> usize {
     let mut statement = conn.prepare_cached(PAGE_SQL).expect("prepare read");
-    loop {
-        let mut rows = statement
-            .query(rusqlite::params![token, after, RAW_PAGE as i64])
-            .expect("direct sqlite read");
-        let mut n = 0;
-        while let Some(row) = rows.next().expect("a row") {
-            let seq: i64 = row.get(0).expect("seq");
-            let retry: Option<i64> = row.get(1).expect("retry_ms");
-            let data: Vec<u8> = row.get(2).expect("payload");
-            after = seq;
-            n += 1;
-            out.push((
-                dense::position(incarnation, seq as u64),
-                Bytes::from(data),
-                retry,
-            ));
-        }
-        if n < RAW_PAGE {
-            return out;
-        }
+    let mut rows = statement
+        .query(rusqlite::params![token, *after, RAW_PAGE as i64])
+        .expect("direct sqlite read");
+    let mut n = 0;
+    while let Some(row) = rows.next().expect("a row") {
+        let seq: i64 = row.get(0).expect("seq");
+        let retry: Option<i64> = row.get(1).expect("retry_ms");
+        let data: Vec<u8> = row.get(2).expect("payload");
+        *after = seq;
+        n += 1;
+        out.push((
+            dense::position(incarnation, seq as u64),
+            Bytes::from(data),
+            retry,
+        ));
     }
+    n
 }
 
 /// A rusqlite connection on a thread of its own: the direct baseline
@@ -691,6 +738,9 @@ impl Kit for SqliteKit {
     /// one hop.
     fn read_cases(raw: &Raw, cases: &mut impl ReadCases) {
         cases.on_thread("direct", |after| raw.direct.read_after(after));
+        cases.on_thread("direct_checked", |after| {
+            raw.direct.read_checked_after(after)
+        });
         cases.awaited("direct_hop", |after| {
             let token = raw.shared_token.clone();
             raw.thread
