@@ -62,6 +62,7 @@ use sqlx::{Row, SqlStr};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::PostgresStore;
+use crate::batches::Leave;
 use crate::error::{NAME, backend};
 use crate::follow::Notifier;
 use crate::options::{
@@ -187,15 +188,6 @@ impl Batcher {
             .send((request, reply))
             .map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
-    }
-}
-
-/// Counts an append out when it finishes, however it finishes.
-struct Leave<'a>(&'a AtomicUsize);
-
-impl Drop for Leave<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -142,8 +142,9 @@ impl<S: Statement> Batched<S> {
     }
 }
 
-/// Counts a call out when it finishes, however it finishes.
-struct Leave<'a>(&'a AtomicUsize);
+/// Counts a call out of an in-flight count when it finishes, however it
+/// finishes (appends' batcher too).
+pub(crate) struct Leave<'a>(pub(crate) &'a AtomicUsize);
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {

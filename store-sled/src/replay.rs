@@ -59,14 +59,6 @@ pub(crate) async fn replay_whole(store: &SledStore, stream_id: &str) -> Result<R
         .to_string()
         .into();
     let after = first - 1;
-    let first_page = shared.read_page(
-        &raw,
-        &token,
-        &slot,
-        incarnation,
-        after,
-        limit.min(INLINE_EVENTS),
-    )?;
     let reader = Arc::new(PageReader {
         shared,
         slot,
@@ -75,6 +67,7 @@ pub(crate) async fn replay_whole(store: &SledStore, stream_id: &str) -> Result<R
         raw,
         limit,
     });
+    let first_page = reader.first_page(after)?;
     Ok(Replay {
         stream_id: stream_id.to_owned(),
         events: reader.stream(after, Some(first_page)),
@@ -101,14 +94,6 @@ pub(crate) async fn start_replay(
     let shared = store.shared()?;
     let raw: Arc<str> = last_event_id.into();
     let (stream_id, incarnation, after, slot) = shared.replay_start(&raw, &cursor)?;
-    let first = shared.read_page(
-        &raw,
-        &cursor.token,
-        &slot,
-        incarnation,
-        after,
-        limit.min(INLINE_EVENTS),
-    )?;
     let reader = Arc::new(PageReader {
         shared,
         slot,
@@ -117,6 +102,7 @@ pub(crate) async fn start_replay(
         raw,
         limit,
     });
+    let first = reader.first_page(after)?;
     Ok((stream_id, reader, after, first))
 }
 
@@ -137,6 +123,19 @@ pub(crate) struct PageReader {
 type Ahead = Arc<std::sync::Mutex<Option<(u64, tokio::task::JoinHandle<Result<Page>>)>>>;
 
 impl PageReader {
+    /// The page after `after`, at most [`INLINE_EVENTS`], read on the
+    /// calling task: a replay's first.
+    fn first_page(&self, after: u64) -> Result<Page> {
+        self.shared.read_page(
+            &self.raw,
+            &self.token,
+            &self.slot,
+            self.incarnation,
+            after,
+            self.limit.min(INLINE_EVENTS),
+        )
+    }
+
     fn read(self: &Arc<Self>, after: u64) -> impl FnOnce() -> Result<Page> + Send + 'static {
         let reader = self.clone();
         move || {

@@ -211,7 +211,7 @@ impl Direct {
                 .and_then(|mut begin| begin.execute([]))
                 .expect("begin a read");
             let row: (String, i64, i64, Option<i64>) = conn
-                .prepare_cached(STREAM_ROW_SQL)
+                .prepare_cached(crate::replay::STREAM_ROW)
                 .and_then(|mut statement| {
                     statement.query_row([&self.token[..]], |row| {
                         Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
@@ -229,12 +229,6 @@ impl Direct {
         }
     }
 }
-
-/// The store's read of a stream's row (this crate's replay): its id,
-/// incarnation, newest and oldest retained sequence numbers.
-const STREAM_ROW_SQL: &str = "SELECT stream_id, incarnation, last_seq, \
-     (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
-     FROM mes_streams WHERE token = ?1";
 
 /// Every event of `token` after `after`, through `conn`, page by page.
 pub fn direct_read_after(

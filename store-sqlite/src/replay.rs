@@ -297,7 +297,7 @@ pub(crate) fn read_snapshot<T>(
 
 /// A stream's row: its id, incarnation, newest and oldest retained
 /// sequence numbers.
-const STREAM_ROW: &str = "SELECT stream_id, incarnation, last_seq, \
+pub(crate) const STREAM_ROW: &str = "SELECT stream_id, incarnation, last_seq, \
          (SELECT MIN(seq) FROM mes_events WHERE token = ?1) \
      FROM mes_streams WHERE token = ?1";
 
